@@ -1,0 +1,136 @@
+"""Checks of docker-compose.yml that need no Docker engine.
+
+One test asks docker-compose itself whether the file is valid; the others
+read the YAML and check the shape of the cluster: three warren nodes from
+one image, distinct node names, n2 and n3 seeded from n1.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+NODES = ("n1", "n2", "n3")
+PEER_PORT = "25672"
+CLIENT_PORT = "5672"
+HOST_PORTS = {"n1": 5681, "n2": 5682, "n3": 5683}
+
+_VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::?-(?P<default>[^}]*))?\}")
+
+
+def _defaults(value: str) -> str:
+    """Compose's ${VAR:-default} interpolation, taking every default."""
+    return _VAR.sub(lambda m: m.group("default") or "", value)
+
+
+def _environment(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):  # the "KEY=value" list form
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {key: _defaults(str(value)) for key, value in env.items()}
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, dict]:
+    with COMPOSE_FILE.open() as f:
+        doc = yaml.safe_load(f)
+    assert isinstance(doc, dict) and isinstance(doc.get("services"), dict)
+    return doc["services"]
+
+
+@pytest.fixture(scope="module")
+def warren_nodes(services) -> dict[str, dict]:
+    """The services that run a warren node (they carry WARREN_NODE_NAME)."""
+    return {
+        name: service
+        for name, service in services.items()
+        if "WARREN_NODE_NAME" in _environment(service)
+    }
+
+
+def test_compose_config_is_valid():
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip(
+            "docker-compose is not installed "
+            "(`apt-get install docker-compose` or `make docker-engine`)"
+        )
+    proc = subprocess.run(
+        [exe, "-f", str(COMPOSE_FILE), "config", "-q"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, f"docker-compose config -q failed:\n{proc.stderr}"
+
+
+def test_three_nodes_from_one_image(services, warren_nodes):
+    assert sorted(warren_nodes) == list(NODES), (
+        f"expected exactly the warren nodes {NODES}, got {sorted(warren_nodes)}"
+    )
+    images = {service.get("image") for service in warren_nodes.values()}
+    assert images == {"warren:latest"}, f"nodes must share one image, got {images}"
+    for name, service in warren_nodes.items():
+        command = service.get("command")
+        if isinstance(command, str):
+            command = command.split()
+        assert command and command[0] == "warren-server", f"{name} runs {command!r}"
+
+
+def test_node_names_are_distinct_and_match_hosts(warren_nodes):
+    names = [_environment(s)["WARREN_NODE_NAME"] for s in warren_nodes.values()]
+    assert len(set(names)) == len(names) == 3, f"node names not distinct: {names}"
+    for service_name, service in warren_nodes.items():
+        env = _environment(service)
+        # The node advertises its service name, which Docker's DNS resolves
+        # on the compose network.
+        assert env["WARREN_NODE_NAME"] == service_name
+        assert env["WARREN_ADVERTISE_HOST"] == service_name
+        assert service.get("hostname", service_name) == service_name
+
+
+def test_common_settings(warren_nodes):
+    envs = {name: _environment(s) for name, s in warren_nodes.items()}
+    for name, env in envs.items():
+        assert env["WARREN_HOST"] == "0.0.0.0", name
+        assert env["WARREN_CLIENT_PORT"] == CLIENT_PORT, name
+        assert env["WARREN_PEER_PORT"] == PEER_PORT, name
+        assert env["WARREN_NET_TICKTIME"] == "10", name
+        assert env["WARREN_LOG_FORMAT"] == "json", name
+        assert env.get("WARREN_SECRET"), f"{name} has no WARREN_SECRET"
+    secrets = {env["WARREN_SECRET"] for env in envs.values()}
+    assert len(secrets) == 1, "all nodes must share one secret"
+    raw = {
+        str((s.get("environment") or {}).get("WARREN_SECRET", ""))
+        for s in warren_nodes.values()
+    }
+    assert all(value.startswith("${WARREN_SECRET") for value in raw), (
+        "the secret must be overridable from the host environment"
+    )
+
+
+def test_seed_points_at_n1(warren_nodes):
+    envs = {name: _environment(s) for name, s in warren_nodes.items()}
+    assert "WARREN_CLUSTER_SEED" not in envs["n1"], "n1 founds the cluster: no seed"
+    for name in ("n2", "n3"):
+        assert envs[name].get("WARREN_CLUSTER_SEED") == f"n1:{PEER_PORT}", name
+    # The seed must name a node that exists and listens on that peer port.
+    seed_host, seed_port = envs["n2"]["WARREN_CLUSTER_SEED"].rsplit(":", 1)
+    assert seed_host in warren_nodes
+    assert envs[seed_host]["WARREN_PEER_PORT"] == seed_port
+
+
+def test_client_ports_published_on_loopback_only(warren_nodes):
+    for name, service in warren_nodes.items():
+        ports = [_defaults(str(p)) for p in service.get("ports") or []]
+        assert ports == [f"127.0.0.1:{HOST_PORTS[name]}:{CLIENT_PORT}"], (
+            f"{name} publishes {ports}"
+        )
