@@ -1,0 +1,649 @@
+"""The trio-native warren client.
+
+    async with open_connection(["127.0.0.1:5672", "127.0.0.1:5673"]) as conn:
+        ch = await conn.channel()
+        await ch.queue_declare("jobs", durable=True)
+        await ch.confirm_delivery()
+        await ch.basic_publish("", "jobs", b"hello")
+        await ch.wait_for_confirms()
+        consumer = await ch.basic_consume("jobs")
+        async for msg in consumer:
+            ch.basic_ack(msg.delivery_tag)
+
+Batching: publishes and acks are queued and coalesced by one writer task, so a burst becomes one
+frame per queue. Reconnection: when the connection breaks the client tries the nodes in turn with
+back-off, re-opens its channels, re-declares the queues it declared, re-creates its consumers and
+calls `on_reconnect(node)`. Publishes not yet confirmed when the connection broke are reported as
+nacks with reason "connection lost", so the application can publish them again. Delivery tags keep
+increasing across reconnections; acks for tags of the old connection are dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from broker.framed import FramedStream, encode_many
+from broker.network import TcpNetwork
+from wire import messages as m
+from wire.errors import ProtocolError
+from wire.frames import DEFAULT_MAX_FRAME
+
+from .errors import (AMQPConnectionError, ChannelClosed, ChannelClosedByBroker,
+                     ConnectionClosedByBroker, ConnectionLost)
+
+MAX_BATCH_MSGS = 2000
+MAX_BATCH_BYTES = 1 << 20
+
+
+def parse_nodes(nodes) -> list[tuple[str, int]]:
+    if isinstance(nodes, str):
+        nodes = nodes.split(",")
+    out = []
+    for n in nodes:
+        if isinstance(n, tuple):
+            out.append((n[0], int(n[1])))
+            continue
+        host, _, port = n.strip().rpartition(":")
+        out.append((host or "127.0.0.1", int(port or 5672)) if port.isdigit() else (n.strip(), 5672))
+    return out
+
+
+@dataclass(slots=True)
+class Message:
+    delivery_tag: int
+    body: bytes
+    redelivered: bool
+    properties: dict | None
+    consumer_tag: str
+    queue: str
+
+
+@dataclass
+class DeclareOk:
+    queue: str
+    message_count: int
+    consumer_count: int
+
+
+class _Writer:
+    """Queue of outgoing messages; consecutive publishes (and acks) of one channel coalesce."""
+
+    def __init__(self):
+        self.items: deque = deque()
+        self.wake = trio.Event()
+        self.bytes_queued = 0
+        self.room = trio.Event()
+        self.room.set()
+
+    def put(self, msg) -> None:
+        items = self.items
+        if items:
+            last = items[-1]
+            t = type(msg)
+            if t is m.Publish and type(last) is m.Publish and last.ch == msg.ch and last.queue == msg.queue \
+                    and len(last.bodies) < MAX_BATCH_MSGS and self._last_bytes < MAX_BATCH_BYTES \
+                    and (last.props is None) == (msg.props is None):
+                last.bodies.extend(msg.bodies)
+                if msg.props is not None:
+                    last.props.extend(msg.props)
+                self._last_bytes += sum(map(len, msg.bodies))
+                self._count(msg)
+                return
+            if t is m.Ack and type(last) is m.Ack and last.ch == msg.ch:
+                last.tags.extend(msg.tags)
+                last.multiple_upto = max(last.multiple_upto, msg.multiple_upto)
+                return
+        if type(msg) is m.Publish:
+            self._last_bytes = sum(map(len, msg.bodies))
+            self._count(msg)
+        items.append(msg)
+        self.wake.set()
+
+    _last_bytes = 0
+
+    def _count(self, msg):
+        self.bytes_queued += sum(map(len, msg.bodies))
+        if self.bytes_queued > 8 * MAX_BATCH_BYTES and self.room.is_set():
+            self.room = trio.Event()
+
+    def take(self) -> list:
+        out = list(self.items)
+        self.items.clear()
+        self.wake = trio.Event()
+        self.bytes_queued = 0
+        self.room.set()
+        return out
+
+
+class Consumer:
+    """An async iterator of Messages; ends when the consumer is cancelled."""
+
+    def __init__(self, channel: "Channel", queue: str, tag: str, auto_ack: bool, exclusive: bool,
+                 arguments: dict, callback):
+        self.channel = channel
+        self.queue = queue
+        self.tag = tag
+        self.auto_ack = auto_ack
+        self.exclusive = exclusive
+        self.arguments = arguments
+        self.callback = callback
+        self._send, self._recv = trio.open_memory_channel(math.inf)
+        self.cancelled_reason: str | None = None
+        self.on_cancel = None
+
+    def _deliver(self, msgs: list[Message]) -> None:
+        if self.callback is not None:
+            for msg in msgs:
+                self.callback(self.channel, msg)
+        else:
+            for msg in msgs:
+                self._send.send_nowait(msg)
+
+    def _cancelled(self, reason: str) -> None:
+        self.cancelled_reason = reason
+        self._send.close()
+        if self.on_cancel is not None:
+            self.on_cancel(self, reason)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self._recv.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+    def get_nowait(self) -> Message | None:
+        try:
+            return self._recv.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return None
+
+
+class Channel:
+    def __init__(self, conn: "Connection", ch: int):
+        self.conn = conn
+        self.ch = ch
+        self.is_open = True
+        self.close_reason: ChannelClosedByBroker | None = None
+        self.prefetch = 0
+        self.confirming = False
+        self.next_seq = 1
+        self.outstanding: dict[int, int] = {}  # first seq -> last seq of unconfirmed batches
+        self._seq_base = 0  # server seq = local seq - _seq_base on the current connection
+        self.nacked: list[tuple[int, int, str]] = []
+        self.on_confirm = None  # callback(first, last, ok, reason)
+        self._confirm_waiters: list[trio.Event] = []
+        self.consumers: dict[str, Consumer] = {}
+        self.tag_offset = 0  # app delivery tag = server tag + tag_offset
+        self.max_tag = 0
+        self.declared: dict[str, dict] = {}
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _check(self):
+        if not self.is_open:
+            raise self.close_reason or ChannelClosed(f"channel {self.ch} is closed")
+
+    async def _rpc(self, make):
+        self._check()
+        return await self.conn._rpc(make, self)
+
+    # --- queues ----------------------------------------------------------------------------
+    async def queue_declare(self, queue: str = "", passive: bool = False, durable: bool = False,
+                            exclusive: bool = False, auto_delete: bool = False,
+                            arguments: dict | None = None) -> DeclareOk:
+        args = dict(arguments or {})
+        value = await self._rpc(lambda rid: m.QueueDeclare(rid, self.ch, queue, passive, durable,
+                                                           exclusive, auto_delete, args))
+        if not passive:
+            self.declared[value[0] if not queue else queue] = dict(
+                durable=durable, exclusive=exclusive, auto_delete=auto_delete, arguments=args)
+        return DeclareOk(*value)
+
+    async def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False) -> int:
+        self.declared.pop(queue, None)
+        return await self._rpc(lambda rid: m.QueueDelete(rid, self.ch, queue, if_unused, if_empty))
+
+    async def queue_purge(self, queue: str) -> int:
+        return await self._rpc(lambda rid: m.QueuePurge(rid, self.ch, queue))
+
+    async def basic_qos(self, prefetch_count: int = 0, global_qos: bool = False) -> None:
+        await self._rpc(lambda rid: m.BasicQos(rid, self.ch, prefetch_count, global_qos))
+        self.prefetch = prefetch_count
+
+    # --- publishing ------------------------------------------------------------------------
+    async def confirm_delivery(self) -> None:
+        await self._rpc(lambda rid: m.ConfirmSelect(rid, self.ch))
+        self.confirming = True
+
+    def publish_nowait(self, routing_key: str, body: bytes, properties: dict | None = None,
+                       exchange: str = "") -> int | None:
+        """Queue one message for sending; returns its sequence number in confirm mode."""
+        self._check()
+        if exchange:
+            raise ValueError("warren routes through the default exchange only: use exchange=''")
+        seq = None
+        if self.confirming:
+            seq = self.next_seq
+            self.next_seq += 1
+            self.outstanding[seq] = seq
+        self.conn._put(m.Publish(self.ch, routing_key, [bytes(body)],
+                                 None if properties is None else [properties]))
+        return seq
+
+    async def basic_publish(self, exchange: str, routing_key: str, body: bytes,
+                            properties: dict | None = None) -> int | None:
+        """Publish one message (waits only if the send buffer is full)."""
+        await self.conn._room()
+        return self.publish_nowait(routing_key, body, properties, exchange)
+
+    def _confirm(self, first: int, last: int, ok: bool, reason: str) -> None:
+        out = self.outstanding
+        local_first = first + self._seq_base
+        local_last = last + self._seq_base
+        if local_last - local_first < 64 or len(out) < (local_last - local_first):
+            for s in range(local_first, local_last + 1):
+                out.pop(s, None)
+        else:
+            for s in [s for s in out if local_first <= s <= local_last]:
+                del out[s]
+        if not ok:
+            self.nacked.append((local_first, local_last, reason))
+        if self.on_confirm is not None:
+            self.on_confirm(local_first, local_last, ok, reason)
+        if not out and self._confirm_waiters:
+            for ev in self._confirm_waiters:
+                ev.set()
+            self._confirm_waiters.clear()
+
+    async def wait_for_confirms(self, timeout: float | None = None) -> bool:
+        """Wait until every publish so far is confirmed; True if none was nacked since last call."""
+        if self.outstanding:
+            ev = trio.Event()
+            self._confirm_waiters.append(ev)
+            if timeout is None:
+                await ev.wait()
+            else:
+                with trio.fail_after(timeout):
+                    await ev.wait()
+        ok = not self.nacked
+        self.nacked = []
+        return ok
+
+    # --- consuming -------------------------------------------------------------------------
+    async def basic_consume(self, queue: str, on_message_callback=None, auto_ack: bool = False,
+                            exclusive: bool = False, consumer_tag: str | None = None,
+                            arguments: dict | None = None) -> Consumer:
+        args = dict(arguments or {})
+        tag = await self._rpc(lambda rid: m.BasicConsume(rid, self.ch, queue, consumer_tag or "",
+                                                         auto_ack, exclusive, args))
+        c = Consumer(self, queue, tag, auto_ack, exclusive, args, on_message_callback)
+        self.consumers[tag] = c
+        return c
+
+    async def basic_cancel(self, consumer_tag: str) -> None:
+        c = self.consumers.pop(consumer_tag, None)
+        await self._rpc(lambda rid: m.BasicCancel(rid, self.ch, consumer_tag))
+        if c is not None:
+            c._cancelled("cancelled by the application")
+
+    async def basic_get(self, queue: str, auto_ack: bool = False) -> Message | None:
+        value = await self._rpc(lambda rid: m.BasicGet(rid, self.ch, queue, auto_ack))
+        if value is None:
+            return None
+        tag, body, redelivered, props, remaining = value
+        self.max_tag = max(self.max_tag, tag)
+        return Message(tag + self.tag_offset, body, redelivered, props, "", queue)
+
+    def _server_tags(self, tags, upto: int):
+        off = self.tag_offset
+        return [t - off for t in tags if t > off], (upto - off if upto > off else 0)
+
+    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+        self._check()
+        tags, upto = self._server_tags([] if multiple else [delivery_tag], delivery_tag if multiple else 0)
+        if tags or upto:
+            self.conn._put(m.Ack(self.ch, tags, upto))
+
+    def basic_nack(self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True) -> None:
+        self._check()
+        tags, upto = self._server_tags([] if multiple else [delivery_tag], delivery_tag if multiple else 0)
+        if tags or upto:
+            self.conn._put(m.Nack(self.ch, tags, upto, requeue))
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        self.basic_nack(delivery_tag, False, requeue)
+
+    def _on_deliver(self, msg: m.Deliver) -> None:
+        c = self.consumers.get(msg.consumer_tag)
+        if c is None:
+            return
+        first = msg.first_tag
+        n = len(msg.bodies)
+        self.max_tag = max(self.max_tag, first + n - 1)
+        off = self.tag_offset
+        red = set(msg.redelivered) if msg.redelivered else ()
+        props = msg.props
+        tag, queue = c.tag, c.queue
+        c._deliver([Message(first + i + off, body, i in red, props[i] if props else None, tag, queue)
+                    for i, body in enumerate(msg.bodies)])
+
+    async def close(self) -> None:
+        if self.is_open:
+            self.is_open = False
+            try:
+                await self.conn._rpc(lambda rid: m.ChannelClose(rid, self.ch), None)
+            except (AMQPConnectionError, ChannelClosedByBroker):
+                pass
+            self.conn.channels.pop(self.ch, None)
+            for c in self.consumers.values():
+                c._cancelled("channel closed")
+
+
+class Connection:
+    def __init__(self, nodes, user: str, password: str, client_name: str, network,
+                 reconnect: bool, on_reconnect, max_retry_delay: float, connect_attempts: int):
+        self.nodes = parse_nodes(nodes)
+        if not self.nodes:
+            raise ValueError("give at least one node address")
+        self.user = user
+        self.password = password
+        self.client_name = client_name
+        self.network = network or TcpNetwork()
+        self.reconnect = reconnect
+        self.on_reconnect = on_reconnect
+        self.on_disconnect = None
+        self.max_retry_delay = max_retry_delay
+        self.connect_attempts = connect_attempts
+        self.channels: dict[int, Channel] = {}
+        self._ch_ids = itertools.count(1)
+        self._rids = itertools.count(1)
+        self._pending: dict[int, tuple[trio.Event, list, Channel | None]] = {}
+        self._writer = _Writer()
+        self._stream = None
+        self.node: str | None = None
+        self.address: tuple | None = None
+        self.connected = trio.Event()
+        self.closing = False
+        self.reconnects = 0
+        self._node_index = 0
+        self.events: list[tuple[float, str, str]] = []  # (time, event, detail) for the application
+
+    # --- public ----------------------------------------------------------------------------
+    async def channel(self) -> Channel:
+        ch = Channel(self, next(self._ch_ids))
+        self.channels[ch.ch] = ch
+        await self._rpc(lambda rid: m.ChannelOpen(rid, ch.ch), None)
+        return ch
+
+    async def close(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        if self._stream is not None and self.connected.is_set():
+            with trio.move_on_after(5):
+                try:
+                    await self._rpc(lambda rid: m.ConnectionClose(rid), None)
+                except AMQPConnectionError:
+                    pass
+        self._nursery.cancel_scope.cancel()
+
+    # --- plumbing --------------------------------------------------------------------------
+    def _put(self, msg) -> None:
+        self._writer.put(msg)
+
+    async def _room(self) -> None:
+        while not self._writer.room.is_set():
+            await self._writer.room.wait()
+
+    async def _rpc(self, make, channel: Channel | None):
+        while not self.connected.is_set():
+            if self.closing:
+                raise AMQPConnectionError("connection closed")
+            await self.connected.wait()
+        rid = next(self._rids)
+        ev = trio.Event()
+        box: list = []
+        self._pending[rid] = (ev, box, channel)
+        self._put(make(rid))
+        await ev.wait()
+        kind, value = box[0]
+        if kind == "ok":
+            return value
+        raise value
+
+    def _resolve(self, rid: int, kind: str, value) -> None:
+        entry = self._pending.pop(rid, None)
+        if entry is not None:
+            entry[1].append((kind, value))
+            entry[0].set()
+
+    async def _open(self, host: str, port: int):
+        stream = await self.network.connect(host, port)
+        framed = FramedStream(stream, DEFAULT_MAX_FRAME)
+        try:
+            with trio.fail_after(10):
+                hello = await framed.receive(frozenset({"hello", "error"}))
+                if hello is None:
+                    raise AMQPConnectionError(f"{host}:{port} closed the connection")
+                if isinstance(hello, m.Error):
+                    raise ConnectionClosedByBroker(hello.code, hello.text)
+                framed.decoder.max_frame = framed.max_frame = hello.max_frame
+                await framed.send_now(m.ClientAuth(m.PROTOCOL_VERSION, self.user, self.password, self.client_name))
+                welcome = await framed.receive(frozenset({"welcome", "error"}))
+                if welcome is None:
+                    raise AMQPConnectionError(f"{host}:{port} closed the connection during the handshake")
+                if isinstance(welcome, m.Error):
+                    raise ConnectionClosedByBroker(welcome.code, welcome.text)
+        except BaseException:
+            await stream.aclose()
+            raise
+        return framed, welcome.node
+
+    async def _connect_any(self, first: bool) -> None:
+        delay = 0.05
+        attempts = 0
+        last_error = None
+        while True:
+            for _ in range(len(self.nodes)):
+                host, port = self.nodes[self._node_index % len(self.nodes)]
+                try:
+                    framed, node = await self._open(host, port)
+                except ConnectionClosedByBroker as exc:
+                    if exc.reply_code == 403:
+                        raise  # wrong credentials do not get better by retrying
+                    last_error = exc
+                except (OSError, AMQPConnectionError, trio.TooSlowError, ProtocolError,
+                        trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    last_error = exc
+                else:
+                    self._framed = framed
+                    self._stream = framed.stream
+                    self._loss = None
+                    self.node = node
+                    self.address = (host, port)
+                    return
+                self._node_index += 1
+            attempts += 1
+            if first and attempts >= self.connect_attempts:
+                raise AMQPConnectionError(f"could not connect to any of {self.nodes}: {last_error}")
+            await trio.sleep(delay)
+            delay = min(delay * 2, self.max_retry_delay)
+
+    async def _serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        first = True
+        while True:
+            await self._connect_any(first)
+            try:
+                async with trio.open_nursery() as n:
+                    n.start_soon(self._write_loop, n.cancel_scope)
+                    n.start_soon(self._read_loop, n.cancel_scope)
+                    self.connected.set()
+                    if first:
+                        task_status.started()
+                    else:
+                        await self._recover()
+                    first = False
+            except AMQPConnectionError as exc:  # a failed recovery request
+                error = exc
+            else:
+                error = self._loss
+            self.connected = trio.Event()
+            with trio.CancelScope(shield=True):
+                await self._stream.aclose()
+            if self.closing:
+                return
+            self._lost(error)
+            if not self.reconnect:
+                raise error if isinstance(error, AMQPConnectionError) else ConnectionLost(str(error))
+
+    def _lost(self, error) -> None:
+        """The connection went away: fail requests, report unconfirmed publishes, keep tags monotonic."""
+        self._writer.take()
+        err = error if isinstance(error, AMQPConnectionError) else ConnectionLost(f"connection lost: {error}")
+        for rid in list(self._pending):
+            self._resolve(rid, "err", err)
+        for ch in self.channels.values():
+            lost = sorted(ch.outstanding)
+            ch.outstanding.clear()
+            for s in lost:
+                ch.nacked.append((s, s, "connection lost"))
+                if ch.on_confirm is not None:
+                    ch.on_confirm(s, s, False, "connection lost")
+            for ev in ch._confirm_waiters:
+                ev.set()
+            ch._confirm_waiters.clear()
+            ch.tag_offset += ch.max_tag
+            ch.max_tag = 0
+        self.events.append((trio.current_time(), "disconnected", str(error)))
+        if self.on_disconnect is not None:
+            self.on_disconnect(error)
+        self._node_index += 1
+
+    async def _recover(self) -> None:
+        """Re-open channels, re-declare queues, re-create consumers on the new connection."""
+        self.reconnects += 1
+        for ch in list(self.channels.values()):
+            if not ch.is_open:
+                continue
+            await self._rpc(lambda rid: m.ChannelOpen(rid, ch.ch), None)
+            if ch.prefetch:
+                await self._rpc(lambda rid: m.BasicQos(rid, ch.ch, ch.prefetch, False), ch)
+            if ch.confirming:
+                await self._rpc(lambda rid: m.ConfirmSelect(rid, ch.ch), ch)
+                ch._seq_base = ch.next_seq - 1
+            for q, d in ch.declared.items():
+                await self._recover_step(ch, lambda rid: m.QueueDeclare(
+                    rid, ch.ch, q, False, d["durable"], d["exclusive"], d["auto_delete"], d["arguments"]))
+            for tag, c in list(ch.consumers.items()):
+                if not await self._recover_step(ch, lambda rid: m.BasicConsume(
+                        rid, ch.ch, c.queue, tag, c.auto_ack, c.exclusive, c.arguments)):
+                    ch.consumers.pop(tag, None)
+                    c._cancelled("could not re-create the consumer after reconnecting")
+        self.events.append((trio.current_time(), "reconnected", self.node))
+        if self.on_reconnect is not None:
+            self.on_reconnect(self.node)
+
+    async def _recover_step(self, ch: Channel, make) -> bool:
+        try:
+            await self._rpc(make, ch)
+            return True
+        except ChannelClosedByBroker as exc:
+            self.events.append((trio.current_time(), "recovery-failed", str(exc)))
+            return False
+
+    async def _write_loop(self, scope) -> None:
+        w = self._writer
+        framed = self._framed
+        try:
+            while True:
+                if not w.items:
+                    await w.wake.wait()
+                batch = w.take()
+                await self._stream.send_all(encode_many(batch, framed.max_frame))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._loss = ConnectionLost(f"connection to {self.node} broke: {exc!r}")
+            scope.cancel()
+
+    async def _read_loop(self, scope) -> None:
+        framed = self._framed
+        channels = self.channels
+        while True:
+            try:
+                batch = await framed.receive_batch()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self._loss = ConnectionLost(f"connection to {self.node} broke: {exc!r}")
+                scope.cancel()
+                return
+            except ProtocolError as exc:
+                self._loss = ConnectionLost(f"protocol error from the node: {exc}")
+                scope.cancel()
+                return
+            if not batch:
+                self._loss = ConnectionLost(f"node {self.node} closed the connection")
+                scope.cancel()
+                return
+            for msg in batch:
+                t = type(msg)
+                if t is m.Deliver:
+                    ch = channels.get(msg.ch)
+                    if ch is not None:
+                        ch._on_deliver(msg)
+                elif t is m.Confirm:
+                    ch = channels.get(msg.ch)
+                    if ch is not None:
+                        for a, b in msg.acks:
+                            ch._confirm(a, b, True, "")
+                        for a, b in msg.nacks:
+                            ch._confirm(a, b, False, msg.reason)
+                elif t is m.Reply:
+                    self._resolve(msg.rid, "ok", msg.value)
+                elif t is m.Fail:
+                    err = ChannelClosedByBroker(msg.code, msg.text)
+                    ch = channels.get(msg.ch)
+                    if ch is not None:
+                        ch.is_open = False
+                        ch.close_reason = err
+                        channels.pop(msg.ch, None)
+                        for c in ch.consumers.values():
+                            c._cancelled(f"channel closed: {msg.text}")
+                    self._resolve(msg.rid, "err", err)
+                elif t is m.Cancelled:
+                    ch = channels.get(msg.ch)
+                    if ch is not None:
+                        c = ch.consumers.pop(msg.consumer_tag, None)
+                        if c is not None:
+                            c._cancelled(msg.reason)
+                elif t is m.Error:
+                    self._loss = ConnectionClosedByBroker(msg.code, msg.text)
+                    scope.cancel()
+                    return
+
+
+@asynccontextmanager
+async def open_connection(nodes="127.0.0.1:5672", *, user: str = "guest", password: str = "guest",
+                          client_name: str = "warren-client", network=None, reconnect: bool = True,
+                          on_reconnect=None, max_retry_delay: float = 2.0, connect_attempts: int = 1):
+    """Connect to the first reachable node of `nodes` ("host:port" strings or (host, port))."""
+    conn = Connection(nodes, user, password, client_name, network, reconnect, on_reconnect,
+                      max_retry_delay, connect_attempts)
+    try:
+        async with trio.open_nursery() as nursery:
+            conn._nursery = nursery
+            await nursery.start(conn._serve)
+            try:
+                yield conn
+            finally:
+                await conn.close()
+    except BaseExceptionGroup as eg:
+        # surface the connection error itself rather than a group of one
+        if len(eg.exceptions) == 1:
+            raise eg.exceptions[0] from None
+        raise

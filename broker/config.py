@@ -1,0 +1,181 @@
+"""Node configuration: flags, then WARREN_* environment variables, then a TOML file, then defaults.
+
+Also where the cluster secret comes from (like Erlang's cookie: a flag, an environment variable,
+a file, or a generated `$WARREN_HOME/cookie`), and the small run registry that lets `warrenctl -n
+NAME` find a local node's ports (the role epmd plays for rabbitmqctl).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wire.frames import DEFAULT_MAX_FRAME, MIN_MAX_FRAME
+
+
+class ConfigError(Exception):
+    pass
+
+
+def warren_home() -> Path:
+    return Path(os.environ.get("WARREN_HOME") or Path.home() / ".warren")
+
+
+@dataclass
+class NodeConfig:
+    name: str = "warren"
+    host: str = "127.0.0.1"
+    advertise_host: str = ""
+    client_port: int = 5672
+    peer_port: int = 25672
+    secret: bytes = b""
+    net_ticktime: float = 60.0
+    log_format: str = "console"
+    log_level: str = "info"
+    data_dir: str = ""
+    cluster_seed: str = ""
+    max_frame: int = DEFAULT_MAX_FRAME
+    users: dict = field(default_factory=lambda: {"guest": "guest"})
+    loopback_users: list = field(default_factory=lambda: ["guest"])
+    queue_leader_locator: str = "client-local"
+
+    def validate(self) -> "NodeConfig":
+        import re
+        if not re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", self.name):
+            raise ConfigError(f"node name {self.name!r}: use 1-64 letters, digits, '_', '.', '@', '-'")
+        for key in ("client_port", "peer_port"):
+            port = getattr(self, key)
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"{key} {port} is not a TCP port")
+        if self.net_ticktime <= 0:
+            raise ConfigError("net_ticktime must be positive")
+        if self.log_format not in ("console", "json"):
+            raise ConfigError(f"log_format must be 'console' or 'json', not {self.log_format!r}")
+        if self.max_frame < MIN_MAX_FRAME:
+            raise ConfigError(f"max_frame must be at least {MIN_MAX_FRAME}")
+        if self.queue_leader_locator not in ("client-local", "balanced"):
+            raise ConfigError("queue_leader_locator must be 'client-local' or 'balanced'")
+        if not self.secret:
+            raise ConfigError("no cluster secret")
+        if not self.advertise_host:
+            self.advertise_host = self.host if self.host not in ("0.0.0.0", "::") else os.uname().nodename
+        if not self.data_dir:
+            self.data_dir = str(warren_home() / "data" / self.name)
+        return self
+
+
+# key -> (env var, type)
+_FIELDS = {
+    "name": ("WARREN_NODE_NAME", str),
+    "host": ("WARREN_HOST", str),
+    "advertise_host": ("WARREN_ADVERTISE_HOST", str),
+    "client_port": ("WARREN_CLIENT_PORT", int),
+    "peer_port": ("WARREN_PEER_PORT", int),
+    "net_ticktime": ("WARREN_NET_TICKTIME", float),
+    "log_format": ("WARREN_LOG_FORMAT", str),
+    "log_level": ("WARREN_LOG_LEVEL", str),
+    "data_dir": ("WARREN_DATA_DIR", str),
+    "cluster_seed": ("WARREN_CLUSTER_SEED", str),
+    "max_frame": ("WARREN_MAX_FRAME", int),
+    "queue_leader_locator": ("WARREN_QUEUE_LEADER_LOCATOR", str),
+}
+
+
+def load(flags: dict, env: dict | None = None) -> NodeConfig:
+    """Build a config. `flags` holds only the options given on the command line (None = unset)."""
+    env = os.environ if env is None else env
+    values: dict = {}
+    config_file = flags.get("config") or env.get("WARREN_CONFIG_FILE")
+    if config_file:
+        try:
+            with open(config_file, "rb") as f:
+                data = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {config_file}: {exc}") from None
+        known = {f.name for f in dataclasses.fields(NodeConfig)} | {"secret_file"}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"config file {config_file}: unknown keys {sorted(unknown)}")
+        values.update(data)
+    for key, (var, typ) in _FIELDS.items():
+        if env.get(var):
+            try:
+                values[key] = typ(env[var])
+            except ValueError:
+                raise ConfigError(f"{var}={env[var]!r} is not a valid {typ.__name__}") from None
+    for key, value in flags.items():
+        if value is not None and key in _FIELDS:
+            values[key] = value
+    secret = resolve_secret(flags.get("secret"), flags.get("secret_file") or values.pop("secret_file", None), env)
+    values.pop("secret", None)
+    if isinstance(values.get("secret"), str):
+        values["secret"] = values["secret"].encode()
+    return NodeConfig(**values, secret=secret).validate()
+
+
+def resolve_secret(flag: str | None, file_flag: str | None, env: dict | None = None) -> bytes:
+    """The cluster secret: --secret, WARREN_SECRET, --secret-file, WARREN_SECRET_FILE, or the cookie file."""
+    env = os.environ if env is None else env
+    if flag:
+        return flag.encode()
+    if env.get("WARREN_SECRET"):
+        return env["WARREN_SECRET"].encode()
+    path = file_flag or env.get("WARREN_SECRET_FILE")
+    if path:
+        try:
+            data = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read secret file {path}: {exc.strerror}") from None
+        if not data:
+            raise ConfigError(f"secret file {path} is empty")
+        return data
+    cookie = warren_home() / "cookie"
+    if not cookie.exists():
+        cookie.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(cookie, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(20))
+    return cookie.read_bytes().strip()
+
+
+# --- run registry ------------------------------------------------------------------------------
+
+def registry_path(name: str) -> Path:
+    return warren_home() / "run" / f"{name}.json"
+
+
+def register(name: str, peer: tuple, client: tuple, pid: int) -> None:
+    path = registry_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"name": name, "peer": list(peer), "client": list(client), "pid": pid}))
+    tmp.replace(path)
+
+
+def unregister(name: str) -> None:
+    try:
+        registry_path(name).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def lookup(node: str) -> tuple[str, int]:
+    """Resolve `-n NODE`: `host:port` of a peer port, or a local node name from the registry."""
+    if ":" in node:
+        host, _, port = node.rpartition(":")
+        try:
+            return host or "127.0.0.1", int(port)
+        except ValueError:
+            raise ConfigError(f"bad node address {node!r}: expected HOST:PORT or a node name") from None
+    try:
+        data = json.loads(registry_path(node).read_text())
+    except (OSError, ValueError):
+        raise ConfigError(
+            f"unknown node {node!r}: no local node of that name is running "
+            f"(looked in {registry_path(node)}); give HOST:PEER_PORT instead") from None
+    return data["peer"][0], data["peer"][1]

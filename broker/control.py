@@ -1,0 +1,246 @@
+"""The control plane: warrenctl's commands, served on the peer port (role "ctl"), and the small
+node-to-node requests that listings and joins need.
+
+A ctl connection is authenticated with the cluster secret exactly like a peer (rabbitmqctl
+likewise uses the Erlang cookie), so it works while the node's app is stopped.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from wire import messages as m
+from wire.errors import COMMAND_INVALID, NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
+
+from . import config as configmod
+from .framed import FramedStream
+from .peers import dial_handshake
+
+QUEUE_COLUMNS = ("name", "durable", "auto_delete", "exclusive", "arguments", "policy", "pid",
+                 "mirror_pids", "synchronised_mirror_pids", "messages", "messages_ready",
+                 "messages_unacknowledged", "consumers", "leader", "state")
+DEFAULT_QUEUE_COLUMNS = ("name", "messages")
+
+
+async def ctl_call(network, host: str, port: int, me: str, secret: bytes, command: str,
+                   args: dict, timeout: float = 30.0):
+    """One control command to the node at host:port; returns its value or raises ProtocolError."""
+    with trio.fail_after(timeout):
+        stream = await network.connect(host, port)
+        async with stream:
+            framed = FramedStream(stream)
+            await dial_handshake(framed, me, secret, "ctl")
+            await framed.send_now(m.CtlCommand(1, command, args))
+            reply = await framed.receive(frozenset({"ctl.reply", "error"}))
+    if reply is None:
+        raise ProtocolError(NOT_ALLOWED, "the node closed the connection without answering")
+    if isinstance(reply, m.Error):
+        raise ProtocolError(reply.code, reply.text)
+    if not reply.ok:
+        raise ProtocolError(reply.value or PRECONDITION_FAILED, reply.error)
+    return reply.value
+
+
+async def serve_ctl(node, framed: FramedStream, who: str) -> None:
+    while True:
+        try:
+            msg = await framed.receive(frozenset({"ctl.command"}))
+        except ProtocolError as exc:
+            await framed.send_now(m.Error(exc.code, exc.text))
+            return
+        if msg is None:
+            return
+        handler = COMMANDS.get(msg.command)
+        try:
+            if handler is None:
+                raise ProtocolError(COMMAND_INVALID, f"unknown command {msg.command!r}")
+            value = await handler(node, msg.args)
+        except ProtocolError as exc:
+            await framed.send_now(m.CtlReply(msg.rid, False, exc.code, exc.text))
+        except trio.TooSlowError:
+            await framed.send_now(m.CtlReply(msg.rid, False, NOT_ALLOWED, "timed out"))
+        except (KeyError, TypeError, ValueError) as exc:
+            await framed.send_now(m.CtlReply(msg.rid, False, COMMAND_INVALID,
+                                             f"bad arguments for {msg.command}: {exc!r}"))
+        else:
+            await framed.send_now(m.CtlReply(msg.rid, True, value, ""))
+
+
+def _require_running(node) -> None:
+    if not node.app_running:
+        raise ProtocolError(NOT_ALLOWED, f"node {node.name} is not running (its app is stopped): run start_app")
+
+
+async def _each_running_node(node, rpc: str, args: dict) -> dict:
+    """Call `rpc` on every running node; {node: value} (nodes that fail are left out)."""
+    results: dict = {}
+
+    async def one(name):
+        try:
+            with trio.fail_after(10):
+                results[name] = await node.call_node(name, rpc, args)
+        except Exception:
+            pass
+
+    async with trio.open_nursery() as n:
+        for name in sorted(node.running):
+            n.start_soon(one, name)
+    return results
+
+
+# --- commands --------------------------------------------------------------------------------
+
+async def cmd_status(node, args):
+    return {"node": node.name, "app_running": node.app_running, "peer_port": node.peer_port,
+            "client_port": node.client_port, "cluster_name": node.md.cluster_name,
+            "metadata_version": node.md.version}
+
+
+async def cmd_cluster_status(node, args):
+    return {"cluster_name": node.md.cluster_name, "node": node.name,
+            "members": list(node.md.members), "running_nodes": sorted(node.running),
+            "coordinator": node.coordinator}
+
+
+async def cmd_stop_app(node, args):
+    await node.stop_app()
+    return f"Stopping rabbit application on node {node.name} ..."
+
+
+async def cmd_start_app(node, args):
+    await node.start_app()
+    return f"Starting node {node.name} ..."
+
+
+async def cmd_join_cluster(node, args):
+    host, port = configmod.lookup(args["node"])
+    members = await node.join_cluster(host, port)
+    return f"Clustering node {node.name} with {args['node']}: members {members}"
+
+
+async def cmd_reset(node, args):
+    await node.reset()
+    return f"Resetting node {node.name} ..."
+
+
+async def cmd_forget_cluster_node(node, args):
+    _require_running(node)
+    target = args["node"]
+    if target == node.name:
+        raise ProtocolError(PRECONDITION_FAILED, "a node cannot forget itself: run reset on it instead")
+    if target not in node.md.members:
+        raise ProtocolError(NOT_FOUND, f"node {target} is not a member of cluster {node.md.cluster_name}")
+    if target in node.running:
+        raise ProtocolError(PRECONDITION_FAILED, f"node {target} is running: stop its app first")
+    await node.propose(["member.remove", target])
+    return f"Removing node {target} from the cluster"
+
+
+async def cmd_add_member(node, args):
+    """A node asks to join (join_cluster on it named us)."""
+    _require_running(node)
+    await node.propose(["member.add", args["name"], args["peer"], args["client"]])
+    node.log.info("node joined the cluster", joined=args["name"])
+    return node.md.snapshot()
+
+
+async def cmd_remove_member(node, args):
+    _require_running(node)
+    if args["name"] in node.running:
+        raise ProtocolError(PRECONDITION_FAILED, f"node {args['name']} is still running")
+    if args["name"] in node.md.members:
+        await node.propose(["member.remove", args["name"]])
+    return None
+
+
+async def cmd_list_queues(node, args):
+    _require_running(node)
+    columns = args.get("columns") or list(DEFAULT_QUEUE_COLUMNS)
+    bad = [c for c in columns if c not in QUEUE_COLUMNS]
+    if bad:
+        raise ProtocolError(COMMAND_INVALID, f"unknown queue info item(s) {bad}; valid: {' '.join(QUEUE_COLUMNS)}")
+    stats: dict = {}
+    for per_node in (await _each_running_node(node, "queue_stats", {})).values():
+        stats.update(per_node)
+    rows = []
+    for name, q in sorted(node.md.queues.items()):
+        s = stats.get(name)
+        full = {
+            "name": name, "durable": q["durable"], "auto_delete": q["auto_delete"],
+            "exclusive": q["exclusive"], "arguments": q["arguments"], "policy": "",
+            "pid": s["pid"] if s else "", "mirror_pids": [], "synchronised_mirror_pids": [],
+            "messages": s["messages"] if s else 0,
+            "messages_ready": s["messages_ready"] if s else 0,
+            "messages_unacknowledged": s["messages_unacknowledged"] if s else 0,
+            "consumers": s["consumers"] if s else 0,
+            "leader": q["leader"], "state": "running" if s else "down",
+        }
+        rows.append({c: full[c] for c in columns})
+    return rows
+
+
+async def cmd_list_connections(node, args):
+    _require_running(node)
+    rows = []
+    for per_node in (await _each_running_node(node, "connections", {})).values():
+        rows.extend(per_node)
+    return rows
+
+
+async def cmd_list_consumers(node, args):
+    _require_running(node)
+    rows = []
+    for per_node in (await _each_running_node(node, "consumers", {})).values():
+        rows.extend(per_node)
+    return sorted(rows, key=lambda r: (r["queue_name"], r["consumer_tag"]))
+
+
+async def cmd_delete_queue(node, args):
+    _require_running(node)
+    if args["queue"] not in node.md.queues:
+        raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/'")
+    await node.propose(["queue.delete", args["queue"]])
+    return f"Deleting queue '{args['queue']}' on vhost '/' ..."
+
+
+async def cmd_purge_queue(node, args):
+    _require_running(node)
+    qdef = node.md.queues.get(args["queue"])
+    if qdef is None:
+        raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/'")
+    node.check_queue_available(qdef)
+    return await node.call_node(qdef["leader"], "purge", {"queue": args["queue"]})
+
+
+COMMANDS = {
+    "status": cmd_status, "cluster_status": cmd_cluster_status, "stop_app": cmd_stop_app,
+    "start_app": cmd_start_app, "join_cluster": cmd_join_cluster, "reset": cmd_reset,
+    "forget_cluster_node": cmd_forget_cluster_node, "add_member": cmd_add_member,
+    "remove_member": cmd_remove_member, "list_queues": cmd_list_queues,
+    "list_connections": cmd_list_connections, "list_consumers": cmd_list_consumers,
+    "delete_queue": cmd_delete_queue, "purge_queue": cmd_purge_queue,
+}
+
+
+# --- node-to-node requests -------------------------------------------------------------------
+
+async def node_rpc(node, name: str, args: dict):
+    if name == "snapshot":
+        return node.md.snapshot()
+    if name == "queue_stats":
+        return {qname: {"pid": qp.pid, **qp.state.stats()} for qname, qp in node.queues.items()}
+    if name == "connections":
+        return [{"node": node.name, "name": s.conn_id, "peer": s.peer, "user": s.user,
+                 "client_name": s.client_name, "channels": len(s.channels)}
+                for s in node.sessions.values()]
+    if name == "consumers":
+        return [{"queue_name": qname, "consumer_tag": c.tag,
+                 "channel": f"{c.owner[0]}/{c.owner[1]}:{c.owner[2]}", "ack_required": not c.no_ack,
+                 "prefetch_count": c.prefetch, "exclusive": c.exclusive, "arguments": c.arguments}
+                for qname, qp in node.queues.items() for c in qp.state.consumers.values()]
+    if name == "purge":
+        qp = node.queues.get(args["queue"])
+        if qp is None:
+            raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/'")
+        return qp.state.purge()
+    raise ProtocolError(COMMAND_INVALID, f"unknown node request {name!r}")

@@ -1,0 +1,768 @@
+"""One warren node: its lifetime, its app, the cluster links and the routing between them.
+
+Theory of operation:
+* `run()` lives as long as the process. It listens on the peer port (needed even while the app is
+  stopped: warrenctl speaks there) and starts the app.
+* The app (`start_app`/`stop_app`, as in rabbitmqctl) is the client listener, the peer links,
+  and one task per local queue replica. Stopping it looks like a node failure to the others.
+* Metadata (members, queues) is a `mirroring.metadata.Metadata` copy on every node. Changes go to
+  the coordinator (the most senior running member), which applies them, persists, and broadcasts
+  them in version order; a link-up exchanges authority keys and the weaker side adopts the other's
+  snapshot. The copy is persisted under data_dir so a restarted node knows its cluster.
+* Every node dials every member it has no link to; if two links to one peer appear, the one
+  dialed by the lower node name survives on both sides.
+* Routing: `queue_op` sends an operation to the queue's leader (local inbox or peer link);
+  `to_session` sends events to a client session (local inbox or peer link).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import msgpack
+import trio
+
+from mirroring.metadata import Metadata, MetaError, authority_key
+from wire import messages as m
+from wire.errors import (ACCESS_REFUSED, INTERNAL_ERROR, NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED,
+                         ProtocolError)
+
+from . import config as configmod
+from . import log as logmod
+from .framed import FramedStream
+from .peers import HANDSHAKE_TIMEOUT, PeerLink, accept_handshake, dial_handshake
+from .queue_process import QueueProcess
+from .session import ChannelError, Session
+
+PROPOSE_TIMEOUT = 15.0
+
+
+class NodeStopped(Exception):
+    pass
+
+
+class Node:
+    def __init__(self, config: configmod.NodeConfig, network, *, persist: bool = True):
+        self.config = config
+        self.name = config.name
+        self.network = network
+        self.persist = persist
+        self.log = logmod.get(self.name)
+        self.md = Metadata()
+        self.links: dict[str, PeerLink] = {}
+        self.queues: dict[str, QueueProcess] = {}
+        self.sessions: dict[int, Session] = {}
+        self.app_running = False
+        self.booting = True
+        self.peer_port = config.peer_port
+        self.client_port = config.client_port
+        self._rids = itertools.count(1)
+        self._pending: dict[int, tuple[str, trio.Event, list]] = {}
+        self._app_scope: trio.CancelScope | None = None
+        self._dialing: set[str] = set()
+        self._meta_event = trio.Event()
+        self.root = None
+        self.app = None
+        self.started = trio.Event()
+
+    # --- paths and persistence ---------------------------------------------------------------
+    @property
+    def _meta_path(self) -> Path:
+        return Path(self.config.data_dir) / "metadata.msgpack"
+
+    def has_state(self) -> bool:
+        return self.persist and self._meta_path.exists()
+
+    def _save(self) -> None:
+        if not self.persist:
+            return
+        path = self._meta_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(msgpack.packb(self.md.snapshot(), use_bin_type=True))
+        os.replace(tmp, path)
+
+    def _load(self) -> Metadata:
+        if self.has_state():
+            try:
+                md = Metadata.from_snapshot(msgpack.unpackb(self._meta_path.read_bytes(), raw=False,
+                                                            strict_map_key=False))
+                # non-durable queues do not survive a restart of the node that led them
+                for q in list(md.queues.values()):
+                    if q["leader"] == self.name and (not q["durable"] or q["exclusive"]):
+                        del md.queues[q["name"]]
+                if self.name in md.members:
+                    return md
+            except Exception as exc:  # a corrupt file must not stop the node
+                self.log.error("cannot read saved metadata, starting fresh", error=str(exc))
+        return self._fresh_metadata()
+
+    def _fresh_metadata(self) -> Metadata:
+        md = Metadata()
+        md.apply(["member.add", self.name, self._peer_addr(), self._client_addr()])
+        return md
+
+    def _peer_addr(self) -> list:
+        return [self.config.advertise_host, self.peer_port]
+
+    def _client_addr(self) -> list:
+        return [self.config.advertise_host, self.client_port]
+
+    # --- running set -------------------------------------------------------------------------
+    @property
+    def running(self) -> set[str]:
+        if not self.app_running:
+            return set()
+        return {self.name, *self.links}
+
+    @property
+    def coordinator(self) -> str | None:
+        return self.md.coordinator(self.running)
+
+    def spawn(self, fn, *args) -> None:
+        """Run a helper task in the app (dies with the app)."""
+        if self.app is not None:
+            self.app.start_soon(fn, *args)
+
+    # --- process lifetime --------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as root:
+            self.root = root
+            self.peer_port = await root.start(self.network.serve, self.config.host,
+                                              self.config.peer_port, self._on_peer_conn)
+            self.log.info("node listening", peer_port=self.peer_port)
+            if self.config.cluster_seed and not self.has_state():
+                await self._join_seed(self.config.cluster_seed)
+            await self.start_app()
+            if self.persist:
+                configmod.register(self.name, (self.config.advertise_host, self.peer_port),
+                                   (self.config.advertise_host, self.client_port), os.getpid())
+            self.started.set()
+            task_status.started(self)
+
+    async def _join_seed(self, seed: str) -> None:
+        """First boot with a cluster seed: keep trying to join until the seed answers."""
+        host, port = configmod.lookup(seed)
+        if (host, port) == (self.config.advertise_host, self.peer_port):
+            return
+        delay = 0.2
+        while True:
+            try:
+                await self.join_cluster(host, port)
+                return
+            except (OSError, ProtocolError, trio.TooSlowError) as exc:
+                self.log.info("waiting for cluster seed", seed=seed, error=str(exc))
+                await trio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def start_app(self) -> None:
+        if self.app_running:
+            return
+        await self.root.start(self._app)
+
+    async def stop_app(self) -> None:
+        if not self.app_running or self._app_scope is None:
+            return
+        self.log.info("stopping app")
+        for link in list(self.links.values()):
+            link.close("peer stopped its app")
+        self._app_scope.cancel()
+        while self.app_running:
+            await trio.sleep(0.01)
+
+    async def _app(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            self._app_scope = scope
+            self.md = self._load()
+            self.booting = True
+            try:
+                async with trio.open_nursery() as app:
+                    self.app = app
+                    self.client_port = await app.start(self.network.serve, self.config.host,
+                                                       self.config.client_port, self._on_client_conn)
+                    self.app_running = True
+                    me = self.md.members.get(self.name)
+                    if me != {"peer": self._peer_addr(), "client": self._client_addr()} and len(self.md.members) == 1:
+                        self.md.apply(["member.add", self.name, self._peer_addr(), self._client_addr()])
+                    self._save()
+                    self._reconcile_queues()
+                    app.start_soon(self._dialer)
+                    self.log.info("app started", client_port=self.client_port,
+                                  members=list(self.md.members))
+                    task_status.started()
+            finally:
+                self.app_running = False
+                self.app = None
+                for q in list(self.queues.values()):
+                    q.scope.cancel()
+                self.queues.clear()
+                for link in list(self.links.values()):
+                    link.close("app stopped")
+                self.links.clear()
+                self.log.info("app stopped")
+
+    # --- peer port ---------------------------------------------------------------------------
+    async def _on_peer_conn(self, stream, peer: str) -> None:
+        try:
+            await self._accept_peer(stream, peer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception:  # a bug in handling one connection must not bring the node down
+            self.log.exception("peer connection failed", peer=peer)
+
+    async def _accept_peer(self, stream, peer: str) -> None:
+        framed = FramedStream(stream, self.config.max_frame)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                auth = await accept_handshake(framed, self.name, self.config.secret)
+        except ProtocolError as exc:
+            self.log.warning("peer connection refused", peer=peer, reason=exc.text)
+            await _send_error(framed, exc)
+            return
+        except trio.TooSlowError:
+            self.log.warning("peer handshake timed out", peer=peer)
+            return
+        if auth.role == "ctl":
+            from .control import serve_ctl
+            await serve_ctl(self, framed, auth.node)
+            return
+        if not self.app_running:
+            await _send_error(framed, ProtocolError(NOT_ALLOWED, f"node {self.name} is not running (its app is stopped)"))
+            return
+        if auth.node not in self.md.members:
+            await _send_error(framed, ProtocolError(
+                NOT_ALLOWED, f"node {auth.node} is not a member of cluster {self.md.cluster_name}; "
+                             "run join_cluster on it first"))
+            return
+        await self._run_link(auth.node, framed, dialer=auth.node)
+
+    async def _dialer(self) -> None:
+        while True:
+            for name in list(self.md.members):
+                if name != self.name and name not in self.links and name not in self._dialing:
+                    self._dialing.add(name)
+                    self.app.start_soon(self._dial_loop, name)
+            with trio.move_on_after(1.0):
+                await self._meta_event.wait()
+
+    async def _dial_loop(self, name: str) -> None:
+        delay = 0.05
+        try:
+            while name in self.md.members and self.app_running:
+                if name in self.links:
+                    await trio.sleep(0.25)
+                    delay = 0.05
+                    continue
+                rec = self.md.members[name]
+                try:
+                    with trio.fail_after(HANDSHAKE_TIMEOUT):
+                        stream = await self.network.connect(*rec["peer"])
+                        framed = FramedStream(stream, self.config.max_frame)
+                        other = await dial_handshake(framed, self.name, self.config.secret, "peer")
+                    if other != name:
+                        await stream.aclose()
+                        raise ProtocolError(NOT_ALLOWED, f"expected node {name}, reached {other}")
+                    await self._run_link(name, framed, dialer=self.name)
+                    delay = 0.05
+                except (OSError, trio.TooSlowError, trio.BrokenResourceError,
+                        trio.ClosedResourceError, ProtocolError) as exc:
+                    self.log.debug("dial failed", peer=name, error=str(exc))
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, min(2.0, self.config.net_ticktime / 4))
+                except Exception:
+                    self.log.exception("peer link failed", peer=name)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, min(2.0, self.config.net_ticktime / 4))
+        finally:
+            self._dialing.discard(name)
+
+    async def _run_link(self, name: str, framed: FramedStream, dialer: str) -> None:
+        link = PeerLink(name, framed, dialer, self.config.net_ticktime)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                await self._exchange_metadata(name, framed)
+        except (ProtocolError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.log.debug("link set-up failed", peer=name, error=str(exc))
+            raise
+        if not self.app_running:
+            return
+        existing = self.links.get(name)
+        if existing is not None:
+            if dialer == min(self.name, name) and existing.dialer != dialer:
+                existing.superseded = True
+                existing.close("superseded by a second link")
+            else:
+                return
+        self.links[name] = link
+        self.booting = False
+        self.log.info("node up", peer=name, running=sorted(self.running))
+        self._running_changed(up=name)
+        reason = await link.run(self._on_peer_messages)
+        if self.links.get(name) is link:
+            del self.links[name]
+            self.log.warning("node down", peer=name, reason=reason, running=sorted(self.running))
+            self._running_changed(down=name)
+
+    async def _exchange_metadata(self, name: str, framed: FramedStream) -> None:
+        """Both sides send LinkHello; the weaker side adopts the stronger side's snapshot."""
+        mine = list(authority_key(self.md, self.booting, sorted(self.running)))
+        await framed.send_now(m.LinkHello(mine, self.md.version, self.md.digest()))
+        theirs = await framed.receive(frozenset({"link.hello"}))
+        if theirs is None:
+            raise ProtocolError(NOT_ALLOWED, "link closed during set-up")
+        if theirs.version == self.md.version and theirs.digest == self.md.digest():
+            return
+        if (mine, self.name) > (list(theirs.key), name):
+            await framed.send_now(m.MetaSnapshot(self.md.snapshot()))
+        else:
+            snap = await framed.receive(frozenset({"meta.snapshot"}))
+            if snap is None:
+                raise ProtocolError(NOT_ALLOWED, "link closed during set-up")
+            self._adopt(snap.state, f"from {name}")
+
+    def _adopt(self, state: dict, source: str) -> None:
+        md = Metadata.from_snapshot(state)
+        if self.name not in md.members:
+            self.log.warning("ignoring a snapshot that does not list this node", source=source)
+            return
+        self.log.info("adopting cluster metadata", source=source, version=md.version)
+        self.md = md
+        self._meta_changed()
+
+    async def _on_peer_messages(self, link: PeerLink, batch: list) -> None:
+        for msg in batch:
+            t = type(msg)
+            if t is m.ToQueue:
+                await self._queue_op_local(msg.queue, msg.op)
+            elif t is m.ToSession:
+                s = self.sessions.get(msg.sid)
+                if s is not None:
+                    s.inbox.send_nowait(msg.ops)
+            elif t is m.Tick:
+                pass
+            elif t is m.MetaApply:
+                self._on_meta_apply(link, msg)
+            elif t is m.MetaPropose:
+                self._serve_propose(link, msg)
+            elif t is m.MetaResult:
+                self._resolve(msg.rid, msg)
+            elif t is m.NodeRpc:
+                self.spawn(self._serve_rpc, link, msg)
+            elif t is m.NodeRpcReply:
+                self._resolve(msg.rid, msg)
+            elif t is m.MetaSnapshot:
+                self._adopt(msg.state, f"from {link.name}")
+            else:
+                link.close(f"unexpected message {msg.KIND!r} on a peer link")
+                return
+
+    # --- metadata ----------------------------------------------------------------------------
+    async def propose(self, change: list):
+        """Have the coordinator apply a change; returns its value or raises MetaError."""
+        with trio.fail_after(PROPOSE_TIMEOUT):
+            while True:
+                if not self.app_running:
+                    raise MetaError(NOT_ALLOWED, f"node {self.name} is not running")
+                coord = self.coordinator
+                if coord == self.name:
+                    return self._coord_apply(change)
+                link = self.links.get(coord)
+                if link is None:
+                    await trio.sleep(0.05)
+                    continue
+                try:
+                    reply = await self._call(link, lambda rid: m.MetaPropose(rid, change))
+                except NodeStopped:
+                    await trio.sleep(0.05)
+                    continue
+                if reply.ok:
+                    return reply.value
+                if reply.error == "not-coordinator":
+                    await trio.sleep(0.05)
+                    continue
+                raise MetaError(reply.value or INTERNAL_ERROR, reply.error)
+
+    def _coord_apply(self, change: list):
+        value = self.md.apply(change)  # MetaError leaves the state untouched
+        msg = m.MetaApply(self.md.version, change)
+        for link in self.links.values():
+            link.send(msg)
+        self._meta_changed()
+        return value
+
+    def _serve_propose(self, link: PeerLink, msg: m.MetaPropose) -> None:
+        if self.coordinator != self.name:
+            link.send(m.MetaResult(msg.rid, False, None, "not-coordinator"))
+            return
+        try:
+            value = self._coord_apply(msg.change)
+        except ProtocolError as exc:
+            link.send(m.MetaResult(msg.rid, False, exc.code, exc.text))
+            return
+        except Exception as exc:  # a malformed change from a peer must not kill the node
+            link.send(m.MetaResult(msg.rid, False, INTERNAL_ERROR, f"bad change: {exc!r}"))
+            return
+        link.send(m.MetaResult(msg.rid, True, value, ""))
+
+    def _on_meta_apply(self, link: PeerLink, msg: m.MetaApply) -> None:
+        if msg.version <= self.md.version:
+            return
+        if msg.version == self.md.version + 1:
+            try:
+                self.md.apply(msg.change)
+            except Exception as exc:
+                self.log.error("metadata change failed to apply; asking for a snapshot", error=str(exc))
+                self.spawn(self._fetch_snapshot, link)
+                return
+            self._meta_changed()
+        else:
+            self.spawn(self._fetch_snapshot, link)
+
+    async def _fetch_snapshot(self, link: PeerLink) -> None:
+        try:
+            reply = await self._call(link, lambda rid: m.NodeRpc(rid, "snapshot", {}))
+        except NodeStopped:
+            return
+        if reply.ok and reply.value["version"] > self.md.version:
+            self._adopt(reply.value, f"from {link.name}")
+
+    def _meta_changed(self) -> None:
+        self._save()
+        self._reconcile_queues()
+        ev, self._meta_event = self._meta_event, trio.Event()
+        ev.set()
+
+    async def wait_meta_change(self) -> None:
+        await self._meta_event.wait()
+
+    def _reconcile_queues(self) -> None:
+        """Start the replicas this node should run and stop those it should not."""
+        if not self.app_running:
+            return
+        for qdef in self.md.queues.values():
+            if qdef["leader"] == self.name and qdef["name"] not in self.queues:
+                qp = QueueProcess(self, qdef)
+                self.queues[qdef["name"]] = qp
+                self.app.start_soon(qp.run)
+        for name, qp in list(self.queues.items()):
+            qdef = self.md.queues.get(name)
+            if qdef is None or qdef["leader"] != self.name:
+                del self.queues[name]
+                qp.stop("queue deleted")
+        # sessions: consumers of queues that vanished are cancelled by their queue's stop();
+        # a vanished remote queue whose node is down is handled in _running_changed
+
+    def _running_changed(self, up: str | None = None, down: str | None = None) -> None:
+        ev, self._meta_event = self._meta_event, trio.Event()
+        ev.set()
+        if down is not None:
+            self._fail_pending(down)
+            for qp in list(self.queues.values()):
+                qp.node_down(down)
+            lost = [q["name"] for q in self.md.queues_led_by(down)]
+            for s in list(self.sessions.values()):
+                for qname in lost:
+                    s.queue_lost(qname, f"home node '{down}' of queue '{qname}' in vhost '/' went down")
+        if self.coordinator == self.name:
+            self.spawn(self._drop_transient_queues)
+
+    async def _drop_transient_queues(self) -> None:
+        """Coordinator duty: non-durable queues whose home node is down are deleted (spec)."""
+        for node in list(self.md.members):
+            if node in self.running:
+                continue
+            if any(not q["durable"] or q["exclusive"] for q in self.md.queues_led_by(node)):
+                try:
+                    gone = await self.propose(["node.down", node])
+                except (ProtocolError, trio.TooSlowError):
+                    continue
+                if gone:
+                    self.log.info("deleted non-durable queues of a node that is down",
+                                  down=node, queues=gone)
+
+    # --- node-to-node calls ------------------------------------------------------------------
+    async def _call(self, link: PeerLink, make):
+        rid = next(self._rids)
+        ev = trio.Event()
+        box: list = []
+        self._pending[rid] = (link.name, ev, box)
+        link.send(make(rid))
+        try:
+            await ev.wait()
+        finally:
+            self._pending.pop(rid, None)
+        if not box:
+            raise NodeStopped(link.name)
+        return box[0]
+
+    def _resolve(self, rid: int, reply) -> None:
+        entry = self._pending.pop(rid, None)
+        if entry is not None:
+            entry[2].append(reply)
+            entry[1].set()
+
+    def _fail_pending(self, node: str) -> None:
+        for rid, (name, ev, box) in list(self._pending.items()):
+            if name == node:
+                del self._pending[rid]
+                ev.set()
+
+    async def call_node(self, node: str, name: str, args: dict):
+        """A request to another running node (or this one); returns the value or raises."""
+        if node == self.name:
+            from .control import node_rpc
+            return await node_rpc(self, name, args)
+        link = self.links.get(node)
+        if link is None:
+            raise NodeStopped(node)
+        reply = await self._call(link, lambda rid: m.NodeRpc(rid, name, args))
+        if not reply.ok:
+            raise ProtocolError(reply.code, reply.error)
+        return reply.value
+
+    async def _serve_rpc(self, link: PeerLink, msg: m.NodeRpc) -> None:
+        from .control import node_rpc
+        try:
+            value = await node_rpc(self, msg.name, msg.args)
+        except ProtocolError as exc:
+            link.send(m.NodeRpcReply(msg.rid, False, None, exc.code, exc.text))
+        except Exception as exc:
+            self.log.exception("node rpc failed", rpc=msg.name)
+            link.send(m.NodeRpcReply(msg.rid, False, None, INTERNAL_ERROR, repr(exc)))
+        else:
+            link.send(m.NodeRpcReply(msg.rid, True, value, 0, ""))
+
+    # --- routing -----------------------------------------------------------------------------
+    def queue_down_reason(self, qdef: dict) -> str:
+        leader = qdef["leader"]
+        if leader == self.name or leader in self.links:
+            return ""
+        return (f"home node '{leader}' of durable queue '{qdef['name']}' in vhost '/' "
+                "is down or inaccessible")
+
+    def check_queue_available(self, qdef: dict, exc_type=ProtocolError) -> None:
+        reason = self.queue_down_reason(qdef)
+        if reason:
+            raise exc_type(NOT_FOUND, reason)
+
+    async def queue_op(self, qdef: dict, op: list) -> None:
+        leader = qdef["leader"]
+        if leader == self.name:
+            await self._queue_op_local(qdef["name"], op)
+            return
+        link = self.links.get(leader)
+        if link is None:
+            return  # the session already checked; the node went down just now
+        await link.outbox.wait_below_watermark()
+        link.send(m.ToQueue(qdef["name"], op))
+
+    def queue_op_nowait(self, qname: str, op: list) -> None:
+        """For settlements and clean-up: never blocks (the queue inbox may grow past its bound)."""
+        qdef = self.md.queues.get(qname)
+        if qdef is None:
+            return
+        leader = qdef["leader"]
+        if leader == self.name:
+            qp = self.queues.get(qname)
+            if qp is not None:
+                try:
+                    qp.inbox.send_nowait(op)
+                except trio.WouldBlock:
+                    self.spawn(qp.inbox.send, op)
+        else:
+            link = self.links.get(leader)
+            if link is not None:
+                link.send(m.ToQueue(qname, op))
+
+    async def _queue_op_local(self, qname: str, op: list) -> None:
+        qp = self.queues.get(qname)
+        if qp is None:
+            owner = op[1] if len(op) > 1 and isinstance(op[1], list) else None
+            if owner is None:
+                return
+            if op[0] == "publish" and op[2]:
+                self.to_session(owner[0], owner[1], [["confirm", owner[2], op[2], op[2] + len(op[3]) - 1,
+                                                      False, f"no queue '{qname}' in vhost '/'"]])
+            elif op[0] in ("consume", "cancel", "get", "purge", "declare_ok", "delete"):
+                self.to_session(owner[0], owner[1], [["fail", op[2], owner[2], NOT_FOUND,
+                                                      f"no queue '{qname}' in vhost '/'"]])
+            return
+        await qp.inbox.send(op)
+
+    def to_session(self, node: str, sid: int, events: list) -> None:
+        if node == self.name:
+            s = self.sessions.get(sid)
+            if s is not None:
+                s.inbox.send_nowait(events)
+            return
+        link = self.links.get(node)
+        if link is not None:
+            link.send(m.ToSession(sid, events))
+
+    # --- client port -------------------------------------------------------------------------
+    async def _on_client_conn(self, stream, peer: str) -> None:
+        try:
+            await self._serve_client(stream, peer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception:  # one client's trouble must not bring the node down
+            self.log.exception("client connection failed", peer=peer)
+
+    async def _serve_client(self, stream, peer: str) -> None:
+        framed = FramedStream(stream, self.config.max_frame)
+        session = Session(self, framed, peer)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                await session.handshake()
+        except ProtocolError as exc:
+            self.log.warning("client connection refused", peer=peer, reason=exc.text)
+            await _send_error(framed, exc)
+            return
+        except trio.TooSlowError:
+            return
+        self.sessions[session.sid] = session
+        try:
+            await session.run()
+        finally:
+            del self.sessions[session.sid]
+            self._session_gone(session)
+
+    def _session_gone(self, session: Session) -> None:
+        node, sid = self.name, session.sid
+        for qname in {q for ch in session.channels.values() for q in ch.touched}:
+            self.queue_op_nowait(qname, ["session_gone", node, sid])
+
+    # --- queue declaration and deletion ------------------------------------------------------
+    def _choose_leader(self, session: Session, arguments: dict) -> str:
+        locator = arguments.get("x-queue-master-locator") or self.config.queue_leader_locator
+        if locator == "balanced":
+            counts = {n: 0 for n in sorted(self.running)}
+            for q in self.md.queues.values():
+                if q["leader"] in counts:
+                    counts[q["leader"]] += 1
+            return min(counts, key=lambda n: (counts[n], n))
+        return self.name
+
+    async def declare_queue(self, session: Session, msg: m.QueueDeclare):
+        name = msg.queue
+        if name.startswith("amq.") and not msg.passive:
+            raise ChannelError(ACCESS_REFUSED,
+                               f"queue name '{name}' contains reserved prefix 'amq.*'")
+        if not name:
+            if msg.passive:
+                raise ChannelError(NOT_FOUND, "no queue '' in vhost '/'")
+            name = f"amq.gen-{os.urandom(8).hex()}"
+        if len(name) > 255:
+            raise ChannelError(PRECONDITION_FAILED, "queue name is longer than 255 characters")
+        _validate_queue_arguments(msg.arguments)
+        existing = self.md.queues.get(name)
+        if msg.passive:
+            if existing is None:
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '/'")
+            session._queue(name)
+        elif existing is not None:
+            self.check_queue_available(existing, ChannelError)
+        if not msg.passive:
+            qdef = {
+                "name": name,
+                "durable": bool(msg.durable) and not msg.exclusive,
+                "exclusive": bool(msg.exclusive),
+                "auto_delete": bool(msg.auto_delete),
+                "arguments": dict(msg.arguments),
+                "leader": self.name if msg.exclusive else self._choose_leader(session, msg.arguments),
+                "owner": session.conn_id if msg.exclusive else None,
+            }
+            if existing is not None and existing["exclusive"] and not msg.exclusive and existing.get("owner") == session.conn_id:
+                qdef["durable"] = existing["durable"]
+            if msg.exclusive and msg.durable:
+                qdef["durable"] = False  # spec: exclusive queues are never durable
+            try:
+                result = await self.propose(["queue.declare", qdef])
+            except MetaError as exc:
+                raise ChannelError(exc.code, exc.text) from None
+            except trio.TooSlowError:
+                raise ChannelError(INTERNAL_ERROR, "timed out waiting for the cluster to record the queue") from None
+            if result["created"]:
+                if msg.exclusive:
+                    session.exclusive_queues.add(name)
+                self.log.info("queue declared", queue=name, leader=result["queue"]["leader"],
+                              durable=qdef["durable"], exclusive=qdef["exclusive"])
+                return [name, 0, 0]
+        qdef = self.md.queues.get(name)
+        if qdef is None:
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '/'")
+        ch = session.channels[msg.ch]
+        await self.queue_op(qdef, ["declare_ok", [self.name, session.sid, ch.id], msg.rid])
+        return None  # the queue answers the client itself
+
+    async def delete_queue_then_reply(self, qname: str, owner: list, rid: int, count: int) -> None:
+        try:
+            await self.propose(["queue.delete", qname])
+        except (ProtocolError, trio.TooSlowError) as exc:
+            self.to_session(owner[0], owner[1], [["fail", rid, owner[2], INTERNAL_ERROR, str(exc)]])
+            return
+        self.log.info("queue deleted", queue=qname)
+        self.to_session(owner[0], owner[1], [["reply", rid, count]])
+
+    async def auto_delete_queue(self, qname: str) -> None:
+        try:
+            await self.propose(["queue.delete", qname, self.name])
+        except (ProtocolError, trio.TooSlowError):
+            return
+        self.log.info("auto-delete queue deleted after its last consumer left", queue=qname)
+
+    # --- membership commands -----------------------------------------------------------------
+    async def join_cluster(self, host: str, port: int) -> list[str]:
+        """Ask the node at host:port to add us; take its metadata. The app must be stopped."""
+        if self.app_running:
+            raise ProtocolError(NOT_ALLOWED, "stop the app first: run stop_app before join_cluster")
+        from .control import ctl_call
+        snap = await ctl_call(self.network, host, port, self.name, self.config.secret, "add_member",
+                              {"name": self.name, "peer": self._peer_addr(), "client": self._client_addr()})
+        md = Metadata.from_snapshot(snap)
+        self.md = md
+        self._save()
+        self.log.info("joined cluster", cluster=md.cluster_name, members=list(md.members))
+        return list(md.members)
+
+    async def reset(self) -> None:
+        """Leave the cluster and forget everything (the app must be stopped)."""
+        if self.app_running:
+            raise ProtocolError(NOT_ALLOWED, "stop the app first: run stop_app before reset")
+        from .control import ctl_call
+        md = self._load() if self.has_state() else self.md
+        for name, rec in md.members.items():
+            if name == self.name:
+                continue
+            try:
+                with trio.fail_after(5):
+                    await ctl_call(self.network, *rec["peer"], self.name, self.config.secret,
+                                   "remove_member", {"name": self.name})
+                break
+            except (OSError, ProtocolError, trio.TooSlowError):
+                continue
+        if self.persist and self._meta_path.exists():
+            self._meta_path.unlink()
+        self.md = self._fresh_metadata()
+        self.log.info("node reset")
+
+
+def _validate_queue_arguments(arguments: dict) -> None:
+    loc = arguments.get("x-queue-master-locator")
+    if loc is not None and loc not in ("client-local", "balanced"):
+        raise ChannelError(PRECONDITION_FAILED,
+                           f"invalid arg 'x-queue-master-locator' for queue: {loc!r} "
+                           "(expected 'client-local' or 'balanced')")
+    for key in arguments:
+        if not isinstance(key, str):
+            raise ChannelError(PRECONDITION_FAILED, "queue argument names must be strings")
+
+
+async def _send_error(framed: FramedStream, exc: ProtocolError) -> None:
+    with trio.move_on_after(2):
+        try:
+            await framed.send_now(m.Error(exc.code, exc.text))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            pass

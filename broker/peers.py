@@ -1,0 +1,126 @@
+"""Peer links: the authenticated, heartbeat-checked connection between two nodes.
+
+Handshake on the peer port (the accepting side speaks first):
+  acceptor -> Hello(version, node, nonce)
+  dialer   -> PeerAuth(version, node, role, proof=HMAC(secret, acceptor nonce), nonce)
+  acceptor -> PeerWelcome(node, proof=HMAC(secret, dialer nonce))   or Error and close
+Role "peer" opens a link between nodes; role "ctl" is warrenctl (or a node asking another to
+add it to the cluster). A link is down when its stream breaks, or when nothing was heard for
+net_ticktime (ticks are sent every net_ticktime/4).
+"""
+
+from __future__ import annotations
+
+import trio
+
+from wire import messages as m
+from wire.errors import ACCESS_REFUSED, VERSION_MISMATCH, ProtocolError
+from wire.handshake import check_proof, new_nonce, proof
+
+from .framed import FramedStream, Outbox
+
+HANDSHAKE_TIMEOUT = 10.0
+
+
+def _ctx(direction: str, role: str, name: str) -> str:
+    return f"warren/{direction}/{role}/{name}"
+
+
+async def accept_handshake(framed: FramedStream, me: str, secret: bytes) -> m.PeerAuth:
+    """Run the acceptor's side; returns the dialer's PeerAuth or raises ProtocolError."""
+    nonce = new_nonce()
+    await framed.send_now(m.Hello(m.PROTOCOL_VERSION, me, nonce, framed.max_frame))
+    auth = await framed.receive(frozenset({"peer.auth"}))
+    if auth is None:
+        raise ProtocolError(ACCESS_REFUSED, "connection closed during the handshake")
+    if auth.version != m.PROTOCOL_VERSION:
+        raise ProtocolError(VERSION_MISMATCH,
+                            f"protocol version {auth.version} not supported (this node speaks {m.PROTOCOL_VERSION})")
+    if auth.role not in ("peer", "ctl"):
+        raise ProtocolError(ACCESS_REFUSED, f"unknown role {auth.role!r}")
+    if not check_proof(secret, nonce, _ctx("in", auth.role, auth.node), auth.proof):
+        raise ProtocolError(ACCESS_REFUSED,
+                            f"{auth.node!r} did not prove the cluster secret (wrong cookie/secret)")
+    await framed.send_now(m.PeerWelcome(me, proof(secret, auth.nonce, _ctx("out", auth.role, me))))
+    return auth
+
+
+async def dial_handshake(framed: FramedStream, me: str, secret: bytes, role: str) -> str:
+    """Run the dialer's side; returns the acceptor's node name."""
+    hello = await framed.receive(frozenset({"hello", "error"}))
+    if hello is None:
+        raise ProtocolError(ACCESS_REFUSED, "connection closed before the handshake")
+    if isinstance(hello, m.Error):
+        raise ProtocolError(hello.code, hello.text)
+    nonce = new_nonce()
+    await framed.send_now(m.PeerAuth(m.PROTOCOL_VERSION, me, role,
+                                     proof(secret, hello.nonce, _ctx("in", role, me)), nonce))
+    reply = await framed.receive(frozenset({"peer.welcome", "error"}))
+    if reply is None:
+        raise ProtocolError(ACCESS_REFUSED, "connection closed during the handshake")
+    if isinstance(reply, m.Error):
+        raise ProtocolError(reply.code, reply.text)
+    if not check_proof(secret, nonce, _ctx("out", role, reply.node), reply.proof):
+        raise ProtocolError(ACCESS_REFUSED, f"node {reply.node!r} did not prove the cluster secret")
+    return reply.node
+
+
+class PeerLink:
+    """An established link to node `name`. The node reads `inbound` batches via `run`."""
+
+    def __init__(self, name: str, framed: FramedStream, dialer: str, ticktime: float):
+        self.name = name
+        self.framed = framed
+        self.dialer = dialer  # which node dialed: decides which of two duplicate links survives
+        self.outbox = Outbox(framed)
+        self.ticktime = ticktime
+        self.last_heard = trio.current_time()
+        self.superseded = False
+        self.cancel_scope = trio.CancelScope()
+
+    def send(self, msg) -> None:
+        self.outbox.put(msg)
+
+    async def run(self, on_messages) -> str:
+        """Serve the link until it breaks; returns why it ended."""
+        reason = "closed"
+        with self.cancel_scope:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer)
+                    nursery.start_soon(self._ticker)
+                    while True:
+                        batch = await self.framed.receive_batch()
+                        if not batch:
+                            reason = "connection closed by peer"
+                            break
+                        self.last_heard = trio.current_time()
+                        await on_messages(self, batch)
+                    nursery.cancel_scope.cancel()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                reason = f"connection broken ({type(exc).__name__})"
+            except ProtocolError as exc:
+                reason = f"protocol error: {exc}"
+        if self.cancel_scope.cancelled_caught and reason == "closed":
+            reason = getattr(self, "_close_reason", "closed")
+        self.outbox.close()
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(1):
+                await self.framed.stream.aclose()
+        return reason
+
+    def close(self, reason: str) -> None:
+        self._close_reason = reason
+        self.cancel_scope.cancel()
+
+    async def _writer(self):
+        await self.outbox.run()
+
+    async def _ticker(self):
+        interval = self.ticktime / 4
+        while True:
+            await trio.sleep(interval)
+            if trio.current_time() - self.last_heard > self.ticktime:
+                self.close(f"no sign of life for net_ticktime ({self.ticktime:g} s)")
+                return
+            self.send(m.Tick())

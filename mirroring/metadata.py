@@ -1,0 +1,173 @@
+"""Cluster metadata: members, queue definitions (policies later), changed by ordered changes.
+
+Every node holds a copy. Changes are proposed to the coordinator, which applies them here with
+the next version number and broadcasts them; every node applies the same changes in the same
+order. A node that (re)joins or loses track takes a full snapshot instead.
+
+A change is a list `[kind, ...args]` so it crosses the wire as it is. `apply` validates and
+raises MetaError with an AMQP-style code, leaving the state untouched, when it is refused.
+
+Who wins when two copies disagree on link-up (`authority_key`): a node that has just booted
+always yields; otherwise the side that sees more running nodes wins; on a tie the side whose
+most senior running member joined first wins; then the higher version.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import msgpack
+
+from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, ProtocolError
+
+VHOST = "/"
+
+
+class MetaError(ProtocolError):
+    pass
+
+
+QUEUE_PROPS = ("durable", "exclusive", "auto_delete", "arguments")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+class Metadata:
+    def __init__(self, cluster_name: str = ""):
+        self.version = 0
+        self.cluster_name = cluster_name
+        self.members: dict[str, dict] = {}  # name -> {"peer": [h, p], "client": [h, p]}, join order
+        self.queues: dict[str, dict] = {}
+        self.policies: dict[str, dict] = {}
+
+    # --- snapshots -------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        return {
+            "version": self.version,
+            "cluster_name": self.cluster_name,
+            "members": [[n, m] for n, m in self.members.items()],
+            "queues": copy.deepcopy(self.queues),
+            "policies": copy.deepcopy(self.policies),
+        }
+
+    @classmethod
+    def from_snapshot(cls, snap: dict) -> "Metadata":
+        md = cls(snap.get("cluster_name", ""))
+        md.version = snap["version"]
+        md.members = {n: dict(m) for n, m in snap["members"]}
+        md.queues = copy.deepcopy(snap["queues"])
+        md.policies = copy.deepcopy(snap.get("policies", {}))
+        return md
+
+    def digest(self) -> str:
+        """A short content hash: two nodes with equal version and digest agree."""
+        return hashlib.sha1(msgpack.packb(self.snapshot(), use_bin_type=True)).hexdigest()[:12]
+
+    # --- derived ---------------------------------------------------------------------------
+    def seniority(self, node: str) -> int:
+        """0 for the founding member, larger for later joiners; unknown nodes last."""
+        for i, name in enumerate(self.members):
+            if name == node:
+                return i
+        return len(self.members) + 1
+
+    def coordinator(self, running: set[str]) -> str | None:
+        """The most senior running member orders metadata changes."""
+        for name in self.members:
+            if name in running:
+                return name
+        return None
+
+    def queues_led_by(self, node: str) -> list[dict]:
+        return [q for q in self.queues.values() if q["leader"] == node]
+
+    # --- changes ---------------------------------------------------------------------------
+    def apply(self, change: list):
+        """Validate and apply one change; bumps the version. Returns a change-specific value."""
+        kind, *args = change
+        handler = getattr(self, "_c_" + kind.replace(".", "_").replace("-", "_"), None)
+        if handler is None:
+            raise MetaError(PRECONDITION_FAILED, f"unknown metadata change {kind!r}")
+        value = handler(*args)
+        self.version += 1
+        return value
+
+    def _c_member_add(self, name: str, peer: list, client: list):
+        self.members[name] = {"peer": list(peer), "client": list(client)}
+        if not self.cluster_name:
+            self.cluster_name = f"warren@{name}"
+        return None
+
+    def _c_member_remove(self, name: str):
+        if name not in self.members:
+            raise MetaError(NOT_FOUND, f"node {name!r} is not a member of the cluster")
+        del self.members[name]
+        for qname in [q["name"] for q in self.queues_led_by(name)]:
+            del self.queues[qname]
+        return None
+
+    def _c_queue_declare(self, qdef: dict):
+        """Declare, or check an existing declaration is equivalent (a RabbitMQ-like precondition)."""
+        name = qdef["name"]
+        existing = self.queues.get(name)
+        if existing is None:
+            if qdef["leader"] not in self.members:
+                raise MetaError(NOT_FOUND, f"node {qdef['leader']!r} is not a cluster member")
+            self.queues[name] = dict(qdef)
+            return {"created": True, "queue": dict(qdef)}
+        check_equivalent(existing, qdef)
+        return {"created": False, "queue": dict(existing)}
+
+    def _c_queue_delete(self, name: str, leader: str | None = None):
+        """Delete a queue; with `leader`, only if it is still led from that node."""
+        q = self.queues.get(name)
+        if q is None or (leader is not None and q["leader"] != leader):
+            return False
+        del self.queues[name]
+        return True
+
+    def _c_node_down(self, node: str, transient_only: bool = True):
+        """A node went down: its non-durable queues are deleted (spec: non-mirrored, non-durable)."""
+        gone = [q["name"] for q in self.queues_led_by(node) if not q["durable"] or not transient_only]
+        for name in gone:
+            del self.queues[name]
+        return gone
+
+
+def check_equivalent(existing: dict, wanted: dict) -> None:
+    """Raise the RabbitMQ-style errors for a re-declare that does not match."""
+    name = existing["name"]
+    if existing["exclusive"] and wanted.get("owner") != existing.get("owner"):
+        raise MetaError(
+            RESOURCE_LOCKED,
+            f"cannot obtain exclusive access to locked queue '{name}' in vhost '{VHOST}'. It could "
+            "be originally declared on another connection or the exclusive property value does "
+            "not match that of the original declaration.",
+        )
+    for prop in ("durable", "exclusive", "auto_delete"):
+        if bool(existing[prop]) != bool(wanted[prop]):
+            raise MetaError(
+                PRECONDITION_FAILED,
+                f"inequivalent arg '{prop}' for queue '{name}' in vhost '{VHOST}': "
+                f"received '{_fmt(wanted[prop])}' but current is '{_fmt(existing[prop])}'",
+            )
+    old_args, new_args = existing.get("arguments") or {}, wanted.get("arguments") or {}
+    for key in sorted(set(old_args) | set(new_args)):
+        if old_args.get(key) != new_args.get(key):
+            raise MetaError(
+                PRECONDITION_FAILED,
+                f"inequivalent arg '{key}' for queue '{name}' in vhost '{VHOST}': "
+                f"received {_fmt(new_args.get(key, 'none'))!r} but current is "
+                f"{_fmt(old_args.get(key, 'none'))!r}",
+            )
+
+
+def authority_key(md: Metadata, booting: bool, running: list[str]) -> tuple:
+    """Compare two nodes' keys on link-up: the higher key's metadata wins (see module doc)."""
+    senior = min((md.seniority(n) for n in running), default=len(md.members) + 1)
+    return (not booting, len(running), -senior, md.version)
