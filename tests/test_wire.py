@@ -1,0 +1,267 @@
+"""Property tests of the wire layer: framing, schemas, handshake proofs."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wire import handshake
+from wire import messages  # noqa: F401  (registers every kind)
+from wire.errors import FrameError, ProtocolError
+from wire.frames import HEADER, FrameDecoder, encode_frame
+from wire.schema import REGISTRY, decode, to_wire
+
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+           | st.floats(allow_nan=False) | st.text(max_size=20) | st.binary(max_size=20))
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=20,
+)
+
+
+def _splits(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    out, prev = [], 0
+    for p in points + [len(data)]:
+        out.append(data[prev:p])
+        prev = p
+    return out
+
+
+@FAST
+@given(st.lists(values, min_size=1, max_size=6), st.lists(st.integers(min_value=0), max_size=12))
+def test_frame_round_trip_in_arbitrary_chunks(vals, cuts):
+    data = b"".join(encode_frame(v) for v in vals)
+    dec = FrameDecoder()
+    got = []
+    for chunk in _splits(data, cuts):
+        got.extend(dec.feed(chunk))
+    assert got == vals
+    assert dec.pending == 0
+    dec.check_eof()
+
+
+@FAST
+@given(st.binary(max_size=200), st.lists(st.integers(min_value=0), max_size=6))
+def test_garbage_yields_values_or_frame_error(data, cuts):
+    dec = FrameDecoder(max_frame=4096)
+    try:
+        for chunk in _splits(data, cuts):
+            dec.feed(chunk)
+        dec.check_eof()
+    except FrameError:
+        pass
+
+
+def test_oversized_frame_refused_on_encode_and_decode():
+    with pytest.raises(FrameError, match="5000"):
+        encode_frame(b"x" * 4997, max_frame=4096)  # bin32 header: 3 bytes
+    dec = FrameDecoder(max_frame=4096)
+    with pytest.raises(FrameError, match="4097"):
+        dec.feed(HEADER.pack(4097))
+    # nothing is buffered waiting for the body
+    assert FrameDecoder(max_frame=4096).feed(HEADER.pack(4096)) == []
+
+
+def test_empty_frame_and_truncation_refused():
+    with pytest.raises(FrameError):
+        FrameDecoder().feed(HEADER.pack(0))
+    dec = FrameDecoder()
+    dec.feed(encode_frame([1, 2, 3])[:-1])
+    with pytest.raises(FrameError, match="middle of a frame"):
+        dec.check_eof()
+
+
+# --- schemas ------------------------------------------------------------------------------
+
+def strategy_for(tp):
+    if tp is Any:
+        return values
+    if tp is int:
+        return st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    if tp is float:
+        return st.floats(allow_nan=False)
+    if tp is bool:
+        return st.booleans()
+    if tp is str:
+        return st.text(max_size=20)
+    if tp is bytes:
+        return st.binary(max_size=20)
+    if tp is dict:
+        return st.dictionaries(st.text(max_size=8), values, max_size=3)
+    if tp is list:
+        return st.lists(values, max_size=3)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        return st.one_of([st.none() if a is type(None) else strategy_for(a) for a in args])
+    if origin is list:
+        return st.lists(strategy_for(args[0]), max_size=4)
+    raise AssertionError(f"no strategy for {tp!r}")
+
+
+def instances(cls):
+    hints = typing.get_type_hints(cls)
+    return st.builds(lambda *a: cls(*a), *[strategy_for(hints[f]) for f in cls._fields])
+
+
+ALL_KINDS = sorted(REGISTRY)
+
+
+def test_registry_covers_messages_module():
+    assert len(ALL_KINDS) >= 30
+    for kind in ("hello", "publish", "deliver", "meta.apply", "ctl.reply", "tick"):
+        assert kind in REGISTRY
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_schema_round_trip(kind, data):
+    cls = REGISTRY[kind]
+    msg = data.draw(instances(cls))
+    wire_value = msgpack.unpackb(msgpack.packb(to_wire(msg), use_bin_type=True), raw=False,
+                                 strict_map_key=False)
+    back = decode(wire_value)
+    assert type(back) is cls
+    assert back == msg
+    # and through the framing too
+    (framed,) = FrameDecoder().feed(encode_frame(to_wire(msg)))
+    assert decode(framed) == msg
+
+
+def _bad_value_for(tp):
+    """A value that does not type-check for tp (None for Any: everything passes)."""
+    if tp is Any:
+        return None
+    if tp is str or tp is bytes or tp is dict:
+        return 12345
+    if tp in (int, float, bool, list):
+        return "not-that"
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        return object_that_fails(typing.get_args(tp))
+    if origin is list:
+        return {"a": 1}
+    return None
+
+
+def object_that_fails(args):
+    for cand in ({"m": 1}, "s", 1.5, [object]):
+        # pick a candidate not matched by any alternative
+        ok = False
+        for a in args:
+            if a is type(None):
+                continue
+            if a is Any or (a is dict and isinstance(cand, dict)) or (a is str and isinstance(cand, str)) \
+                    or (a is float and isinstance(cand, float)) or typing.get_origin(a) is list \
+                    and isinstance(cand, list) or a is list and isinstance(cand, list):
+                ok = True
+        if not ok:
+            return cand
+    return None
+
+
+@pytest.mark.parametrize("kind", [k for k in ALL_KINDS if REGISTRY[k]._fields])
+def test_wrong_field_type_names_the_field(kind):
+    cls = REGISTRY[kind]
+    hints = typing.get_type_hints(cls)
+    base = []
+    for f in cls._fields:
+        base.append(_minimal(hints[f]))
+    assert decode([kind, *base]) is not None
+    tested = 0
+    for i, f in enumerate(cls._fields):
+        bad = _bad_value_for(hints[f])
+        if bad is None:
+            continue
+        value = [kind, *base]
+        value[1 + i] = bad
+        with pytest.raises(ProtocolError) as ei:
+            decode(value)
+        assert repr(f) in ei.value.text and kind in ei.value.text
+        tested += 1
+
+
+def _minimal(tp):
+    if tp is Any:
+        return None
+    if tp is int:
+        return 0
+    if tp is float:
+        return 0.0
+    if tp is bool:
+        return False
+    if tp is str:
+        return ""
+    if tp is bytes:
+        return b""
+    if tp is dict:
+        return {}
+    if tp is list:
+        return []
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        return None if type(None) in args else _minimal(args[0])
+    if origin is list:
+        return []
+    raise AssertionError(tp)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_wrong_field_count_names_the_kind(kind):
+    cls = REGISTRY[kind]
+    base = [_minimal(typing.get_type_hints(cls)[f]) for f in cls._fields]
+    for value in ([kind, *base, 1], [kind, *base[:-1]] if base else None):
+        if value is None:
+            continue
+        with pytest.raises(ProtocolError) as ei:
+            decode(value)
+        assert repr(kind) in ei.value.text
+        assert "fields" in ei.value.text
+
+
+@FAST
+@given(st.text(max_size=30).filter(lambda k: k not in REGISTRY))
+def test_unknown_kind_refused(kind):
+    with pytest.raises(ProtocolError) as ei:
+        decode([kind, 1, 2])
+    assert repr(kind[:64]) in ei.value.text
+
+
+@FAST
+@given(values.filter(lambda v: not (isinstance(v, list) and v and isinstance(v[0], str))))
+def test_non_message_values_refused(v):
+    with pytest.raises(ProtocolError):
+        decode(v)
+
+
+def test_disallowed_kind_and_error_passthrough():
+    with pytest.raises(ProtocolError, match="not allowed here"):
+        decode(["tick"], allowed=frozenset({"hello"}))
+    with pytest.raises(ProtocolError) as ei:
+        decode(["error", 403, "nope"], allowed=frozenset({"welcome"}))
+    assert ei.value.code == 403 and ei.value.text == "nope"
+
+
+# --- handshake ----------------------------------------------------------------------------
+
+@FAST
+@given(st.binary(min_size=1, max_size=16), st.binary(min_size=1, max_size=16), st.text(max_size=10))
+def test_handshake_proof(secret, other, context):
+    nonce = handshake.new_nonce()
+    assert len(nonce) == handshake.NONCE_BYTES
+    p = handshake.proof(secret, nonce, context)
+    assert handshake.check_proof(secret, nonce, context, p)
+    if other != secret:
+        assert not handshake.check_proof(other, nonce, context, p)
+    assert not handshake.check_proof(secret, nonce, context + "x", p)
+    assert not handshake.check_proof(secret, handshake.new_nonce(), context, p)
