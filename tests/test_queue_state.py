@@ -1,0 +1,292 @@
+"""Unit tests of mirroring.queue.QueueState, plus a seeded random-operation invariant test."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mirroring.queue import QueueState
+from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
+
+A = ("n1", 1, 1)
+B = ("n1", 2, 1)
+
+
+def ids(batch):
+    return [m[0] for m in batch]
+
+
+def by_tag(result):
+    return {c.tag: ids(batch) for c, batch in result}
+
+
+def test_publish_assigns_increasing_ids_and_dispatches_in_order():
+    q = QueueState("q")
+    assert q.publish([b"a", b"b"], None) == (1, 2)
+    assert q.publish([b"c"], [{"x": 1}]) == (3, 3)
+    assert q.stats()["ready_bytes"] == 3
+    q.add_consumer(A, "c1", no_ack=False, prefetch=0)
+    ((c, batch),) = q.dispatch()
+    assert c.tag == "c1"
+    assert batch == [(1, b"a", None, False), (2, b"b", None, False), (3, b"c", {"x": 1}, False)]
+    assert c.in_flight == 3 and sorted(q.unacked) == [1, 2, 3]
+    assert q.stats()["ready_bytes"] == 0
+    assert q.dispatch() == []
+
+
+def test_prefetch_one_two_consumers_round_robin():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 1)
+    q.add_consumer(B, "b", False, 1)
+    q.publish([b"%d" % i for i in range(6)], None)
+    assert by_tag(q.dispatch()) == {"a": [1], "b": [2]}
+    assert q.dispatch() == []  # no credit left
+    assert q.ack(A, [1]) == 1
+    assert by_tag(q.dispatch()) == {"a": [3]}
+    q.ack(A, [3])
+    q.ack(B, [2])
+    got = by_tag(q.dispatch())
+    assert sorted(got) == ["a", "b"] and sorted(got["a"] + got["b"]) == [4, 5]
+    assert q.dispatch() == []
+
+
+def test_prefetch_two_two_consumers_interleaves():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 2)
+    q.add_consumer(B, "b", False, 2)
+    q.publish([b"x"] * 10, None)
+    got = by_tag(q.dispatch())
+    assert got == {"a": [1, 3], "b": [2, 4]}
+    assert q.consumers[(A, "a")].in_flight == 2
+    assert q.consumers[(B, "b")].credit() == 0
+    assert q.dispatch() == []
+    # ack frees credit
+    q.ack(B, [2, 4])
+    assert by_tag(q.dispatch()) == {"b": [5, 6]}
+
+
+def test_ack_of_foreign_or_unknown_ids_is_ignored():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 0)
+    q.publish([b"x"], None)
+    q.dispatch()
+    assert q.ack(B, [1]) == 0
+    assert q.ack(A, [99]) == 0
+    assert q.ack(A, [1]) == 1
+    assert q.ack(A, [1]) == 0
+
+
+def test_requeue_restores_id_order_with_redelivered():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 3)
+    q.publish([b"1", b"2", b"3", b"4", b"5"], None)
+    assert by_tag(q.dispatch()) == {"a": [1, 2, 3]}
+    assert q.requeue(A, [3, 1]) == 2
+    assert [(m[0], m[3]) for m in q.ready] == [(1, True), (3, True), (4, False), (5, False)]
+    assert q.consumers[(A, "a")].in_flight == 1
+    assert q.stats()["ready_bytes"] == 4
+    assert q.requeue(A, [2]) == 1
+    assert ids(q.ready) == [1, 2, 3, 4, 5]
+    assert [m[3] for m in q.ready] == [True, True, True, False, False]
+
+
+def test_requeue_after_all_ready_delivered_goes_to_front():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 2)
+    q.publish([b"1", b"2", b"3", b"4"], None)
+    q.dispatch()
+    q.remove_consumer(A, "a")
+    q.add_consumer(B, "b", False, 0)
+    assert by_tag(q.dispatch()) == {"b": [3, 4]}
+    assert q.requeue(A, [1, 2]) == 2
+    assert ids(q.ready) == [1, 2]
+
+
+def test_owner_gone_requeues_and_drops_consumers():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 0)
+    q.add_consumer(B, "b", False, 0)
+    q.publish([b"x"] * 4, None)
+    q.dispatch()
+    a_ids = [mid for mid, (o, _, _) in q.unacked.items() if o == A]
+    assert q.owner_gone(A) == len(a_ids)
+    assert (A, "a") not in q.consumers and (B, "b") in q.consumers
+    assert ids(q.ready) == sorted(a_ids)
+    assert all(m[3] for m in q.ready)
+
+
+def test_owners_gone_predicate():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 0)
+    q.add_consumer(("n2", 7, 1), "c", False, 0)
+    q.publish([b"x"] * 4, None)
+    q.dispatch()
+    q.owners_gone(lambda o: o[0] == "n2")
+    assert all(o[0] == "n1" for (o, _, _) in q.unacked.values())
+    assert len(q.consumers) == 1
+
+
+def test_cancel_keeps_unacked_ackable():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 0)
+    q.publish([b"x", b"y"], None)
+    q.dispatch()
+    c = q.remove_consumer(A, "a")
+    assert c is not None and c.tag == "a"
+    assert q.remove_consumer(A, "a") is None
+    assert all(key is None for (_, key, _) in q.unacked.values())
+    q.publish([b"z"], None)
+    assert q.dispatch() == []  # nobody to deliver to
+    assert q.ack(A, [1]) == 1
+    assert q.requeue(A, [2]) == 1
+    assert ids(q.ready) == [2, 3]
+
+
+def test_exclusive_consumer_refused():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 0)
+    with pytest.raises(ProtocolError) as ei:
+        q.add_consumer(B, "b", False, 0, exclusive=True)
+    assert ei.value.code == ACCESS_REFUSED
+    assert "queue 'q' in vhost '/' in exclusive use" in ei.value.text
+    q2 = QueueState("q2")
+    q2.add_consumer(A, "a", False, 0, exclusive=True)
+    with pytest.raises(ProtocolError) as ei:
+        q2.add_consumer(B, "b", False, 0)
+    assert ei.value.code == ACCESS_REFUSED
+
+
+def test_duplicate_consumer_tag_refused():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 0)
+    with pytest.raises(ProtocolError) as ei:
+        q.add_consumer(A, "a", False, 0)
+    assert ei.value.code == PRECONDITION_FAILED
+    q.add_consumer(B, "a", False, 0)  # same tag on another channel is fine
+
+
+def test_get_and_no_ack():
+    q = QueueState("q")
+    assert q.get(A, no_ack=False) is None
+    q.publish([b"1", b"2"], None)
+    m = q.get(A, no_ack=False)
+    assert m[0] == 1 and 1 in q.unacked
+    m2 = q.get(A, no_ack=True)
+    assert m2[0] == 2 and 2 not in q.unacked
+    assert q.stats()["messages"] == 1
+    q.requeue(A, [1])
+    assert ids(q.ready) == [1] and q.ready[0][3] is True
+
+
+def test_no_ack_consumer_not_tracked():
+    q = QueueState("q")
+    c = q.add_consumer(A, "a", True, 1)
+    q.publish([b"x"] * 5, None)
+    assert by_tag(q.dispatch()) == {"a": [1, 2, 3, 4, 5]}
+    assert q.unacked == {} and c.in_flight == 0
+
+
+def test_purge_counts_only_ready():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 2)
+    q.publish([b"x"] * 5, None)
+    q.dispatch()
+    assert q.purge() == 3
+    assert q.stats() == {"messages_ready": 0, "messages_unacknowledged": 2, "messages": 2,
+                         "consumers": 1, "ready_bytes": 0}
+    q.requeue(A, [1])
+    assert ids(q.ready) == [1]
+
+
+def test_discard_drops():
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 0)
+    q.publish([b"x", b"y"], None)
+    q.dispatch()
+    assert q.discard(A, [1]) == 1
+    assert q.owner_gone(A) == 1
+    assert ids(q.ready) == [2]
+
+
+# --- random operations ----------------------------------------------------------------------
+
+OWNERS = [("n1", 1, 1), ("n1", 1, 2), ("n2", 5, 1)]
+TAGS = ["t1", "t2"]
+
+
+def check_invariants(q: QueueState, published: set, settled: set):
+    ready_ids = [m[0] for m in q.ready]
+    assert ready_ids == sorted(ready_ids), "ready is not sorted by id"
+    assert len(set(ready_ids)) == len(ready_ids)
+    unacked = set(q.unacked)
+    assert not (set(ready_ids) & unacked)
+    assert not (set(ready_ids) & settled)
+    assert not (unacked & settled)
+    assert set(ready_ids) | unacked | settled == published
+    for key, c in q.consumers.items():
+        n = sum(1 for (_, k, _) in q.unacked.values() if k == key)
+        assert c.in_flight == n, f"in_flight of {key} is {c.in_flight}, has {n} unacked"
+        if not c.no_ack and c.prefetch:
+            assert c.in_flight <= c.prefetch
+    for (_, k, _) in q.unacked.values():
+        assert k is None or k in q.consumers
+    assert q.ready_bytes == sum(len(m[1]) for m in q.ready)
+
+
+def run_random(seed: int, steps: int = 150):
+    rng = random.Random(seed)
+    q = QueueState("q")
+    published: set[int] = set()
+    settled: set[int] = set()  # acked, discarded, purged or taken with no_ack
+    for _ in range(steps):
+        op = rng.choice(["publish", "publish", "consume", "cancel", "dispatch", "dispatch", "ack",
+                         "nack", "requeue", "gone", "get", "purge"])
+        owner = rng.choice(OWNERS)
+        if op == "publish":
+            n = rng.randint(1, 4)
+            first, last = q.publish([b"x" * rng.randint(0, 3) for _ in range(n)], None)
+            published.update(range(first, last + 1))
+        elif op == "consume":
+            try:
+                q.add_consumer(owner, rng.choice(TAGS), rng.random() < 0.2, rng.choice([0, 1, 2, 3]),
+                               exclusive=rng.random() < 0.1)
+            except ProtocolError:
+                pass
+        elif op == "cancel":
+            q.remove_consumer(owner, rng.choice(TAGS))
+        elif op == "dispatch":
+            for c, batch in q.dispatch():
+                if c.no_ack:
+                    settled.update(m[0] for m in batch)
+        elif op in ("ack", "nack", "requeue"):
+            mine = [mid for mid, (o, _, _) in q.unacked.items() if o == owner]
+            pick = rng.sample(mine, rng.randint(0, len(mine))) + [rng.randint(1, q.next_id + 2)]
+            if op == "requeue":
+                q.requeue(owner, pick)
+            else:
+                before = set(q.unacked)
+                (q.ack if op == "ack" else q.discard)(owner, pick)
+                settled.update(before - set(q.unacked))
+        elif op == "gone":
+            q.owner_gone(owner)
+        elif op == "get":
+            no_ack = rng.random() < 0.5
+            m = q.get(owner, no_ack)
+            if m is not None and no_ack:
+                settled.add(m[0])
+        elif op == "purge":
+            settled.update(m[0] for m in q.ready)
+            q.purge()
+        check_invariants(q, published, settled)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32))
+def test_random_operations_keep_invariants(seed):
+    try:
+        run_random(seed)
+    except AssertionError as exc:
+        raise AssertionError(f"invariant broken with random.Random({seed}): {exc}") from exc
