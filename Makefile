@@ -1,4 +1,29 @@
-# other targets live above
+# warren: the common paths. The README's two commands are `make demo` and `make test`.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+
+.PHONY: install demo test cluster stop bench
+
+install:
+	$(PIP) install -q -e ".[test]"
+
+# start a local 3-node cluster, publish and consume through the client, show it, stop it
+demo: install
+	$(PYTHON) -m broker.localcluster demo
+
+test: install
+	$(PYTHON) -m pytest -q -p no:cacheprovider
+
+# a 3-node cluster as background processes on 127.0.0.1 (state in var/warren)
+cluster: install
+	$(PYTHON) -m broker.localcluster start
+
+stop:
+	$(PYTHON) -m broker.localcluster stop
+
+bench: install
+	warren-bench throughput --seconds 10
+
 
 # --- Docker cluster: docker/, docker-compose.yml ------------------------------
 # docker-engine  installs docker.io, docker-compose and debootstrap if missing
