@@ -1,0 +1,231 @@
+"""End-to-end tests against real `warren-server` processes clustered with `warrenctl`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+
+import msgpack
+import pytest
+
+import broker.client as client
+from broker.client import BlockingConnection, ChannelClosedByBroker, ConnectionClosedByBroker
+from wire import schema
+from wire.errors import ProtocolError
+from wire.frames import FrameDecoder, encode_frame
+
+from cluster_procs import ProcessCluster
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
+
+LQ_COLUMNS = ["name", "durable", "policy", "pid", "mirror_pids", "synchronised_mirror_pids",
+              "messages", "messages_unacknowledged", "consumers"]
+
+
+@pytest.fixture(scope="module")
+def cluster(request, tmp_path_factory):
+    c = ProcessCluster(3, net_ticktime=5, tmpdir=str(tmp_path_factory.mktemp("proc-cluster")))
+    failed_before = request.session.testsfailed
+    with c:
+        yield c
+        if request.session.testsfailed > failed_before:
+            c.dump_logs()
+
+
+def connect(cluster, name, **kw) -> BlockingConnection:
+    return BlockingConnection(client.ConnectionParameters(cluster.client_addr(name), **kw))
+
+
+def list_queues_json(cluster, name, *cols):
+    return {row["name"]: row for row in cluster.ctl_json(name, "list_queues", *cols)}
+
+
+# --- cluster formation and warrenctl ---------------------------------------------------------
+
+def test_cluster_forms(cluster):
+    for name in cluster.names:
+        st = cluster.cluster_status(name)
+        assert st["node"] == name
+        assert sorted(st["members"]) == ["n1", "n2", "n3"]
+        assert sorted(st["running_nodes"]) == ["n1", "n2", "n3"]
+    table = cluster.ctl_ok("n2", "cluster_status")
+    assert "Members: " in table and "Running nodes: " in table
+
+
+def test_list_queues_columns_table_and_json(cluster):
+    conn = connect(cluster, "n1")
+    try:
+        ch = conn.channel()
+        ch.queue_declare("lq-test", durable=True)
+        ch.confirm_delivery()
+        ch.basic_publish("", "lq-test", b"x")
+    finally:
+        conn.close()
+    out = cluster.ctl_ok("n1", "list_queues", *LQ_COLUMNS)
+    lines = out.splitlines()
+    assert lines[0].startswith("Listing queues")
+    assert lines[1].split("\t") == LQ_COLUMNS
+    rows = [ln.split("\t") for ln in lines[2:]]
+    assert all(len(r) == len(LQ_COLUMNS) for r in rows), rows
+    row = next(r for r in rows if r[0] == "lq-test")
+    assert row[1] == "true"
+    assert row[3] != ""  # pid
+    assert row[6] == "1"  # messages
+    quiet = cluster.ctl_ok("n1", "list_queues", "-q", "name", "messages").splitlines()
+    assert "lq-test\t1" in quiet
+
+    data = cluster.ctl_json("n2", "list_queues", *LQ_COLUMNS)
+    assert isinstance(data, list)
+    q = next(r for r in data if r["name"] == "lq-test")
+    assert list(q) == LQ_COLUMNS
+    assert q["durable"] is True and q["messages"] == 1 and q["consumers"] == 0
+    assert isinstance(q["mirror_pids"], list)
+    assert cluster.ctl_ok("n1", "delete_queue", "lq-test")
+
+
+def test_ctl_unknown_node(cluster):
+    r = cluster.ctl("no-such-node", "status")
+    assert r.returncode != 0
+    assert "no-such-node" in r.stderr and r.stderr.startswith("Error")
+    assert r.stdout == ""
+
+
+def test_ctl_wrong_secret(cluster):
+    r = cluster.ctl("n1", "--secret", "not-the-secret", "status")
+    assert r.returncode != 0
+    assert "secret" in r.stderr.lower(), r.stderr
+
+
+def test_ctl_unknown_column(cluster):
+    r = cluster.ctl("n1", "list_queues", "name", "bogus_column")
+    assert r.returncode != 0
+    assert "bogus_column" in r.stderr and "unknown column" in r.stderr
+
+
+# --- bad input on the client port --------------------------------------------------------------
+
+def _raw_exchange(cluster, name, payload: bytes, timeout: float = 10.0) -> tuple[list, bool]:
+    """Connect to the client port, read the hello, send `payload`; return (frames after hello, closed)."""
+    host, port = cluster.client_addr(name).split(":")
+    dec = FrameDecoder(1 << 30)
+    frames = []
+    closed = False
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        deadline = time.monotonic() + timeout
+        while not frames:
+            frames += dec.feed(s.recv(65536))
+        hello = schema.decode(frames.pop(0))
+        assert hello.KIND == "hello"
+        s.sendall(payload)
+        while time.monotonic() < deadline:
+            try:
+                data = s.recv(65536)
+            except ConnectionResetError:
+                closed = True
+                break
+            if not data:
+                closed = True
+                break
+            frames += dec.feed(data)
+    return [schema.decode(f) for f in frames], closed
+
+
+@pytest.mark.parametrize("payload", [
+    pytest.param(b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1garbage!", id="garbage"),
+    pytest.param(struct.pack(">I", 0xFFFFFFFF) + b"abc", id="4GiB-length"),
+    pytest.param(encode_frame(["no.such.kind", 1, 2]), id="unknown-kind"),
+])
+def test_bad_client_input_gets_error_and_close(cluster, payload):
+    other = connect(cluster, "n1")
+    try:
+        ch = other.channel()
+        ch.queue_declare("bad-input-bystander")
+        msgs, closed = _raw_exchange(cluster, "n1", payload)
+        assert closed, "the node should close the connection after a protocol error"
+        assert len(msgs) >= 1 and msgs[-1].KIND == "error", msgs
+        assert isinstance(msgs[-1].code, int) and msgs[-1].text
+        # the other connection on the same node is unaffected
+        ch.confirm_delivery()
+        ch.basic_publish("", "bad-input-bystander", b"still here")
+        method, _props, body = ch.basic_get("bad-input-bystander", auto_ack=True)
+        assert body == b"still here"
+        ch.queue_delete("bad-input-bystander")
+    finally:
+        other.close()
+
+
+def test_wrong_password_is_access_refused(cluster):
+    with pytest.raises(ConnectionClosedByBroker) as ei:
+        connect(cluster, "n2", credentials=client.blocking.PlainCredentials("guest", "wrong"))
+    assert ei.value.reply_code == 403
+    assert "ACCESS_REFUSED" in ei.value.reply_text or "refused" in ei.value.reply_text.lower()
+
+
+# --- a node dies: durable queue unavailable, transient queue gone ----------------------------
+
+def test_kill9_home_node_then_restart(cluster):
+    conn = connect(cluster, "n1")
+    try:
+        ch = conn.channel()
+        ch.queue_declare("DQ", durable=True)
+        ch.queue_declare("TQ", durable=False)
+        ch.confirm_delivery()
+        for i in range(5):
+            ch.basic_publish("", "DQ", f"d{i}".encode())
+            ch.basic_publish("", "TQ", f"t{i}".encode())
+    finally:
+        conn.close()
+    qs = list_queues_json(cluster, "n2", "name", "durable", "pid", "messages")
+    assert qs["DQ"]["messages"] == 5 and qs["TQ"]["messages"] == 5
+    assert "n1" in qs["DQ"]["pid"]
+
+    cluster.kill9("n1")
+    try:
+        st = cluster.wait_running("n2", {"n2", "n3"})
+        assert "n1" in st["members"] and "n1" not in st["running_nodes"]
+
+        expected = "home node 'n1' of durable queue 'DQ' in vhost '/' is down or inaccessible"
+        conn2 = connect(cluster, "n2")
+        try:
+            ch2 = conn2.channel()
+            with pytest.raises(ChannelClosedByBroker) as ei:
+                ch2.queue_declare("DQ", durable=True)
+            assert expected in ei.value.reply_text
+            ch3 = conn2.channel()
+            with pytest.raises(ChannelClosedByBroker) as ei:
+                ch3.basic_consume("DQ", lambda *a: None)
+            assert expected in ei.value.reply_text
+        finally:
+            conn2.close()
+
+        deadline = time.monotonic() + 15
+        while True:
+            names = list_queues_json(cluster, "n2", "name")
+            if "TQ" not in names or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert "TQ" not in names, names
+        assert "DQ" in names
+    finally:
+        cluster.restart("n1")
+    cluster.wait_running("n2", {"n1", "n2", "n3"})
+
+    conn3 = connect(cluster, "n2")
+    try:
+        ch = conn3.channel()
+        ok = ch.queue_declare("DQ", durable=True)
+        assert ok.method.message_count == 0  # in-memory: the restarted home node starts empty
+        ch.confirm_delivery()
+        ch.basic_publish("", "DQ", b"after restart")
+        got = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            method, _p, body = ch.basic_get("DQ", auto_ack=True)
+            if body is not None:
+                got.append(body)
+        assert got == [b"after restart"]
+        ch.queue_delete("DQ")
+    finally:
+        conn3.close()
