@@ -19,3 +19,198 @@ async def test_cluster_forms_and_members_agree(tmp_path, autojump_clock):
             assert list(node.md.members) == ["n1", "n2", "n3"], name
         versions = {(n.md.version, n.md.digest()) for n in c.nodes.values()}
         assert len(versions) == 1
+
+
+def record_running_changes(node):
+    """Wrap node._running_changed to log (time, 'up'|'down', peer)."""
+    events = []
+    original = node._running_changed
+
+    def wrapped(up=None, down=None):
+        if up is not None:
+            events.append((trio.current_time(), "up", up))
+        if down is not None:
+            events.append((trio.current_time(), "down", down))
+        return original(up=up, down=down)
+
+    node._running_changed = wrapped
+    return events
+
+
+async def test_declare_publish_consume_across_nodes(tmp_path, autojump_clock):
+    """Declared on n1 (its leader), published via n2, consumed via n3: all routed to n1.
+
+    The consumer subscribes before the messages exist: see
+    test_consume_with_messages_already_ready for why."""
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as c1, c.connect("n2") as c2, c.connect("n3") as c3:
+            ch1, ch2, ch3 = await c1.channel(), await c2.channel(), await c3.channel()
+            await ch1.queue_declare("q", durable=True)
+            await c.wait_for(lambda: all("q" in n.md.queues for n in c.nodes.values()))
+            assert all(n.md.queues["q"]["leader"] == "n1" for n in c.nodes.values())
+            assert set(c.nodes["n1"].queues) == {"q"}
+            assert not c.nodes["n2"].queues and not c.nodes["n3"].queues
+            consumer = await ch3.basic_consume("q")
+            await ch2.confirm_delivery()
+            for i in range(5):
+                ch2.publish_nowait("q", b"m%d" % i)
+            assert await ch2.wait_for_confirms(timeout=10)
+            got = []
+            with trio.fail_after(10):
+                async for msg in consumer:
+                    got.append(msg.body)
+                    assert msg.redelivered is False
+                    ch3.basic_ack(msg.delivery_tag)
+                    if len(got) == 5:
+                        break
+            assert got == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+            state = c.nodes["n1"].queues["q"].state
+            await c.wait_for(lambda: state.stats()["messages"] == 0, timeout=5)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "broker/client/aio.py Channel.basic_consume creates the Consumer only after the consume "
+    "Reply is resolved, but _read_loop handles the whole read batch first; a Deliver arriving "
+    "in the same batch as the Reply hits Channel._on_deliver with an unknown consumer tag and "
+    "is silently dropped, so the messages stay unacked on the queue and never reach the app"))
+async def test_consume_with_messages_already_ready(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as c1, c.connect("n3") as c3:
+            ch1, ch3 = await c1.channel(), await c3.channel()
+            await ch1.queue_declare("q")
+            await ch1.confirm_delivery()
+            ch1.publish_nowait("q", b"x")
+            assert await ch1.wait_for_confirms(timeout=10)
+            consumer = await ch3.basic_consume("q")
+            with trio.fail_after(5):
+                msg = await consumer.__anext__()
+            assert msg.body == b"x"
+
+
+async def test_home_node_down(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as c1:
+            ch1 = await c1.channel()
+            await ch1.queue_declare("q", durable=True)
+            await ch1.queue_declare("t", durable=False)
+            await c.wait_for(lambda: all({"q", "t"} <= set(n.md.queues) for n in c.nodes.values()))
+        c.kill("n1")
+        await c.wait_running(["n2", "n3"], timeout=3 * TICKTIME)
+        await c.wait_for(lambda: all("t" not in c.nodes[n].md.queues for n in ("n2", "n3")),
+                         timeout=10)
+        assert all("q" in c.nodes[n].md.queues for n in ("n2", "n3"))
+        expected = "home node 'n1' of durable queue 'q' in vhost '/' is down or inaccessible"
+        async with c.connect("n2") as c2:
+            for op in ("get", "consume", "declare", "passive"):
+                ch = await c2.channel()
+                with pytest.raises(ChannelClosedByBroker) as ei:
+                    if op == "get":
+                        await ch.basic_get("q")
+                    elif op == "consume":
+                        await ch.basic_consume("q")
+                    elif op == "declare":
+                        await ch.queue_declare("q", durable=True)
+                    else:
+                        await ch.queue_declare("q", passive=True)
+                assert ei.value.reply_text == expected, op
+                assert ei.value.reply_code == 404
+
+
+async def test_partition_detected_after_net_ticktime_and_heals(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        events = record_running_changes(c.nodes["n1"])
+        t0 = trio.current_time()
+        c.net.partition(["n1", "n2"], ["n3"])
+        await c.wait_for(lambda: "n3" not in c.nodes["n1"].running, timeout=5 * TICKTIME)
+        downs = [t for t, kind, peer in events if kind == "down" and peer == "n3"]
+        assert downs, events
+        elapsed = downs[0] - t0
+        # RabbitMQ detects within [0.75, 1.25] x net_ticktime; ticks every ticktime/4 here
+        assert TICKTIME * 0.75 <= elapsed <= TICKTIME * 1.25 + 0.5, elapsed
+        assert c.nodes["n3"].running == {"n3"}
+        c.net.heal()
+        await c.wait_running(["n1", "n2", "n3"], timeout=5 * TICKTIME)
+
+
+async def test_dropped_links_detected_at_once(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        events = record_running_changes(c.nodes["n1"])
+        t0 = trio.current_time()
+        c.net.drop("n1", "n3")
+        await c.wait_for(lambda: any(k == "down" and p == "n3" for _, k, p in events), timeout=TICKTIME)
+        (t_down,) = [t for t, k, p in events if k == "down" and p == "n3"][:1]
+        assert t_down - t0 < 0.5
+        await c.wait_running(["n1", "n2", "n3"], timeout=5 * TICKTIME)
+
+
+async def test_exclusive_queue_deleted_when_connection_closes(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n2") as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("ex", exclusive=True)
+            await c.wait_for(lambda: all("ex" in n.md.queues for n in c.nodes.values()))
+            assert c.nodes["n1"].md.queues["ex"]["leader"] == "n2"
+            async with c.connect("n3") as other:
+                och = await other.channel()
+                with pytest.raises(ChannelClosedByBroker) as ei:
+                    await och.basic_get("ex")
+                assert ei.value.reply_code == 405
+        await c.wait_for(lambda: all("ex" not in n.md.queues for n in c.nodes.values()), timeout=10)
+
+
+async def test_redeclare_with_different_durable(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as c1, c.connect("n3") as c3:
+            ch1 = await c1.channel()
+            await ch1.queue_declare("q", durable=True)
+            ch3 = await c3.channel()
+            with pytest.raises(ChannelClosedByBroker) as ei:
+                await ch3.queue_declare("q", durable=False)
+            assert ei.value.reply_code == 406
+            assert ei.value.reply_text == ("inequivalent arg 'durable' for queue 'q' in vhost '/': "
+                                           "received 'false' but current is 'true'")
+            assert "PRECONDITION_FAILED" in str(ei.value) or ei.value.reply_code == 406
+            # an equivalent redeclare still works on a fresh channel
+            ch3b = await c3.channel()
+            await ch3b.queue_declare("q", durable=True)
+
+
+async def test_nack_requeue_sets_redelivered(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as c1, c.connect("n2") as c2:
+            ch1 = await c1.channel()
+            await ch1.queue_declare("q")
+            ch2 = await c2.channel()
+            await ch2.basic_qos(prefetch_count=1)
+            consumer = await ch2.basic_consume("q")  # before publishing: see the xfail above
+            await ch1.confirm_delivery()
+            ch1.publish_nowait("q", b"a")
+            ch1.publish_nowait("q", b"b")
+            assert await ch1.wait_for_confirms(timeout=10)
+            with trio.fail_after(10):
+                first = await consumer.__anext__()
+                assert (first.body, first.redelivered) == (b"a", False)
+                ch2.basic_nack(first.delivery_tag, requeue=True)
+                again = await consumer.__anext__()
+                assert (again.body, again.redelivered) == (b"a", True)
+                ch2.basic_ack(again.delivery_tag)
+                nxt = await consumer.__anext__()
+                assert (nxt.body, nxt.redelivered) == (b"b", False)
+                ch2.basic_ack(nxt.delivery_tag)
+
+
+async def test_killed_node_restarts_and_rejoins(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        c.kill("n3")
+        await c.wait_running(["n1", "n2"], timeout=3 * TICKTIME)
+        await c.restart("n3")
+        await c.wait_running(["n1", "n2", "n3"], timeout=5 * TICKTIME)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "broker/node.py Node._load (called by _app on start_app) returns fresh single-node metadata "
+    "when persist=False, discarding what join_cluster() stored in self.md: the joined node "
+    "forgets the cluster, refuses n1's links ('not a member') and the cluster never forms"))
+async def test_join_without_persistence_is_kept(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path, keep_md_in_memory=False):
+        pass
