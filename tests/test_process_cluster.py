@@ -35,7 +35,25 @@ def cluster(request, tmp_path_factory):
 
 
 def connect(cluster, name, **kw) -> BlockingConnection:
-    return BlockingConnection(client.ConnectionParameters(cluster.client_addr(name), **kw))
+    conn = BlockingConnection(client.ConnectionParameters(cluster.client_addr(name), **kw))
+    conn.close = lambda conn=conn: close_quick(conn)
+    return conn
+
+
+def close_quick(conn: BlockingConnection) -> None:
+    """Drop the TCP connection instead of a graceful close.
+
+    A graceful close currently takes the client's full 5 s timeout (the server never sends the
+    reply to connection.close; see test_graceful_close_is_prompt), which would dominate runtime.
+    Only used after every publish was confirmed, so nothing is lost by dropping the socket."""
+    if not conn.is_open:
+        return
+    conn.is_open = False
+    try:
+        conn._call_sync(conn._conn._nursery.cancel_scope.cancel)
+    except Exception:
+        pass
+    conn._thread.join(10)
 
 
 def list_queues_json(cluster, name, *cols):
@@ -102,6 +120,18 @@ def test_ctl_unknown_column(cluster):
     r = cluster.ctl("n1", "list_queues", "name", "bogus_column")
     assert r.returncode != 0
     assert "bogus_column" in r.stderr and "unknown column" in r.stderr
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "broker/session.py Session.run: after on_connection_close returns True, _read returns and "
+    "nursery.cancel_scope.cancel() kills the _write task before the outbox flushes the Reply to "
+    "connection.close, so the client waits its whole 5 s timeout in Connection.close"))
+def test_graceful_close_is_prompt(cluster):
+    conn = BlockingConnection(client.ConnectionParameters(cluster.client_addr("n3")))
+    conn.channel()
+    t0 = time.monotonic()
+    BlockingConnection.close(conn)
+    assert time.monotonic() - t0 < 2.0
 
 
 # --- bad input on the client port --------------------------------------------------------------
