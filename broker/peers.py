@@ -65,6 +65,12 @@ async def dial_handshake(framed: FramedStream, me: str, secret: bytes, role: str
     return reply.node
 
 
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
 class PeerLink:
     """An established link to node `name`. The node reads `inbound` batches via `run`."""
 
@@ -97,10 +103,14 @@ class PeerLink:
                         self.last_heard = trio.current_time()
                         await on_messages(self, batch)
                     nursery.cancel_scope.cancel()
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                reason = f"connection broken ({type(exc).__name__})"
-            except ProtocolError as exc:
-                reason = f"protocol error: {exc}"
+            except Exception as exc:  # trio wraps task errors in an ExceptionGroup
+                leaf = _leaf(exc)
+                if isinstance(leaf, ProtocolError):
+                    reason = f"protocol error: {leaf}"
+                elif isinstance(leaf, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
+                    reason = f"connection broken ({type(leaf).__name__})"
+                else:
+                    raise
         if self.cancel_scope.cancelled_caught and reason == "closed":
             reason = getattr(self, "_close_reason", "closed")
         self.outbox.close()

@@ -68,11 +68,6 @@ async def test_declare_publish_consume_across_nodes(tmp_path, autojump_clock):
             await c.wait_for(lambda: state.stats()["messages"] == 0, timeout=5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "broker/client/aio.py Channel.basic_consume creates the Consumer only after the consume "
-    "Reply is resolved, but _read_loop handles the whole read batch first; a Deliver arriving "
-    "in the same batch as the Reply hits Channel._on_deliver with an unknown consumer tag and "
-    "is silently dropped, so the messages stay unacked on the queue and never reach the app"))
 async def test_consume_with_messages_already_ready(tmp_path, autojump_clock):
     async with sim_cluster(tmp_path) as c:
         async with c.connect("n1") as c1, c.connect("n3") as c3:
@@ -136,13 +131,6 @@ async def test_partition_detected_after_net_ticktime_and_heals(tmp_path, autojum
         await c.wait_running(["n1", "n2", "n3"], timeout=5 * TICKTIME)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "broker/peers.py PeerLink.run: the except (BrokenResourceError, ClosedResourceError, OSError) "
-    "and except ProtocolError clauses wrap an `async with trio.open_nursery()`, so under trio's "
-    "strict exception groups (trio 0.35) a broken link raises ExceptionGroup out of run() "
-    "instead of returning a reason; broker/node.py _run_link then skips `del self.links[name]` "
-    "and `_running_changed(down=name)`: the dropped peer is never seen down, stays in `running` "
-    "and is never redialled ('peer link failed' / 'peer connection failed' logged instead)"))
 async def test_dropped_links_detected_at_once(tmp_path, autojump_clock):
     async with sim_cluster(tmp_path) as c:
         events = record_running_changes(c.nodes["n1"])
@@ -218,10 +206,6 @@ async def test_killed_node_restarts_and_rejoins(tmp_path, autojump_clock):
         await c.wait_running(["n1", "n2", "n3"], timeout=5 * TICKTIME)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "broker/node.py Node._load (called by _app on start_app) returns fresh single-node metadata "
-    "when persist=False, discarding what join_cluster() stored in self.md: the joined node "
-    "forgets the cluster, refuses n1's links ('not a member') and the cluster never forms"))
 async def test_join_without_persistence_is_kept(tmp_path, autojump_clock):
     async with sim_cluster(tmp_path, keep_md_in_memory=False):
         pass

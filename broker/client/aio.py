@@ -197,6 +197,7 @@ class Channel:
         self.tag_offset = 0  # app delivery tag = server tag + tag_offset
         self.max_tag = 0
         self.declared: dict[str, dict] = {}
+        self._early: dict[str, list] = {}
 
     # --- helpers ---------------------------------------------------------------------------
     def _check(self):
@@ -298,6 +299,8 @@ class Channel:
                                                          auto_ack, exclusive, args))
         c = Consumer(self, queue, tag, auto_ack, exclusive, args, on_message_callback)
         self.consumers[tag] = c
+        for early in self._early.pop(tag, []):
+            self._on_deliver(early)
         return c
 
     async def basic_cancel(self, consumer_tag: str) -> None:
@@ -336,6 +339,8 @@ class Channel:
     def _on_deliver(self, msg: m.Deliver) -> None:
         c = self.consumers.get(msg.consumer_tag)
         if c is None:
+            # deliveries can arrive in the same read as the consume-ok: keep them for basic_consume
+            self._early.setdefault(msg.consumer_tag, []).append(msg)
             return
         first = msg.first_tag
         n = len(msg.bodies)
