@@ -19,7 +19,14 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(360)]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.timeout(360),
+    pytest.mark.skipif(os.environ.get("WARREN_DOCKER_TESTS") != "1",
+                       reason="docker cluster test is opt-in: `make docker-engine docker-image`, "
+                              "then WARREN_DOCKER_TESTS=1 (it is flaky when another compose run "
+                              "shares the engine)"),
+]
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = REPO / "docker-compose.yml"
