@@ -79,6 +79,7 @@ class Session:
         self._ctags = itertools.count(1)
         self._noack_gets: set[int] = set()
         self.done = trio.Event()
+        self._written = trio.Event()
         self.log = node.log.bind(conn=self.conn_id)
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -106,6 +107,9 @@ class Session:
                 nursery.start_soon(self._write)
                 nursery.start_soon(self._pump)
                 await self._read()
+                self.outbox.close()  # send what is queued (e.g. the close reply), then stop
+                with trio.move_on_after(2):
+                    await self._written.wait()
                 nursery.cancel_scope.cancel()
         finally:
             self.done.set()
@@ -118,6 +122,8 @@ class Session:
             await self.outbox.run()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        finally:
+            self._written.set()
 
     def send(self, msg) -> None:
         self.outbox.put(msg)

@@ -122,10 +122,6 @@ def test_ctl_unknown_column(cluster):
     assert "bogus_column" in r.stderr and "unknown column" in r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "broker/session.py Session.run: after on_connection_close returns True, _read returns and "
-    "nursery.cancel_scope.cancel() kills the _write task before the outbox flushes the Reply to "
-    "connection.close, so the client waits its whole 5 s timeout in Connection.close"))
 def test_graceful_close_is_prompt(cluster):
     conn = BlockingConnection(client.ConnectionParameters(cluster.client_addr("n3")))
     conn.channel()

@@ -516,6 +516,8 @@ class Connection:
             with trio.CancelScope(shield=True):
                 await self._stream.aclose()
             if self.closing:
+                for rid in list(self._pending):
+                    self._resolve(rid, "err", ConnectionLost("connection closed"))
                 return
             self._lost(error)
             if not self.reconnect:
