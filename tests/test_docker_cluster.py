@@ -9,6 +9,8 @@ with a cluster started by `make docker-up`, and always takes it down.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -35,6 +37,11 @@ IMAGE = "warren:latest"
 NODES = ("n1", "n2", "n3")
 FORM_TIMEOUT = 60.0
 DOWN_TIMEOUT = 60.0
+# Two runs at once would share the compose project: the leftover-cleaning
+# `down` of the second stops the first one's containers.  A lock file makes
+# runs on this machine take turns.
+LOCK_FILE = Path("/tmp/warren-docker-cluster-test.lock")
+LOCK_TIMEOUT = 180.0
 
 
 def _run(args, *, timeout=60.0, env=None, check=False):
@@ -64,6 +71,27 @@ def _require_docker() -> str:
     if shutil.which("docker-compose") is None:
         pytest.skip("docker-compose is not installed: run `make docker-engine`")
     return docker
+
+
+@contextlib.contextmanager
+def _exclusive_run():
+    with LOCK_FILE.open("a") as f:
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.skip(
+                        f"another run of the docker cluster test held {LOCK_FILE} "
+                        f"for {LOCK_TIMEOUT:.0f}s"
+                    )
+                time.sleep(1.0)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _cluster_status(docker: str, container: str) -> dict | str:
@@ -112,6 +140,11 @@ def _container_state(docker: str, container: str) -> str:
 
 def test_cluster_forms_and_notices_a_killed_node():
     docker = _require_docker()
+    with _exclusive_run():
+        _cluster_scenario(docker)
+
+
+def _cluster_scenario(docker: str) -> None:
     env = dict(os.environ)
     env.update({f"WARREN_PORT_{n.upper()}": str(_free_port()) for n in NODES})
     compose = ["docker-compose", "-f", str(COMPOSE_FILE), "-p", PROJECT]
