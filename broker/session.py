@@ -254,7 +254,8 @@ class Session:
     async def on_queue_declare(self, msg):
         self._ch(msg.ch)
         value = await self.node.declare_queue(self, msg)
-        self.send(m.Reply(msg.rid, value)) if value is not None else None
+        if value is not None:  # else the queue's leader answers the client itself
+            self.send(m.Reply(msg.rid, value))
 
     async def on_queue_delete(self, msg):
         ch = self._ch(msg.ch)

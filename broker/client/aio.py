@@ -24,7 +24,7 @@ import itertools
 import math
 from collections import deque
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
@@ -80,6 +80,7 @@ class _Writer:
         self.bytes_queued = 0
         self.room = trio.Event()
         self.room.set()
+        self._last_bytes = 0  # body bytes in the Publish batch at the tail of items
 
     def put(self, msg) -> None:
         items = self.items
@@ -104,8 +105,6 @@ class _Writer:
             self._count(msg)
         items.append(msg)
         self.wake.set()
-
-    _last_bytes = 0
 
     def _count(self, msg):
         self.bytes_queued += sum(map(len, msg.bodies))
