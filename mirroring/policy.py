@@ -1,0 +1,296 @@
+"""Policies: validating definitions, matching queues, and where a queue's replicas belong.
+
+Rules (everything that decides *which* policy a queue has and *where* its replicas live is in
+this file; the broker only carries the answers out):
+
+* A policy is a record {"name", "pattern", "definition", "priority", "apply_to"} built by
+  `make_policy`. Its definition is checked key by key by `parse_definition`; the first problem
+  found raises PolicyError (PRECONDITION_FAILED) whose text names the offending key. Problems are
+  looked for in a fixed order: the definition as a whole, unrecognised keys, then `ha-mode`,
+  `ha-params`, the keys that need `ha-mode`, then `queue-master-locator`.
+* `queue-master-locator` "min-masters" (RabbitMQ's older name) is stored as "balanced".
+* A queue's policy is the record whose pattern `re.search`es its name, whose apply_to is
+  "queues" or "all", with the highest priority. Ties between equal priorities go to the policy
+  whose name sorts first (plain string order), so every node picks the same one whatever order
+  its dict happens to be in.
+* Exclusive queues are never mirrored: `ha_settings(..., exclusive=True)` is the all-defaults
+  record (mode None, locator None) whatever the policy says.
+* Lists of nodes are ordered: `members` by seniority (join order), a queue's `mirrors` oldest
+  first. Placement keeps existing mirrors that still fit the policy, in their order, and appends
+  new ones at the end (they are the youngest). The leader is never one of its own mirrors. A new
+  mirror only goes to a running member; an existing mirror on a node that is not running (or no
+  longer a member) is dropped.
+* Promotion: the oldest running mirror allowed by the two promote keys wins. Unsynchronised
+  mirrors are allowed only if `ha-promote-on-failure` is "always" and, on a controlled
+  shutdown, also `ha-promote-on-shutdown` is "always".
+
+Pure: no trio, no I/O, no clock. Inputs are plain dicts, lists and sets; outputs are new values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from wire.errors import PRECONDITION_FAILED, ProtocolError
+
+
+class PolicyError(ProtocolError):
+    """A policy or its definition was refused; the text names the key at fault."""
+
+    def __init__(self, text: str):
+        super().__init__(PRECONDITION_FAILED, f"Validation failed: {text}")
+
+
+HA_MODES = ("all", "exactly", "nodes")
+SYNC_MODES = ("manual", "automatic")
+PROMOTE_VALUES = ("always", "when-synced")
+LOCATORS = ("client-local", "balanced")
+LOCATOR_ALIASES = {"min-masters": "balanced"}
+APPLY_TO = ("queues", "all", "exchanges")
+
+# Keys that only mean something together with ha-mode.
+NEEDS_HA_MODE = ("ha-params", "ha-sync-mode", "ha-sync-batch-size", "ha-promote-on-failure",
+                 "ha-promote-on-shutdown")
+
+KEYS = frozenset({"ha-mode", *NEEDS_HA_MODE, "queue-master-locator"})
+
+
+def _show(value) -> str:
+    """A value as the user wrote it (JSON spelling), for error texts."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _one_of(key: str, value, allowed: tuple) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        choices = ", ".join(f"'{a}'" for a in allowed)
+        raise PolicyError(f"'{key}' must be one of {choices}, got {_show(value)}")
+
+
+# --- definitions ---------------------------------------------------------------------------
+
+def parse_definition(definition: str | dict) -> dict:
+    """Check a policy definition (JSON text of an object, or a dict) and return a new dict."""
+    if isinstance(definition, str):
+        try:
+            definition = json.loads(definition)
+        except json.JSONDecodeError as e:
+            raise PolicyError(
+                f"'definition' is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}"
+            ) from None
+    if not isinstance(definition, dict):
+        raise PolicyError(
+            f"'definition' must be a JSON object, got {type(definition).__name__} "
+            f"{_show(definition)}")
+    if not definition:
+        raise PolicyError("'definition' must not be empty")
+
+    unknown = sorted((k for k in definition if k not in KEYS), key=str)
+    if unknown:
+        names = ", ".join(f"'{k}'" for k in unknown)
+        raise PolicyError(f"{names} are not recognised policy settings")
+
+    out: dict = {}
+    mode = definition.get("ha-mode")
+    if "ha-mode" in definition:
+        _one_of("ha-mode", mode, HA_MODES)
+        out["ha-mode"] = mode
+        params = definition.get("ha-params")
+        if mode == "all":
+            if "ha-params" in definition:
+                raise PolicyError(
+                    f"'ha-params' must not be set for ha-mode 'all', got {_show(params)}")
+        elif mode == "exactly":
+            if not _is_int(params) or params < 1:
+                raise PolicyError(
+                    f"'ha-params' must be a positive integer for ha-mode 'exactly', "
+                    f"got {_show(params)}")
+            out["ha-params"] = params
+        else:  # nodes
+            if (not isinstance(params, list) or not params
+                    or not all(isinstance(n, str) for n in params)):
+                raise PolicyError(
+                    f"'ha-params' must be a non-empty list of node names for ha-mode 'nodes', "
+                    f"got {_show(params)}")
+            out["ha-params"] = list(params)
+    else:
+        for key in NEEDS_HA_MODE:
+            if key in definition:
+                raise PolicyError(f"'{key}' cannot be used without 'ha-mode'")
+
+    if "ha-sync-mode" in definition:
+        _one_of("ha-sync-mode", definition["ha-sync-mode"], SYNC_MODES)
+        out["ha-sync-mode"] = definition["ha-sync-mode"]
+    if "ha-sync-batch-size" in definition:
+        size = definition["ha-sync-batch-size"]
+        if not _is_int(size) or size < 1:
+            raise PolicyError(f"'ha-sync-batch-size' must be a positive integer, got {_show(size)}")
+        out["ha-sync-batch-size"] = size
+    for key in ("ha-promote-on-failure", "ha-promote-on-shutdown"):
+        if key in definition:
+            _one_of(key, definition[key], PROMOTE_VALUES)
+            out[key] = definition[key]
+    if "queue-master-locator" in definition:
+        loc = definition["queue-master-locator"]
+        loc = LOCATOR_ALIASES.get(loc, loc) if isinstance(loc, str) else loc
+        _one_of("queue-master-locator", loc, LOCATORS)
+        out["queue-master-locator"] = loc
+    return out
+
+
+def make_policy(name: str, pattern: str, definition: str | dict, priority: int = 0,
+                apply_to: str = "all") -> dict:
+    """A validated policy record, ready to store in the cluster metadata."""
+    if not isinstance(name, str) or not name:
+        raise PolicyError(f"'name' must be a non-empty string, got {_show(name)}")
+    if not isinstance(pattern, str):
+        raise PolicyError(f"'pattern' must be a string, got {_show(pattern)}")
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise PolicyError(f"'pattern' is not a valid regular expression: {e}") from None
+    if not _is_int(priority):
+        raise PolicyError(f"'priority' must be an integer, got {_show(priority)}")
+    _one_of("apply-to", apply_to, APPLY_TO)
+    return {"name": name, "pattern": pattern, "definition": parse_definition(definition),
+            "priority": priority, "apply_to": apply_to}
+
+
+def effective_policy(policies: dict[str, dict], queue_name: str) -> dict | None:
+    """The policy record that applies to a queue, or None (see the module rules for ties)."""
+    best = None
+    for record in policies.values():
+        if record["apply_to"] not in ("queues", "all"):
+            continue
+        if re.search(record["pattern"], queue_name) is None:
+            continue
+        if (best is None or record["priority"] > best["priority"]
+                or (record["priority"] == best["priority"] and record["name"] < best["name"])):
+            best = record
+    return best
+
+
+# --- settings ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class HA:
+    """A queue's mirroring settings, with RabbitMQ's defaults for keys the policy leaves out."""
+
+    mode: str | None = None  # None (not mirrored), "all", "exactly", "nodes"
+    params: object = None  # exactly: the replica count; nodes: a tuple of node names
+    sync_mode: str = "manual"
+    sync_batch_size: int | None = None  # None: the node's mirroring_sync_batch_size
+    promote_on_failure: str = "always"
+    promote_on_shutdown: str = "when-synced"
+    locator: str | None = None  # "client-local", "balanced" or None (the node's default)
+
+
+def ha_settings(policy: dict | None, exclusive: bool = False) -> HA:
+    """The HA settings a queue gets from its effective policy record (None: no policy)."""
+    if policy is None or exclusive:
+        return HA()
+    d = policy["definition"]
+    params = d.get("ha-params")
+    if isinstance(params, list):
+        params = tuple(params)
+    return HA(
+        mode=d.get("ha-mode"),
+        params=params,
+        sync_mode=d.get("ha-sync-mode", "manual"),
+        sync_batch_size=d.get("ha-sync-batch-size"),
+        promote_on_failure=d.get("ha-promote-on-failure", "always"),
+        promote_on_shutdown=d.get("ha-promote-on-shutdown", "when-synced"),
+        locator=d.get("queue-master-locator"),
+    )
+
+
+# --- placement -----------------------------------------------------------------------------
+
+def _unique(names) -> list[str]:
+    return list(dict.fromkeys(names))
+
+
+def place_mirrors(ha: HA, leader: str, mirrors: list[str], members: list[str],
+                  running: set[str], load: dict[str, int] | None = None) -> list[str]:
+    """The mirror list (oldest first) the queue should have now; see the module rules.
+
+    all: every running member but the leader. exactly N: N-1 mirrors, or every running member
+    but the leader if there are fewer; surplus existing mirrors are cut from the young end; a
+    new one goes to the running member with the lowest `load`, ties to the most senior.
+    nodes: the listed names that are running members, new ones added in the policy's order.
+    """
+    if ha.mode is None:
+        return []
+    usable = [n for n in _unique(members) if n in running and n != leader]
+    usable_set = set(usable)
+    if ha.mode == "nodes":
+        wanted = [n for n in _unique(ha.params) if n in usable_set]
+        wanted_set = set(wanted)
+        kept = [m for m in _unique(mirrors) if m in wanted_set]
+        return kept + [n for n in wanted if n not in kept]
+    kept = [m for m in _unique(mirrors) if m in usable_set]
+    if ha.mode == "all":
+        return kept + [n for n in usable if n not in kept]
+    if ha.mode == "exactly":
+        target = max(ha.params - 1, 0)
+        if len(kept) >= target:
+            return kept[:target]
+        load = load or {}
+        seniority = {n: i for i, n in enumerate(usable)}
+        spare = sorted((n for n in usable if n not in kept),
+                       key=lambda n: (load.get(n, 0), seniority[n]))
+        return kept + spare[:target - len(kept)]
+    raise ValueError(f"unknown ha-mode {ha.mode!r}")
+
+
+def initial_leader(ha: HA, locator_choice: str, declaring_node: str, running: list[str]) -> str:
+    """The node that should lead a queue being declared.
+
+    nodes mode: the locator's choice if it is a listed running node, else the first listed
+    running node in the policy's order, else the declaring client's node. Other modes: the
+    locator's choice.
+    """
+    if ha.mode != "nodes":
+        return locator_choice
+    listed_running = [n for n in ha.params if n in set(running)]
+    if locator_choice in listed_running:
+        return locator_choice
+    if listed_running:
+        return listed_running[0]
+    return declaring_node
+
+
+def leader_handover(ha: HA, leader: str, mirrors: list[str], synced: set[str]) -> str | None:
+    """Under a nodes policy that no longer lists the leader: the mirror that should take over.
+
+    That is the oldest synchronised mirror that is listed. None means keep the current leader
+    (it is listed, the mode is not nodes, or no listed mirror is synchronised yet).
+    """
+    if ha.mode != "nodes" or leader in ha.params:
+        return None
+    for m in mirrors:
+        if m != leader and m in synced and m in ha.params:
+            return m
+    return None
+
+
+def choose_promotion(ha: HA, mirrors: list[str], synced: set[str], running: set[str],
+                     shutdown: bool) -> str | None:
+    """The mirror to promote when the leader goes away (shutdown: a controlled stop).
+
+    The oldest running mirror among those allowed; None when nobody may be promoted.
+    """
+    unsynced_ok = ha.promote_on_failure == "always" and (
+        not shutdown or ha.promote_on_shutdown == "always")
+    for m in mirrors:
+        if m in running and (unsynced_ok or m in synced):
+            return m
+    return None
