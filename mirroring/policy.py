@@ -260,7 +260,8 @@ def initial_leader(ha: HA, locator_choice: str, declaring_node: str, running: li
     """
     if ha.mode != "nodes":
         return locator_choice
-    listed_running = [n for n in ha.params if n in set(running)]
+    up = set(running)
+    listed_running = [n for n in ha.params if n in up]
     if locator_choice in listed_running:
         return locator_choice
     if listed_running:

@@ -99,6 +99,14 @@ def test_unrecognised_keys_are_named():
     refused({"HA-MODE": "all"}, "HA-MODE")
 
 
+def test_first_problem_in_the_documented_order_is_reported():
+    bad_everything = {"ha-mode": "bogus", "ha-sync-mode": "bad", "queue-master-locator": "x"}
+    refused(bad_everything, "ha-mode")
+    refused({**bad_everything, "nope": 1}, "nope")
+    refused({"ha-sync-mode": "bad", "ha-params": 2}, "ha-params")
+    refused({"ha-mode": "all", "ha-sync-mode": "bad", "queue-master-locator": "x"}, "ha-sync-mode")
+
+
 # --- definitions: ha-mode and ha-params ----------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["All", "exact", "", None, 1, ["all"]])
