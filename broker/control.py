@@ -12,6 +12,8 @@ import trio
 from wire import messages as m
 from wire.errors import COMMAND_INVALID, NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
 
+from mirroring.policy import effective_policy
+
 from . import config as configmod
 from .framed import FramedStream
 from .peers import dial_handshake
@@ -160,15 +162,26 @@ async def cmd_list_queues(node, args):
     if bad:
         raise ProtocolError(COMMAND_INVALID, f"unknown queue info item(s) {bad}; valid: {' '.join(QUEUE_COLUMNS)}")
     stats: dict = {}
+    mirrors: dict = {}  # queue -> {node: pid}
     for per_node in (await _each_running_node(node, "queue_stats", {})).values():
-        stats.update(per_node)
+        for qname, st in per_node.items():
+            if st["role"] == "leader":
+                stats[qname] = st
+            else:
+                mirrors.setdefault(qname, {})[st["node"]] = st["pid"]
     rows = []
     for name, q in sorted(node.md.queues.items()):
         s = stats.get(name)
+        pol = effective_policy(node.md.policies, name)
+        listed = [n for n in q.get("mirrors", ()) if n in mirrors.get(name, {})]
+        synced = set(s["synced"]) if s else set()
         full = {
             "name": name, "durable": q["durable"], "auto_delete": q["auto_delete"],
-            "exclusive": q["exclusive"], "arguments": q["arguments"], "policy": "",
-            "pid": s["pid"] if s else "", "mirror_pids": [], "synchronised_mirror_pids": [],
+            "exclusive": q["exclusive"], "arguments": q["arguments"],
+            "policy": pol["name"] if pol else "",
+            "pid": s["pid"] if s else "",
+            "mirror_pids": [mirrors[name][n] for n in listed],
+            "synchronised_mirror_pids": [mirrors[name][n] for n in listed if n in synced],
             "messages": s["messages"] if s else 0,
             "messages_ready": s["messages_ready"] if s else 0,
             "messages_unacknowledged": s["messages_unacknowledged"] if s else 0,
@@ -228,7 +241,13 @@ async def node_rpc(node, name: str, args: dict):
     if name == "snapshot":
         return node.md.snapshot()
     if name == "queue_stats":
-        return {qname: {"pid": qp.pid, **qp.state.stats()} for qname, qp in node.queues.items()}
+        out = {}
+        for qname, qp in node.queues.items():
+            st = {"pid": qp.pid, "role": qp.role, "node": node.name, **qp.state.stats()}
+            if qp.role == "leader":
+                st["synced"] = qp.rep.synced()
+            out[qname] = st
+        return out
     if name == "connections":
         return [{"node": node.name, "name": s.conn_id, "peer": s.peer, "user": s.user,
                  "client_name": s.client_name, "channels": len(s.channels)}
@@ -237,10 +256,13 @@ async def node_rpc(node, name: str, args: dict):
         return [{"queue_name": qname, "consumer_tag": c.tag,
                  "channel": f"{c.owner[0]}/{c.owner[1]}:{c.owner[2]}", "ack_required": not c.no_ack,
                  "prefetch_count": c.prefetch, "exclusive": c.exclusive, "arguments": c.arguments}
-                for qname, qp in node.queues.items() for c in qp.state.consumers.values()]
+                for qname, qp in node.queues.items() if qp.role == "leader"
+                for c in qp.state.consumers.values()]
     if name == "purge":
         qp = node.queues.get(args["queue"])
-        if qp is None:
+        if qp is None or qp.role != "leader":
             raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/'")
-        return qp.state.purge()
+        count = qp.state.purge()
+        qp.flush()
+        return count
     raise ProtocolError(COMMAND_INVALID, f"unknown node request {name!r}")

@@ -24,6 +24,7 @@ from pathlib import Path
 import msgpack
 import trio
 
+from mirroring import planner
 from mirroring.metadata import Metadata, MetaError, authority_key
 from wire import messages as m
 from wire.errors import (ACCESS_REFUSED, INTERNAL_ERROR, NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED,
@@ -37,6 +38,8 @@ from .queue_process import QueueProcess
 from .session import ChannelError, Session
 
 PROPOSE_TIMEOUT = 15.0
+SHUTDOWN_HANDOVER_TIMEOUT = 5.0
+EARLY_OP_WAIT = 3.0  # how long an op for a queue this node has not heard of yet is kept
 
 
 class NodeStopped(Exception):
@@ -62,6 +65,7 @@ class Node:
         self._pending: dict[int, tuple[str, trio.Event, list]] = {}
         self._app_scope: trio.CancelScope | None = None
         self._dialing: set[str] = set()
+        self._early: dict[str, list] = {}  # queue -> ops that arrived before its declaration
         self._meta_event = trio.Event()
         self.root = None
         self.app = None
@@ -168,6 +172,8 @@ class Node:
         if not self.app_running or self._app_scope is None:
             return
         self.log.info("stopping app")
+        with trio.move_on_after(SHUTDOWN_HANDOVER_TIMEOUT):
+            await self._hand_over_on_shutdown()
         for link in list(self.links.values()):
             link.close("peer stopped its app")
         self._app_scope.cancel()
@@ -387,6 +393,9 @@ class Node:
                 raise MetaError(reply.value or INTERNAL_ERROR, reply.error)
 
     def _coord_apply(self, change: list):
+        change = self._plan_change(change)
+        if change is None:
+            return None
         value = self.md.apply(change)  # MetaError leaves the state untouched
         msg = m.MetaApply(self.md.version, change)
         for link in self.links.values():
@@ -440,21 +449,67 @@ class Node:
         await self._meta_event.wait()
 
     def _reconcile_queues(self) -> None:
-        """Start the replicas this node should run and stop those it should not."""
+        """Start the replicas this node should run, stop those it should not, promote a mirror
+        the metadata made leader, and give leaders their current mirror lists."""
         if not self.app_running:
             return
+        me = self.name
         for qdef in self.md.queues.values():
-            if qdef["leader"] == self.name and qdef["name"] not in self.queues:
-                qp = QueueProcess(self, qdef)
-                self.queues[qdef["name"]] = qp
-                self.app.start_soon(qp.run)
+            name = qdef["name"]
+            qp = self.queues.get(name)
+            if qdef["leader"] == me:
+                if qp is None:
+                    qp = QueueProcess(self, qdef, "leader")
+                    self.queues[name] = qp
+                    self.app.start_soon(qp.run)
+                    for op in self._early.pop(name, ()):
+                        self._to_inbox(qp, op)
+                elif qp.role == "mirror":
+                    qp.promote(qdef, qp.leader_node)
+                elif qp.epoch != qdef.get("epoch", 1):
+                    qp.restart_epoch(qdef)
+                elif qp.qdef is not qdef:
+                    qp.update_mirrors(qdef)
+            elif me in qdef.get("mirrors", ()):
+                if qp is None:
+                    self._start_mirror(qdef)
+                elif qp.role == "leader":  # demoted (a partition healed against us)
+                    del self.queues[name]
+                    qp.stop("queue moved", cancel_consumers=False)
+                    self._start_mirror(qdef)
+                else:
+                    qp.qdef = qdef
+                    qp.leader_node = qdef["leader"] if qp.follow.epoch < 0 else qp.leader_node
         for name, qp in list(self.queues.items()):
             qdef = self.md.queues.get(name)
-            if qdef is None or qdef["leader"] != self.name:
+            if qdef is None:
                 del self.queues[name]
                 qp.stop("queue deleted")
-        # sessions: consumers of queues that vanished are cancelled by their queue's stop();
-        # a vanished remote queue whose node is down is handled in _running_changed
+            elif qdef["leader"] != me and me not in qdef.get("mirrors", ()):
+                if qp.role == "mirror" and self.md.version < qp.min_version:
+                    continue  # the leader already added us; our metadata will catch up
+                del self.queues[name]
+                qp.stop("queue moved", cancel_consumers=False)
+        for s in list(self.sessions.values()):
+            s.meta_changed()
+
+    def _start_mirror(self, qdef: dict) -> QueueProcess:
+        qp = QueueProcess(self, qdef, "mirror")
+        self.queues[qdef["name"]] = qp
+        self.app.start_soon(qp.run)
+        return qp
+
+    def to_replica(self, node: str, qname: str, op: list) -> None:
+        """Replication traffic to the replica of `qname` on another node (dropped if it is down)."""
+        link = self.links.get(node)
+        if link is not None:
+            link.send(m.ToQueue(qname, op))
+
+    async def report_synced(self, qname: str, epoch: int, synced: list) -> None:
+        try:
+            await self.propose(["queue.synced", qname, epoch, synced])
+        except (ProtocolError, trio.TooSlowError):
+            pass
 
     def _running_changed(self, up: str | None = None, down: str | None = None) -> None:
         ev, self._meta_event = self._meta_event, trio.Event()
@@ -463,26 +518,79 @@ class Node:
             self._fail_pending(down)
             for qp in list(self.queues.values()):
                 qp.node_down(down)
-            lost = [q["name"] for q in self.md.queues_led_by(down)]
+            # a non-mirrored queue is lost at once; a mirrored one waits for the coordinator's
+            # decision (a promotion, or none), which arrives as a node.down metadata change
+            lost = [q["name"] for q in self.md.queues_led_by(down) if not q.get("mirrors")]
             for s in list(self.sessions.values()):
                 for qname in lost:
                     s.queue_lost(qname, f"home node '{down}' of queue '{qname}' in vhost '/' went down")
         if self.coordinator == self.name:
-            self.spawn(self._drop_transient_queues)
+            self.spawn(self._sync_liveness)
 
-    async def _drop_transient_queues(self) -> None:
-        """Coordinator duty: non-durable queues whose home node is down are deleted (spec)."""
+    async def _sync_liveness(self) -> None:
+        """Coordinator duty: record members going down and coming back, with the promotions,
+        deletions and mirror placements that follow (mirroring/planner.py)."""
+        running = self.running
         for node in list(self.md.members):
-            if node in self.running:
+            if self.coordinator != self.name:
+                return
+            try:
+                if node not in running and node not in self.md.down:
+                    await self.propose(["node.down", node, "failure"])
+                elif node in running and node in self.md.down:
+                    await self.propose(["node.up", node])
+            except (ProtocolError, trio.TooSlowError):
                 continue
-            if any(not q["durable"] or q["exclusive"] for q in self.md.queues_led_by(node)):
-                try:
-                    gone = await self.propose(["node.down", node])
-                except (ProtocolError, trio.TooSlowError):
-                    continue
-                if gone:
-                    self.log.info("deleted non-durable queues of a node that is down",
-                                  down=node, queues=gone)
+
+    def _plan_change(self, change: list) -> list | None:
+        """Coordinator: turn a proposal into the change every node applies, with the decisions
+        that depend on who is running made here, once (see mirroring/planner.py)."""
+        kind = change[0]
+        md, running = self.md, self.running
+        if kind == "queue.declare":
+            qdef = planner.plan_declare(md, change[1], sorted(running), self.config.queue_leader_locator)
+            return ["queue.declare", qdef]
+        if kind == "node.down":
+            node, how = change[1], change[2] if len(change) > 2 else "failure"
+            if node not in md.members:
+                return change
+            if node in md.down and md.down[node] == "shutdown":
+                return ["node.down", node, md.down[node], planner.plan(md, running - {node})]
+            shutdown = how == "shutdown"
+            return ["node.down", node, how,
+                    planner.plan(md, running - {node}, down=node, shutdown=shutdown)]
+        if kind == "node.up":
+            return ["node.up", change[1], planner.plan(md, running, up=change[1])]
+        if kind == "policy.set":
+            policies = {**md.policies, change[1]["name"]: change[1]}
+            return ["policy.set", change[1], planner.plan(md, running, policies=policies)]
+        if kind == "policy.clear":
+            policies = {k: v for k, v in md.policies.items() if k != change[1]}
+            return ["policy.clear", change[1], planner.plan(md, running, policies=policies)]
+        if kind == "queue.synced":
+            _, qname, epoch, synced = change
+            q = md.queues.get(qname)
+            if q is None or q.get("epoch") != epoch:
+                return None
+            return ["queues.update", planner.plan(md, running, synced=(qname, epoch, synced))]
+        return change
+
+    async def _hand_over_on_shutdown(self) -> None:
+        """A controlled stop (stop_app, SIGTERM): let mirrors catch up with our leaders, then have
+        the coordinator record the shutdown, promoting mirrors as ha-promote-on-shutdown allows."""
+        if not self.links:
+            return
+        leaders = [qp for qp in self.queues.values() if qp.role == "leader" and qp.rep.mirrors]
+        for qp in leaders:
+            qp.flush()
+        deadline = trio.current_time() + 1.0
+        while trio.current_time() < deadline and any(
+                t.acked < qp.rep.seq for qp in leaders for t in qp.rep.mirrors.values()):
+            await trio.sleep(0.005)
+        try:
+            await self.propose(["node.down", self.name, "shutdown"])
+        except (ProtocolError, trio.TooSlowError) as exc:
+            self.log.warning("could not hand queues over before stopping", error=str(exc))
 
     # --- node-to-node calls ------------------------------------------------------------------
     async def _call(self, link: PeerLink, make):
@@ -538,8 +646,12 @@ class Node:
 
     # --- routing -----------------------------------------------------------------------------
     def queue_down_reason(self, qdef: dict) -> str:
+        """Why operations on this queue fail now ("" if they do not). A mirrored queue whose
+        leader just went down is not failed until the coordinator has decided (a promotion)."""
         leader = qdef["leader"]
         if leader == self.name or leader in self.links:
+            return ""
+        if qdef.get("mirrors") and leader not in self.md.down:
             return ""
         return (f"home node '{leader}' of durable queue '{qdef['name']}' in vhost '/' "
                 "is down or inaccessible")
@@ -556,8 +668,11 @@ class Node:
             return
         link = self.links.get(leader)
         if link is None:
-            return  # the session already checked; the node went down just now
+            return  # the leader is down: the session resends after a promotion, or fails
         await link.outbox.wait_below_watermark()
+        now = self.md.queues.get(qdef["name"])
+        if now is not None and now.get("epoch") != qdef.get("epoch"):
+            return  # the leader changed while we waited: the session resends to the new one
         link.send(m.ToQueue(qdef["name"], op))
 
     def queue_op_nowait(self, qname: str, op: list) -> None:
@@ -569,29 +684,45 @@ class Node:
         if leader == self.name:
             qp = self.queues.get(qname)
             if qp is not None:
-                try:
-                    qp.inbox.send_nowait(op)
-                except trio.WouldBlock:
-                    self.spawn(qp.inbox.send, op)
+                self._to_inbox(qp, op)
         else:
             link = self.links.get(leader)
             if link is not None:
                 link.send(m.ToQueue(qname, op))
 
+    def _to_inbox(self, qp: QueueProcess, op: list) -> None:
+        try:
+            qp.inbox.send_nowait(op)
+        except trio.WouldBlock:
+            self.spawn(qp.inbox.send, op)
+
     async def _queue_op_local(self, qname: str, op: list) -> None:
         qp = self.queues.get(qname)
-        if qp is None:
+        if qp is not None:
+            await qp.inbox.send(op)
+            return
+        kind = op[0]
+        if kind == "mstart" and self.app_running:  # a leader added us before our metadata did
+            qdef = self.md.queues.get(qname) or {"name": qname, "leader": op[2]}
+            qp = self._start_mirror(qdef)
+            await qp.inbox.send(op)
+            return
+        if kind in ("rep", "rep_ok", "mstate", "mreset") or qname in self.md.queues:
+            return  # replication for a replica that is gone, or an op the session will resend
+        # the sender knows a queue we do not (yet): its declaration may be on its way to us
+        early = self._early.get(qname)
+        if early is None:
+            early = self._early[qname] = []
+            self.spawn(self._expire_early, qname)
+        early.append(op)
+
+    async def _expire_early(self, qname: str) -> None:
+        await trio.sleep(EARLY_OP_WAIT)
+        for op in self._early.pop(qname, ()):
             owner = op[1] if len(op) > 1 and isinstance(op[1], list) else None
-            if owner is None:
-                return
-            if op[0] == "publish" and op[2]:
-                self.to_session(owner[0], owner[1], [["confirm", owner[2], op[2], op[2] + len(op[3]) - 1,
-                                                      False, f"no queue '{qname}' in vhost '/'"]])
-            elif op[0] in ("consume", "cancel", "get", "purge", "declare_ok", "delete"):
+            if owner is not None and op[0] in ("consume", "cancel", "get", "purge", "declare_ok", "delete"):
                 self.to_session(owner[0], owner[1], [["fail", op[2], owner[2], NOT_FOUND,
                                                       f"no queue '{qname}' in vhost '/'"]])
-            return
-        await qp.inbox.send(op)
 
     def to_session(self, node: str, sid: int, events: list) -> None:
         if node == self.name:

@@ -1,12 +1,14 @@
-"""The task that runs one queue replica on its node (here: the leader of a non-mirrored queue).
+"""The task that runs one queue replica on its node: the leader, or one of its mirrors.
 
 Like an Erlang process: one task, one bounded inbox, so FIFO order and back-pressure come from the
 structure. Each wake-up drains a batch of operations from the inbox, applies them to the pure
 `QueueState`, then dispatches deliveries and sends every resulting event, grouped per client
-session, in one go.
+session, and one replication batch per mirror, in one go. The rules of replication live in
+mirroring/ (queue.py: effects; replication.py: acknowledgements, acceptance, sync status); this
+file only moves their inputs and outputs.
 
-Operations (lists, so they cross peer links unchanged); `owner` is [node, session id, channel]:
-  ["publish", owner, first_seq, bodies, props]      first_seq 0 = no confirm wanted
+Client operations (lists, so they cross peer links unchanged); `owner` is [node, session id, channel]:
+  ["publish", owner, pseq, bodies, props]   pseq: the session's publish batch number
   ["consume", owner, rid, tag, no_ack, prefetch, exclusive, arguments]
   ["cancel", owner, rid, tag]
   ["get", owner, rid, no_ack]
@@ -16,9 +18,15 @@ Operations (lists, so they cross peer links unchanged); `owner` is [node, sessio
   ["purge", owner, rid]
   ["declare_ok", owner, rid]     answer [name, messages, consumers]
   ["delete", owner, rid, if_unused, if_empty]
+A mirror parks client operations (they reach it while it is being promoted) and runs them once
+it leads. Replication, leader -> mirror:
+  ["mstart", epoch, leader_node, snapshot, resume]   follow me (resume: [old epoch, seq, base id])
+  ["rep", epoch, seq, effects]
+and mirror -> leader:
+  ["mstate", epoch, node, start_id]   ["rep_ok", epoch, node, seq]
 Events sent to sessions:
   ["deliver", ch, consumer_tag, queue, ids, bodies, redelivered_indexes, props]
-  ["confirm", ch, first, last, ok, reason]
+  ["accepted", queue, pseq]      publishes up to pseq are on every mirror (confirm them)
   ["reply", rid, value] / ["fail", rid, ch, code, text]
   ["consume_ok", ch, rid, tag, queue, no_ack]
   ["get_ok", ch, rid, queue, message-or-nil, remaining]
@@ -32,24 +40,42 @@ import itertools
 import trio
 
 from mirroring.queue import QueueState
+from mirroring.replication import LeaderReplication, MirrorFollow
 from wire.errors import PRECONDITION_FAILED, ProtocolError
 
 INBOX_SIZE = 512
 BATCH = 512
 _serial = itertools.count(1)
+REPLICA_OPS = frozenset({"mstart", "mstate", "rep_ok", "mreset"})
 
 
 class QueueProcess:
-    def __init__(self, node, qdef: dict):
+    def __init__(self, node, qdef: dict, role: str):
         self.node = node
         self.qdef = qdef
         self.name = qdef["name"]
+        self.role = role  # "leader" | "mirror"
         self.state = QueueState(self.name)
         self.pid = f"<{node.name}.{next(_serial)}.0>"
         self.inbox, self._recv = trio.open_memory_channel(INBOX_SIZE)
         self.out: dict[tuple, list] = {}
         self.scope = trio.CancelScope()
         self.stopped = False
+        self.log = node.log.bind(queue=self.name)
+        # leader side
+        self.epoch = qdef.get("epoch", 1) if role == "leader" else -1
+        self.rep = LeaderReplication()
+        self.accepted: dict[tuple, int] = {}  # (node, sid) -> pseq, applied in this round
+        self.base_id = 0  # the oldest id this replica could hold (its start id when it was a mirror)
+        self._sync_proposed: list | None = None
+        # mirror side
+        self.follow = MirrorFollow()
+        self.leader_node = qdef["leader"]
+        self.parked: list = []
+        self._ack_due = False
+        self.min_version = 0  # the metadata version that listed this mirror (from its mstart)
+        if role == "leader":
+            self.update_mirrors(qdef)
 
     # --- the task --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -71,29 +97,42 @@ class QueueProcess:
                 if more:
                     await trio.lowlevel.checkpoint()
 
-    def stop(self, reason: str) -> None:
-        """The queue was deleted (or moved away): cancel its consumers and end the task."""
+    def stop(self, reason: str, cancel_consumers: bool = True) -> None:
+        """End the task. A deleted queue cancels its consumers; a replica that merely moved away
+        (hand-over, demotion, mirror dropped) leaves them to the new leader."""
         if self.stopped:
             return
         self.stopped = True
-        for c in list(self.state.consumers.values()):
-            self.emit(c.owner, ["cancelled", c.owner[2], c.tag, self.name, reason])
-        self.state.consumers.clear()
-        self.flush()
+        if self.role == "leader" and cancel_consumers:
+            for c in list(self.state.consumers.values()):
+                self.emit(c.owner, ["cancelled", c.owner[2], c.tag, self.name, reason])
+            self.state.consumers.clear()
+        if self.role == "leader":
+            self.flush()
         self.scope.cancel()
 
     # --- operations ------------------------------------------------------------------------
     def handle(self, op: list) -> None:
         kind = op[0]
         if kind == "publish":
-            _, owner, seq, bodies, props = op
-            self.state.publish(bodies, props)
-            if seq:
-                self.emit(owner, ["confirm", owner[2], seq, seq + len(bodies) - 1, True, ""])
+            if self.role != "leader":
+                self.parked.append(op)
+                return
+            _, owner, pseq, bodies, props = op
+            state = self.state
+            if not state.seen(owner, pseq):
+                state.publish(bodies, props, owner[:2], pseq)
+            self.accepted[(owner[0], owner[1])] = pseq
+            return
+        if kind == "rep":
+            self._on_rep(op[1], op[2], op[3])
             return
         handler = getattr(self, "_op_" + kind, None)
         if handler is None:
-            self.node.log.warning("unknown queue operation", queue=self.name, op=kind)
+            self.log.warning("unknown queue operation", op=kind)
+            return
+        if self.role != "leader" and kind not in REPLICA_OPS:
+            self.parked.append(op)
             return
         handler(*op[1:])
 
@@ -108,6 +147,9 @@ class QueueProcess:
 
     def _op_consume(self, owner, rid, tag, no_ack, prefetch, exclusive, arguments):
         owner = tuple(owner)
+        if (owner, tag) in self.state.consumers:  # a resend after a failover: already here
+            self.emit(owner, ["consume_ok", owner[2], rid, tag, self.name, no_ack])
+            return
         try:
             self.state.add_consumer(owner, tag, no_ack, prefetch, exclusive, arguments)
         except ProtocolError as exc:
@@ -132,7 +174,7 @@ class QueueProcess:
         self._maybe_auto_delete()
 
     def _op_session_gone(self, node, sid):
-        self.state.owners_gone(lambda o: o[0] == node and o[1] == sid)
+        self.state.session_gone(node, sid)
         self._maybe_auto_delete()
 
     def _op_purge(self, owner, rid):
@@ -153,8 +195,12 @@ class QueueProcess:
             self.node.spawn(self.node.delete_queue_then_reply, self.name, owner, rid, count)
 
     def node_down(self, node: str) -> None:
-        """Consumers and unacked deliveries of sessions on a node that went down."""
-        self.state.owners_gone(lambda o: o[0] == node)
+        """Consumers and unacked deliveries of sessions on a node that went down; a mirror there
+        no longer holds up publishes."""
+        if self.role != "leader":
+            return
+        self._release(self.rep.remove(node))
+        self.state.node_gone(node)
         self._maybe_auto_delete()
         self.flush()
 
@@ -162,6 +208,137 @@ class QueueProcess:
         if self.qdef.get("auto_delete") and self.state.had_consumer and not self.state.consumers:
             self.state.had_consumer = False
             self.node.spawn(self.node.auto_delete_queue, self.name)
+
+    # --- leader: mirrors -------------------------------------------------------------------
+    def update_mirrors(self, qdef: dict, resume: list | None = None) -> None:
+        """Follow the metadata's mirror list: start new mirrors, forget removed ones."""
+        self.qdef = qdef
+        wanted = [n for n in qdef.get("mirrors", ()) if n != self.node.name]
+        self._ship()
+        for node in list(self.rep.mirrors):
+            if node not in wanted:
+                self._release(self.rep.remove(node))
+                self.log.info(f"Mirrored queue '{self.name}' in vhost '/': Dropping mirror on node {node}")
+        new = [n for n in wanted if n not in self.rep.mirrors]
+        if new:
+            snap = self.state.mirror_snapshot()
+            for node in new:
+                self.rep.add(node, self.state.next_id, trio.current_time())
+                self.node.to_replica(node, self.name, ["mstart", self.epoch, self.node.name, snap, resume,
+                                                       self.node.md.version])
+                self.log.info(f"Mirrored queue '{self.name}' in vhost '/': Adding mirror on node {node}")
+        self.state.effects = [] if self.rep.mirrors else None
+        self._check_sync()
+
+    def _op_mreset(self, node):
+        """A mirror lost track (a batch went missing): start it again from scratch."""
+        if self.role == "leader" and node in self.rep.mirrors:
+            self._release(self.rep.remove(node))
+            self.update_mirrors(self.qdef)
+
+    def restart_epoch(self, qdef: dict) -> None:
+        """The metadata gave this leader a new epoch (its node came back): mirrors start again."""
+        self._ship()
+        self.epoch = qdef.get("epoch", 1)
+        for node in list(self.rep.mirrors):
+            self._release(self.rep.remove(node))
+        self.update_mirrors(qdef)
+
+    def _op_mstate(self, epoch, node, start_id):
+        if epoch == self.epoch:
+            self.rep.mirror_state(node, start_id)
+            self._check_sync()
+
+    def _op_rep_ok(self, epoch, node, seq):
+        if epoch == self.epoch and self.role == "leader":
+            self._release(self.rep.acknowledged(node, seq))
+
+    def _release(self, accepted: dict) -> None:
+        name = self.name
+        for key, pseq in accepted.items():
+            self.emit(key, ["accepted", name, pseq])
+
+    def _ship(self) -> None:
+        """Send the effects applied so far to every mirror (one batch) and accept what can be."""
+        effects = self.state.effects
+        accepted, self.accepted = self.accepted, {}
+        if effects:
+            self.state.effects = []
+            seq, now = self.rep.record(accepted)
+            msg = ["rep", self.epoch, seq, effects]
+            for node in self.rep.mirrors:
+                self.node.to_replica(node, self.name, msg)
+            self._release(now)
+        elif accepted:
+            if self.rep.mirrors:
+                _, now = self.rep.record(accepted)
+                self._release(now)
+            else:
+                self._release(accepted)
+
+    def _check_sync(self) -> None:
+        if self.role != "leader":
+            return
+        if any(not t.synced for t in self.rep.mirrors.values()):
+            for node in self.rep.newly_synced(self.state.oldest_id()):
+                self.log.info(f"Mirrored queue '{self.name}' in vhost '/': Synchronised mirror on node {node}")
+        synced = sorted(self.rep.synced())
+        if synced != sorted(self.qdef.get("synced", ())) and synced != self._sync_proposed:
+            self._sync_proposed = synced
+            self.node.spawn(self.node.report_synced, self.name, self.epoch, synced)
+
+    # --- mirror ----------------------------------------------------------------------------
+    def _op_mstart(self, epoch, leader, snap, resume, md_version=0):
+        if self.role == "leader" or epoch < self.follow.epoch:
+            return
+        self.min_version = max(self.min_version, md_version)
+        if resume is not None and self.follow.can_resume(*resume):
+            how = "resumed"
+        else:
+            self.state.reset_as_mirror(snap)
+            self.follow.start_id = snap["next_id"]
+            how = "started empty"
+        self.follow.epoch, self.follow.last_seq = epoch, 0
+        self.leader_node = leader
+        self.node.to_replica(leader, self.name, ["mstate", epoch, self.node.name, self.follow.start_id])
+        self.log.info("mirror following leader", leader=leader, epoch=epoch, how=how)
+
+    def _on_rep(self, epoch, seq, effects):
+        if self.role == "leader":
+            return
+        ok = self.follow.accepts(epoch, seq)
+        if ok:
+            self.state.apply_effects(effects)
+            self.follow.last_seq = seq
+            self._ack_due = True
+        elif ok is None:
+            self.log.warning("replication batch missing; mirror restarts", epoch=epoch, seq=seq,
+                             last=self.follow.last_seq)
+            self.follow.epoch = -1
+            self.node.to_replica(self.leader_node, self.name, ["mreset", self.node.name])
+
+    def promote(self, qdef: dict, old_leader: str) -> None:
+        """This mirror becomes the leader (spec, "Mirrored Queue Implementation and Semantics")."""
+        resume = [self.follow.epoch, self.follow.last_seq, self.follow.start_id]
+        self.role = "leader"
+        self.epoch = qdef.get("epoch", 1)
+        self.base_id = self.follow.start_id
+        self.log.info(f"Mirrored queue '{self.name}' in vhost '/': Promoting mirror {self.pid} to leader",
+                      old_leader=old_leader, epoch=self.epoch)
+        self.update_mirrors(qdef, resume)
+        if self.state.effects is None:
+            self.state.effects = []
+        cancelled = self.state.failover(old_leader)
+        for c in cancelled:
+            self.emit(c.owner, ["cancelled", c.owner[2], c.tag, self.name,
+                                f"queue '{self.name}' in vhost '/' failed over to a new leader "
+                                "(x-cancel-on-ha-failover)"])
+        if not self.rep.mirrors:
+            self.state.effects = None
+        parked, self.parked = self.parked, []
+        for op in parked:
+            self.handle(op)
+        self.flush()
 
     # --- output ----------------------------------------------------------------------------
     def emit(self, owner, event: list) -> None:
@@ -173,7 +350,14 @@ class QueueProcess:
             lst.append(event)
 
     def flush(self) -> bool:
-        """Dispatch deliveries and send all pending events; True if more could be dispatched."""
+        """Dispatch deliveries, replicate, and send all pending events; True if more could be
+        dispatched."""
+        if self.role != "leader":
+            if self._ack_due:
+                self._ack_due = False
+                self.node.to_replica(self.leader_node, self.name,
+                                     ["rep_ok", self.follow.epoch, self.node.name, self.follow.last_seq])
+            return False
         batches = self.state.dispatch()
         name = self.name
         for c, batch in batches:
@@ -183,6 +367,9 @@ class QueueProcess:
                 [i for i, m in enumerate(batch) if m[3]],
                 props if any(p is not None for p in props) else None,
             ])
+        self._ship()
+        if self.rep.mirrors and any(not t.synced for t in self.rep.mirrors.values()):
+            self._check_sync()
         if self.out:
             out, self.out = self.out, {}
             to_session = self.node.to_session

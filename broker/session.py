@@ -2,7 +2,15 @@
 
 The session is where a client's channel lives (like RabbitMQ's channel process): it assigns
 delivery tags and publish sequence numbers, turns acks into per-queue id lists, and sends each
-operation to the queue's leader, local or on another node. Two tasks: the reader handles client
+operation to the queue's leader, local or on another node.
+
+Publishes stay *in flight* here, bodies and all, until the queue's leader says every mirror has
+them ("accepted"); then confirm-mode channels get their confirms. That set is the credit window:
+past WINDOW_MSGS messages or WINDOW_BYTES bytes the session stops reading from the client (a
+held publisher), so a stalled mirror holds publishers and memory stays bounded. When the queue's
+leader changes (a promotion), everything in flight, and every request not yet answered, is sent
+again to the new leader, which ignores publish batches it already has: publishes in flight during
+a failover are not lost. Two tasks: the reader handles client
 frames; the pump turns queue events (from the unbounded inbox, so a queue never blocks on a
 session) into client frames. One writer (Outbox) batches all output.
 """
@@ -25,6 +33,8 @@ from wire.handshake import new_nonce
 from .framed import FramedStream, Outbox
 
 HANDSHAKE_TIMEOUT = 10.0
+WINDOW_MSGS = 20_000
+WINDOW_BYTES = 32 << 20
 CLIENT_KINDS = frozenset({
     "channel.open", "channel.close", "queue.declare", "queue.delete", "queue.purge", "basic.qos",
     "confirm.select", "publish", "basic.consume", "basic.cancel", "basic.get", "ack", "nack",
@@ -46,7 +56,7 @@ def is_loopback(peer: str, own_host: str) -> bool:
 
 class Channel:
     __slots__ = ("id", "prefetch", "confirm", "next_seq", "next_tag", "tags", "consumers",
-                 "pending", "touched")
+                 "touched")
 
     def __init__(self, ch: int):
         self.id = ch
@@ -56,7 +66,6 @@ class Channel:
         self.next_tag = 1
         self.tags: dict[int, tuple] = {}  # delivery tag -> (queue, message id)
         self.consumers: dict[str, tuple] = {}  # consumer tag -> (queue, no_ack)
-        self.pending: dict[str, deque] = {}  # queue -> unconfirmed (first, last) ranges
         self.touched: set[str] = set()  # queues holding consumers or deliveries of this channel
 
 
@@ -78,6 +87,15 @@ class Session:
         self.exclusive_queues: set[str] = set()
         self._ctags = itertools.count(1)
         self._noack_gets: set[int] = set()
+        self.pseq = 0
+        # queue -> deque of [pseq, ch, first confirm seq (0: none), count, bytes, bodies, props]
+        self.inflight: dict[str, deque] = {}
+        self.inflight_msgs = 0
+        self.inflight_bytes = 0
+        self._room = trio.Event()
+        self.routes: dict[str, int] = {}  # queue -> the leader epoch our operations went to
+        self.rpcs: dict[int, tuple[str, list]] = {}  # rid -> (queue, op): unanswered requests
+        self._resend: set[str] = set()
         self.done = trio.Event()
         self._written = trio.Event()
         self.log = node.log.bind(conn=self.conn_id)
@@ -167,6 +185,8 @@ class Session:
                 return
             if not batch:
                 return
+            if self._resend:
+                await self._do_resends()
             for msg in batch:
                 ch_id = getattr(msg, "ch", 0)
                 if ch_id in self.closed_channels and type(msg) is not m.ChannelOpen:
@@ -264,12 +284,13 @@ class Session:
             self.send(m.Reply(msg.rid, 0))  # deleting a missing queue is fine in AMQP
             return
         self._queue(msg.queue)
-        await self.node.queue_op(qdef, ["delete", self._owner(ch), msg.rid, msg.if_unused, msg.if_empty])
+        # not tracked as a request: the queue's deletion itself would fail it
+        await self._send(msg.queue, ["delete", self._owner(ch), msg.rid, msg.if_unused, msg.if_empty])
 
     async def on_queue_purge(self, msg):
         ch = self._ch(msg.ch)
-        qdef = self._queue(msg.queue)
-        await self.node.queue_op(qdef, ["purge", self._owner(ch), msg.rid])
+        self._queue(msg.queue)
+        await self._request(msg.queue, msg.rid, ["purge", self._owner(ch), msg.rid])
 
     async def on_publish(self, msg):
         ch = self._ch(msg.ch)
@@ -297,12 +318,75 @@ class Session:
             if first:
                 self.send(m.Confirm(ch.id, [], [[first, first + n - 1]], down))
             return
-        if first:
-            pend = ch.pending.get(msg.queue)
-            if pend is None:
-                pend = ch.pending[msg.queue] = deque()
-            pend.append((first, first + n - 1))
-        await node.queue_op(qdef, ["publish", self._owner(ch), first, msg.bodies, msg.props])
+        qname = msg.queue
+        self.pseq = pseq = self.pseq + 1
+        size = sum(map(len, msg.bodies))
+        dq = self.inflight.get(qname)
+        if dq is None:
+            dq = self.inflight[qname] = deque()
+        dq.append([pseq, ch.id, first, n, size, msg.bodies, msg.props])
+        self.inflight_msgs += n
+        self.inflight_bytes += size
+        await self._send(qname, ["publish", self._owner(ch), pseq, msg.bodies, msg.props])
+        if self.inflight_msgs > WINDOW_MSGS or self.inflight_bytes > WINDOW_BYTES:
+            await self._flow_wait()
+
+    # --- routing to the queue's leader, and failover -------------------------------------
+    async def _send(self, qname: str, op: list) -> None:
+        if self._resend:
+            await self._do_resends()
+        qdef = self.node.md.queues.get(qname)
+        if qdef is None:
+            return
+        if qname not in self.routes:
+            self.routes[qname] = qdef.get("epoch", 1)
+        await self.node.queue_op(qdef, op)
+
+    async def _request(self, qname: str, rid: int, op: list) -> None:
+        """An operation the queue answers: remembered until answered, resent on failover."""
+        self.rpcs[rid] = (qname, op)
+        await self._send(qname, op)
+
+    async def _flow_wait(self) -> None:
+        """Hold this publisher until the queues' mirrors have caught up (credit flow)."""
+        while self.inflight_msgs > WINDOW_MSGS or self.inflight_bytes > WINDOW_BYTES:
+            if self._resend:
+                await self._do_resends()
+                continue
+            self._room = trio.Event()
+            await self._room.wait()
+
+    def meta_changed(self) -> None:
+        """The cluster metadata changed: find queues whose leader moved (resend to it) or that
+        are gone for good (tell the client)."""
+        md = self.node.md
+        for qname, epoch in list(self.routes.items()):
+            qdef = md.queues.get(qname)
+            if qdef is None:
+                self.queue_lost(qname, f"queue '{qname}' in vhost '/' was deleted")
+            elif qdef.get("epoch", 1) != epoch:
+                self._resend.add(qname)
+                self._room.set()
+            elif self.node.queue_down_reason(qdef):
+                self.queue_lost(qname, self.node.queue_down_reason(qdef))
+
+    async def _do_resends(self) -> None:
+        while self._resend:
+            qname = self._resend.pop()
+            qdef = self.node.md.queues.get(qname)
+            if qdef is None or qname not in self.routes:
+                continue
+            self.routes[qname] = qdef.get("epoch", 1)
+            me, sid = self.node.name, self.sid
+            ops = [["publish", [me, sid, e[1]], e[0], e[5], e[6]] for e in self.inflight.get(qname, ())]
+            ops += [op for q, op in list(self.rpcs.values()) if q == qname]
+            if ops:
+                self.log.info("resending to the queue's new leader", queue=qname,
+                              leader=qdef["leader"], operations=len(ops))
+            for op in ops:
+                if qname in self._resend:
+                    break  # it moved again: start over
+                await self.node.queue_op(qdef, op)
 
     def _settle(self, ch: Channel, tags, upto: int) -> dict[str, list]:
         """Delivery tags -> {queue: [message ids]}; unknown tags are a channel error."""
@@ -354,8 +438,8 @@ class Session:
         if tag in ch.consumers:
             raise ChannelError(PRECONDITION_FAILED, f"consumer tag '{tag}' is already in use on this channel")
         ch.touched.add(msg.queue)
-        await self.node.queue_op(qdef, ["consume", self._owner(ch), msg.rid, tag, msg.no_ack,
-                                        ch.prefetch, msg.exclusive, msg.arguments])
+        await self._request(msg.queue, msg.rid, ["consume", self._owner(ch), msg.rid, tag, msg.no_ack,
+                                                 ch.prefetch, msg.exclusive, msg.arguments])
 
     async def on_cancel(self, msg):
         ch = self._ch(msg.ch)
@@ -367,16 +451,16 @@ class Session:
         if qdef is None or self.node.queue_down_reason(qdef):
             self.send(m.Reply(msg.rid, msg.consumer_tag))
             return
-        await self.node.queue_op(qdef, ["cancel", self._owner(ch), msg.rid, msg.consumer_tag])
+        await self._request(entry[0], msg.rid, ["cancel", self._owner(ch), msg.rid, msg.consumer_tag])
 
     async def on_get(self, msg):
         ch = self._ch(msg.ch)
-        qdef = self._queue(msg.queue)
+        self._queue(msg.queue)
         if msg.no_ack:
             self._noack_gets.add(msg.rid)
         else:
             ch.touched.add(msg.queue)
-        await self.node.queue_op(qdef, ["get", self._owner(ch), msg.rid, msg.no_ack])
+        await self._request(msg.queue, msg.rid, ["get", self._owner(ch), msg.rid, msg.no_ack])
 
     # --- queue events ----------------------------------------------------------------------
     async def _pump(self) -> None:
@@ -408,27 +492,28 @@ class Session:
                 if entry is None or not entry[1]:
                     ch.tags.update(zip(range(first, first + n), zip(repeat(qname), ids)))
                 send(m.Deliver(ch_id, ctag, first, bodies, red, props))
-            elif kind == "confirm":
-                _, ch_id, first, last, ok, reason = ev
-                ch = channels.get(ch_id)
-                if ch is None:
-                    continue
-                self._confirmed(ch, first, last)
-                send(m.Confirm(ch_id, [[first, last]] if ok else [], [] if ok else [[first, last]], reason))
+            elif kind == "accepted":
+                self._accepted(ev[1], ev[2])
             elif kind == "reply":
+                self.rpcs.pop(ev[1], None)
                 send(m.Reply(ev[1], ev[2]))
             elif kind == "fail":
                 _, rid, ch_id, code, text = ev
+                self.rpcs.pop(rid, None)
                 if ch_id in channels:
                     self._close_channel(ch_id, rid, ChannelError(code, text))
             elif kind == "consume_ok":
                 _, ch_id, rid, tag, qname, no_ack = ev
+                if self.rpcs.pop(rid, None) is None:
+                    continue  # a resent consume answered twice
                 ch = channels.get(ch_id)
                 if ch is not None:
                     ch.consumers[tag] = (qname, no_ack)
                 send(m.Reply(rid, tag))
             elif kind == "get_ok":
                 _, ch_id, rid, qname, msg, remaining = ev
+                if self.rpcs.pop(rid, None) is None:
+                    continue
                 ch = channels.get(ch_id)
                 if msg is None or ch is None:
                     self._noack_gets.discard(rid)
@@ -447,22 +532,60 @@ class Session:
                 if ch is not None and ch.consumers.pop(tag, None) is not None:
                     send(m.Cancelled(ch_id, tag, reason))
 
-    def _confirmed(self, ch: Channel, first: int, last: int) -> None:
-        for qname, pend in ch.pending.items():
-            if pend and pend[0][0] == first:
-                pend.popleft()
-                return
+    def _accepted(self, qname: str, upto: int) -> None:
+        """Publishes up to `upto` are on every mirror: release them, confirm them."""
+        dq = self.inflight.get(qname)
+        if not dq:
+            return
+        ranges: dict[int, list] = {}
+        n = size = 0
+        while dq and dq[0][0] <= upto:
+            e = dq.popleft()
+            n += e[3]
+            size += e[4]
+            if e[2]:
+                lst = ranges.get(e[1])
+                last = e[2] + e[3] - 1
+                if lst is None:
+                    ranges[e[1]] = [[e[2], last]]
+                elif lst[-1][1] + 1 == e[2]:
+                    lst[-1][1] = last
+                else:
+                    lst.append([e[2], last])
+        self.inflight_msgs -= n
+        self.inflight_bytes -= size
+        for ch_id, acks in ranges.items():
+            if ch_id in self.channels:
+                self.send(m.Confirm(ch_id, acks, [], ""))
+        if self.inflight_msgs <= WINDOW_MSGS and self.inflight_bytes <= WINDOW_BYTES:
+            self._room.set()
 
     def queue_lost(self, qname: str, reason: str) -> None:
-        """The queue's leader went away: cancel our consumers and nack unconfirmed publishes."""
+        """The queue is gone or unavailable: cancel our consumers, nack what is in flight, fail
+        unanswered requests."""
+        self.routes.pop(qname, None)
+        self._resend.discard(qname)
         for ch in self.channels.values():
             for tag, (q, _) in list(ch.consumers.items()):
                 if q == qname:
                     del ch.consumers[tag]
                     self.send(m.Cancelled(ch.id, tag, reason))
-            pend = ch.pending.pop(qname, None)
-            if pend:
-                self.send(m.Confirm(ch.id, [], [list(r) for r in pend], reason))
             stale = [t for t, (q, _) in ch.tags.items() if q == qname]
             for t in stale:
                 del ch.tags[t]
+        nacks: dict[int, list] = {}
+        for e in self.inflight.pop(qname, ()):
+            self.inflight_msgs -= e[3]
+            self.inflight_bytes -= e[4]
+            if e[2]:
+                nacks.setdefault(e[1], []).append([e[2], e[2] + e[3] - 1])
+        for ch_id, ranges in nacks.items():
+            if ch_id in self.channels:
+                self.send(m.Confirm(ch_id, [], ranges, reason))
+        for rid, (q, op) in list(self.rpcs.items()):
+            if q == qname:
+                del self.rpcs[rid]
+                ch_id = op[1][2]
+                if ch_id in self.channels:
+                    self._close_channel(ch_id, rid, ChannelError(NOT_FOUND, reason))
+        self._room.set()

@@ -1,4 +1,4 @@
-"""Cluster metadata: members, queue definitions (policies later), changed by ordered changes.
+"""Cluster metadata: members, queue definitions, policies, and which members are down.
 
 Every node holds a copy. Changes are proposed to the coordinator, which applies them here with
 the next version number and broadcasts them; every node applies the same changes in the same
@@ -6,6 +6,9 @@ order. A node that (re)joins or loses track takes a full snapshot instead.
 
 A change is a list `[kind, ...args]` so it crosses the wire as it is. `apply` validates and
 raises MetaError with an AMQP-style code, leaving the state untouched, when it is refused.
+Decisions that depend on which nodes are running (placing mirrors, promoting one) are made by
+the coordinator only (mirroring/planner.py) and travel inside the change as explicit
+`updates` ([[queue, fields or None], ...]), so applying a change never depends on who applies it.
 
 Who wins when two copies disagree on link-up (`authority_key`): a node that has just booted
 always yields; otherwise the side that sees more running nodes wins; on a tie the side whose
@@ -44,6 +47,7 @@ class Metadata:
         self.members: dict[str, dict] = {}  # name -> {"peer": [h, p], "client": [h, p]}, join order
         self.queues: dict[str, dict] = {}
         self.policies: dict[str, dict] = {}
+        self.down: dict[str, str] = {}  # member -> "failure" | "shutdown", as the coordinator saw it
 
     # --- snapshots -------------------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -53,6 +57,7 @@ class Metadata:
             "members": [[n, m] for n, m in self.members.items()],
             "queues": copy.deepcopy(self.queues),
             "policies": copy.deepcopy(self.policies),
+            "down": dict(self.down),
         }
 
     @classmethod
@@ -62,6 +67,7 @@ class Metadata:
         md.members = {n: dict(m) for n, m in snap["members"]}
         md.queues = copy.deepcopy(snap["queues"])
         md.policies = copy.deepcopy(snap.get("policies", {}))
+        md.down = dict(snap.get("down", {}))
         return md
 
     def digest(self) -> str:
@@ -107,8 +113,13 @@ class Metadata:
         if name not in self.members:
             raise MetaError(NOT_FOUND, f"node {name!r} is not a member of the cluster")
         del self.members[name]
+        self.down.pop(name, None)
         for qname in [q["name"] for q in self.queues_led_by(name)]:
             del self.queues[qname]
+        for q in self.queues.values():
+            if name in q.get("mirrors", ()):
+                q["mirrors"] = [n for n in q["mirrors"] if n != name]
+                q["synced"] = [n for n in q.get("synced", ()) if n != name]
         return None
 
     def _c_queue_declare(self, qdef: dict):
@@ -131,12 +142,43 @@ class Metadata:
         del self.queues[name]
         return True
 
-    def _c_node_down(self, node: str, transient_only: bool = True):
-        """A node went down: its non-durable queues are deleted (spec: non-mirrored, non-durable)."""
-        gone = [q["name"] for q in self.queues_led_by(node) if not q["durable"] or not transient_only]
-        for name in gone:
-            del self.queues[name]
-        return gone
+    def _apply_updates(self, updates: list) -> list:
+        """[[queue, fields or None], ...]: merge replica fields, or delete. Returns deleted names."""
+        deleted = []
+        for name, fields in updates:
+            q = self.queues.get(name)
+            if q is None:
+                continue
+            if fields is None:
+                del self.queues[name]
+                deleted.append(name)
+            else:
+                q.update(fields)
+        return deleted
+
+    def _c_queues_update(self, updates: list):
+        return self._apply_updates(updates)
+
+    def _c_node_down(self, node: str, kind: str = "failure", updates: list = ()):
+        """A member went down (kind "failure" or "shutdown"); `updates` are the coordinator's
+        promotions, deletions of non-durable queues and new mirror placements."""
+        if node in self.members:
+            self.down[node] = kind
+        return self._apply_updates(list(updates))
+
+    def _c_node_up(self, node: str, updates: list = ()):
+        self.down.pop(node, None)
+        return self._apply_updates(list(updates))
+
+    def _c_policy_set(self, record: dict, updates: list = ()):
+        self.policies[record["name"]] = dict(record)
+        return self._apply_updates(list(updates))
+
+    def _c_policy_clear(self, name: str, updates: list = ()):
+        if name not in self.policies:
+            raise MetaError(NOT_FOUND, f"policy '{name}' not found in vhost '{VHOST}'")
+        del self.policies[name]
+        return self._apply_updates(list(updates))
 
 
 def check_equivalent(existing: dict, wanted: dict) -> None:

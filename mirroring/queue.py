@@ -11,6 +11,24 @@ Rules (everything that changes a queue's contents lives in this file):
 * A requeued message goes back to its original place (by id) with `redelivered` set.
 
 A message is the tuple (id, body, props, redelivered): tuples keep the per-message cost low.
+
+Replication (the leader side): when `effects` is a list, every public method that changes the
+state appends one *effect* describing what it did, so a mirror can apply the same change with
+`apply_effects`. Effects are plain lists (they cross the wire as they are), one per call, never
+one per message:
+
+  ["enq", first_id, bodies, props, origin, pseq]   publish (origin [node, sid] or None)
+  ["dlv", [[owner, tag, ids], ...]]                 one dispatch() round
+  ["get", owner, id, no_ack]
+  ["ack" | "req" | "dis", owner, ids]               settle: ack, requeue, discard
+  ["con", owner, tag, no_ack, prefetch, exclusive, arguments]   ["can", owner, tag]
+  ["og", owner]   ["sg", node, sid]   ["ng", node]  a channel, a session, a node went away
+  ["pur"]         ["fo", old_leader]                purge; failover (see `failover`)
+
+A mirror that started late (unsynchronised) lacks the queue's older messages: it keeps an
+unacknowledged entry with no message (`None`) for deliveries it never had, so consumer credit
+and acks stay exact, and it ignores the rest. Its ready messages are then always the leader's
+ready messages from its start id on.
 """
 
 from __future__ import annotations
@@ -51,6 +69,12 @@ class QueueState:
         self.unacked: dict[int, tuple] = {}  # msg id -> (owner, consumer key or None, message)
         self.ready_bytes = 0
         self.had_consumer = False
+        self.last_pseq: dict[tuple, int] = {}  # (node, sid) -> last publish batch applied
+        self.effects: list | None = None  # a list while mirrors need our effects
+
+    def seen(self, origin, pseq: int) -> bool:
+        """Was this publish batch already applied (a resend after a failover)?"""
+        return self.last_pseq.get((origin[0], origin[1]), 0) >= pseq
 
     # --- queries ---------------------------------------------------------------------------
     @property
@@ -67,9 +91,15 @@ class QueueState:
         }
 
     # --- publishing ------------------------------------------------------------------------
-    def publish(self, bodies: list, props: list | None) -> tuple[int, int]:
-        """Enqueue a batch; returns the first and last id given."""
+    def publish(self, bodies: list, props: list | None, origin: list | None = None,
+                pseq: int = 0) -> tuple[int, int]:
+        """Enqueue a batch; returns the first and last id given. `origin`/`pseq` identify the
+        publishing session's batch so a resend after a failover is recognised (`seen`)."""
         first = self.next_id
+        if origin is not None:
+            self.last_pseq[(origin[0], origin[1])] = pseq
+        if self.effects is not None:
+            self.effects.append(["enq", first, bodies, props, origin, pseq])
         n = len(bodies)
         if props is None:
             self.ready.extend(zip(range(first, first + n), bodies, [None] * n, [False] * n))
@@ -80,6 +110,8 @@ class QueueState:
         return first, first + n - 1
 
     def purge(self) -> int:
+        if self.effects is not None:
+            self.effects.append(["pur"])
         n = len(self.ready)
         self.ready.clear()
         self.ready_bytes = 0
@@ -95,6 +127,8 @@ class QueueState:
             raise ProtocolError(ACCESS_REFUSED,
                                 f"queue '{self.name}' in vhost '/' in exclusive use")
         c = Consumer(owner, tag, no_ack, prefetch, exclusive, arguments or {})
+        if self.effects is not None:
+            self.effects.append(["con", owner, tag, no_ack, prefetch, exclusive, c.arguments])
         self.consumers[key] = c
         self.had_consumer = True
         return c
@@ -103,6 +137,8 @@ class QueueState:
         """Cancel: the consumer gets nothing more; its unacked messages stay with the owner."""
         c = self.consumers.pop((owner, tag), None)
         if c is not None:
+            if self.effects is not None:
+                self.effects.append(["can", owner, tag])
             for mid, (o, key, msg) in self.unacked.items():
                 if key == (owner, tag):
                     self.unacked[mid] = (o, None, msg)
@@ -110,17 +146,52 @@ class QueueState:
 
     def owner_gone(self, owner: tuple) -> int:
         """A channel closed: drop its consumers and requeue everything it had not acked."""
+        if self.effects is not None:
+            self.effects.append(["og", owner])
+        return self._owner_gone(owner)
+
+    def _owner_gone(self, owner: tuple) -> int:
         for key in [k for k in self.consumers if k[0] == owner]:
             del self.consumers[key]
         ids = [mid for mid, (o, _, _) in self.unacked.items() if o == owner]
-        self.requeue(owner, ids)
+        self._requeue(owner, ids)
         return len(ids)
 
-    def owners_gone(self, predicate) -> int:
-        """Many owners at once (a session or a whole node went away)."""
+    def _owners_gone(self, predicate) -> int:
         owners = {k[0] for k in self.consumers if predicate(k[0])}
         owners |= {o for (o, _, _) in self.unacked.values() if predicate(o)}
-        return sum(self.owner_gone(o) for o in owners)
+        return sum(self._owner_gone(o) for o in sorted(owners))
+
+    def session_gone(self, node: str, sid: int) -> int:
+        """A client connection closed: all its channels are gone."""
+        if self.effects is not None:
+            self.effects.append(["sg", node, sid])
+        self.last_pseq.pop((node, sid), None)
+        return self._owners_gone(lambda o: o[0] == node and o[1] == sid)
+
+    def node_gone(self, node: str) -> int:
+        """A node went down: every session on it is gone."""
+        if self.effects is not None:
+            self.effects.append(["ng", node])
+        for key in [k for k in self.last_pseq if k[0] == node]:
+            del self.last_pseq[key]
+        return self._owners_gone(lambda o: o[0] == node)
+
+    def failover(self, old_leader: str) -> list[Consumer]:
+        """This replica became leader because the old one went away (spec, "Mirrored Queue
+        Implementation and Semantics"): sessions on the old leader's node are gone, every
+        unacknowledged message is requeued with `redelivered` set, and consumers that asked for
+        `x-cancel-on-ha-failover` are cancelled. Returns the cancelled consumers."""
+        if self.effects is not None:
+            self.effects.append(["fo", old_leader])
+        self._owners_gone(lambda o: o[0] == old_leader)
+        for owner in sorted({o for (o, _, _) in self.unacked.values()}):
+            self._requeue(owner, [mid for mid, (o, _, _) in self.unacked.items() if o == owner])
+        cancelled = [c for c in self.consumers.values()
+                     if c.arguments.get("x-cancel-on-ha-failover") is True]
+        for c in cancelled:
+            del self.consumers[(c.owner, c.tag)]
+        return cancelled
 
     # --- delivery --------------------------------------------------------------------------
     def dispatch(self) -> list[tuple[Consumer, list[tuple]]]:
@@ -170,6 +241,8 @@ class QueueState:
                 for m in batch:
                     unacked[m[0]] = (c.owner, key, m)
             result.append((c, batch))
+        if self.effects is not None:
+            self.effects.append(["dlv", [[c.owner, c.tag, [m[0] for m in batch]] for c, batch in result]])
         # rotate: the consumer served first goes to the back, for fairness across calls
         if len(self.consumers) > 1:
             first = next(iter(self.consumers))
@@ -182,6 +255,8 @@ class QueueState:
             return None
         m = self.ready.popleft()
         self.ready_bytes -= len(m[1])
+        if self.effects is not None:
+            self.effects.append(["get", owner, m[0], no_ack])
         if not no_ack:
             self.unacked[m[0]] = (owner, None, m)
         return m
@@ -205,14 +280,23 @@ class QueueState:
         return taken
 
     def ack(self, owner: tuple, ids) -> int:
+        if self.effects is not None:
+            self.effects.append(["ack", owner, ids])
         return len(self._take(owner, ids))
 
     def discard(self, owner: tuple, ids) -> int:
         """nack/reject without requeue: the message is dropped (no dead-lettering here)."""
+        if self.effects is not None:
+            self.effects.append(["dis", owner, ids])
         return len(self._take(owner, ids))
 
     def requeue(self, owner: tuple, ids) -> int:
-        msgs = self._take(owner, ids)
+        if self.effects is not None:
+            self.effects.append(["req", owner, ids])
+        return self._requeue(owner, ids)
+
+    def _requeue(self, owner: tuple, ids) -> int:
+        msgs = [m for m in self._take(owner, ids) if m is not None]  # None: a mirror never had it
         if not msgs:
             return 0
         back = sorted((m[0], m[1], m[2], True) for m in msgs)
@@ -225,3 +309,143 @@ class QueueState:
             ready.clear()
             ready.extend(merged)
         return len(back)
+
+    # --- replication: the mirror side --------------------------------------------------------
+    def mirror_snapshot(self, with_messages: bool = False) -> dict:
+        """What a new mirror needs to follow this leader: consumers with their credit, the
+        unacknowledged ids (so acks stay exact), publish de-duplication marks, and with
+        `with_messages` (a full sync) no more: the messages come in sync batches."""
+        return {
+            "next_id": self.next_id,
+            "consumers": [[list(c.owner), c.tag, c.no_ack, c.prefetch, c.exclusive, c.arguments,
+                           c.in_flight] for c in self.consumers.values()],
+            "unacked": [[mid, list(o), k[1] if k else None] for mid, (o, k, _) in self.unacked.items()],
+            "last_pseq": [[list(k), v] for k, v in self.last_pseq.items()],
+            "had_consumer": self.had_consumer,
+        }
+
+    def reset_as_mirror(self, snap: dict) -> None:
+        """Throw away everything and start following a leader from `snap` (spec: a mirror that
+        (re)joins "throws away any ... local contents it already has and starts empty")."""
+        self.ready.clear()
+        self.ready_bytes = 0
+        self.next_id = snap["next_id"]
+        self.consumers = {}
+        for owner, tag, no_ack, prefetch, exclusive, arguments, in_flight in snap["consumers"]:
+            owner = tuple(owner)
+            self.consumers[(owner, tag)] = Consumer(owner, tag, no_ack, prefetch, exclusive,
+                                                    arguments, in_flight)
+        self.unacked = {mid: (tuple(o), (tuple(o), tag) if tag is not None else None, None)
+                        for mid, o, tag in snap["unacked"]}
+        self.last_pseq = {tuple(k): v for k, v in snap["last_pseq"]}
+        self.had_consumer = snap["had_consumer"]
+
+    def add_synced_messages(self, msgs: list) -> None:
+        """A batch of a full sync: messages [id, body, props, redelivered] the leader holds
+        below this mirror's start. Ready ones go in id order; unacked ones fill their stubs."""
+        unacked = self.unacked
+        back = []
+        for mid, body, props, red in msgs:
+            entry = unacked.get(mid)
+            if entry is not None:
+                unacked[mid] = (entry[0], entry[1], (mid, body, props, red))
+            else:
+                back.append((mid, body, props, red))
+        if back:
+            self.ready_bytes += sum(len(m[1]) for m in back)
+            ready = self.ready
+            if not ready or back[-1][0] < ready[0][0]:
+                ready.extendleft(reversed(back))
+            else:
+                merged = list(merge(back, ready))
+                ready.clear()
+                ready.extend(merged)
+
+    def oldest_id(self) -> int | None:
+        """The smallest message id this replica holds (ready or unacknowledged)."""
+        low = self.ready[0][0] if self.ready else None
+        if self.unacked:
+            u = min(self.unacked)
+            low = u if low is None or u < low else low
+        return low
+
+    def apply_effects(self, effects: list) -> None:
+        """Apply a leader's effects, in its order (see the module docstring)."""
+        for eff in effects:
+            kind = eff[0]
+            if kind == "enq":
+                _, first, bodies, props, origin, pseq = eff
+                self.next_id = first
+                self.publish(bodies, props, origin, pseq)
+            elif kind == "dlv":
+                self._apply_deliveries(eff[1])
+            elif kind == "ack":
+                self._take(tuple(eff[1]), eff[2])
+            elif kind == "req":
+                self._requeue(tuple(eff[1]), eff[2])
+            elif kind == "dis":
+                self._take(tuple(eff[1]), eff[2])
+            elif kind == "get":
+                _, owner, mid, no_ack = eff
+                m = None
+                if self.ready and self.ready[0][0] == mid:
+                    m = self.ready.popleft()
+                    self.ready_bytes -= len(m[1])
+                if not no_ack:
+                    self.unacked[mid] = (tuple(owner), None, m)
+            elif kind == "con":
+                _, owner, tag, no_ack, prefetch, exclusive, arguments = eff
+                owner = tuple(owner)
+                self.consumers[(owner, tag)] = Consumer(owner, tag, no_ack, prefetch, exclusive, arguments)
+                self.had_consumer = True
+            elif kind == "can":
+                self.remove_consumer(tuple(eff[1]), eff[2])
+            elif kind == "og":
+                self._owner_gone(tuple(eff[1]))
+            elif kind == "sg":
+                self.last_pseq.pop((eff[1], eff[2]), None)
+                self._owners_gone(lambda o, n=eff[1], s=eff[2]: o[0] == n and o[1] == s)
+            elif kind == "ng":
+                for key in [k for k in self.last_pseq if k[0] == eff[1]]:
+                    del self.last_pseq[key]
+                self._owners_gone(lambda o, n=eff[1]: o[0] == n)
+            elif kind == "pur":
+                self.ready.clear()
+                self.ready_bytes = 0
+            elif kind == "fo":
+                self.failover(eff[1])
+            else:
+                raise ValueError(f"unknown queue effect {kind!r}")
+
+    def _apply_deliveries(self, rounds: list) -> None:
+        delivered = set()
+        for _, _, ids in rounds:
+            delivered.update(ids)
+        ready = self.ready
+        have = {}
+        while ready and ready[0][0] in delivered:
+            m = ready.popleft()
+            have[m[0]] = m
+            self.ready_bytes -= len(m[1])
+        unacked = self.unacked
+        for owner, tag, ids in rounds:
+            owner = tuple(owner)
+            key = (owner, tag)
+            c = self.consumers.get(key)
+            if c is None or c.no_ack:
+                continue
+            c.in_flight += len(ids)
+            for mid in ids:
+                unacked[mid] = (owner, key, have.get(mid))
+        if len(self.consumers) > 1:
+            first = next(iter(self.consumers))
+            self.consumers[first] = self.consumers.pop(first)
+
+    def comparable(self) -> tuple:
+        """The whole state as plain values, to compare a mirror with its leader in tests."""
+        return (
+            list(self.ready), self.next_id, self.ready_bytes,
+            sorted((mid, o, k, m) for mid, (o, k, m) in self.unacked.items()),
+            [(k, c.no_ack, c.prefetch, c.exclusive, c.in_flight) for k, c in self.consumers.items()],
+            sorted(self.last_pseq.items()), self.had_consumer,
+        )

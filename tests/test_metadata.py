@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from mirroring import planner
+
 from mirroring.metadata import Metadata, MetaError, authority_key
 from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED
 
@@ -87,10 +89,13 @@ def test_node_down_deletes_only_non_durable_queues_of_that_node():
     md.apply(["queue.declare", qdef("d1", durable=True, leader="n1")])
     md.apply(["queue.declare", qdef("t1", durable=False, leader="n1")])
     md.apply(["queue.declare", qdef("t2", durable=False, leader="n2")])
-    gone = md.apply(["node.down", "n1"])
+    updates = planner.plan(md, {"n2"}, down="n1")
+    gone = md.apply(["node.down", "n1", "failure", updates])
     assert gone == ["t1"]
     assert sorted(md.queues) == ["d1", "t2"]
-    assert md.apply(["node.down", "n1", False]) == ["d1"]
+    assert md.down == {"n1": "failure"}
+    assert md.apply(["node.up", "n1", planner.plan(md, {"n1", "n2"}, up="n1")]) == []
+    assert md.down == {} and md.queues["d1"]["epoch"] == 2  # its leader replica restarted
 
 
 def test_member_remove_drops_its_queues():

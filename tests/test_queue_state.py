@@ -118,13 +118,13 @@ def test_owner_gone_requeues_and_drops_consumers():
     assert all(m[3] for m in q.ready)
 
 
-def test_owners_gone_predicate():
+def test_node_gone_drops_that_nodes_owners():
     q = QueueState("q")
     q.add_consumer(A, "a", False, 0)
     q.add_consumer(("n2", 7, 1), "c", False, 0)
     q.publish([b"x"] * 4, None)
     q.dispatch()
-    q.owners_gone(lambda o: o[0] == "n2")
+    q.node_gone("n2")
     assert all(o[0] == "n1" for (o, _, _) in q.unacked.values())
     assert len(q.consumers) == 1
 
