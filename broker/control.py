@@ -12,7 +12,7 @@ import trio
 from wire import messages as m
 from wire.errors import COMMAND_INVALID, NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
 
-from mirroring.policy import effective_policy
+from mirroring.policy import effective_policy, make_policy
 
 from . import config as configmod
 from .framed import FramedStream
@@ -225,7 +225,31 @@ async def cmd_purge_queue(node, args):
     return await node.call_node(qdef["leader"], "purge", {"queue": args["queue"]})
 
 
+async def cmd_set_policy(node, args):
+    _require_running(node)
+    record = make_policy(args["name"], args["pattern"], args["definition"], args.get("priority", 0),
+                         args.get("apply_to", "all"))
+    await node.propose(["policy.set", record])
+    return None
+
+
+async def cmd_clear_policy(node, args):
+    _require_running(node)
+    if args["name"] not in node.md.policies:
+        raise ProtocolError(NOT_FOUND, f"policy '{args['name']}' not found in vhost '/'")
+    await node.propose(["policy.clear", args["name"]])
+    return None
+
+
+async def cmd_list_policies(node, args):
+    return [{"vhost": "/", "name": p["name"], "pattern": p["pattern"], "apply-to": p["apply_to"],
+             "definition": p["definition"], "priority": p["priority"]}
+            for p in sorted(node.md.policies.values(), key=lambda p: p["name"])]
+
+
 COMMANDS = {
+    "set_policy": cmd_set_policy, "clear_policy": cmd_clear_policy,
+    "list_policies": cmd_list_policies,
     "status": cmd_status, "cluster_status": cmd_cluster_status, "stop_app": cmd_stop_app,
     "start_app": cmd_start_app, "join_cluster": cmd_join_cluster, "reset": cmd_reset,
     "forget_cluster_node": cmd_forget_cluster_node, "add_member": cmd_add_member,

@@ -21,6 +21,7 @@ from .control import DEFAULT_QUEUE_COLUMNS, QUEUE_COLUMNS, ctl_call
 from .network import TcpNetwork
 
 CONNECTION_COLUMNS = ("name", "node", "peer", "user", "client_name", "channels")
+POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
 CONSUMER_COLUMNS = ("queue_name", "channel", "consumer_tag", "ack_required", "prefetch_count",
                     "exclusive", "arguments")
 
@@ -59,10 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name)
         s.add_argument("-p", "--vhost", default="/")
         s.add_argument("columns", nargs="*")
-    for name in ("delete_queue", "purge_queue"):
+    for name in ("delete_queue", "purge_queue", "sync_queue", "cancel_sync_queue"):
         s = sub.add_parser(name)
         s.add_argument("-p", "--vhost", default="/")
         s.add_argument("queue")
+    sp = sub.add_parser("set_policy", help="set_policy [--priority N] [--apply-to queues|all] NAME PATTERN DEFINITION")
+    sp.add_argument("-p", "--vhost", default="/")
+    sp.add_argument("--priority", default="0")
+    sp.add_argument("--apply-to", dest="apply_to", default="all")
+    sp.add_argument("name")
+    sp.add_argument("pattern")
+    sp.add_argument("definition", help="a JSON object, e.g. '{\"ha-mode\":\"all\"}'")
+    cp = sub.add_parser("clear_policy")
+    cp.add_argument("-p", "--vhost", default="/")
+    cp.add_argument("name")
+    lp = sub.add_parser("list_policies")
+    lp.add_argument("-p", "--vhost", default="/")
     return p
 
 
@@ -107,11 +120,27 @@ def run(argv=None) -> int:
     elif cmd == "list_consumers":
         columns = args.columns or list(CONSUMER_COLUMNS)
         header = "Listing consumers in vhost / ..."
-    elif cmd in ("delete_queue", "purge_queue"):
+    elif cmd in ("delete_queue", "purge_queue", "sync_queue", "cancel_sync_queue"):
         payload["queue"] = args.queue
+    elif cmd == "set_policy":
+        try:
+            priority = int(args.priority)
+        except ValueError:
+            print(f"Error: --priority must be an integer, got {args.priority!r}", file=sys.stderr)
+            return 2
+        payload.update(name=args.name, pattern=args.pattern, definition=args.definition,
+                       priority=priority, apply_to=args.apply_to)
+        print(f'Setting policy "{args.name}" for pattern "{args.pattern}" to "{args.definition}" '
+              f'with priority "{priority}" for vhost "/" ...', file=sys.stderr)
+    elif cmd == "clear_policy":
+        payload["name"] = args.name
+        print(f'Clearing policy "{args.name}" on vhost "/" ...', file=sys.stderr)
+    elif cmd == "list_policies":
+        columns = list(POLICY_COLUMNS)
+        header = "Listing policies for vhost \"/\" ..."
     for c in columns or []:
         valid = {"list_queues": QUEUE_COLUMNS, "list_connections": CONNECTION_COLUMNS,
-                 "list_consumers": CONSUMER_COLUMNS}[cmd]
+                 "list_consumers": CONSUMER_COLUMNS, "list_policies": POLICY_COLUMNS}[cmd]
         if c not in valid:
             print(f"Error: unknown column {c!r} for {cmd}; valid: {' '.join(valid)}", file=sys.stderr)
             return 2
