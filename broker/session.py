@@ -38,7 +38,7 @@ WINDOW_BYTES = 32 << 20
 CLIENT_KINDS = frozenset({
     "channel.open", "channel.close", "queue.declare", "queue.delete", "queue.purge", "basic.qos",
     "confirm.select", "publish", "basic.consume", "basic.cancel", "basic.get", "ack", "nack",
-    "connection.close",
+    "connection.close", "tx.select", "tx.commit", "tx.rollback",
 })
 
 
@@ -56,7 +56,7 @@ def is_loopback(peer: str, own_host: str) -> bool:
 
 class Channel:
     __slots__ = ("id", "prefetch", "confirm", "next_seq", "next_tag", "tags", "consumers",
-                 "touched")
+                 "touched", "tx", "tx_pending", "inflight", "commit_rid", "tx_failed")
 
     def __init__(self, ch: int):
         self.id = ch
@@ -67,6 +67,11 @@ class Channel:
         self.tags: dict[int, tuple] = {}  # delivery tag -> (queue, message id)
         self.consumers: dict[str, tuple] = {}  # consumer tag -> (queue, no_ack)
         self.touched: set[str] = set()  # queues holding consumers or deliveries of this channel
+        self.tx = False  # transaction mode: publishes and acks wait in tx_pending for tx.commit
+        self.tx_pending: list = []
+        self.inflight = 0  # messages of this channel not yet accepted by every mirror
+        self.commit_rid = 0  # a tx.commit waiting for them
+        self.tx_failed = ""
 
 
 class Session:
@@ -211,6 +216,8 @@ class Session:
             m.ConfirmSelect: self.on_confirm_select, m.BasicConsume: self.on_consume,
             m.BasicCancel: self.on_cancel, m.BasicGet: self.on_get,
             m.ConnectionClose: self.on_connection_close,
+            m.TxSelect: self.on_tx_select, m.TxCommit: self.on_tx_commit,
+            m.TxRollback: self.on_tx_rollback,
         }
 
     def _ch(self, ch_id: int) -> Channel:
@@ -268,7 +275,49 @@ class Session:
         self.send(m.Reply(msg.rid, None))
 
     async def on_confirm_select(self, msg):
-        self._ch(msg.ch).confirm = True
+        ch = self._ch(msg.ch)
+        if ch.tx:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
+        ch.confirm = True
+        self.send(m.Reply(msg.rid, None))
+
+    # --- transactions: commit-ok only once every mirror has the publishes (spec) ----------
+    async def on_tx_select(self, msg):
+        ch = self._ch(msg.ch)
+        if ch.confirm:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        ch.tx = True
+        self.send(m.Reply(msg.rid, None))
+
+    async def on_tx_commit(self, msg):
+        ch = self._ch(msg.ch)
+        if not ch.tx:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
+        pending, ch.tx_pending = ch.tx_pending, []
+        ch.tx = False
+        try:
+            for op in pending:
+                await self._handlers()[type(op)](op)
+        finally:
+            ch.tx = True
+        if ch.inflight:
+            ch.commit_rid = msg.rid
+        else:
+            self._commit_done(ch, msg.rid)
+
+    def _commit_done(self, ch: Channel, rid: int) -> None:
+        ch.commit_rid = 0
+        if ch.tx_failed:
+            reason, ch.tx_failed = ch.tx_failed, ""
+            self.send(m.Fail(rid, ch.id, NOT_FOUND, f"tx.commit failed: {reason}"))
+        else:
+            self.send(m.Reply(rid, None))
+
+    async def on_tx_rollback(self, msg):
+        ch = self._ch(msg.ch)
+        if not ch.tx:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
+        ch.tx_pending.clear()
         self.send(m.Reply(msg.rid, None))
 
     async def on_queue_declare(self, msg):
@@ -294,6 +343,9 @@ class Session:
 
     async def on_publish(self, msg):
         ch = self._ch(msg.ch)
+        if ch.tx:
+            ch.tx_pending.append(msg)
+            return
         n = len(msg.bodies)
         if not n:
             return
@@ -325,6 +377,7 @@ class Session:
         if dq is None:
             dq = self.inflight[qname] = deque()
         dq.append([pseq, ch.id, first, n, size, msg.bodies, msg.props])
+        ch.inflight += n
         self.inflight_msgs += n
         self.inflight_bytes += size
         await self._send(qname, ["publish", self._owner(ch), pseq, msg.bodies, msg.props])
@@ -420,12 +473,18 @@ class Session:
 
     async def on_ack(self, msg):
         ch = self._ch(msg.ch)
+        if ch.tx:
+            ch.tx_pending.append(msg)
+            return
         owner = self._owner(ch)
         for qname, ids in self._settle(ch, msg.tags, msg.multiple_upto).items():
             self.node.queue_op_nowait(qname, ["ack", owner, ids])
 
     async def on_nack(self, msg):
         ch = self._ch(msg.ch)
+        if ch.tx:
+            ch.tx_pending.append(msg)
+            return
         owner = self._owner(ch)
         kind = "requeue" if msg.requeue else "discard"
         for qname, ids in self._settle(ch, msg.tags, msg.multiple_upto).items():
@@ -539,10 +598,16 @@ class Session:
             return
         ranges: dict[int, list] = {}
         n = size = 0
+        channels = self.channels
         while dq and dq[0][0] <= upto:
             e = dq.popleft()
             n += e[3]
             size += e[4]
+            ch = channels.get(e[1])
+            if ch is not None:
+                ch.inflight -= e[3]
+                if ch.commit_rid and not ch.inflight:
+                    self._commit_done(ch, ch.commit_rid)
             if e[2]:
                 lst = ranges.get(e[1])
                 last = e[2] + e[3] - 1
@@ -577,6 +642,13 @@ class Session:
         for e in self.inflight.pop(qname, ()):
             self.inflight_msgs -= e[3]
             self.inflight_bytes -= e[4]
+            ch = self.channels.get(e[1])
+            if ch is not None:
+                ch.inflight -= e[3]
+                if ch.tx or ch.commit_rid:
+                    ch.tx_failed = reason
+                if ch.commit_rid and not ch.inflight:
+                    self._commit_done(ch, ch.commit_rid)
             if e[2]:
                 nacks.setdefault(e[1], []).append([e[2], e[2] + e[3] - 1])
         for ch_id, ranges in nacks.items():

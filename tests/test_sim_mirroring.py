@@ -143,3 +143,34 @@ async def test_leader_killed_oldest_mirror_promoted_consumers_continue(tmp_path,
             ids = [d for d, _ in delivered]
             assert set(ids) == set(range(1, 2001))  # nothing lost
             assert {d for d, r in delivered if r} >= {1, 2, 3, 4, 5}  # unacked: redelivered
+
+
+async def test_tx_commit_returns_once_every_mirror_has_the_messages(tmp_path, autojump_clock):
+    """"a tx.commit-ok will only be returned to a client when the transaction has been applied
+    across all mirrors of the queue"; a rollback drops what was published."""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
+        async with c.connect("n2") as c2:
+            ch = await c2.channel()
+            await ch.queue_declare("ha.tx", durable=True, arguments={"x-queue-master-locator": "client-local"})
+            await replicas_settled(c, "ha.tx", ["n1", "n3"], synced=["n1", "n3"])
+            await ch.tx_select()
+            for i in range(10):
+                ch.publish_nowait("ha.tx", b"t%d" % i)
+            await trio.sleep(1)
+            assert mirror_state(c, "ha.tx", "n2").message_count == 0  # nothing before commit
+            await ch.tx_commit()
+            for node in ("n1", "n2", "n3"):
+                assert mirror_state(c, "ha.tx", node).message_count == 10, node
+            ch.publish_nowait("ha.tx", b"dropped")
+            await ch.tx_rollback()
+            await ch.tx_commit()
+            assert mirror_state(c, "ha.tx", "n2").message_count == 10
+            # a commit waits for the mirrors: with n3 cut off, it completes only after
+            # net_ticktime declares n3 down
+            c.net.partition({"n3"}, {"n1", "n2"})
+            t0 = trio.current_time()
+            ch.publish_nowait("ha.tx", b"late")
+            await ch.tx_commit()
+            assert trio.current_time() - t0 >= TICKTIME * 0.5
+            assert mirror_state(c, "ha.tx", "n1").message_count == 11

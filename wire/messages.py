@@ -146,6 +146,26 @@ class ConfirmSelect:
     ch: int
 
 
+@message("tx.select")
+class TxSelect:
+    """Put the channel in transaction mode: publishes and acks wait for tx.commit."""
+    rid: int
+    ch: int
+
+
+@message("tx.commit")
+class TxCommit:
+    """Apply the channel's pending publishes and acks; answered once every mirror has them."""
+    rid: int
+    ch: int
+
+
+@message("tx.rollback")
+class TxRollback:
+    rid: int
+    ch: int
+
+
 @message("publish")
 class Publish:
     """A batch of messages for one queue (the default exchange: routing key = queue name).

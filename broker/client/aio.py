@@ -235,6 +235,18 @@ class Channel:
         await self._rpc(lambda rid: m.ConfirmSelect(rid, self.ch))
         self.confirming = True
 
+    async def tx_select(self) -> None:
+        """Transaction mode: publishes and acks take effect at tx_commit."""
+        await self._rpc(lambda rid: m.TxSelect(rid, self.ch))
+
+    async def tx_commit(self) -> None:
+        """Apply what was published and acked since the last commit; returns once every mirror
+        of the queues involved has the messages."""
+        await self._rpc(lambda rid: m.TxCommit(rid, self.ch))
+
+    async def tx_rollback(self) -> None:
+        await self._rpc(lambda rid: m.TxRollback(rid, self.ch))
+
     def publish_nowait(self, routing_key: str, body: bytes, properties: dict | None = None,
                        exchange: str = "") -> int | None:
         """Queue one message for sending; returns its sequence number in confirm mode."""

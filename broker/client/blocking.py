@@ -138,6 +138,16 @@ class BlockingChannel:
     def confirm_delivery(self):
         self.connection._call(self._ch.confirm_delivery)
 
+    def tx_select(self):
+        self.connection._call(self._ch.tx_select)
+
+    def tx_commit(self):
+        """Returns once every mirror of the queues involved has the transaction's messages."""
+        self.connection._call(self._ch.tx_commit)
+
+    def tx_rollback(self):
+        self.connection._call(self._ch.tx_rollback)
+
     def basic_publish(self, exchange: str, routing_key: str, body, properties=None, mandatory: bool = False):
         """Publish; in confirm mode wait for the confirm and raise NackError if refused (as pika)."""
         if isinstance(body, str):
