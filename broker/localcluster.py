@@ -87,12 +87,7 @@ class LocalCluster:
 
     # --- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> "LocalCluster":
-        try:
-            self.start()
-        except BaseException:
-            self.dump_logs()
-            self.stop(kill=True)
-            raise
+        self.start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -102,7 +97,15 @@ class LocalCluster:
 
     def start(self, timeout: float = 20.0) -> list[str]:
         """Start every node, join n2..nN to n1 (unless their saved data already has it), and wait
-        until n1 sees them all running."""
+        until n1 sees them all running. On failure: print the logs, kill the nodes, raise."""
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.dump_logs()
+            self.stop(kill=True)
+            raise
+
+    def _start(self, timeout: float) -> list[str]:
         for name in self.names:
             self.spawn(name)
         for name in self.names:
@@ -364,12 +367,7 @@ def start(home: Path, nodes: int = 3, ticktime: float = 10.0, client_base: int =
         raise RuntimeError(f"nodes {sorted(running)} of {home} are already running: stop them first")
     cluster = LocalCluster(home, nodes, client_base=client_base, peer_base=peer_base,
                            net_ticktime=ticktime, server_args=server_args)
-    try:
-        cluster.start()
-    except BaseException:
-        cluster.dump_logs()
-        cluster.stop(kill=True)
-        raise
+    cluster.start()
     return cluster
 
 

@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -22,8 +24,18 @@ def _stop_cli(home) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=30)
 
 
+def _spawned(argv: list[str]) -> subprocess.Popen:
+    """Popen, returning once the child has exec'ed (its /proc cmdline is argv, not ours or empty)."""
+    proc = subprocess.Popen(argv)
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 5
+    while cmdline.read_bytes().split(b"\0")[0] != argv[0].encode() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
+
+
 def test_is_node_process_checks_program_and_name(tmp_path):
-    sleeper = subprocess.Popen(["sleep", "30"])
+    sleeper = _spawned(["sleep", "30"])
     try:
         ok, why = is_node_process(sleeper.pid, "n1")
         assert not ok and "is not warren-server n1" in why and "sleep 30" in why
@@ -42,7 +54,7 @@ def test_stop_skips_pids_that_are_no_longer_the_node(tmp_path):
     """A pid file outlives its processes; after pid reuse, stop must leave strangers alone."""
     with ProcessCluster(1, tmpdir=str(tmp_path)) as c:
         node = c.procs["n1"]
-        stranger = subprocess.Popen(["sleep", "60"])
+        stranger = _spawned(["sleep", "60"])
         gone = subprocess.Popen(["true"])
         gone.wait()
         try:
