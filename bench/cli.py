@@ -88,12 +88,10 @@ def main(argv=None) -> None:
         result = trio.run(throughput, args.nodes.split(","), args.seconds, args.size, args.window, args.prefetch)
     else:
         home = Path(tempfile.mkdtemp(prefix="warren-bench-"))
-        localcluster.start(home, nodes=1)
-        try:
-            result = trio.run(throughput, [localcluster.client_addr(1)], args.seconds, args.size,
+        # Free ports: a `make cluster` (or another engineer's) on 5691.. may be running.
+        with localcluster.LocalCluster(home, 1, free_ports=True) as cluster:
+            result = trio.run(throughput, cluster.all_client_addrs(), args.seconds, args.size,
                               args.window, args.prefetch)
-        finally:
-            localcluster.stop(home)
     print(json.dumps(result))
 
 

@@ -1,5 +1,11 @@
 """Node configuration: flags, then WARREN_* environment variables, then a TOML file, then defaults.
 
+The first of these that sets a key wins, so a file can hold a node's settings and the environment
+(docker-compose, systemd) or the command line override single keys, as RABBITMQ_* variables
+override rabbitmq-env.conf. The TOML file (`--config` or WARREN_CONFIG_FILE) uses the NodeConfig
+field names as top-level keys, plus `secret_file`; an unknown key, a value of the wrong type or bad
+TOML is a ConfigError naming the file and the key.
+
 Also where the cluster secret comes from (like Erlang's cookie: a flag, an environment variable,
 a file, or a generated `$WARREN_HOME/cookie`), and the small run registry that lets `warrenctl -n
 NAME` find a local node's ports (the role epmd plays for rabbitmqctl).
@@ -86,22 +92,56 @@ _FIELDS = {
 }
 
 
+# TOML key -> the Python types it accepts (bool is an int to Python: never accepted for numbers)
+def _toml_types() -> dict[str, tuple[type, ...]]:
+    types = {"secret": (str,), "secret_file": (str,), "users": (dict,), "loopback_users": (list,)}
+    for f in dataclasses.fields(NodeConfig):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.name in types or default is None:
+            continue
+        types[f.name] = (int, float) if isinstance(default, float) else (type(default),)
+    return types
+
+
+_TOML_NAMES = {str: "a string", int: "an integer", float: "a float", bool: "a boolean",
+               dict: "a table", list: "an array"}
+
+
+def _read_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    types = _toml_types()
+    unknown = sorted(set(data) - set(types))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown key{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(unknown)} (known keys: {', '.join(sorted(types))})")
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, types[key]):
+            want = "a number" if float in types[key] else _TOML_NAMES[types[key][0]]
+            got = _TOML_NAMES.get(type(value), type(value).__name__)
+            raise ConfigError(f"config file {path}: {key} must be {want}, not {got} {value!r}")
+    if "users" in data and not all(isinstance(k, str) and isinstance(v, str)
+                                   for k, v in data["users"].items()):
+        raise ConfigError(f"config file {path}: users must map user names to password strings")
+    if "loopback_users" in data and not all(isinstance(u, str) for u in data["loopback_users"]):
+        raise ConfigError(f"config file {path}: loopback_users must be a list of user names")
+    return data
+
+
 def load(flags: dict, env: dict | None = None) -> NodeConfig:
     """Build a config. `flags` holds only the options given on the command line (None = unset)."""
     env = os.environ if env is None else env
     values: dict = {}
     config_file = flags.get("config") or env.get("WARREN_CONFIG_FILE")
     if config_file:
-        try:
-            with open(config_file, "rb") as f:
-                data = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read config file {config_file}: {exc}") from None
-        known = {f.name for f in dataclasses.fields(NodeConfig)} | {"secret_file"}
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigError(f"config file {config_file}: unknown keys {sorted(unknown)}")
-        values.update(data)
+        values.update(_read_toml(config_file))
+    file_secret = values.pop("secret", None)
+    file_secret_file = values.pop("secret_file", None)
     for key, (var, typ) in _FIELDS.items():
         if env.get(var):
             try:
@@ -111,29 +151,32 @@ def load(flags: dict, env: dict | None = None) -> NodeConfig:
     for key, value in flags.items():
         if value is not None and key in _FIELDS:
             values[key] = value
-    secret = resolve_secret(flags.get("secret"), flags.get("secret_file") or values.pop("secret_file", None), env)
-    values.pop("secret", None)
-    if isinstance(values.get("secret"), str):
-        values["secret"] = values["secret"].encode()
+    secret = resolve_secret(flags.get("secret"), flags.get("secret_file"), env,
+                            file_secret=file_secret, file_secret_file=file_secret_file)
     return NodeConfig(**values, secret=secret).validate()
 
 
-def resolve_secret(flag: str | None, file_flag: str | None, env: dict | None = None) -> bytes:
-    """The cluster secret: --secret, WARREN_SECRET, --secret-file, WARREN_SECRET_FILE, or the cookie file."""
+def _read_secret_file(path: str) -> bytes:
+    try:
+        data = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read secret file {path}: {exc.strerror}") from None
+    if not data:
+        raise ConfigError(f"secret file {path} is empty")
+    return data
+
+
+def resolve_secret(flag: str | None, file_flag: str | None, env: dict | None = None, *,
+                   file_secret: str | None = None, file_secret_file: str | None = None) -> bytes:
+    """The cluster secret, from the first of: --secret, --secret-file, WARREN_SECRET,
+    WARREN_SECRET_FILE, the config file's `secret`, its `secret_file`, else the cookie file
+    $WARREN_HOME/cookie (created with a random secret when missing, as Erlang does)."""
     env = os.environ if env is None else env
-    if flag:
-        return flag.encode()
-    if env.get("WARREN_SECRET"):
-        return env["WARREN_SECRET"].encode()
-    path = file_flag or env.get("WARREN_SECRET_FILE")
-    if path:
-        try:
-            data = Path(path).read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read secret file {path}: {exc.strerror}") from None
-        if not data:
-            raise ConfigError(f"secret file {path} is empty")
-        return data
+    for value, is_file in ((flag, False), (file_flag, True),
+                           (env.get("WARREN_SECRET"), False), (env.get("WARREN_SECRET_FILE"), True),
+                           (file_secret, False), (file_secret_file, True)):
+        if value:
+            return _read_secret_file(value) if is_file else value.encode()
     cookie = warren_home() / "cookie"
     if not cookie.exists():
         cookie.parent.mkdir(parents=True, exist_ok=True)

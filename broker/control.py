@@ -95,7 +95,7 @@ async def _each_running_node(node, rpc: str, args: dict) -> dict:
 async def cmd_status(node, args):
     return {"node": node.name, "app_running": node.app_running, "peer_port": node.peer_port,
             "client_port": node.client_port, "cluster_name": node.md.cluster_name,
-            "metadata_version": node.md.version}
+            "metadata_version": node.md.version, "net_ticktime": node.config.net_ticktime}
 
 
 async def cmd_cluster_status(node, args):

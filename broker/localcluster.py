@@ -1,11 +1,18 @@
-"""A local cluster of real `warren-server` processes on 127.0.0.1, and the demo that the README's
-first command runs.
+"""Clusters of real `warren-server` processes on 127.0.0.1: the one launcher, its command line,
+and the demo that the README's first command runs.
 
     python -m broker.localcluster start [--nodes 3]   # start n1..nN and join them to n1
-    python -m broker.localcluster stop
+    python -m broker.localcluster stop                # SIGTERM the nodes in the pid file
     python -m broker.localcluster demo                # start, publish/consume, show, stop
 
-State lives under ./var/warren (WARREN_HOME): node data, logs and the pid file.
+The command line keeps its state under ./var/warren (WARREN_HOME): node data, logs/NAME.log and
+pids.json.  Node i gets client port 5690+i and peer port 25690+i unless --client-base /
+--peer-base move them.  `stop` signals a saved pid only after checking that the process is still
+warren-server with that node name (the pid may have been reused since).
+
+`LocalCluster` is the launcher itself, for the command line, the benchmark and the process tests
+(tests/cluster_procs.py): node count, home directory, ports (fixed bases or free ports), ticktime,
+secret and extra server flags are all parameters, and it can signal, restart and query each node.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,86 +31,348 @@ from pathlib import Path
 CLIENT_BASE = 5690
 PEER_BASE = 25690
 DEFAULT_HOME = Path("var/warren")
+DEMO_SECRET = "warren-local-demo-secret"
+PID_FILE = "pids.json"
 
 
-def _env(home: Path) -> dict:
-    env = dict(os.environ)
-    env["WARREN_HOME"] = str(home.resolve())
-    env.setdefault("WARREN_SECRET", "warren-local-demo-secret")
-    return env
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (bind port 0, then close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def ctl(home: Path, node: str, *args: str, check: bool = True) -> str:
-    out = subprocess.run(["warrenctl", "-n", node, *args], env=_env(home), capture_output=True, text=True)
-    if check and out.returncode != 0:
-        raise RuntimeError(f"warrenctl -n {node} {' '.join(args)} failed: {out.stderr.strip()}")
-    return out.stdout
+def _free_ports(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
-def _wait(pred, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"timed out waiting for {what}")
+def executable(name: str) -> str:
+    """A console script next to the running interpreter, else on PATH."""
+    cand = Path(sys.executable).parent / name
+    return str(cand) if cand.exists() else (shutil.which(name) or name)
 
 
-def start(home: Path, nodes: int = 3, ticktime: float = 10.0) -> list[str]:
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "logs").mkdir(exist_ok=True)
-    pids = {}
-    names = [f"n{i}" for i in range(1, nodes + 1)]
-    for i, name in enumerate(names, 1):
-        log = open(home / "logs" / f"{name}.log", "ab")
-        proc = subprocess.Popen(
-            ["warren-server", "--name", name, "--client-port", str(CLIENT_BASE + i),
-             "--peer-port", str(PEER_BASE + i), "--net-ticktime", str(ticktime)],
-            env=_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        pids[name] = proc.pid
-    (home / "pids.json").write_text(json.dumps(pids))
-    for name in names:
-        _wait(lambda: ctl(home, name, "status", check=False) != "", f"node {name} to answer")
-    for name in names[1:]:
-        status = json.loads(ctl(home, name, "cluster_status", "--formatter", "json"))
-        if "n1" in status["members"]:
-            continue  # already clustered (data kept from an earlier run)
-        ctl(home, name, "stop_app")
-        ctl(home, name, "join_cluster", "n1")
-        ctl(home, name, "start_app")
-    _wait(lambda: len(json.loads(ctl(home, "n1", "cluster_status", "--formatter", "json"))["running_nodes"]) == nodes,
-          "all nodes running")
-    return names
+class LocalCluster:
+    """Nodes n1..nN as `warren-server` processes sharing one WARREN_HOME and cluster secret.
+
+    `free_ports=True` picks free ports; otherwise node i listens on client_base+i / peer_base+i.
+    `server_args` are extra `warren-server` flags for every node. Each node logs to
+    HOME/logs/NAME.log, and HOME/pids.json always names the current pid of each node.
+    """
+
+    def __init__(self, home: Path | str, nodes: int = 3, *, free_ports: bool = False,
+                 client_base: int = CLIENT_BASE, peer_base: int = PEER_BASE,
+                 net_ticktime: float = 10.0, secret: str | None = None,
+                 server_args: list[str] | tuple[str, ...] = ()):
+        self.home = Path(home).resolve()
+        self.names = [f"n{i}" for i in range(1, nodes + 1)]
+        self.net_ticktime = net_ticktime
+        self.server_args = list(server_args)
+        if free_ports:
+            found = _free_ports(2 * nodes)
+            self.ports = {name: (found[2 * i], found[2 * i + 1]) for i, name in enumerate(self.names)}
+        else:
+            self.ports = {name: (client_base + i, peer_base + i)
+                          for i, name in enumerate(self.names, 1)}
+        self.env = dict(os.environ, WARREN_HOME=str(self.home), PYTHONUNBUFFERED="1")
+        self.env["WARREN_SECRET"] = secret or os.environ.get("WARREN_SECRET") or DEMO_SECRET
+        self.env.pop("WARREN_NODE", None)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._logs: dict[str, object] = {}
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> "LocalCluster":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.dump_logs()
+        self.stop(kill=True)
+
+    def start(self, timeout: float = 20.0) -> list[str]:
+        """Start every node, join n2..nN to n1 (unless their saved data already has it), and wait
+        until n1 sees them all running. On failure: print the logs, kill the nodes, raise."""
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.dump_logs()
+            self.stop(kill=True)
+            raise
+
+    def _start(self, timeout: float) -> list[str]:
+        for name in self.names:
+            self.spawn(name)
+        for name in self.names:
+            self.wait_status(name, timeout)
+        first = self.names[0]
+        for name in self.names[1:]:
+            if first in self.cluster_status(name)["members"]:
+                continue  # already clustered (data kept from an earlier run)
+            for cmd in (["stop_app"], ["join_cluster", first], ["start_app"]):
+                self.ctl_ok(name, *cmd)
+        self.wait_running(first, set(self.names), timeout)
+        return self.names
+
+    def log_path(self, name: str) -> Path:
+        return self.home / "logs" / f"{name}.log"
+
+    def spawn(self, name: str, extra_args: list[str] | tuple[str, ...] = ()) -> subprocess.Popen:
+        """Start node `name` (not waiting for it) with its ports, the common flags and `extra_args`."""
+        client, peer = self.ports[name]
+        self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
+        old = self._logs.pop(name, None)
+        if old is not None:
+            old.close()
+        log = open(self.log_path(name), "ab")
+        self._logs[name] = log
+        self.procs[name] = subprocess.Popen(
+            [executable("warren-server"), "--name", name, "--client-port", str(client),
+             "--peer-port", str(peer), "--net-ticktime", str(self.net_ticktime),
+             *self.server_args, *extra_args],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        self._save_pids()
+        return self.procs[name]
+
+    def _save_pids(self) -> None:
+        pids = {name: p.pid for name, p in self.procs.items() if p.poll() is None}
+        (self.home / PID_FILE).write_text(json.dumps(pids))
+
+    def alive(self, name: str) -> bool:
+        p = self.procs.get(name)
+        return p is not None and p.poll() is None
+
+    def signal(self, name: str, sig: int) -> None:
+        """Send `sig` to node `name` if it is running."""
+        if self.alive(name):
+            os.kill(self.procs[name].pid, sig)
+
+    def kill9(self, name: str) -> None:
+        """SIGKILL, and wait until the process is gone."""
+        if self.alive(name):
+            self.signal(name, signal.SIGKILL)
+            self.procs[name].wait(10)
+
+    def sigstop(self, name: str) -> None:
+        """Freeze the node (SIGSTOP): its sockets stay open but it answers nothing."""
+        self.signal(name, signal.SIGSTOP)
+
+    def sigcont(self, name: str) -> None:
+        self.signal(name, signal.SIGCONT)
+
+    def sigterm(self, name: str, wait: bool = True, timeout: float = 15.0) -> int | None:
+        """Graceful stop (SIGTERM); with `wait`, the exit code (SIGKILL after `timeout`)."""
+        p = self.procs.get(name)
+        if p is None or p.poll() is not None:
+            return None if p is None else p.returncode
+        self.signal(name, signal.SIGCONT)  # a stopped process would not act on SIGTERM
+        self.signal(name, signal.SIGTERM)
+        if not wait:
+            return None
+        try:
+            return p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill9(name)
+            return p.returncode
+
+    def restart(self, name: str, wait: bool = True, extra_args: list[str] | tuple[str, ...] = ()) -> None:
+        """Kill -9 the node if it still runs, start it again with the same ports and WARREN_HOME."""
+        self.kill9(name)
+        self.spawn(name, extra_args)
+        if wait:
+            self.wait_status(name)
+
+    def stop(self, kill: bool = False, timeout: float = 10.0) -> None:
+        """Stop every node: SIGTERM (SIGKILL after `timeout`), or SIGKILL at once with `kill`."""
+        for name in self.procs:
+            if kill:
+                self.signal(name, signal.SIGKILL)
+            else:
+                self.signal(name, signal.SIGCONT)
+                self.signal(name, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for name, p in self.procs.items():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill9(name)
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+        try:
+            (self.home / PID_FILE).unlink()
+        except FileNotFoundError:
+            pass
+
+    def dump_logs(self, lines: int = 40) -> None:
+        """Print the last `lines` of each node's log to stderr."""
+        for name in self.names:
+            path = self.log_path(name)
+            if not path.exists():
+                continue
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            print(f"----- {name} log ({path}), last {len(tail)} lines -----", file=sys.stderr)
+            print("\n".join(tail), file=sys.stderr)
+
+    # --- control -------------------------------------------------------------------------------
+    def ctl(self, name: str, *args: str, timeout: float = 30.0,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+        """Run `warrenctl -n NAME ARGS...` with this cluster's WARREN_HOME and secret."""
+        return subprocess.run([executable("warrenctl"), "-n", name, *args], env=env or self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def ctl_ok(self, name: str, *args: str) -> str:
+        """warrenctl's stdout; RuntimeError naming the command when it exits non-zero."""
+        r = self.ctl(name, *args)
+        if r.returncode != 0:
+            raise RuntimeError(f"warrenctl -n {name} {' '.join(args)} failed ({r.returncode}): "
+                               f"{r.stderr.strip() or r.stdout.strip()}")
+        return r.stdout
+
+    def ctl_json(self, name: str, *args: str):
+        return json.loads(self.ctl_ok(name, *args, "--formatter", "json"))
+
+    def cluster_status(self, name: str) -> dict:
+        return self.ctl_json(name, "cluster_status")
+
+    def wait_status(self, name: str, timeout: float = 20.0) -> None:
+        """Wait until node `name` answers `warrenctl status`; fail at once if it exits."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            p = self.procs[name]
+            if p.poll() is not None:
+                raise RuntimeError(f"node {name} exited with {p.returncode} while starting "
+                                   f"(log: {self.log_path(name)})")
+            r = self.ctl(name, "status", "-t", "2")
+            if r.returncode == 0:
+                return
+            last = r.stderr.strip()
+            time.sleep(0.1)
+        raise TimeoutError(f"node {name} did not answer status within {timeout} s: {last}")
+
+    def wait_running(self, on: str, expected: set, timeout: float = 20.0) -> dict:
+        """Wait until cluster_status on `on` lists exactly `expected` as running_nodes."""
+        deadline = time.monotonic() + timeout
+        st = None
+        while time.monotonic() < deadline:
+            r = self.ctl(on, "cluster_status", "--formatter", "json", "-t", "3")
+            if r.returncode == 0:
+                st = json.loads(r.stdout)
+                if set(st["running_nodes"]) == set(expected):
+                    return st
+            time.sleep(0.1)
+        raise TimeoutError(f"running_nodes on {on} never became {sorted(expected)}: last {st}")
+
+    def client_port(self, name: str) -> int:
+        return self.ports[name][0]
+
+    def peer_port(self, name: str) -> int:
+        return self.ports[name][1]
+
+    def client_addr(self, name: str) -> str:
+        return f"127.0.0.1:{self.client_port(name)}"
+
+    def all_client_addrs(self) -> list[str]:
+        return [self.client_addr(n) for n in self.names]
 
 
-def stop(home: Path) -> None:
-    path = home / "pids.json"
+# --- stopping from the pid file ----------------------------------------------------------------
+
+def _cmdline(pid: int) -> list[str] | None:
+    """The process's argument vector, or None when no such process exists."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    except FileNotFoundError:
+        if Path("/proc/self").exists():
+            return None
+    except ProcessLookupError:
+        return None
+    # No /proc (macOS, BSD): ask ps.
+    out = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True)
+    return out.stdout.split() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def is_node_process(pid: int, name: str) -> tuple[bool, str]:
+    """Whether `pid` is a warren-server running node `name`, and why not."""
+    args = _cmdline(pid)
+    if args is None:
+        return False, f"pid {pid} is gone"
+    runs_server = any(Path(a).name == "warren-server" for a in args) or "broker.server" in args
+    has_name = any(a == "--name" and b == name for a, b in zip(args, args[1:])) \
+        or f"--name={name}" in args
+    if runs_server and has_name:
+        return True, ""
+    shown = " ".join(args)[:200] or "(no command line: a zombie or kernel thread)"
+    return False, f"pid {pid} is not warren-server {name} now; it runs: {shown}"
+
+
+def stop(home: Path, timeout: float = 10.0) -> list[str]:
+    """SIGTERM the nodes in HOME/pids.json that are still that warren-server, SIGKILL those that
+    outlive `timeout`, and remove the file. Returns one line per node saying what was done."""
+    path = Path(home) / PID_FILE
     if not path.exists():
-        return
+        return [f"no {path}: nothing to stop"]
     pids = json.loads(path.read_text())
-    for pid in pids.values():
+    report, signalled = [], {}
+    for name, pid in pids.items():
+        ok, why = is_node_process(pid, name)
+        if not ok:
+            report.append(f"{name}: skipped, {why}")
+            continue
         try:
             os.kill(pid, signal.SIGTERM)
+            signalled[name] = pid
         except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10
-    for pid in pids.values():
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
+            report.append(f"{name}: pid {pid} exited before the signal")
+    deadline = time.monotonic() + timeout
+    for name, pid in signalled.items():
+        while time.monotonic() < deadline and is_node_process(pid, name)[0]:
             time.sleep(0.05)
-        else:
+        if is_node_process(pid, name)[0]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            report.append(f"{name}: pid {pid} ignored SIGTERM for {timeout:.0f}s, sent SIGKILL")
+        else:
+            report.append(f"{name}: stopped (pid {pid})")
     path.unlink()
+    return report
 
 
-def client_addr(i: int) -> str:
-    return f"127.0.0.1:{CLIENT_BASE + i}"
+def running_pids(home: Path) -> dict[str, int]:
+    """The nodes of HOME/pids.json whose pid is still that warren-server."""
+    path = Path(home) / PID_FILE
+    if not path.exists():
+        return {}
+    pids = json.loads(path.read_text())
+    return {name: pid for name, pid in pids.items() if is_node_process(pid, name)[0]}
+
+
+# --- the command line's helpers (also used by the benchmark) -----------------------------------
+
+def start(home: Path, nodes: int = 3, ticktime: float = 10.0, client_base: int = CLIENT_BASE,
+          peer_base: int = PEER_BASE, server_args: list[str] | tuple[str, ...] = ()) -> LocalCluster:
+    """Start a cluster that outlives this process (stop it with `stop(home)`)."""
+    running = running_pids(home)
+    if running:
+        raise RuntimeError(f"nodes {sorted(running)} of {home} are already running: stop them first")
+    cluster = LocalCluster(home, nodes, client_base=client_base, peer_base=peer_base,
+                           net_ticktime=ticktime, server_args=server_args)
+    cluster.start()
+    return cluster
+
+
+def client_addr(i: int, client_base: int = CLIENT_BASE) -> str:
+    return f"127.0.0.1:{client_base + i}"
 
 
 def demo(home: Path) -> None:
@@ -110,14 +381,14 @@ def demo(home: Path) -> None:
     from broker.client.aio import open_connection
 
     print("== starting a 3-node cluster (logs in", home / "logs", ")")
-    start(home)
+    cluster = start(home)
     try:
-        print(ctl(home, "n1", "cluster_status"))
+        print(cluster.ctl_ok("n1", "cluster_status"))
 
         async def run():
             n = 10_000
-            async with open_connection([client_addr(1)]) as pub_conn, \
-                    open_connection([client_addr(3), client_addr(2)]) as sub_conn:
+            async with open_connection([cluster.client_addr("n1")]) as pub_conn, \
+                    open_connection([cluster.client_addr("n3"), cluster.client_addr("n2")]) as sub_conn:
                 pub = await pub_conn.channel()
                 await pub.queue_declare("demo.orders", durable=True)
                 await pub.confirm_delivery()
@@ -128,7 +399,7 @@ def demo(home: Path) -> None:
                 t1 = time.perf_counter()
                 print(f"published {n} x 1 KiB to demo.orders via n1 with confirms: all confirmed={ok}, "
                       f"{n / (t1 - t0):,.0f} msgs/s")
-                print(ctl(home, "n1", "list_queues", "name", "durable", "pid", "messages", "consumers"))
+                print(cluster.ctl_ok("n1", "list_queues", "name", "durable", "pid", "messages", "consumers"))
                 sub = await sub_conn.channel()
                 await sub.basic_qos(500)
                 consumer = await sub.basic_consume("demo.orders")
@@ -141,32 +412,41 @@ def demo(home: Path) -> None:
                 t2 = time.perf_counter()
                 print(f"consumed {got} via n3 (leader is n1) with manual acks: {got / (t2 - t1):,.0f} msgs/s")
                 await trio.sleep(0.2)
-                print(ctl(home, "n3", "list_queues", "name", "durable", "policy", "pid", "mirror_pids",
-                          "synchronised_mirror_pids", "messages", "messages_unacknowledged", "consumers"))
+                print(cluster.ctl_ok("n3", "list_queues", "name", "durable", "policy", "pid", "mirror_pids",
+                                     "synchronised_mirror_pids", "messages", "messages_unacknowledged",
+                                     "consumers"))
 
         trio.run(run)
     finally:
         print("== stopping the cluster")
-        stop(home)
+        cluster.stop()
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m broker.localcluster")
+    p = argparse.ArgumentParser(prog="python -m broker.localcluster", allow_abbrev=False)
     p.add_argument("action", choices=["start", "stop", "demo"])
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--home", type=Path, default=Path(os.environ.get("WARREN_HOME", DEFAULT_HOME)))
-    args = p.parse_args(argv)
+    p.add_argument("--client-base", type=int, default=CLIENT_BASE, help="node i's client port is this + i")
+    p.add_argument("--peer-base", type=int, default=PEER_BASE, help="node i's peer port is this + i")
+    p.add_argument("--net-ticktime", type=float, default=10.0)
+    args, server_args = p.parse_known_args(argv)
+    if server_args and args.action != "start":
+        p.error(f"unrecognized arguments: {' '.join(server_args)}")
     try:
         if args.action == "start":
-            names = start(args.home, args.nodes)
-            print(f"started {', '.join(names)}; client ports "
-                  f"{', '.join(str(CLIENT_BASE + i) for i in range(1, args.nodes + 1))}; "
+            # Options this command does not know are passed on to every warren-server.
+            cluster = start(args.home, args.nodes, args.net_ticktime, args.client_base,
+                            args.peer_base, server_args)
+            print(f"started {', '.join(cluster.names)}; client ports "
+                  f"{', '.join(str(cluster.client_port(n)) for n in cluster.names)}; "
                   f"use: WARREN_HOME={args.home} warrenctl -n n1 cluster_status")
         elif args.action == "stop":
-            stop(args.home)
+            for line in stop(args.home):
+                print(line)
         else:
             demo(args.home)
-    except RuntimeError as exc:
+    except (RuntimeError, TimeoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
 

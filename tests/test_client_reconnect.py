@@ -6,18 +6,15 @@ import pytest
 import trio
 
 from broker.client import aio
-from cluster_procs import ProcessCluster
+from cluster_procs import running_cluster
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(scope="module")
 def cluster(request, tmp_path_factory):
-    failed_before = request.session.testsfailed
-    with ProcessCluster(3, net_ticktime=5, tmpdir=str(tmp_path_factory.mktemp("reconnect"))) as c:
+    with running_cluster(request, tmp_path_factory, 3) as c:
         yield c
-        if request.session.testsfailed > failed_before:
-            c.dump_logs()
 
 
 def drop(conn: aio.Connection) -> None:

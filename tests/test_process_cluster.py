@@ -16,7 +16,7 @@ from wire import schema
 from wire.errors import ProtocolError
 from wire.frames import FrameDecoder, encode_frame
 
-from cluster_procs import ProcessCluster
+from cluster_procs import running_cluster
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
@@ -26,12 +26,8 @@ LQ_COLUMNS = ["name", "durable", "policy", "pid", "mirror_pids", "synchronised_m
 
 @pytest.fixture(scope="module")
 def cluster(request, tmp_path_factory):
-    c = ProcessCluster(3, net_ticktime=5, tmpdir=str(tmp_path_factory.mktemp("proc-cluster")))
-    failed_before = request.session.testsfailed
-    with c:
+    with running_cluster(request, tmp_path_factory, 3) as c:
         yield c
-        if request.session.testsfailed > failed_before:
-            c.dump_logs()
 
 
 def connect(cluster, name, **kw) -> BlockingConnection:

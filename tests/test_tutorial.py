@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cluster_procs import ProcessCluster
+from cluster_procs import running_cluster
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
@@ -39,8 +39,8 @@ channel.start_consuming()
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with ProcessCluster(1, net_ticktime=5, tmpdir=str(tmp_path_factory.mktemp("tutorial"))) as c:
+def cluster(request, tmp_path_factory):
+    with running_cluster(request, tmp_path_factory, 1) as c:
         yield c
 
 

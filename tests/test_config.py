@@ -1,0 +1,189 @@
+"""warren-server's configuration (broker/config.py): a TOML file, WARREN_* variables and flags,
+which one wins, how bad input is refused, and a real server started from a TOML file alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from broker import config
+from broker.config import ConfigError
+from broker.localcluster import executable, free_port
+
+FULL_TOML = """
+name = "toml-node"
+host = "127.0.0.1"
+client_port = {client}
+peer_port = {peer}
+secret_file = "{secret_file}"
+net_ticktime = 7.5
+log_format = "json"
+data_dir = "{data_dir}"
+"""
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    """A private WARREN_HOME, so no test reads or creates the user's cookie."""
+    monkeypatch.setenv("WARREN_HOME", str(tmp_path / "home"))
+    for var in [v for v in os.environ if v.startswith("WARREN_") and v != "WARREN_HOME"]:
+        monkeypatch.delenv(var)
+    return tmp_path / "home"
+
+
+def write(path, text: str):
+    path.write_text(text)
+    return str(path)
+
+
+def full_file(tmp_path, client=6001, peer=26001) -> str:
+    secret_file = write(tmp_path / "secret", "from-the-secret-file\n")
+    return write(tmp_path / "node.toml", FULL_TOML.format(
+        client=client, peer=peer, secret_file=secret_file, data_dir=tmp_path / "data"))
+
+
+def test_toml_file_sets_name_ports_secret_ticktime_and_log_format(tmp_path):
+    cfg = config.load({"config": full_file(tmp_path)}, env={})
+    assert (cfg.name, cfg.host, cfg.client_port, cfg.peer_port) == ("toml-node", "127.0.0.1", 6001, 26001)
+    assert cfg.secret == b"from-the-secret-file"
+    assert cfg.net_ticktime == 7.5
+    assert cfg.log_format == "json"
+    assert cfg.data_dir == str(tmp_path / "data")
+
+
+def test_toml_secret_string_is_used(tmp_path):
+    path = write(tmp_path / "n.toml", 'name = "a"\nsecret = "inline-secret"\n')
+    assert config.load({"config": path}, env={}).secret == b"inline-secret"
+
+
+def test_config_file_from_environment_and_flag_beats_it(tmp_path):
+    env_file = write(tmp_path / "env.toml", 'name = "from-env-file"\nsecret = "s"\n')
+    flag_file = write(tmp_path / "flag.toml", 'name = "from-flag-file"\nsecret = "s"\n')
+    assert config.load({}, env={"WARREN_CONFIG_FILE": env_file}).name == "from-env-file"
+    assert config.load({"config": flag_file}, env={"WARREN_CONFIG_FILE": env_file}).name == "from-flag-file"
+
+
+@pytest.mark.parametrize("layers, expected", [
+    ((), 5672),                                  # the default
+    (("file",), 1001),
+    (("file", "env"), 2002),
+    (("file", "env", "flag"), 3003),
+    (("file", "flag"), 3003),
+    (("env",), 2002),
+])
+def test_flags_override_environment_override_file(tmp_path, layers, expected):
+    flags: dict = {"secret": "s"}
+    env: dict = {}
+    if "file" in layers:
+        flags["config"] = write(tmp_path / "n.toml", "client_port = 1001\nlog_format = 'json'\n")
+    if "env" in layers:
+        env["WARREN_CLIENT_PORT"] = "2002"
+    if "flag" in layers:
+        flags["client_port"] = 3003
+    cfg = config.load(flags, env=env)
+    assert cfg.client_port == expected
+    # a key only the file sets still comes from the file
+    assert cfg.log_format == ("json" if "file" in layers else "console")
+
+
+def test_secret_order(tmp_path, home):
+    files = {name: write(tmp_path / name, f"{name}-secret") for name in ("flagfile", "envfile", "tomlfile")}
+    toml = write(tmp_path / "n.toml", f'secret = "toml"\nsecret_file = "{files["tomlfile"]}"\n')
+    flags = {"config": toml, "secret": "flag", "secret_file": files["flagfile"]}
+    env = {"WARREN_SECRET": "env", "WARREN_SECRET_FILE": files["envfile"]}
+    seen = []
+    for drop_flag, drop_env in (("secret", None), ("secret_file", None), (None, "WARREN_SECRET"),
+                                (None, "WARREN_SECRET_FILE")):
+        seen.append(config.load(flags, env=env).secret.decode())
+        if drop_flag:
+            flags.pop(drop_flag)
+        if drop_env:
+            env.pop(drop_env)
+    seen.append(config.load(flags, env=env).secret.decode())
+    write(tmp_path / "n.toml", f'secret_file = "{files["tomlfile"]}"\n')
+    seen.append(config.load(flags, env=env).secret.decode())
+    write(tmp_path / "n.toml", 'name = "n"\n')
+    cookie = config.load(flags, env=env).secret
+    assert seen == ["flag", "flagfile-secret", "env", "envfile-secret", "toml", "tomlfile-secret"]
+    assert cookie == (home / "cookie").read_bytes().strip() and len(cookie) == 40
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name = \n", "is not valid TOML"),
+    ("name = 'x'\n[[", "is not valid TOML"),
+    ("client-port = 5\n", "unknown key client-port (known keys: "),
+    ("bogus = 1\nother = 2\n", "unknown keys bogus, other"),
+    ("client_port = '5672'\n", "client_port must be an integer, not a string '5672'"),
+    ("net_ticktime = true\n", "net_ticktime must be a number, not a boolean True"),
+    ("users = { guest = 1 }\n", "users must map user names to password strings"),
+    ("loopback_users = 'guest'\n", "loopback_users must be an array, not a string 'guest'"),
+    ("log_format = 'xml'\nsecret = 's'\n", "log_format must be 'console' or 'json'"),
+    ("peer_port = 70000\nsecret = 's'\n", "peer_port 70000 is not a TCP port"),
+    ("secret_file = '/nonexistent/secret'\n", "cannot read secret file /nonexistent/secret"),
+])
+def test_bad_file_is_a_clear_error(tmp_path, text, message):
+    path = write(tmp_path / "bad.toml", text)
+    with pytest.raises(ConfigError) as info:
+        config.load({"config": path}, env={})
+    assert message in str(info.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"cannot read config file .*nope.toml: No such file"):
+        config.load({"config": str(tmp_path / "nope.toml")}, env={})
+
+
+def _server(*args, env=None, timeout=20.0) -> subprocess.CompletedProcess:
+    return subprocess.run([executable("warren-server"), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env or dict(os.environ))
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("text, message", [
+    ("[server\nname = 'x'\n", "is not valid TOML"),
+    ("name = 'x'\nclient_prot = 5672\n", "unknown key client_prot"),
+])
+def test_server_refuses_a_bad_file_and_exits_non_zero(tmp_path, text, message):
+    path = write(tmp_path / "bad.toml", text)
+    r = _server("--config", path)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"warren-server: config file {path}")
+    assert message in r.stderr
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_server_runs_from_a_toml_file(tmp_path, home):
+    client, peer = free_port(), free_port()
+    path = full_file(tmp_path, client, peer)
+    log = open(tmp_path / "server.log", "wb")
+    proc = subprocess.Popen([executable("warren-server"), "--config", path], env=dict(os.environ),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    ctl = [executable("warrenctl"), "-n", "toml-node", "--formatter", "json"]
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            r = subprocess.run([*ctl, "--secret-file", str(tmp_path / "secret"), "status", "-t", "2"],
+                               capture_output=True, text=True, timeout=20)
+            if r.returncode == 0 or time.monotonic() > deadline or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert r.returncode == 0, f"{r.stderr}\n{(tmp_path / 'server.log').read_text()}"
+        status = json.loads(r.stdout)
+        assert (status["node"], status["client_port"], status["peer_port"]) == ("toml-node", client, peer)
+        assert status["net_ticktime"] == 7.5
+        wrong = subprocess.run([*ctl, "--secret", "not-it", "status", "-t", "2"],
+                               capture_output=True, text=True, timeout=20)
+        assert wrong.returncode != 0
+        assert (tmp_path / "data").is_dir()
+    finally:
+        proc.terminate()
+        assert proc.wait(15) == 0
+        log.close()
+    lines = (tmp_path / "server.log").read_text().splitlines()
+    events = [json.loads(line) for line in lines]   # log_format = "json": every line is JSON
+    assert events and all(e["node"] == "toml-node" for e in events)

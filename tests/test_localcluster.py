@@ -1,0 +1,140 @@
+"""The process-cluster launcher (broker.localcluster): `stop` signals only the warren-server a pid
+file names, and a LocalCluster's signal helpers do what the process tests rely on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.localcluster import PID_FILE, is_node_process
+from cluster_procs import ProcessCluster, running_cluster
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
+
+
+def _stop_cli(home) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "broker.localcluster", "stop", "--home", str(home)],
+                          capture_output=True, text=True, timeout=30)
+
+
+def _spawned(argv: list[str]) -> subprocess.Popen:
+    """Popen, returning once the child has exec'ed (its /proc cmdline is argv, not ours or empty)."""
+    proc = subprocess.Popen(argv)
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 5
+    while cmdline.read_bytes().split(b"\0")[0] != argv[0].encode() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
+
+
+def test_is_node_process_checks_program_and_name(tmp_path):
+    sleeper = _spawned(["sleep", "30"])
+    try:
+        ok, why = is_node_process(sleeper.pid, "n1")
+        assert not ok and "is not warren-server n1" in why and "sleep 30" in why
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    ok, why = is_node_process(sleeper.pid, "n1")
+    assert not ok and "is gone" in why
+    with ProcessCluster(1, tmpdir=str(tmp_path)) as c:
+        assert is_node_process(c.procs["n1"].pid, "n1") == (True, "")
+        ok, why = is_node_process(c.procs["n1"].pid, "n2")
+        assert not ok and "--name n1" in why
+
+
+def test_stop_skips_pids_that_are_no_longer_the_node(tmp_path):
+    """A pid file outlives its processes; after pid reuse, stop must leave strangers alone."""
+    with ProcessCluster(1, tmpdir=str(tmp_path)) as c:
+        node = c.procs["n1"]
+        stranger = _spawned(["sleep", "60"])
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        try:
+            pids = {"n2": node.pid,        # a warren-server, but node n1, not n2
+                    "n3": stranger.pid,    # some other program got the pid
+                    "n4": gone.pid,        # nothing runs under that pid
+                    "n1": node.pid}
+            (c.home / PID_FILE).write_text(json.dumps(pids))
+            r = _stop_cli(c.home)
+            assert r.returncode == 0, r.stderr
+            lines = r.stdout.splitlines()
+            assert any(line.startswith("n2: skipped") and "not warren-server n2" in line for line in lines), lines
+            assert any(line.startswith("n3: skipped") and "sleep 60" in line for line in lines), lines
+            assert any(line.startswith("n4: skipped") and "is gone" in line for line in lines), lines
+            assert f"n1: stopped (pid {node.pid})" in lines
+            assert node.wait(10) == 0  # SIGTERM: a graceful exit
+            assert stranger.poll() is None, "stop signalled a process that was not the node"
+            assert not (c.home / PID_FILE).exists()
+        finally:
+            stranger.kill()
+            stranger.wait()
+
+
+def test_cli_start_refuses_while_the_nodes_run_and_stop_stops_them(tmp_path):
+    c = ProcessCluster(2, tmpdir=str(tmp_path))
+    base_client, base_peer = c.client_port("n1") - 1, c.peer_port("n1") - 1
+    home = tmp_path / "home"
+    args = [sys.executable, "-m", "broker.localcluster", "start", "--home", str(home), "--nodes", "1",
+            "--client-base", str(base_client), "--peer-base", str(base_peer), "--net-ticktime", "5",
+            "--log-format", "json"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, env=c.env)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert f"client ports {base_client + 1}" in r.stdout
+        pid = json.loads((home / PID_FILE).read_text())["n1"]
+        assert is_node_process(pid, "n1")[0]
+        # the extra flag went to warren-server: its log is JSON
+        first = (home / "logs" / "n1.log").read_text().splitlines()[0]
+        assert json.loads(first)["node"] == "n1"
+        again = subprocess.run(args, capture_output=True, text=True, timeout=60, env=c.env)
+        assert again.returncode == 1 and "already running" in again.stderr
+    finally:
+        stopped = _stop_cli(home)
+    assert stopped.returncode == 0 and stopped.stdout.startswith("n1: stopped"), stopped
+    assert not is_node_process(pid, "n1")[0]
+
+
+@pytest.fixture(scope="module")
+def one(request, tmp_path_factory):
+    with running_cluster(request, tmp_path_factory, 1) as c:
+        yield c
+
+
+def test_sigstop_freezes_and_sigcont_thaws(one):
+    one.sigstop("n1")
+    try:
+        frozen = one.ctl("n1", "status", "-t", "1", timeout=20)
+        assert frozen.returncode != 0
+    finally:
+        one.sigcont("n1")
+    one.wait_status("n1", timeout=10)
+
+
+def test_sigterm_is_graceful_and_restart_brings_the_node_back(one):
+    registry = one.home / "run" / "n1.json"
+    assert registry.exists()
+    old_pid = one.procs["n1"].pid
+    assert one.sigterm("n1") == 0
+    assert not registry.exists(), "a graceful stop unregisters the node"
+    assert not one.alive("n1")
+    one.restart("n1")
+    assert one.procs["n1"].pid != old_pid and one.alive("n1")
+    assert json.loads((one.home / PID_FILE).read_text())["n1"] == one.procs["n1"].pid
+    assert one.cluster_status("n1")["running_nodes"] == ["n1"]
+
+
+def test_kill9_leaves_the_registry_behind(one):
+    one.kill9("n1")
+    assert one.procs["n1"].returncode == -signal.SIGKILL
+    assert (one.home / "run" / "n1.json").exists()
+    one.restart("n1")
+    assert one.ctl("n1", "status").returncode == 0
+    assert os.path.exists(one.log_path("n1"))
