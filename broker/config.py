@@ -49,6 +49,8 @@ class NodeConfig:
     users: dict = field(default_factory=lambda: {"guest": "guest"})
     loopback_users: list = field(default_factory=lambda: ["guest"])
     queue_leader_locator: str = "client-local"
+    mirroring_sync_batch_size: int = 4096  # default ha-sync-batch-size, as RabbitMQ
+    mirroring_sync_max_throughput: int = 0  # bytes/s for batch sync; 0 = no limit
 
     def validate(self) -> "NodeConfig":
         import re
@@ -66,6 +68,10 @@ class NodeConfig:
             raise ConfigError(f"max_frame must be at least {MIN_MAX_FRAME}")
         if self.queue_leader_locator not in ("client-local", "balanced"):
             raise ConfigError("queue_leader_locator must be 'client-local' or 'balanced'")
+        if self.mirroring_sync_batch_size < 1:
+            raise ConfigError("mirroring_sync_batch_size must be at least 1")
+        if self.mirroring_sync_max_throughput < 0:
+            raise ConfigError("mirroring_sync_max_throughput must be 0 (no limit) or a positive number of bytes/s")
         if not self.secret:
             raise ConfigError("no cluster secret")
         if not self.advertise_host:
@@ -89,6 +95,8 @@ _FIELDS = {
     "cluster_seed": ("WARREN_CLUSTER_SEED", str),
     "max_frame": ("WARREN_MAX_FRAME", int),
     "queue_leader_locator": ("WARREN_QUEUE_LEADER_LOCATOR", str),
+    "mirroring_sync_batch_size": ("WARREN_MIRRORING_SYNC_BATCH_SIZE", int),
+    "mirroring_sync_max_throughput": ("WARREN_MIRRORING_SYNC_MAX_THROUGHPUT", int),
 }
 
 

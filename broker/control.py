@@ -13,6 +13,7 @@ from wire import messages as m
 from wire.errors import COMMAND_INVALID, NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
 
 from mirroring.policy import effective_policy, make_policy
+from mirroring.sync import progress_line
 
 from . import config as configmod
 from .framed import FramedStream
@@ -20,7 +21,7 @@ from .peers import dial_handshake
 
 QUEUE_COLUMNS = ("name", "durable", "auto_delete", "exclusive", "arguments", "policy", "pid",
                  "mirror_pids", "synchronised_mirror_pids", "messages", "messages_ready",
-                 "messages_unacknowledged", "consumers", "leader", "state")
+                 "messages_unacknowledged", "consumers", "leader", "state", "sync_progress")
 DEFAULT_QUEUE_COLUMNS = ("name", "messages")
 
 
@@ -186,7 +187,8 @@ async def cmd_list_queues(node, args):
             "messages_ready": s["messages_ready"] if s else 0,
             "messages_unacknowledged": s["messages_unacknowledged"] if s else 0,
             "consumers": s["consumers"] if s else 0,
-            "leader": q["leader"], "state": "running" if s else "down",
+            "leader": q["leader"], "state": ("syncing" if s and s.get("sync") else "running") if s else "down",
+            "sync_progress": progress_line(s["sync"]) if s and s.get("sync") else "",
         }
         rows.append({c: full[c] for c in columns})
     return rows
@@ -247,7 +249,30 @@ async def cmd_list_policies(node, args):
             for p in sorted(node.md.policies.values(), key=lambda p: p["name"])]
 
 
+async def _leader_rpc(node, rpc: str, queue: str):
+    _require_running(node)
+    qdef = node.md.queues.get(queue)
+    if qdef is None:
+        raise ProtocolError(NOT_FOUND, f"no queue '{queue}' in vhost '/'")
+    node.check_queue_available(qdef)
+    return await node.call_node(qdef["leader"], rpc, {"queue": queue})
+
+
+async def cmd_sync_queue(node, args):
+    return await _leader_rpc(node, "sync_queue", args["queue"])
+
+
+async def cmd_cancel_sync_queue(node, args):
+    return await _leader_rpc(node, "cancel_sync_queue", args["queue"])
+
+
+async def cmd_sync_status(node, args):
+    return await _leader_rpc(node, "sync_status", args["queue"])
+
+
 COMMANDS = {
+    "sync_queue": cmd_sync_queue, "cancel_sync_queue": cmd_cancel_sync_queue,
+    "sync_status": cmd_sync_status,
     "set_policy": cmd_set_policy, "clear_policy": cmd_clear_policy,
     "list_policies": cmd_list_policies,
     "status": cmd_status, "cluster_status": cmd_cluster_status, "stop_app": cmd_stop_app,
@@ -270,6 +295,8 @@ async def node_rpc(node, name: str, args: dict):
             st = {"pid": qp.pid, "role": qp.role, "node": node.name, **qp.state.stats()}
             if qp.role == "leader":
                 st["synced"] = qp.rep.synced()
+                if qp.sync is not None:
+                    st["sync"] = qp.sync.progress(trio.current_time())
             out[qname] = st
         return out
     if name == "connections":
@@ -282,6 +309,20 @@ async def node_rpc(node, name: str, args: dict):
                  "prefetch_count": c.prefetch, "exclusive": c.exclusive, "arguments": c.arguments}
                 for qname, qp in node.queues.items() if qp.role == "leader"
                 for c in qp.state.consumers.values()]
+    if name in ("sync_queue", "cancel_sync_queue", "sync_status"):
+        qp = node.queues.get(args["queue"])
+        if qp is None or qp.role != "leader":
+            raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/' on {node.name}")
+        if name == "sync_queue":
+            started = qp.sync is not None or qp.request_sync("sync_queue")
+            return {"started": started, "unsynchronised": [t.node for t in qp.rep.mirrors.values()
+                                                          if not t.synced]}
+        if name == "cancel_sync_queue":
+            return {"cancelled": qp.cancel_sync()}
+        return {"running": qp.sync is not None or bool(qp._sync_request),
+                "progress": qp.sync.progress(trio.current_time()) if qp.sync else None,
+                "last": qp.last_sync,
+                "unsynchronised": [t.node for t in qp.rep.mirrors.values() if not t.synced]}
     if name == "purge":
         qp = node.queues.get(args["queue"])
         if qp is None or qp.role != "leader":

@@ -157,6 +157,8 @@ def run(argv=None) -> int:
     except trio.TooSlowError:
         print(f"Error: node '{args.node}' did not answer within {args.timeout:g} s", file=sys.stderr)
         return 75
+    if cmd == "sync_queue" and args.formatter != "json":
+        return _follow_sync(args, host, port, me, secret, value)
     if args.formatter == "json":
         print(json.dumps(value, indent=None if isinstance(value, list) else 2))
         return 0
@@ -177,6 +179,45 @@ def run(argv=None) -> int:
     elif value is not None:
         print(value)
     return 0
+
+
+def _follow_sync(args, host, port, me, secret, started: dict) -> int:
+    """sync_queue: show the sync's progress until it ends (a bar on a terminal, lines otherwise)."""
+    import time
+
+    from mirroring.sync import progress_line
+    q = args.queue
+    print(f"Synchronising queue '{q}' in vhost '/' ...")
+    if not started["started"]:
+        print(f"queue '{q}' has no unsynchronised mirror: nothing to do")
+        return 0
+    tty = sys.stdout.isatty()
+    last_print = 0.0
+    while True:
+        try:
+            st = trio.run(ctl_call, TcpNetwork(), host, port, me, secret, "sync_status", {"queue": q},
+                          args.timeout)
+        except (ProtocolError, OSError, trio.TooSlowError) as exc:
+            print(f"\nError: lost track of the sync: {getattr(exc, 'text', exc)}", file=sys.stderr)
+            return 1
+        if st["progress"]:
+            line = progress_line(st["progress"])
+            if tty:
+                print("\r" + line, end="", flush=True)
+            elif time.monotonic() - last_print >= 1.0:
+                print(line, flush=True)
+                last_print = time.monotonic()
+        if not st["running"]:
+            break
+        time.sleep(0.2)
+    last = st["last"] or {}
+    if tty:
+        print()
+    status = last.get("status", "completed")
+    print(f"sync {status}: {last.get('messages', 0):,} messages, {last.get('bytes', 0):,} bytes in "
+          f"{last.get('elapsed', 0):.2f} s ({last.get('rate_msgs', 0):,.0f} msgs/s, "
+          f"{last.get('rate_bytes', 0) / 1e6:.1f} MB/s)")
+    return 0 if status == "completed" else 1
 
 
 def main(argv=None) -> None:

@@ -379,6 +379,7 @@ def demo(home: Path) -> None:
     import trio
 
     from broker.client.aio import open_connection
+    from broker.demo import failover_demo
 
     print("== starting a 3-node cluster (logs in", home / "logs", ")")
     cluster = start(home)
@@ -415,6 +416,8 @@ def demo(home: Path) -> None:
                 print(cluster.ctl_ok("n3", "list_queues", "name", "durable", "policy", "pid", "mirror_pids",
                                      "synchronised_mirror_pids", "messages", "messages_unacknowledged",
                                      "consumers"))
+            print("== failover: a queue mirrored to all nodes loses its leader under load")
+            await failover_demo(cluster)
 
         trio.run(run)
     finally:

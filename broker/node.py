@@ -468,7 +468,7 @@ class Node:
                     qp.promote(qdef, qp.leader_node)
                 elif qp.epoch != qdef.get("epoch", 1):
                     qp.restart_epoch(qdef)
-                elif qp.qdef is not qdef:
+                else:
                     qp.update_mirrors(qdef)
             elif me in qdef.get("mirrors", ()):
                 if qp is None:
@@ -699,6 +699,9 @@ class Node:
     async def _queue_op_local(self, qname: str, op: list) -> None:
         qp = self.queues.get(qname)
         if qp is not None:
+            if op[0] == "sync_ok":  # beside the inbox: the leader is blocked in its sync
+                qp.on_sync_ok(op)
+                return
             await qp.inbox.send(op)
             return
         kind = op[0]
@@ -707,7 +710,8 @@ class Node:
             qp = self._start_mirror(qdef)
             await qp.inbox.send(op)
             return
-        if kind in ("rep", "rep_ok", "mstate", "mreset") or qname in self.md.queues:
+        if kind in ("rep", "rep_ok", "mstate", "mreset", "sync_ok", "sync_start", "sync_batch",
+                    "sync_end") or qname in self.md.queues:
             return  # replication for a replica that is gone, or an op the session will resend
         # the sender knows a queue we do not (yet): its declaration may be on its way to us
         early = self._early.get(qname)

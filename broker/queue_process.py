@@ -24,6 +24,10 @@ it leads. Replication, leader -> mirror:
   ["rep", epoch, seq, effects]
 and mirror -> leader:
   ["mstate", epoch, node, start_id]   ["rep_ok", epoch, node, seq]
+Batch sync (mirroring/sync.py decides what and when; the queue serves nothing else meanwhile):
+  ["sync", why]                       (inbox, internal) start a sync after this round
+  ["sync_start", epoch, total] ["sync_batch", epoch, n, messages] ["sync_end", epoch, completed]
+  ["sync_ok", epoch, node, n]         mirror -> leader, delivered beside the (blocked) inbox
 Events sent to sessions:
   ["deliver", ch, consumer_tag, queue, ids, bodies, redelivered_indexes, props]
   ["accepted", queue, pseq]      publishes up to pseq are on every mirror (confirm them)
@@ -39,14 +43,18 @@ import itertools
 
 import trio
 
+from mirroring.planner import ha_for
 from mirroring.queue import QueueState
 from mirroring.replication import LeaderReplication, MirrorFollow
+from mirroring.sync import BatchSync, progress_line
 from wire.errors import PRECONDITION_FAILED, ProtocolError
 
 INBOX_SIZE = 512
 BATCH = 512
 _serial = itertools.count(1)
-REPLICA_OPS = frozenset({"mstart", "mstate", "rep_ok", "mreset"})
+REPLICA_OPS = frozenset({"mstart", "mstate", "rep_ok", "mreset", "sync_start", "sync_batch",
+                         "sync_end"})
+SYNC_PROGRESS_EVERY = 1.0  # seconds between sync progress log events
 
 
 class QueueProcess:
@@ -68,12 +76,18 @@ class QueueProcess:
         self.accepted: dict[tuple, int] = {}  # (node, sid) -> pseq, applied in this round
         self.base_id = 0  # the oldest id this replica could hold (its start id when it was a mirror)
         self._sync_proposed: list | None = None
+        self.sync: BatchSync | None = None  # a batch sync in progress
+        self.sync_acks: dict[str, int] = {}
+        self.last_sync: dict | None = None
+        self._sync_request = ""
+        self._sync_wake = trio.Event()
         # mirror side
         self.follow = MirrorFollow()
         self.leader_node = qdef["leader"]
         self.parked: list = []
         self._ack_due = False
         self.min_version = 0  # the metadata version that listed this mirror (from its mstart)
+        self.synced_upto = 0  # the highest old message id a (possibly cancelled) sync gave us
         if role == "leader":
             self.update_mirrors(qdef)
 
@@ -94,6 +108,9 @@ class QueueProcess:
                         break
                     self.handle(op)
                 more = self.flush()
+                if self._sync_request:
+                    await self._run_sync()
+                    more = self.flush()
                 if more:
                     await trio.lowlevel.checkpoint()
 
@@ -200,9 +217,13 @@ class QueueProcess:
         if self.role != "leader":
             return
         self._release(self.rep.remove(node))
+        if node in self.sync_acks:
+            del self.sync_acks[node]
+            self._sync_wake.set()
         self.state.node_gone(node)
         self._maybe_auto_delete()
-        self.flush()
+        if self.sync is None:
+            self.flush()  # during a sync the queue is blocked: the sync loop flushes at its end
 
     def _maybe_auto_delete(self):
         if self.qdef.get("auto_delete") and self.state.had_consumer and not self.state.consumers:
@@ -229,6 +250,10 @@ class QueueProcess:
                 self.log.info(f"Mirrored queue '{self.name}' in vhost '/': Adding mirror on node {node}")
         self.state.effects = [] if self.rep.mirrors else None
         self._check_sync()
+        if new and self.role == "leader" and ha_for(self.node.md.policies, qdef).sync_mode == "automatic":
+            oldest = self.state.oldest_id()
+            if oldest is not None and oldest < self.state.next_id:
+                self.request_sync("ha-sync-mode automatic")
 
     def _op_mreset(self, node):
         """A mirror lost track (a batch went missing): start it again from scratch."""
@@ -287,7 +312,113 @@ class QueueProcess:
             self._sync_proposed = synced
             self.node.spawn(self.node.report_synced, self.name, self.epoch, synced)
 
+    # --- leader: batch sync ----------------------------------------------------------------
+    def request_sync(self, why: str) -> bool:
+        """Start a batch sync of the unsynchronised mirrors (False: nothing to do)."""
+        if self.role != "leader" or not any(not t.synced for t in self.rep.mirrors.values()):
+            return False
+        self._sync_request = why
+        self.node._to_inbox(self, ["sync", why])  # wakes the task if it waits for operations
+        return True
+
+    def _op_sync(self, why):
+        pass  # request_sync already asked; this op only woke the task
+
+    def cancel_sync(self) -> bool:
+        if self.sync is None:
+            return False
+        self.sync.cancelled = True
+        self._sync_wake.set()
+        return True
+
+    def _op_sync_ok(self, epoch, node, n):
+        if epoch != self.epoch or self.sync is None or node not in self.sync_acks:
+            return
+        self.sync_acks[node] = max(self.sync_acks[node], n)
+        low = min(self.sync_acks.values())
+        self.sync.acked(low - self.sync.acked_batches)
+        self._sync_wake.set()
+
+    def on_sync_ok(self, op: list) -> None:
+        self._op_sync_ok(*op[1:])
+
+    async def _run_sync(self) -> None:
+        """The spec's batch synchronisation: the queue serves nothing else until it is done or
+        cancelled (its inbox waits; publishers are held, not failed)."""
+        why, self._sync_request = self._sync_request, ""
+        targets = [t for t in self.rep.mirrors.values() if not t.synced]
+        if self.role != "leader" or not targets:
+            return
+        cfg = self.node.config
+        ha = ha_for(self.node.md.policies, self.qdef)
+        low = max(t.start_id for t in targets)
+        state = self.state
+        older = [m for m in state.ready if m[0] < low]
+        older += [e[2] for e in state.unacked.values() if e[2] is not None and e[2][0] < low]
+        older.sort()
+        clock = trio.current_time
+        job = BatchSync(older, ha.sync_batch_size or cfg.mirroring_sync_batch_size,
+                        cfg.max_frame - 65536, cfg.mirroring_sync_max_throughput, clock())
+        self.sync = job
+        self.sync_acks = {t.node: 0 for t in targets}
+        names = sorted(self.sync_acks)
+        q = f"Mirrored queue '{self.name}' in vhost '/'"
+        self.log.info(f"{q}: Synchronising {job.total_msgs} messages to mirrors on {', '.join(names)}",
+                      reason=why, batch_size=job.batch_size, max_throughput=job.max_rate,
+                      bytes=job.total_bytes)
+        for node in names:
+            self.node.to_replica(node, self.name, ["sync_start", self.epoch, job.total_msgs])
+        next_report = clock() + SYNC_PROGRESS_EVERY
+        try:
+            while not job.done and not job.cancelled and self.sync_acks:
+                batch = job.next_batch(clock())
+                if batch is not None:
+                    msg = ["sync_batch", self.epoch, job.sent_batches, [list(m) for m in batch]]
+                    for node in self.sync_acks:
+                        self.node.to_replica(node, self.name, msg)
+                    continue
+                self._sync_wake = trio.Event()
+                with trio.move_on_after(job.wait_time(clock()) or SYNC_PROGRESS_EVERY):
+                    await self._sync_wake.wait()
+                if clock() >= next_report:
+                    next_report = clock() + SYNC_PROGRESS_EVERY
+                    self.log.info(f"{q}: Synchronising: {progress_line(job.progress(clock()))}",
+                                  **job.progress(clock()))
+        finally:
+            completed = job.done and not job.cancelled and bool(self.sync_acks)
+            job.finished_at = clock()
+            for node in self.sync_acks:
+                self.node.to_replica(node, self.name, ["sync_end", self.epoch, completed])
+            if completed:
+                for node in self.sync_acks:
+                    self.rep.mirror_state(node, 0)
+            self.last_sync = {**job.progress(clock()), "status": "completed" if completed else
+                              ("cancelled" if job.cancelled else "stopped"), "reason": why}
+            self.sync, self.sync_acks = None, {}
+            how = "complete" if completed else self.last_sync["status"]
+            self.log.info(f"{q}: Synchronisation {how}: {job.msgs_sent} messages, "
+                          f"{job.body_bytes_sent} bytes in {self.last_sync['elapsed']:.3f} s",
+                          **self.last_sync)
+            self._check_sync()
+
     # --- mirror ----------------------------------------------------------------------------
+    def _op_sync_start(self, epoch, total):
+        pass  # the batches carry everything; the log line is the leader's
+
+    def _op_sync_batch(self, epoch, n, msgs):
+        if epoch != self.follow.epoch or self.role == "leader":
+            return
+        start, upto = self.follow.start_id, self.synced_upto  # ids up to `upto` came in an earlier sync
+        fresh = [m for m in msgs if upto < m[0] < start]
+        if fresh:
+            self.state.add_synced_messages(fresh)
+            self.synced_upto = fresh[-1][0]
+        self.node.to_replica(self.leader_node, self.name, ["sync_ok", epoch, self.node.name, n])
+
+    def _op_sync_end(self, epoch, completed):
+        if epoch == self.follow.epoch and completed:
+            self.follow.start_id = 0  # we hold everything the leader holds
+
     def _op_mstart(self, epoch, leader, snap, resume, md_version=0):
         if self.role == "leader" or epoch < self.follow.epoch:
             return
@@ -297,6 +428,7 @@ class QueueProcess:
         else:
             self.state.reset_as_mirror(snap)
             self.follow.start_id = snap["next_id"]
+            self.synced_upto = 0
             how = "started empty"
         self.follow.epoch, self.follow.last_seq = epoch, 0
         self.leader_node = leader

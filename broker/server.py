@@ -29,6 +29,11 @@ def parse_args(argv=None) -> dict:
     p.add_argument("--data-dir", dest="data_dir", help="where the node keeps its cluster metadata")
     p.add_argument("--cluster-seed", dest="cluster_seed", help="on first boot, join the cluster of this node (NAME or HOST:PEER_PORT)")
     p.add_argument("--max-frame", dest="max_frame", type=int, help="maximum frame size in bytes")
+    p.add_argument("--queue-leader-locator", dest="queue_leader_locator", choices=["client-local", "balanced"])
+    p.add_argument("--mirroring-sync-batch-size", dest="mirroring_sync_batch_size", type=int,
+                   help="messages per batch sync batch when the policy sets no ha-sync-batch-size (default 4096)")
+    p.add_argument("--mirroring-sync-max-throughput", dest="mirroring_sync_max_throughput", type=int,
+                   help="batch sync limit in bytes per second (default 0: no limit)")
     p.add_argument("--config", help="TOML configuration file (WARREN_CONFIG_FILE)")
     return vars(p.parse_args(argv))
 

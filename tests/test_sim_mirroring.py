@@ -174,3 +174,51 @@ async def test_tx_commit_returns_once_every_mirror_has_the_messages(tmp_path, au
             await ch.tx_commit()
             assert trio.current_time() - t0 >= TICKTIME * 0.5
             assert mirror_state(c, "ha.tx", "n1").message_count == 11
+
+
+async def fill(c, node, queue, n, size=100):
+    async with c.connect(node) as conn:
+        ch = await conn.channel()
+        await ch.confirm_delivery()
+        for i in range(n):
+            ch.publish_nowait(queue, i.to_bytes(8, "big") + b"x" * (size - 8))
+        assert await ch.wait_for_confirms(timeout=30)
+
+
+async def test_sync_queue_fills_a_new_mirror_in_batches(tmp_path, autojump_clock):
+    """"A new queue mirror will not receive existing messages" and "It is possible to manually
+    synchronise a queue: rabbitmqctl sync_queue {name}"; the troubleshooting post's pitfall (a
+    queue with no consumer never catches up) is resolved by it. Batches of ha-sync-batch-size."""
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("two.q", durable=True)
+        await fill(c, "n1", "two.q", 1000)
+        await set_policy(c, "ha-two", r"^two\.", {"ha-mode": "exactly", "ha-params": 2,
+                                                   "ha-sync-batch-size": 100})
+        await replicas_settled(c, "two.q", ["n2"], synced=[])
+        await trio.sleep(30)  # nobody consumes: it never catches up on its own
+        assert qdef(c, "two.q")["synced"] == []
+        assert mirror_state(c, "two.q", "n2").message_count == 0
+        r = await ctl(c, "n1", "sync_queue", queue="two.q")
+        assert r["started"] and r["unsynchronised"] == ["n2"], r
+        await replicas_settled(c, "two.q", ["n2"], synced=["n2"])
+        assert mirror_state(c, "two.q", "n2").comparable() == mirror_state(c, "two.q", "n1").comparable()
+        st = await ctl(c, "n1", "sync_status", queue="two.q")
+        assert st["last"]["status"] == "completed" and st["last"]["messages"] == 1000
+        assert st["last"]["batches"] == 10
+        rows = await ctl(c, "n3", "list_queues", columns=["name", "synchronised_mirror_pids"])
+        assert len(rows[0]["synchronised_mirror_pids"]) == 1
+
+
+async def test_automatic_sync_mode_syncs_a_new_mirror(tmp_path, autojump_clock):
+    """"ha-sync-mode: automatic: a queue will automatically synchronise when a new mirror
+    joins"."""
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("two.a", durable=True)
+        await fill(c, "n1", "two.a", 500)
+        await set_policy(c, "ha-two", r"^two\.", '{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"automatic"}')
+        await replicas_settled(c, "two.a", ["n2"], synced=["n2"])
+        assert mirror_state(c, "two.a", "n2").message_count == 500
