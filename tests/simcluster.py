@@ -24,7 +24,7 @@ TICKTIME = 8.0
 class SimCluster:
     def __init__(self, nursery: trio.Nursery, data_root, names=("n1", "n2", "n3"), seed: int = 0,
                  net_ticktime: float = TICKTIME, persist: bool = False,
-                 keep_md_in_memory: bool = True):
+                 keep_md_in_memory: bool = True, **node_options):
         self.nursery = nursery
         self.net = SimNetwork(seed)
         self.data_root = data_root
@@ -35,6 +35,7 @@ class SimCluster:
         # join_cluster() just took with fresh single-node metadata (Node._load), so the join is
         # forgotten and no cluster forms. See test_join_without_persistence_is_kept.
         self.keep_md_in_memory = keep_md_in_memory
+        self.node_options = node_options  # extra NodeConfig fields for every node
         self.nodes: dict[str, Node] = {}
         self.scopes: dict[str, trio.CancelScope] = {}
         self.killed: set[str] = set()
@@ -43,7 +44,7 @@ class SimCluster:
     def config(self, name: str) -> NodeConfig:
         return NodeConfig(name=name, host=name, advertise_host=name, client_port=CLIENT_PORT,
                           peer_port=PEER_PORT, secret=b"s", net_ticktime=self.net_ticktime,
-                          data_dir=str(self.data_root / name)).validate()
+                          data_dir=str(self.data_root / name), **self.node_options).validate()
 
     def _new_node(self, name: str) -> Node:
         node = Node(self.config(name), self.net.host(name), persist=self.persist)

@@ -222,3 +222,44 @@ async def test_automatic_sync_mode_syncs_a_new_mirror(tmp_path, autojump_clock):
         await set_policy(c, "ha-two", r"^two\.", '{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"automatic"}')
         await replicas_settled(c, "two.a", ["n2"], synced=["n2"])
         assert mirror_state(c, "two.a", "n2").message_count == 500
+
+
+async def test_operations_wait_while_syncing_and_cancel_releases_them(tmp_path, autojump_clock):
+    """"while a queue is being synchronised, all other queue operations will be blocked" (held,
+    not failed); `cancel_sync_queue` stops it and the mirror stays unsynchronised; a
+    publisher's confirms come once the sync is over. The throughput limit paces the sync."""
+    async with sim_cluster(tmp_path, mirroring_sync_max_throughput=100_000) as c:
+        async with c.connect("n1") as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("two.s", durable=True)
+        await fill(c, "n1", "two.s", 2000, size=1000)  # 2 MB: 20 s at 100 kB/s
+        await set_policy(c, "ha-two", r"^two\.", {"ha-mode": "exactly", "ha-params": 2})
+        await replicas_settled(c, "two.s", ["n2"], synced=[])
+        assert (await ctl(c, "n1", "sync_queue", queue="two.s"))["started"]
+        await trio.sleep(5)
+        st = await ctl(c, "n1", "sync_status", queue="two.s")
+        assert st["running"]
+        p = st["progress"]
+        assert 0.8 * 100_000 <= p["rate_bytes"] <= 1.1 * 100_000, p
+        rows = await ctl(c, "n2", "list_queues", columns=["name", "state", "sync_progress"])
+        assert rows[0]["state"] == "syncing" and "%" in rows[0]["sync_progress"]
+        async with c.connect("n3") as conn:
+            ch = await conn.channel()
+            await ch.confirm_delivery()
+            ch.publish_nowait("two.s", b"during the sync")
+            with trio.move_on_after(3):
+                await ch.wait_for_confirms()
+            assert ch.outstanding, "the publish was confirmed while the queue was syncing"
+            t0 = trio.current_time()
+            assert (await ctl(c, "n1", "cancel_sync_queue", queue="two.s"))["cancelled"]
+            assert await ch.wait_for_confirms(timeout=5)  # held, then released: not failed
+            assert trio.current_time() - t0 < 2
+        st = await ctl(c, "n1", "sync_status", queue="two.s")
+        assert not st["running"] and st["last"]["status"] == "cancelled"
+        assert 0 < st["last"]["messages"] < 2000
+        assert st["unsynchronised"] == ["n2"]
+        assert qdef(c, "two.s")["synced"] == []
+        # a second sync completes the job, skipping what the first one delivered
+        await ctl(c, "n1", "sync_queue", queue="two.s")
+        await replicas_settled(c, "two.s", ["n2"], synced=["n2"])
+        assert mirror_state(c, "two.s", "n2").comparable() == mirror_state(c, "two.s", "n1").comparable()
