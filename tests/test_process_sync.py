@@ -1,0 +1,99 @@
+"""Process tests of batch synchronisation (issue #4): real warren-server processes, warrenctl as a
+user runs it, kill -9 and a real restart."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+import trio
+
+from broker.client.aio import open_connection
+
+from cluster_procs import running_cluster
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
+
+
+def publish(cluster, node: str, queue: str, n: int, size: int = 1024) -> None:
+    async def run():
+        async with open_connection([cluster.client_addr(node)]) as conn:
+            ch = await conn.channel()
+            await ch.queue_declare(queue, durable=True)
+            await ch.confirm_delivery()
+            for i in range(n):
+                await ch.basic_publish("", queue, i.to_bytes(8, "big") + b"." * (size - 8))
+            assert await ch.wait_for_confirms(timeout=60)
+    trio.run(run)
+
+
+def queue_row(cluster, node: str, queue: str) -> dict:
+    rows = cluster.ctl_json(node, "list_queues", "name", "pid", "mirror_pids",
+                            "synchronised_mirror_pids", "messages", "state")
+    return next(r for r in rows if r["name"] == queue)
+
+
+def wait_until(pred, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sync_queue_and_cancel_sync_queue(request, tmp_path_factory):
+    """`rabbitmqctl sync_queue {name}` synchronises; `cancel_sync_queue` stops a sync in progress
+    and the mirror stays unsynchronised. The limit is mirroring_sync_max_throughput."""
+    with running_cluster(request, tmp_path_factory, 3, net_ticktime=4,
+                         server_args=["--mirroring-sync-max-throughput", "2000000"]) as c:
+        publish(c, "n1", "two.sync", 5000)  # ~5 MB: about 2.5 s at 2 MB/s
+        c.ctl_ok("n1", "set_policy", "ha-two", r"^two\.", '{"ha-mode":"exactly","ha-params":2}')
+        row = wait_until(lambda: (r := queue_row(c, "n2", "two.sync"))["mirror_pids"] and r,
+                         what="a mirror")
+        assert row["synchronised_mirror_pids"] == []  # a new mirror starts empty
+        # a sync, cancelled after a second
+        p = subprocess.Popen(["warrenctl", "-n", "n1", "sync_queue", "two.sync"], env=c.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_until(lambda: queue_row(c, "n3", "two.sync")["state"] == "syncing", what="syncing")
+        time.sleep(1.0)
+        out = c.ctl_ok("n2", "cancel_sync_queue", "two.sync")
+        assert "True" in out or "true" in out
+        stdout, stderr = p.communicate(timeout=30)
+        assert p.returncode == 1, (stdout, stderr)
+        assert "sync cancelled" in stdout
+        assert "%" in stdout  # progress lines were shown
+        assert queue_row(c, "n1", "two.sync")["synchronised_mirror_pids"] == []
+        # the whole sync, measured
+        t0 = time.monotonic()
+        out = c.ctl_ok("n1", "sync_queue", "two.sync")
+        took = time.monotonic() - t0
+        assert "sync completed" in out
+        row = queue_row(c, "n1", "two.sync")
+        assert row["synchronised_mirror_pids"] == row["mirror_pids"] and row["mirror_pids"]
+        print(f"sync of the remaining messages at a 2 MB/s limit: {took:.1f} s; {out.strip()}")
+
+
+def test_automatic_sync_after_a_mirror_node_restarts(request, tmp_path_factory):
+    """"A mirror whose node restarts ... throws away any ... contents it already has and starts
+    empty"; with "ha-sync-mode: automatic" it is synchronised again when it rejoins."""
+    with running_cluster(request, tmp_path_factory, 3, net_ticktime=4) as c:
+        c.ctl_ok("n1", "set_policy", "ha-all", r"^all\.",
+                 '{"ha-mode":"all","ha-sync-mode":"automatic"}')
+        publish(c, "n1", "all.auto", 3000)
+        wait_until(lambda: len(queue_row(c, "n1", "all.auto")["synchronised_mirror_pids"]) == 2,
+                   what="two synchronised mirrors")
+        old = [p for p in queue_row(c, "n1", "all.auto")["mirror_pids"] if p.startswith("<n3.")]
+        c.kill9("n3")
+        wait_until(lambda: len(queue_row(c, "n1", "all.auto")["mirror_pids"]) == 1, what="n3 dropped")
+        c.restart("n3")
+        row = wait_until(lambda: (r := queue_row(c, "n1", "all.auto")) and
+                         len(r["synchronised_mirror_pids"]) == 2 and r, timeout=40,
+                         what="n3 back and synchronised")
+        new = [p for p in row["mirror_pids"] if p.startswith("<n3.")]
+        assert new and new != old  # a new mirror, not the old one
+        assert row["messages"] == 3000
+        log = c.log_path("n1").read_text()
+        assert "Synchronising 3000 messages to mirrors on n3" in log
