@@ -217,6 +217,8 @@ class Node:
             await self._accept_peer(stream, peer)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except ProtocolError as exc:  # e.g. the dialer dropped a duplicate link during set-up
+            self.log.debug("peer connection ended during set-up", peer=peer, reason=exc.text)
         except Exception:  # a bug in handling one connection must not bring the node down
             self.log.exception("peer connection failed", peer=peer)
 
