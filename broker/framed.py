@@ -29,7 +29,14 @@ class FramedStream:
         self._pending: list = []
 
     async def receive_batch(self, allowed: frozenset[str] | None = None) -> list:
-        """Messages from the next read; [] means a clean end of stream. Raises ProtocolError."""
+        """Messages from the next read; [] means a clean end of stream. Raises ProtocolError.
+        Messages that `receive` read ahead (they came in the same read) come first."""
+        if self._pending:
+            out, self._pending = self._pending, []
+            for msg in out:
+                if allowed is not None and msg.KIND not in allowed:
+                    raise ProtocolError(UNEXPECTED_FRAME, f"message {msg.KIND!r} is not allowed here")
+            return out
         while True:
             data = await self.stream.receive_some(READ_SIZE)
             if not data:
@@ -42,7 +49,10 @@ class FramedStream:
     async def receive(self, allowed: frozenset[str] | None = None):
         """One message, or None at end of stream."""
         if not self._pending:
-            self._pending = await self.receive_batch(allowed)
+            # decode the whole read unrestricted: the frames after this one (the peer may send
+            # them without waiting, e.g. link.hello right after peer.welcome) are checked when
+            # they are taken
+            self._pending = await self.receive_batch()
             if not self._pending:
                 return None
         msg = self._pending.pop(0)
