@@ -143,10 +143,13 @@ class Publisher:
 
 
 class Consumer:
-    """Consumes with manual acks, one ack per message; records (time, id, redelivered)."""
+    """Consumes with manual acks (one per message, or `multiple` every `ack_every` messages, so
+    that some deliveries are unacknowledged when a node fails); records (time, id, redelivered)."""
 
-    def __init__(self, c: ProcessCluster, node: str, queue: str, prefetch: int = 200):
+    def __init__(self, c: ProcessCluster, node: str, queue: str, prefetch: int = 200,
+                 ack_every: int = 1):
         self.c, self.node, self.queue, self.prefetch = c, node, queue, prefetch
+        self.ack_every = ack_every
         self.deliveries: list[tuple[float, int, bool]] = []
         self.ids: set[int] = set()
         self.changed = trio.Event()
@@ -162,7 +165,8 @@ class Consumer:
                 i = msg_id(msg.body)
                 self.deliveries.append((trio.current_time(), i, msg.redelivered))
                 self.ids.add(i)
-                ch.basic_ack(msg.delivery_tag)
+                if len(self.deliveries) % self.ack_every == 0:
+                    ch.basic_ack(msg.delivery_tag, multiple=self.ack_every > 1)
                 if len(self.deliveries) % 64 == 0:
                     self.changed.set()
                     self.changed = trio.Event()
@@ -216,7 +220,7 @@ def test_kill9_of_leader_under_load_promotes_oldest_mirror_and_loses_no_confirme
         row = await ctl(c, mirrored_all_synced, c, q, '{"ha-mode":"all"}')
         oldest = pid_node(row["mirror_pids"][0])
 
-        pub, con = Publisher(c, "n2", q), Consumer(c, "n3", q)
+        pub, con = Publisher(c, "n2", q), Consumer(c, "n3", q, ack_every=50)
         async with trio.open_nursery() as n:
             await n.start(con.run)
             await n.start(pub.run)
