@@ -148,6 +148,134 @@ async def test_leader_killed_oldest_mirror_promoted_consumers_continue(tmp_path,
 async def test_tx_commit_returns_once_every_mirror_has_the_messages(tmp_path, autojump_clock):
     """"a tx.commit-ok will only be returned to a client when the transaction has been applied
     across all mirrors of the queue"; a rollback drops what was published."""
+# --- helpers for the rule tests ------------------------------------------------------------
+
+async def publish_confirmed(ch, queue, bodies):
+    """Publish with confirms on; True when every one was confirmed positively."""
+    if not ch.confirming:
+        await ch.confirm_delivery()
+    for b in bodies:
+        ch.publish_nowait(queue, b)
+    return await ch.wait_for_confirms(timeout=TICKTIME * 4)
+
+
+async def get_all(ch, queue, limit=100_000):
+    """Take every ready message with basic.get (auto-ack); their bodies in order."""
+    out = []
+    while len(out) < limit:
+        msg = await ch.basic_get(queue, auto_ack=True)
+        if msg is None:
+            return out
+        out.append(msg.body)
+    return out
+
+
+def replica_nodes(c, queue):
+    """Nodes that run a replica task of the queue: {node: role}."""
+    return {n.name: n.queues[queue].role for n in c.nodes.values()
+            if n.name not in c.killed and n.app_running and queue in n.queues}
+
+
+async def policies(c, node="n1"):
+    return await ctl(c, node, "list_policies")
+
+
+# --- 1. exactly ----------------------------------------------------------------------------
+
+async def test_exactly_two_verbatim_example_gives_one_mirror(tmp_path, autojump_clock):
+    """"A count value of 2 means 2 replicas: 1 queue leader and 1 queue mirror." with the spec's
+    example definition '{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"automatic"}'."""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-two", r"^two\.",
+                         '{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"automatic"}')
+        (pol,) = await policies(c)
+        assert pol["definition"] == {"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"}
+        async with c.connect("n1") as c1:
+            ch = await c1.channel()
+            await ch.queue_declare("two.replicas", durable=True)
+            await c.wait_for(lambda: len(qdef(c, "two.replicas")["mirrors"]) == 1, timeout=10)
+            await trio.sleep(1)
+            q = qdef(c, "two.replicas")
+            assert q["leader"] == "n1" and len(q["mirrors"]) == 1
+            assert sorted(replica_nodes(c, "two.replicas").values()) == ["leader", "mirror"]
+            (row,) = await ctl(c, "n3", "list_queues", columns=["name", "policy", "pid", "mirror_pids"])
+            assert row["policy"] == "ha-two" and len(row["mirror_pids"]) == 1
+
+
+async def test_exactly_more_than_nodes_mirrors_to_all(tmp_path, autojump_clock):
+    """"If there are fewer than count nodes in the cluster, the queue is mirrored to all
+    nodes.\""""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-five", r"^five\.", {"ha-mode": "exactly", "ha-params": 5})
+        async with c.connect("n2") as c2:
+            ch = await c2.channel()
+            await ch.queue_declare("five.q", durable=True)
+        await replicas_settled(c, "five.q", ["n1", "n3"])
+        assert qdef(c, "five.q")["leader"] == "n2"
+        assert replica_nodes(c, "five.q") == {"n1": "mirror", "n2": "leader", "n3": "mirror"}
+
+
+async def test_exactly_replaces_a_lost_mirror_on_another_node(tmp_path, autojump_clock):
+    """"If there are more than count nodes in the cluster, and a node containing a mirror goes
+    down, then a new mirror will be created on another node.\""""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-two", r"^two\.", {"ha-mode": "exactly", "ha-params": 2})
+        async with c.connect("n1") as c1:
+            ch = await c1.channel()
+            await ch.queue_declare("two.q", durable=True)
+            await c.wait_for(lambda: len(qdef(c, "two.q")["mirrors"]) == 1, timeout=10)
+            (first,) = qdef(c, "two.q")["mirrors"]
+            other = ({"n2", "n3"} - {first}).pop()
+            c.kill(first)
+            with trio.fail_after(TICKTIME * 3):
+                await c.wait_for(lambda: qdef(c, "two.q")["mirrors"] == [other])
+            await c.wait_for(lambda: replica_nodes(c, "two.q") == {"n1": "leader", other: "mirror"},
+                             timeout=5)
+            # the replacement mirror really follows: confirms need it, and it holds the message
+            assert await publish_confirmed(ch, "two.q", [b"after"])
+            await trio.sleep(0.5)
+            assert mirror_state(c, "two.q", other).comparable() == \
+                mirror_state(c, "two.q", "n1").comparable()
+
+
+# --- 3. nodes with unknown / stopped names ---------------------------------------------------
+
+async def test_nodes_policy_ignores_names_that_are_not_members(tmp_path, autojump_clock):
+    """"If any of those node names are not a part of the cluster, this does not constitute an
+    error.\""""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-nodes", r"^nodes\.",
+                         {"ha-mode": "nodes", "ha-params": ["n2", "rabbit@nowhere", "n3"]})
+        async with c.connect("n1") as c1:
+            ch = await c1.channel()
+            await ch.queue_declare("nodes.q", durable=True)
+        await c.wait_for(lambda: qdef(c, "nodes.q")["leader"] in ("n2", "n3"), timeout=10)
+        q = qdef(c, "nodes.q")
+        assert {q["leader"], *q["mirrors"]} == {"n2", "n3"}
+        assert "n1" not in replica_nodes(c, "nodes.q")
+
+
+async def test_nodes_policy_with_no_listed_node_running_uses_declaring_node(tmp_path, autojump_clock):
+    """"If none of the nodes in the list are online at the time when the queue is declared then
+    the queue will be created on the node that the declaring client is connected to.\""""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-nodes", r"^nodes\.",
+                         {"ha-mode": "nodes", "ha-params": ["rabbit@ghost", "n1"]})
+        c.kill("n1")
+        await c.wait_for(lambda: "n1" in c.nodes["n2"].md.down, timeout=TICKTIME * 3)
+        async with c.connect("n3") as c3:
+            ch = await c3.channel()
+            await ch.queue_declare("nodes.q", durable=True)
+            assert qdef(c, "nodes.q", "n3")["leader"] == "n3"
+            assert qdef(c, "nodes.q", "n3")["mirrors"] == []
+            assert await publish_confirmed(ch, "nodes.q", [b"x"])
+
+
+# --- 4. exclusive --------------------------------------------------------------------------
+
+async def test_exclusive_queues_are_never_mirrored(tmp_path, autojump_clock):
+    """"exclusive queues are never mirrored (even if they match a policy stating that they
+    should be). They are also never durable (even if declared as such).\""""
     async with sim_cluster(tmp_path) as c:
         await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
         async with c.connect("n2") as c2:
@@ -263,3 +391,14 @@ async def test_operations_wait_while_syncing_and_cancel_releases_them(tmp_path, 
         await ctl(c, "n1", "sync_queue", queue="two.s")
         await replicas_settled(c, "two.s", ["n2"], synced=["n2"])
         assert mirror_state(c, "two.s", "n2").comparable() == mirror_state(c, "two.s", "n1").comparable()
+            await ch.queue_declare("ha.excl", durable=True, exclusive=True)
+            await ch.queue_declare("ha.shared", durable=True)
+            await replicas_settled(c, "ha.shared", ["n1", "n3"])
+            assert qdef(c, "ha.excl")["mirrors"] == []
+            assert qdef(c, "ha.excl")["durable"] is False
+            assert replica_nodes(c, "ha.excl") == {"n2": "leader"}
+            # a policy change re-plans every queue: still not mirrored
+            await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "exactly", "ha-params": 3})
+            await trio.sleep(1)
+            assert qdef(c, "ha.excl")["mirrors"] == []
+            assert replica_nodes(c, "ha.excl") == {"n2": "leader"}
