@@ -543,6 +543,13 @@ class Node:
                     await self.propose(["node.up", node])
             except (ProtocolError, trio.TooSlowError):
                 continue
+        # a member that was never down (it just joined) gets no node.up: place mirrors anyway
+        # ("all" adds a mirror on a node that joins)
+        if self.coordinator == self.name:
+            try:
+                await self.propose(["replan"])
+            except (ProtocolError, trio.TooSlowError):
+                pass
 
     def _plan_change(self, change: list) -> list | None:
         """Coordinator: turn a proposal into the change every node applies, with the decisions
@@ -569,6 +576,9 @@ class Node:
         if kind == "policy.clear":
             policies = {k: v for k, v in md.policies.items() if k != change[1]}
             return ["policy.clear", change[1], planner.plan(md, running, policies=policies)]
+        if kind == "replan":
+            updates = planner.plan(md, running)
+            return ["queues.update", updates] if updates else None
         if kind == "queue.synced":
             _, qname, epoch, synced = change
             q = md.queues.get(qname)
