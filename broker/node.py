@@ -822,6 +822,10 @@ class Node:
                 "arguments": dict(msg.arguments),
                 "leader": self.name if msg.exclusive else self._choose_leader(session, msg.arguments),
                 "owner": session.conn_id if msg.exclusive else None,
+                # the coordinator decides the leader (planner.plan_declare) from where the client
+                # is and from this node's queue_leader_locator, not from its own setting
+                "declared_on": self.name,
+                "locator": self.config.queue_leader_locator,
             }
             if existing is not None and existing["exclusive"] and not msg.exclusive and existing.get("owner") == session.conn_id:
                 qdef["durable"] = existing["durable"]
