@@ -402,3 +402,228 @@ async def test_operations_wait_while_syncing_and_cancel_releases_them(tmp_path, 
             await trio.sleep(1)
             assert qdef(c, "ha.excl")["mirrors"] == []
             assert replica_nodes(c, "ha.excl") == {"n2": "leader"}
+
+
+# --- 2. all and joining nodes ----------------------------------------------------------------
+
+async def test_all_adds_a_mirror_on_a_joining_node(tmp_path, autojump_clock):
+    """"When a new node is added to the cluster, the queue will be mirrored to that node." and
+    "At this point, the new mirror will be empty: it will not contain any existing contents of
+    the queue.\""""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
+        async with c.connect("n1") as c1:
+            ch = await c1.channel()
+            await ch.queue_declare("ha.q", durable=True)
+            await replicas_settled(c, "ha.q", ["n2", "n3"], synced=["n2", "n3"])
+            assert await publish_confirmed(ch, "ha.q", [b"old%d" % i for i in range(5)])
+            c.names.append("n4")
+            n4 = await c.start_node("n4")
+            await n4.stop_app()
+            await n4.join_cluster("n1", PEER_PORT)
+            await n4.start_app()
+            await c.wait_running(["n1", "n2", "n3", "n4"])
+            await replicas_settled(c, "ha.q", ["n2", "n3", "n4"], synced=["n2", "n3"])
+            assert qdef(c, "ha.q")["mirrors"][-1] == "n4"  # the youngest
+            assert await publish_confirmed(ch, "ha.q", [b"new"])
+            await trio.sleep(0.5)
+            assert [m[1] for m in mirror_state(c, "ha.q", "n4").ready] == [b"new"]
+            assert len(mirror_state(c, "ha.q", "n2").ready) == 6
+            # draining the head it lacks synchronises it
+            assert len(await get_all(ch, "ha.q")) == 6
+            await replicas_settled(c, "ha.q", ["n2", "n3", "n4"], synced=["n2", "n3", "n4"])
+
+
+async def test_all_restarted_node_comes_back_as_youngest_empty_mirror(tmp_path, autojump_clock):
+    """"as you restart other nodes, if they were previously part of a mirrored queue then they
+    will rejoin the mirrored queue" and "when a mirror rejoins a mirrored queue, it throws away
+    any durable local contents it already has and starts empty.\""""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
+        async with c.connect("n1") as c1:
+            ch = await c1.channel()
+            await ch.queue_declare("ha.q", durable=True)
+            await replicas_settled(c, "ha.q", ["n2", "n3"], synced=["n2", "n3"])
+            assert await publish_confirmed(ch, "ha.q", [b"a", b"b"])
+            c.kill("n2")
+            with trio.fail_after(TICKTIME * 3):
+                await replicas_settled(c, "ha.q", ["n3"])
+            await c.restart("n2")
+            await c.wait_running(["n1", "n2", "n3"])
+            await replicas_settled(c, "ha.q", ["n3", "n2"], synced=["n3"])
+            assert qdef(c, "ha.q")["mirrors"] == ["n3", "n2"]  # n2 is now the youngest
+            await trio.sleep(0.5)
+            assert len(mirror_state(c, "ha.q", "n2").ready) == 0
+            assert len(mirror_state(c, "ha.q", "n3").ready) == 2
+
+
+# --- 5. policy changes on live queues ---------------------------------------------------------
+
+async def test_policy_change_makes_a_live_queue_mirrored_and_back(tmp_path, autojump_clock):
+    """"Policies can change at any time; it is valid to create a non-mirrored queue, and then
+    make it mirrored at some later point (and vice versa)." and "As messages are drained from
+    the mirrored queue, the size of the head of the queue for which the new mirror is missing
+    messages, will shrink until eventually the mirror's contents precisely match the leader's
+    contents.\""""
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as c1:
+            ch = await c1.channel()
+            await ch.queue_declare("p.q", durable=True)
+            assert await publish_confirmed(ch, "p.q", [b"%d" % i for i in range(10)])
+            assert replica_nodes(c, "p.q") == {"n1": "leader"}
+            await set_policy(c, "ha-p", r"^p\.", {"ha-mode": "all"})
+            await replicas_settled(c, "p.q", ["n2", "n3"], synced=[])
+            await trio.sleep(1)
+            assert qdef(c, "p.q")["synced"] == []  # still missing the 10 older messages
+            assert len(mirror_state(c, "p.q", "n2").ready) == 0
+            assert await publish_confirmed(ch, "p.q", [b"10"])
+            assert len(await get_all(ch, "p.q", limit=10)) == 10
+            await replicas_settled(c, "p.q", ["n2", "n3"], synced=["n2", "n3"])
+            assert [m[1] for m in mirror_state(c, "p.q", "n3").ready] == [b"10"]
+            await ctl(c, "n2", "clear_policy", name="ha-p")
+            await replicas_settled(c, "p.q", [])
+            await c.wait_for(lambda: replica_nodes(c, "p.q") == {"n1": "leader"}, timeout=5)
+            assert await get_all(ch, "p.q") == [b"10"]
+
+
+async def test_exactly_three_to_two_keeps_the_oldest_mirror(tmp_path, autojump_clock):
+    """"Whenever the HA policy for a queue changes it will endeavour to keep its existing
+    mirrors as far as this fits with the new policy.\""""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-x", r"^x\.", {"ha-mode": "exactly", "ha-params": 3})
+        async with c.connect("n3") as c3:
+            ch = await c3.channel()
+            await ch.queue_declare("x.q", durable=True)
+            await replicas_settled(c, "x.q", ["n1", "n2"])
+            oldest = qdef(c, "x.q")["mirrors"][0]
+            pid_before = c.nodes[oldest].queues["x.q"].pid
+            await set_policy(c, "ha-x", r"^x\.", {"ha-mode": "exactly", "ha-params": 2})
+            await replicas_settled(c, "x.q", [oldest])
+            await c.wait_for(lambda: set(replica_nodes(c, "x.q")) == {"n3", oldest}, timeout=5)
+            assert c.nodes[oldest].queues["x.q"].pid == pid_before  # the same mirror, kept
+
+
+async def test_highest_priority_policy_wins(tmp_path, autojump_clock):
+    """"If a queue that's expected to be mirroring is not, this usually means ... that another
+    policy takes priority (and does not enable mirroring)." (the highest priority matching
+    policy applies)."""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-all", r"^q", {"ha-mode": "all"}, priority=1)
+        await set_policy(c, "plain", r"^q\.", {"queue-master-locator": "client-local"}, priority=5)
+        async with c.connect("n1") as c1:
+            ch = await c1.channel()
+            await ch.queue_declare("q.one", durable=True)
+            await ch.queue_declare("qq", durable=True)
+            await replicas_settled(c, "qq", ["n2", "n3"])
+            assert qdef(c, "q.one")["mirrors"] == []
+            rows = {r["name"]: r for r in await ctl(c, "n1", "list_queues",
+                                                     columns=["name", "policy", "mirror_pids"])}
+            assert rows["q.one"]["policy"] == "plain" and rows["q.one"]["mirror_pids"] == []
+            assert rows["qq"]["policy"] == "ha-all" and len(rows["qq"]["mirror_pids"]) == 2
+            # raise the mirroring policy above the other: the live queue becomes mirrored
+            await set_policy(c, "ha-all", r"^q", {"ha-mode": "all"}, priority=9)
+            await replicas_settled(c, "q.one", ["n2", "n3"])
+
+
+# --- 6. bad definitions ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("definition, key", [
+    ('{"ha-mode":"exactly","ha-params":2', "definition"),  # bad JSON
+    ({"ha-mode": "most"}, "ha-mode"),
+    ({"ha-mode": "exactly"}, "ha-params"),
+    ({"ha-mode": "exactly", "ha-params": 0}, "ha-params"),
+    ({"ha-mode": "exactly", "ha-params": "2"}, "ha-params"),
+    ({"ha-mode": "nodes", "ha-params": "n1"}, "ha-params"),
+    ({"ha-mode": "all", "ha-sync-mode": 1}, "ha-sync-mode"),
+    ({"ha-mode": "all", "ha-promote-on-failure": "never"}, "ha-promote-on-failure"),
+    ({"ha-mode": "all", "ha-sync-batch-size": -1}, "ha-sync-batch-size"),
+    ({"queue-master-locator": "random"}, "queue-master-locator"),
+    ({"ha-params": 2}, "ha-params"),
+])
+async def test_bad_policy_definition_is_refused_and_nothing_changes(tmp_path, autojump_clock,
+                                                                     definition, key):
+    """"A bad definition (bad JSON, unknown mode, `exactly` without a positive count, wrong
+    type) is refused with an error naming the key; nothing changes." (issue #3; the spec's
+    `set_policy ... '{"ha-mode":"exactly","ha-params":2,...}'` validation)."""
+    from wire.errors import ProtocolError
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-two", r"^two\.", {"ha-mode": "exactly", "ha-params": 2})
+        async with c.connect("n1") as c1:
+            ch = await c1.channel()
+            await ch.queue_declare("two.q", durable=True)
+            await c.wait_for(lambda: len(qdef(c, "two.q")["mirrors"]) == 1, timeout=10)
+        before_pol = await policies(c)
+        before_q = dict(qdef(c, "two.q"))
+        version = c.nodes["n1"].md.version
+        for name in ("ha-two", "other"):
+            with pytest.raises(ProtocolError) as err:
+                await set_policy(c, name, r"^two\.", definition, node="n2")
+            assert f"'{key}'" in err.value.text, err.value.text
+        assert await policies(c, "n3") == before_pol
+        assert c.nodes["n1"].md.version == version
+        assert qdef(c, "two.q") == before_q
+
+
+# --- 7. leader placement ----------------------------------------------------------------------
+
+async def test_queue_master_locator_argument_client_local_and_balanced(tmp_path, autojump_clock):
+    """"Pick the node hosting the minimum number of leaders of the same queue type: balanced";
+    "Pick the node the client that declares the queue is connected to: client-local", set with
+    "the `x-queue-master-locator` optional queue argument\""""
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n2") as c2:
+            ch = await c2.channel()
+            await ch.queue_declare("local", durable=True, arguments={"x-queue-master-locator": "client-local"})
+            assert qdef(c, "local")["leader"] == "n2"
+            for i in range(3):
+                await ch.queue_declare(f"bal{i}", durable=True,
+                                       arguments={"x-queue-master-locator": "balanced"})
+            # n2 already leads "local": the fewest leaders are on n1 (most senior on a tie),
+            # then n3, then all three lead one each and n1 is picked again
+            assert [qdef(c, f"bal{i}")["leader"] for i in range(3)] == ["n1", "n3", "n1"]
+
+
+async def test_queue_master_locator_policy_key(tmp_path, autojump_clock):
+    """"setting the `queue-master-locator` policy key" chooses the strategy: balanced spreads
+    leaders over the nodes, client-local keeps them on the declaring client's node."""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "spread", r"^bal\.", {"queue-master-locator": "balanced"})
+        await set_policy(c, "here", r"^loc\.", {"ha-mode": "exactly", "ha-params": 2,
+                                                "queue-master-locator": "client-local"})
+        async with c.connect("n3") as c3:
+            ch = await c3.channel()
+            for i in range(3):
+                await ch.queue_declare(f"bal.{i}", durable=True)
+            for i in range(3):
+                await ch.queue_declare(f"loc.{i}", durable=True)
+            assert [qdef(c, f"bal.{i}")["leader"] for i in range(3)] == ["n1", "n2", "n3"]
+            assert [qdef(c, f"loc.{i}")["leader"] for i in range(3)] == ["n3"] * 3
+
+
+async def test_queue_leader_locator_node_setting_and_policy_override(tmp_path, autojump_clock,
+                                                                    monkeypatch):
+    """"defining the `queue_leader_locator` key in the configuration file": the declaring
+    node's setting applies when neither the argument nor the policy sets one; the policy key
+    and the argument override it."""
+    from simcluster import SimCluster
+    plain = SimCluster.config
+
+    def config(self, name):
+        cfg = plain(self, name)
+        cfg.queue_leader_locator = "balanced" if name == "n3" else "client-local"
+        return cfg
+    monkeypatch.setattr(SimCluster, "config", config)
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "here", r"^loc\.", {"queue-master-locator": "client-local"})
+        async with c.connect("n3") as c3, c.connect("n1") as c1:
+            ch3, ch1 = await c3.channel(), await c1.channel()
+            await ch3.queue_declare("a", durable=True)  # n3's own setting: balanced
+            await ch3.queue_declare("b", durable=True)
+            await ch3.queue_declare("e", durable=True)
+            assert [qdef(c, q)["leader"] for q in ("a", "b", "e")] == ["n1", "n2", "n3"]
+            # every node leads one: balanced would pick n1 now
+            await ch3.queue_declare("loc.1", durable=True)  # policy: client-local
+            await ch3.queue_declare("c", durable=True, arguments={"x-queue-master-locator": "client-local"})
+            assert qdef(c, "loc.1")["leader"] == "n3" and qdef(c, "c")["leader"] == "n3"
+            await ch1.queue_declare("d", durable=True)  # n1's setting: client-local
+            assert qdef(c, "d")["leader"] == "n1"
