@@ -66,6 +66,8 @@ class Node:
         self._app_scope: trio.CancelScope | None = None
         self._dialing: set[str] = set()
         self._early: dict[str, list] = {}  # queue -> ops that arrived before its declaration
+        self._app_started_at = 0.0
+        self._liveness_later = False
         self._meta_event = trio.Event()
         self.root = None
         self.app = None
@@ -185,6 +187,7 @@ class Node:
             self._app_scope = scope
             self.md = self._load()
             self.booting = True
+            self._app_started_at = trio.current_time()
             try:
                 async with trio.open_nursery() as app:
                     self.app = app
@@ -533,11 +536,19 @@ class Node:
         """Coordinator duty: record members going down and coming back, with the promotions,
         deletions and mirror placements that follow (mirroring/planner.py)."""
         running = self.running
+        booting = trio.current_time() < self._app_started_at + self.config.net_ticktime
         for node in list(self.md.members):
             if self.coordinator != self.name:
                 return
             try:
                 if node not in running and node not in self.md.down:
+                    if booting:
+                        # we just started: links are still forming (and duplicate links being
+                        # resolved), so a member we do not reach yet is not a failure we saw (a
+                        # restarted n2 linked to n3 before n1 must not declare n1 down and
+                        # promote its mirrors); look again once net_ticktime has passed
+                        self.spawn(self._sync_liveness_later)
+                        continue
                     await self.propose(["node.down", node, "failure"])
                 elif node in running and node in self.md.down:
                     await self.propose(["node.up", node])
@@ -550,6 +561,17 @@ class Node:
                 await self.propose(["replan"])
             except (ProtocolError, trio.TooSlowError):
                 pass
+
+    async def _sync_liveness_later(self) -> None:
+        if self._liveness_later:
+            return
+        self._liveness_later = True
+        try:
+            await trio.sleep_until(self._app_started_at + self.config.net_ticktime)
+        finally:
+            self._liveness_later = False
+        if self.coordinator == self.name:
+            await self._sync_liveness()
 
     def _plan_change(self, change: list) -> list | None:
         """Coordinator: turn a proposal into the change every node applies, with the decisions
