@@ -176,6 +176,11 @@ class Node:
         self.log.info("stopping app")
         with trio.move_on_after(SHUTDOWN_HANDOVER_TIMEOUT):
             await self._hand_over_on_shutdown()
+        # closing a link drops what its writer has not sent yet: let the shutdown record (the
+        # node.down change with its promotions) reach the others first
+        with trio.move_on_after(1.0):
+            while any(link.outbox._queued for link in self.links.values()):
+                await trio.sleep(0.005)
         for link in list(self.links.values()):
             link.close("peer stopped its app")
         self._app_scope.cancel()
@@ -592,21 +597,23 @@ class Node:
                     planner.plan(md, running - {node}, down=node, shutdown=shutdown)]
         if kind == "node.up":
             return ["node.up", change[1], planner.plan(md, running, up=change[1])]
+        # a node that recorded its shutdown is still linked for a moment: place nothing on it
+        live = running - set(md.down)
         if kind == "policy.set":
             policies = {**md.policies, change[1]["name"]: change[1]}
-            return ["policy.set", change[1], planner.plan(md, running, policies=policies)]
+            return ["policy.set", change[1], planner.plan(md, live, policies=policies)]
         if kind == "policy.clear":
             policies = {k: v for k, v in md.policies.items() if k != change[1]}
-            return ["policy.clear", change[1], planner.plan(md, running, policies=policies)]
+            return ["policy.clear", change[1], planner.plan(md, live, policies=policies)]
         if kind == "replan":
-            updates = planner.plan(md, running)
+            updates = planner.plan(md, live)
             return ["queues.update", updates] if updates else None
         if kind == "queue.synced":
             _, qname, epoch, synced = change
             q = md.queues.get(qname)
             if q is None or q.get("epoch") != epoch:
                 return None
-            return ["queues.update", planner.plan(md, running, synced=(qname, epoch, synced))]
+            return ["queues.update", planner.plan(md, live, synced=(qname, epoch, synced))]
         return change
 
     async def _hand_over_on_shutdown(self) -> None:
