@@ -148,6 +148,123 @@ async def test_leader_killed_oldest_mirror_promoted_consumers_continue(tmp_path,
 async def test_tx_commit_returns_once_every_mirror_has_the_messages(tmp_path, autojump_clock):
     """"a tx.commit-ok will only be returned to a client when the transaction has been applied
     across all mirrors of the queue"; a rollback drops what was published."""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
+        async with c.connect("n2") as c2:
+            ch = await c2.channel()
+            await ch.queue_declare("ha.tx", durable=True, arguments={"x-queue-master-locator": "client-local"})
+            await replicas_settled(c, "ha.tx", ["n1", "n3"], synced=["n1", "n3"])
+            await ch.tx_select()
+            for i in range(10):
+                ch.publish_nowait("ha.tx", b"t%d" % i)
+            await trio.sleep(1)
+            assert mirror_state(c, "ha.tx", "n2").message_count == 0  # nothing before commit
+            await ch.tx_commit()
+            for node in ("n1", "n2", "n3"):
+                assert mirror_state(c, "ha.tx", node).message_count == 10, node
+            ch.publish_nowait("ha.tx", b"dropped")
+            await ch.tx_rollback()
+            await ch.tx_commit()
+            assert mirror_state(c, "ha.tx", "n2").message_count == 10
+            # a commit waits for the mirrors: with n3 cut off, it completes only after
+            # net_ticktime declares n3 down
+            c.net.partition({"n3"}, {"n1", "n2"})
+            t0 = trio.current_time()
+            ch.publish_nowait("ha.tx", b"late")
+            await ch.tx_commit()
+            assert trio.current_time() - t0 >= TICKTIME * 0.5
+            assert mirror_state(c, "ha.tx", "n1").message_count == 11
+
+
+async def fill(c, node, queue, n, size=100):
+    async with c.connect(node) as conn:
+        ch = await conn.channel()
+        await ch.confirm_delivery()
+        for i in range(n):
+            ch.publish_nowait(queue, i.to_bytes(8, "big") + b"x" * (size - 8))
+        assert await ch.wait_for_confirms(timeout=30)
+
+
+async def test_sync_queue_fills_a_new_mirror_in_batches(tmp_path, autojump_clock):
+    """"A new queue mirror will not receive existing messages" and "It is possible to manually
+    synchronise a queue: rabbitmqctl sync_queue {name}"; the troubleshooting post's pitfall (a
+    queue with no consumer never catches up) is resolved by it. Batches of ha-sync-batch-size."""
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("two.q", durable=True)
+        await fill(c, "n1", "two.q", 1000)
+        await set_policy(c, "ha-two", r"^two\.", {"ha-mode": "exactly", "ha-params": 2,
+                                                   "ha-sync-batch-size": 100})
+        await replicas_settled(c, "two.q", ["n2"], synced=[])
+        await trio.sleep(30)  # nobody consumes: it never catches up on its own
+        assert qdef(c, "two.q")["synced"] == []
+        assert mirror_state(c, "two.q", "n2").message_count == 0
+        r = await ctl(c, "n1", "sync_queue", queue="two.q")
+        assert r["started"] and r["unsynchronised"] == ["n2"], r
+        await replicas_settled(c, "two.q", ["n2"], synced=["n2"])
+        assert mirror_state(c, "two.q", "n2").comparable() == mirror_state(c, "two.q", "n1").comparable()
+        st = await ctl(c, "n1", "sync_status", queue="two.q")
+        assert st["last"]["status"] == "completed" and st["last"]["messages"] == 1000
+        assert st["last"]["batches"] == 10
+        rows = await ctl(c, "n3", "list_queues", columns=["name", "synchronised_mirror_pids"])
+        assert len(rows[0]["synchronised_mirror_pids"]) == 1
+
+
+async def test_automatic_sync_mode_syncs_a_new_mirror(tmp_path, autojump_clock):
+    """"ha-sync-mode: automatic: a queue will automatically synchronise when a new mirror
+    joins"."""
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("two.a", durable=True)
+        await fill(c, "n1", "two.a", 500)
+        await set_policy(c, "ha-two", r"^two\.", '{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"automatic"}')
+        await replicas_settled(c, "two.a", ["n2"], synced=["n2"])
+        assert mirror_state(c, "two.a", "n2").message_count == 500
+
+
+async def test_operations_wait_while_syncing_and_cancel_releases_them(tmp_path, autojump_clock):
+    """"while a queue is being synchronised, all other queue operations will be blocked" (held,
+    not failed); `cancel_sync_queue` stops it and the mirror stays unsynchronised; a
+    publisher's confirms come once the sync is over. The throughput limit paces the sync."""
+    async with sim_cluster(tmp_path, mirroring_sync_max_throughput=100_000) as c:
+        async with c.connect("n1") as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("two.s", durable=True)
+        await fill(c, "n1", "two.s", 2000, size=1000)  # 2 MB: 20 s at 100 kB/s
+        await set_policy(c, "ha-two", r"^two\.", {"ha-mode": "exactly", "ha-params": 2})
+        await replicas_settled(c, "two.s", ["n2"], synced=[])
+        assert (await ctl(c, "n1", "sync_queue", queue="two.s"))["started"]
+        await trio.sleep(5)
+        st = await ctl(c, "n1", "sync_status", queue="two.s")
+        assert st["running"]
+        p = st["progress"]
+        assert 0.8 * 100_000 <= p["rate_bytes"] <= 1.1 * 100_000, p
+        rows = await ctl(c, "n2", "list_queues", columns=["name", "state", "sync_progress"])
+        assert rows[0]["state"] == "syncing" and "%" in rows[0]["sync_progress"]
+        async with c.connect("n3") as conn:
+            ch = await conn.channel()
+            await ch.confirm_delivery()
+            ch.publish_nowait("two.s", b"during the sync")
+            with trio.move_on_after(3):
+                await ch.wait_for_confirms()
+            assert ch.outstanding, "the publish was confirmed while the queue was syncing"
+            t0 = trio.current_time()
+            assert (await ctl(c, "n1", "cancel_sync_queue", queue="two.s"))["cancelled"]
+            assert await ch.wait_for_confirms(timeout=5)  # held, then released: not failed
+            assert trio.current_time() - t0 < 2
+        st = await ctl(c, "n1", "sync_status", queue="two.s")
+        assert not st["running"] and st["last"]["status"] == "cancelled"
+        assert 0 < st["last"]["messages"] < 2000
+        assert st["unsynchronised"] == ["n2"]
+        assert qdef(c, "two.s")["synced"] == []
+        # a second sync completes the job, skipping what the first one delivered
+        await ctl(c, "n1", "sync_queue", queue="two.s")
+        await replicas_settled(c, "two.s", ["n2"], synced=["n2"])
+        assert mirror_state(c, "two.s", "n2").comparable() == mirror_state(c, "two.s", "n1").comparable()
+
+
 # --- helpers for the rule tests ------------------------------------------------------------
 
 async def publish_confirmed(ch, queue, bodies):
@@ -280,117 +397,6 @@ async def test_exclusive_queues_are_never_mirrored(tmp_path, autojump_clock):
         await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
         async with c.connect("n2") as c2:
             ch = await c2.channel()
-            await ch.queue_declare("ha.tx", durable=True, arguments={"x-queue-master-locator": "client-local"})
-            await replicas_settled(c, "ha.tx", ["n1", "n3"], synced=["n1", "n3"])
-            await ch.tx_select()
-            for i in range(10):
-                ch.publish_nowait("ha.tx", b"t%d" % i)
-            await trio.sleep(1)
-            assert mirror_state(c, "ha.tx", "n2").message_count == 0  # nothing before commit
-            await ch.tx_commit()
-            for node in ("n1", "n2", "n3"):
-                assert mirror_state(c, "ha.tx", node).message_count == 10, node
-            ch.publish_nowait("ha.tx", b"dropped")
-            await ch.tx_rollback()
-            await ch.tx_commit()
-            assert mirror_state(c, "ha.tx", "n2").message_count == 10
-            # a commit waits for the mirrors: with n3 cut off, it completes only after
-            # net_ticktime declares n3 down
-            c.net.partition({"n3"}, {"n1", "n2"})
-            t0 = trio.current_time()
-            ch.publish_nowait("ha.tx", b"late")
-            await ch.tx_commit()
-            assert trio.current_time() - t0 >= TICKTIME * 0.5
-            assert mirror_state(c, "ha.tx", "n1").message_count == 11
-
-
-async def fill(c, node, queue, n, size=100):
-    async with c.connect(node) as conn:
-        ch = await conn.channel()
-        await ch.confirm_delivery()
-        for i in range(n):
-            ch.publish_nowait(queue, i.to_bytes(8, "big") + b"x" * (size - 8))
-        assert await ch.wait_for_confirms(timeout=30)
-
-
-async def test_sync_queue_fills_a_new_mirror_in_batches(tmp_path, autojump_clock):
-    """"A new queue mirror will not receive existing messages" and "It is possible to manually
-    synchronise a queue: rabbitmqctl sync_queue {name}"; the troubleshooting post's pitfall (a
-    queue with no consumer never catches up) is resolved by it. Batches of ha-sync-batch-size."""
-    async with sim_cluster(tmp_path) as c:
-        async with c.connect("n1") as conn:
-            ch = await conn.channel()
-            await ch.queue_declare("two.q", durable=True)
-        await fill(c, "n1", "two.q", 1000)
-        await set_policy(c, "ha-two", r"^two\.", {"ha-mode": "exactly", "ha-params": 2,
-                                                   "ha-sync-batch-size": 100})
-        await replicas_settled(c, "two.q", ["n2"], synced=[])
-        await trio.sleep(30)  # nobody consumes: it never catches up on its own
-        assert qdef(c, "two.q")["synced"] == []
-        assert mirror_state(c, "two.q", "n2").message_count == 0
-        r = await ctl(c, "n1", "sync_queue", queue="two.q")
-        assert r["started"] and r["unsynchronised"] == ["n2"], r
-        await replicas_settled(c, "two.q", ["n2"], synced=["n2"])
-        assert mirror_state(c, "two.q", "n2").comparable() == mirror_state(c, "two.q", "n1").comparable()
-        st = await ctl(c, "n1", "sync_status", queue="two.q")
-        assert st["last"]["status"] == "completed" and st["last"]["messages"] == 1000
-        assert st["last"]["batches"] == 10
-        rows = await ctl(c, "n3", "list_queues", columns=["name", "synchronised_mirror_pids"])
-        assert len(rows[0]["synchronised_mirror_pids"]) == 1
-
-
-async def test_automatic_sync_mode_syncs_a_new_mirror(tmp_path, autojump_clock):
-    """"ha-sync-mode: automatic: a queue will automatically synchronise when a new mirror
-    joins"."""
-    async with sim_cluster(tmp_path) as c:
-        async with c.connect("n1") as conn:
-            ch = await conn.channel()
-            await ch.queue_declare("two.a", durable=True)
-        await fill(c, "n1", "two.a", 500)
-        await set_policy(c, "ha-two", r"^two\.", '{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"automatic"}')
-        await replicas_settled(c, "two.a", ["n2"], synced=["n2"])
-        assert mirror_state(c, "two.a", "n2").message_count == 500
-
-
-async def test_operations_wait_while_syncing_and_cancel_releases_them(tmp_path, autojump_clock):
-    """"while a queue is being synchronised, all other queue operations will be blocked" (held,
-    not failed); `cancel_sync_queue` stops it and the mirror stays unsynchronised; a
-    publisher's confirms come once the sync is over. The throughput limit paces the sync."""
-    async with sim_cluster(tmp_path, mirroring_sync_max_throughput=100_000) as c:
-        async with c.connect("n1") as conn:
-            ch = await conn.channel()
-            await ch.queue_declare("two.s", durable=True)
-        await fill(c, "n1", "two.s", 2000, size=1000)  # 2 MB: 20 s at 100 kB/s
-        await set_policy(c, "ha-two", r"^two\.", {"ha-mode": "exactly", "ha-params": 2})
-        await replicas_settled(c, "two.s", ["n2"], synced=[])
-        assert (await ctl(c, "n1", "sync_queue", queue="two.s"))["started"]
-        await trio.sleep(5)
-        st = await ctl(c, "n1", "sync_status", queue="two.s")
-        assert st["running"]
-        p = st["progress"]
-        assert 0.8 * 100_000 <= p["rate_bytes"] <= 1.1 * 100_000, p
-        rows = await ctl(c, "n2", "list_queues", columns=["name", "state", "sync_progress"])
-        assert rows[0]["state"] == "syncing" and "%" in rows[0]["sync_progress"]
-        async with c.connect("n3") as conn:
-            ch = await conn.channel()
-            await ch.confirm_delivery()
-            ch.publish_nowait("two.s", b"during the sync")
-            with trio.move_on_after(3):
-                await ch.wait_for_confirms()
-            assert ch.outstanding, "the publish was confirmed while the queue was syncing"
-            t0 = trio.current_time()
-            assert (await ctl(c, "n1", "cancel_sync_queue", queue="two.s"))["cancelled"]
-            assert await ch.wait_for_confirms(timeout=5)  # held, then released: not failed
-            assert trio.current_time() - t0 < 2
-        st = await ctl(c, "n1", "sync_status", queue="two.s")
-        assert not st["running"] and st["last"]["status"] == "cancelled"
-        assert 0 < st["last"]["messages"] < 2000
-        assert st["unsynchronised"] == ["n2"]
-        assert qdef(c, "two.s")["synced"] == []
-        # a second sync completes the job, skipping what the first one delivered
-        await ctl(c, "n1", "sync_queue", queue="two.s")
-        await replicas_settled(c, "two.s", ["n2"], synced=["n2"])
-        assert mirror_state(c, "two.s", "n2").comparable() == mirror_state(c, "two.s", "n1").comparable()
             await ch.queue_declare("ha.excl", durable=True, exclusive=True)
             await ch.queue_declare("ha.shared", durable=True)
             await replicas_settled(c, "ha.shared", ["n1", "n3"])
