@@ -66,6 +66,8 @@ class Node:
         self._app_scope: trio.CancelScope | None = None
         self._dialing: set[str] = set()
         self._early: dict[str, list] = {}  # queue -> ops that arrived before its declaration
+        self._app_started_at = 0.0
+        self._liveness_later = False
         self._meta_event = trio.Event()
         self.root = None
         self.app = None
@@ -174,6 +176,11 @@ class Node:
         self.log.info("stopping app")
         with trio.move_on_after(SHUTDOWN_HANDOVER_TIMEOUT):
             await self._hand_over_on_shutdown()
+        # closing a link drops what its writer has not sent yet: let the shutdown record (the
+        # node.down change with its promotions) reach the others first
+        with trio.move_on_after(1.0):
+            while any(link.outbox._queued for link in self.links.values()):
+                await trio.sleep(0.005)
         for link in list(self.links.values()):
             link.close("peer stopped its app")
         self._app_scope.cancel()
@@ -185,6 +192,7 @@ class Node:
             self._app_scope = scope
             self.md = self._load()
             self.booting = True
+            self._app_started_at = trio.current_time()
             try:
                 async with trio.open_nursery() as app:
                     self.app = app
@@ -533,16 +541,42 @@ class Node:
         """Coordinator duty: record members going down and coming back, with the promotions,
         deletions and mirror placements that follow (mirroring/planner.py)."""
         running = self.running
+        booting = trio.current_time() < self._app_started_at + self.config.net_ticktime
         for node in list(self.md.members):
             if self.coordinator != self.name:
                 return
             try:
                 if node not in running and node not in self.md.down:
+                    if booting:
+                        # we just started: links are still forming (and duplicate links being
+                        # resolved), so a member we do not reach yet is not a failure we saw (a
+                        # restarted n2 linked to n3 before n1 must not declare n1 down and
+                        # promote its mirrors); look again once net_ticktime has passed
+                        self.spawn(self._sync_liveness_later)
+                        continue
                     await self.propose(["node.down", node, "failure"])
                 elif node in running and node in self.md.down:
                     await self.propose(["node.up", node])
             except (ProtocolError, trio.TooSlowError):
                 continue
+        # a member that was never down (it just joined) gets no node.up: place mirrors anyway
+        # ("all" adds a mirror on a node that joins)
+        if self.coordinator == self.name:
+            try:
+                await self.propose(["replan"])
+            except (ProtocolError, trio.TooSlowError):
+                pass
+
+    async def _sync_liveness_later(self) -> None:
+        if self._liveness_later:
+            return
+        self._liveness_later = True
+        try:
+            await trio.sleep_until(self._app_started_at + self.config.net_ticktime)
+        finally:
+            self._liveness_later = False
+        if self.coordinator == self.name:
+            await self._sync_liveness()
 
     def _plan_change(self, change: list) -> list | None:
         """Coordinator: turn a proposal into the change every node applies, with the decisions
@@ -563,18 +597,23 @@ class Node:
                     planner.plan(md, running - {node}, down=node, shutdown=shutdown)]
         if kind == "node.up":
             return ["node.up", change[1], planner.plan(md, running, up=change[1])]
+        # a node that recorded its shutdown is still linked for a moment: place nothing on it
+        live = running - set(md.down)
         if kind == "policy.set":
             policies = {**md.policies, change[1]["name"]: change[1]}
-            return ["policy.set", change[1], planner.plan(md, running, policies=policies)]
+            return ["policy.set", change[1], planner.plan(md, live, policies=policies)]
         if kind == "policy.clear":
             policies = {k: v for k, v in md.policies.items() if k != change[1]}
-            return ["policy.clear", change[1], planner.plan(md, running, policies=policies)]
+            return ["policy.clear", change[1], planner.plan(md, live, policies=policies)]
+        if kind == "replan":
+            updates = planner.plan(md, live)
+            return ["queues.update", updates] if updates else None
         if kind == "queue.synced":
             _, qname, epoch, synced = change
             q = md.queues.get(qname)
             if q is None or q.get("epoch") != epoch:
                 return None
-            return ["queues.update", planner.plan(md, running, synced=(qname, epoch, synced))]
+            return ["queues.update", planner.plan(md, live, synced=(qname, epoch, synced))]
         return change
 
     async def _hand_over_on_shutdown(self) -> None:
@@ -812,6 +851,10 @@ class Node:
                 "arguments": dict(msg.arguments),
                 "leader": self.name if msg.exclusive else self._choose_leader(session, msg.arguments),
                 "owner": session.conn_id if msg.exclusive else None,
+                # the coordinator decides the leader (planner.plan_declare) from where the client
+                # is and from this node's queue_leader_locator, not from its own setting
+                "declared_on": self.name,
+                "locator": self.config.queue_leader_locator,
             }
             if existing is not None and existing["exclusive"] and not msg.exclusive and existing.get("owner") == session.conn_id:
                 qdef["durable"] = existing["durable"]

@@ -20,7 +20,8 @@ Client operations (lists, so they cross peer links unchanged); `owner` is [node,
   ["delete", owner, rid, if_unused, if_empty]
 A mirror parks client operations (they reach it while it is being promoted) and runs them once
 it leads. Replication, leader -> mirror:
-  ["mstart", epoch, leader_node, snapshot, resume]   follow me (resume: [old epoch, seq, base id])
+  ["mstart", epoch, leader_node, snapshot, resume, md_version, seq]   follow me from batch seq + 1
+                                                     (resume: [old epoch, seq, base id])
   ["rep", epoch, seq, effects]
 and mirror -> leader:
   ["mstate", epoch, node, start_id]   ["rep_ok", epoch, node, seq]
@@ -246,7 +247,7 @@ class QueueProcess:
             for node in new:
                 self.rep.add(node, self.state.next_id, trio.current_time())
                 self.node.to_replica(node, self.name, ["mstart", self.epoch, self.node.name, snap, resume,
-                                                       self.node.md.version])
+                                                       self.node.md.version, self.rep.seq])
                 self.log.info(f"Mirrored queue '{self.name}' in vhost '/': Adding mirror on node {node}")
         self.state.effects = [] if self.rep.mirrors else None
         self._check_sync()
@@ -419,7 +420,7 @@ class QueueProcess:
         if epoch == self.follow.epoch and completed:
             self.follow.start_id = 0  # we hold everything the leader holds
 
-    def _op_mstart(self, epoch, leader, snap, resume, md_version=0):
+    def _op_mstart(self, epoch, leader, snap, resume, md_version=0, seq=0):
         if self.role == "leader" or epoch < self.follow.epoch:
             return
         self.min_version = max(self.min_version, md_version)
@@ -430,7 +431,9 @@ class QueueProcess:
             self.follow.start_id = snap["next_id"]
             self.synced_upto = 0
             how = "started empty"
-        self.follow.epoch, self.follow.last_seq = epoch, 0
+        # the next batch is the leader's seq + 1 (a mirror added to a leader that has already
+        # replicated to others does not start at batch 1)
+        self.follow.epoch, self.follow.last_seq = epoch, seq
         self.leader_node = leader
         self.node.to_replica(leader, self.name, ["mstate", epoch, self.node.name, self.follow.start_id])
         self.log.info("mirror following leader", leader=leader, epoch=epoch, how=how)

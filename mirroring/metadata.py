@@ -153,7 +153,10 @@ class Metadata:
                 del self.queues[name]
                 deleted.append(name)
             else:
-                q.update(fields)
+                # a new dict, never an in-place update: replicas and sessions holding the old
+                # definition notice the change by identity (`qp.qdef is not qdef`) or compare
+                # its epoch with the current one
+                self.queues[name] = {**q, **fields}
         return deleted
 
     def _c_queues_update(self, updates: list):
