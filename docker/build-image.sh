@@ -182,9 +182,11 @@ build_app() {
     docker build --quiet -t "$APP_IMAGE" --build-arg BASE_IMAGE="$BASE_IMAGE" \
         -f "$here/Dockerfile" "$here" >/dev/null
     new=$(docker image inspect -f '{{.Id}}' "$APP_IMAGE")
-    # Drop the image this one replaces (if no container still uses it), so
-    # rebuilds do not pile up untagged images.
-    if [ -n "$old" ] && [ "$old" != "$new" ]; then
+    # Drop the image this one replaces, so rebuilds do not pile up untagged
+    # images; but only when no other tag (warren:latest and the test's
+    # warren:test may share one image) and no container still uses it.
+    if [ -n "$old" ] && [ "$old" != "$new" ] \
+        && [ "$(docker image inspect -f '{{len .RepoTags}}' "$old" 2>/dev/null)" = 0 ]; then
         docker rmi "$old" >/dev/null 2>&1 || true
     fi
     log "built $APP_IMAGE in $(elapsed "$t0")s"
