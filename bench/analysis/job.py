@@ -1,0 +1,531 @@
+"""The Spark side of the analysis: read the logs of one or many runs, compute every measure, and
+return small tables (lists of dicts) for `report` to print, while Parquet goes through Spark.
+
+Rules of this module:
+
+- The per-message work (joins of publishes with deliveries, exact percentiles, consecutive
+  delivery pauses) runs in Spark, so the same code copes with a laptop run and a million-message
+  backlog on a cluster. Only results (a few rows per scenario, one row per second for the time
+  series) come back to the driver.
+- A scenario is identified by the last three folders of its files' paths, RUN_ID/SCENARIO/TARGET,
+  so INPUT may be `results/` (all runs) or one run folder, on any file system Spark reads.
+- Every file except publish.jsonl is optional; a missing one leaves its measures null.
+- Latencies are in milliseconds; percentiles are exact (Spark's `percentile`, linear interpolation
+  between closest ranks, the same rule as numpy's default), never approximations.
+
+Definitions (see also bench/LOGS.md):
+
+- lost: `conf == "ack"` and no delivery of that id; null unless the workload drains its queues.
+- duplicated: ids delivered more than once (``dup_ids``) and the extra deliveries (``dup_extra``);
+  a redelivery after a failover is one of these too.
+- failover gap of a fault at time T: the longest pause between consecutive deliveries among the
+  pauses that overlap [T - 1 s, T + 30 s]; deliveries on the fault's queue if it names one, else
+  on all queues of the scenario. If nothing is delivered after T, the pause from the last delivery
+  to the end of the scenario counts and ``gap_open`` is true. Every action other than
+  sync_progress/sync_done gets a row.
+- sync rate of a queue: the highest ``messages`` reported by sync_progress/sync_done divided by
+  the time from the sync's start (its sync_queue action, else the first progress line) to
+  sync_done; also the mean and peak of the reported ``rate_msgs``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+KEY = ["run_id", "scenario", "target"]
+PERCENTILES = [("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999)]
+WINDOW_BEFORE, WINDOW_AFTER = 1.0, 30.0
+NOT_FAULTS = ("sync_progress", "sync_done")
+
+PUBLISH_SCHEMA = "id LONG, p LONG, q STRING, size LONG, t_pub DOUBLE, t_conf DOUBLE, conf STRING"
+DELIVER_SCHEMA = "id LONG, c LONG, q STRING, t_del DOUBLE, red BOOLEAN, node STRING"
+INTERVAL_SCHEMA = "t DOUBLE, role STRING, n LONG, bytes LONG"
+# detail is read as its raw JSON text (Spark keeps an object's text in a STRING field)
+FAULT_SCHEMA = "t DOUBLE, action STRING, node STRING, queue STRING, detail STRING"
+DETAIL_SCHEMA = "messages LONG, bytes LONG, rate_msgs DOUBLE, rate_bytes DOUBLE"
+
+# Output tables: column name -> Spark SQL type. The order is the order of the CSV columns.
+TABLES: dict[str, list[tuple[str, str]]] = {
+    "summary": [
+        ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"),
+        ("sampled", "BOOLEAN"), ("sample_every", "LONG"), ("drain", "BOOLEAN"),
+        ("duration_s", "DOUBLE"), ("published", "LONG"), ("confirmed", "LONG"), ("nacked", "LONG"),
+        ("unconfirmed", "LONG"), ("deliveries", "LONG"), ("delivered_ids", "LONG"),
+        ("publish_per_s", "DOUBLE"), ("confirm_per_s", "DOUBLE"), ("deliver_per_s", "DOUBLE"),
+        ("deliver_per_s_median", "DOUBLE"), ("deliver_per_s_peak", "DOUBLE"),
+        ("deliver_mb_per_s", "DOUBLE"),
+        ("confirm_p50_ms", "DOUBLE"), ("confirm_p99_ms", "DOUBLE"),
+        ("delivery_p50_ms", "DOUBLE"), ("delivery_p99_ms", "DOUBLE"), ("delivery_p999_ms", "DOUBLE"),
+        ("redelivered", "LONG"), ("dup_ids", "LONG"), ("dup_extra", "LONG"), ("lost", "LONG"),
+        ("unknown_ids", "LONG"), ("faults", "LONG"), ("max_gap_s", "DOUBLE"),
+        ("sync_msgs_per_s", "DOUBLE"),
+    ],
+    "latency": [
+        ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("kind", "STRING"),
+        ("n", "LONG"), ("min_ms", "DOUBLE"), ("mean_ms", "DOUBLE"), ("p50_ms", "DOUBLE"),
+        ("p95_ms", "DOUBLE"), ("p99_ms", "DOUBLE"), ("p999_ms", "DOUBLE"), ("max_ms", "DOUBLE"),
+    ],
+    "throughput_timeseries": [
+        ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("role", "STRING"),
+        ("t", "DOUBLE"), ("second", "DOUBLE"), ("n", "LONG"), ("bytes", "LONG"),
+    ],
+    "faults": [
+        ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("t", "DOUBLE"),
+        ("second", "DOUBLE"), ("action", "STRING"), ("node", "STRING"), ("queue", "STRING"),
+        ("gap_s", "DOUBLE"), ("gap_start_s", "DOUBLE"), ("gap_open", "BOOLEAN"),
+        ("first_delivery_after_s", "DOUBLE"), ("deliveries_in_window", "LONG"),
+    ],
+    "sync": [
+        ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("queue", "STRING"),
+        ("t_begin", "DOUBLE"), ("t_done", "DOUBLE"), ("messages", "LONG"), ("bytes", "LONG"),
+        ("msgs_per_s", "DOUBLE"), ("bytes_per_s", "DOUBLE"), ("reported_rate_mean", "DOUBLE"),
+        ("reported_rate_peak", "DOUBLE"), ("progress_lines", "LONG"),
+    ],
+    "compare": [
+        ("run_id", "STRING"), ("scenario", "STRING"),
+        ("warren_deliver_per_s", "DOUBLE"), ("rabbitmq_deliver_per_s", "DOUBLE"),
+        ("throughput_ratio", "DOUBLE"),
+        ("warren_delivery_p99_ms", "DOUBLE"), ("rabbitmq_delivery_p99_ms", "DOUBLE"),
+        ("p99_ratio", "DOUBLE"),
+        ("warren_confirm_p99_ms", "DOUBLE"), ("rabbitmq_confirm_p99_ms", "DOUBLE"),
+        ("confirm_p99_ratio", "DOUBLE"),
+    ],
+}
+
+
+@dataclass
+class Results:
+    """What the job hands to the report: the tables plus the runs' metadata."""
+    tables: dict[str, list[dict]]
+    runs: list[dict] = field(default_factory=list)
+    input: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+# --- paths -----------------------------------------------------------------------------------
+
+def to_uri(path: str) -> str:
+    """A path with a scheme (file:, hdfs:, s3a:, ...) goes to Spark as given; a plain path is a
+    local path, made absolute."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) or path.startswith("file:"):
+        return path.rstrip("/")
+    return Path(path).resolve().as_uri()
+
+
+def _relative(name: str) -> str:
+    # RUN/SCENARIO/TARGET under results/, or SCENARIO/TARGET under one run's folder
+    return f"{{*/*/*,*/*}}/{name}"
+
+
+def _patterns(base: str, name: str) -> str:
+    return f"{base}/{_relative(name)}"
+
+
+# --- the Spark session -------------------------------------------------------------------------
+
+def spark_session(master: str = "local[*]", app_name: str = "warren-bench-analysis"):
+    """A quiet session: no UI, no progress bar, log level ERROR, loopback address for local runs."""
+    local = master.startswith("local")
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    log4j = Path(__file__).with_name("log4j2.properties")
+    b = (SparkSession.builder.master(master).appName(app_name)
+         .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.session.timeZone", "UTC"))
+    if log4j.exists():  # errors only, and no "Setting default log level" banner
+        b = b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
+    if local:
+        b = (b.config("spark.sql.shuffle.partitions", "4")
+             .config("spark.default.parallelism", "4")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.host", "127.0.0.1"))
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+def _read_json(spark, base: str, name: str, schema: str):
+    """The JSON-lines files called `name` of every scenario under base, with the key columns from
+    their paths; an empty frame when there are none."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    try:
+        df = spark.read.schema(schema).json(_patterns(base, name))
+    except AnalysisException as e:  # no file matched the pattern
+        if "PATH_NOT_FOUND" not in str(e) and "does not exist" not in str(e):
+            raise
+        empty = spark.createDataFrame([], schema)
+        return empty.select(*[F.lit(None).cast("string").alias(k) for k in KEY], "*")
+    path = F.col("_metadata.file_path")
+    parts = r"([^/]+)/([^/]+)/([^/]+)/[^/]+$"
+    return df.select(*[F.regexp_extract(path, parts, i + 1).alias(k) for i, k in enumerate(KEY)],
+                     *[F.col(c) for c in df.columns])
+
+
+def _read_whole(spark, base: str, pattern: str) -> list[tuple[str, str]]:
+    """(path, text) of every file matching base/pattern; small files only (scenario.json,
+    run.json). Local folders are read directly: a Spark job per handful of tiny files costs
+    seconds."""
+    if base.startswith("file:"):
+        root = Path(url2pathname(urlparse(base).path))
+        out = []
+        for expanded in _expand_braces(pattern):
+            out += [(p.as_posix(), p.read_text(encoding="utf-8")) for p in sorted(root.glob(expanded))
+                    if p.is_file()]
+        return out
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    try:
+        df = spark.read.text(f"{base}/{pattern}", wholetext=True)
+    except AnalysisException:
+        return []
+    return [(r[0], r[1]) for r in df.select(F.col("_metadata.file_path"), "value").collect()]
+
+
+def _expand_braces(pattern: str) -> list[str]:
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    return [x for alt in m.group(1).split(",")
+            for x in _expand_braces(pattern[:m.start()] + alt + pattern[m.end():])]
+
+
+def _scenario_meta(spark, base: str) -> dict[tuple, dict]:
+    """scenario.json of every scenario, keyed by (run_id, scenario, target) from its path."""
+    metas = {}
+    for path, text in _read_whole(spark, base, _relative("scenario.json")):
+        key = tuple(path.rstrip("/").split("/")[-4:-1])
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            continue
+        wl = doc.get("workload") or {}
+        sample_every = int(wl.get("sample_every") or 1) if doc.get("sampled") else 1
+        metas[key] = {"t_start": doc.get("t_start"), "t_end": doc.get("t_end"),
+                      "sampled": bool(doc.get("sampled")), "sample_every": sample_every,
+                      "drain": wl.get("drain"), "message_size": wl.get("message_size"),
+                      "nodes": doc.get("nodes")}
+    return metas
+
+
+def _runs(spark, base: str) -> list[dict]:
+    runs = []
+    for pattern in ("run.json", "*/run.json"):
+        for _, text in _read_whole(spark, base, pattern):
+            try:
+                runs.append(json.loads(text))
+            except ValueError:
+                pass
+    return sorted(runs, key=lambda r: str(r.get("run_id")))
+
+
+# --- computing ----------------------------------------------------------------------------------
+
+def _rows(df) -> list[dict]:
+    return [r.asDict() for r in df.collect()]
+
+
+def _key(row: dict) -> tuple:
+    return tuple(row[k] for k in KEY)
+
+
+def _per_scenario(pub, dlv):
+    """One aggregation per scenario over the per-id join of publishes with deliveries: the counts
+    and both latency distributions (one Spark job for all of it)."""
+    from pyspark.sql import functions as F
+
+    per_id = dlv.groupBy(*KEY, "id").agg(
+        F.min("t_del").alias("t_first"), F.count(F.lit(1)).alias("n_del"),
+        F.sum(F.col("red").cast("long")).alias("n_red"))
+    joined = pub.withColumn("_pub", F.lit(True)).join(per_id, KEY + ["id"], "full_outer")
+    is_pub = F.col("_pub").isNotNull()
+    ack = F.col("conf") == "ack"
+    conf_ms = (F.col("t_conf") - F.col("t_pub")) * 1000.0  # null when either is null
+    del_ms = (F.col("t_first") - F.col("t_pub")) * 1000.0
+    fractions = [p for _, p in PERCENTILES]
+    lat = []
+    for kind, ms in (("confirm", conf_ms), ("delivery", del_ms)):
+        lat += [F.count(ms).alias(f"{kind}_n"), F.min(ms).alias(f"{kind}_min"),
+                F.avg(ms).alias(f"{kind}_mean"), F.percentile(ms, fractions).alias(f"{kind}_pct"),
+                F.max(ms).alias(f"{kind}_max")]
+    return joined.groupBy(*KEY).agg(
+        F.sum(is_pub.cast("long")).alias("published"),
+        F.sum(ack.cast("long")).alias("confirmed"),
+        F.sum((F.col("conf") == "nack").cast("long")).alias("nacked"),
+        F.sum((is_pub & F.col("conf").isNull()).cast("long")).alias("unconfirmed"),
+        F.sum(F.coalesce("n_del", F.lit(0))).alias("deliveries"),
+        F.sum(F.col("t_first").isNotNull().cast("long")).alias("delivered_ids"),
+        F.sum(F.coalesce("n_red", F.lit(0))).alias("redelivered"),
+        F.sum((F.col("n_del") > 1).cast("long")).alias("dup_ids"),
+        F.sum(F.when(F.col("n_del") > 1, F.col("n_del") - 1).otherwise(0)).alias("dup_extra"),
+        F.sum((ack & F.col("t_first").isNull()).cast("long")).alias("lost"),
+        F.sum((~is_pub).cast("long")).alias("unknown_ids"),
+        F.min("t_pub").alias("first_pub"), F.max("t_first").alias("last_first_del"),
+        *lat)
+
+
+def _latency_rows(count_rows: dict) -> list[dict]:
+    out = []
+    for k, c in sorted(count_rows.items()):
+        for kind in ("confirm", "delivery"):
+            if not c.get(f"{kind}_n"):
+                continue
+            pct = c[f"{kind}_pct"]
+            out.append({**dict(zip(KEY, k)), "kind": kind, "n": c[f"{kind}_n"],
+                        "min_ms": c[f"{kind}_min"], "mean_ms": c[f"{kind}_mean"],
+                        **{f"{name}_ms": pct[i] for i, (name, _) in enumerate(PERCENTILES)},
+                        "max_ms": c[f"{kind}_max"]})
+    return out
+
+
+def _gaps(spark, dlv, faults_rows: list[dict], metas: dict):
+    """Failover gap and time to first delivery for every fault (see the module docstring)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if not faults_rows:
+        return []
+    fault_df = spark.createDataFrame(
+        [(*_key(f), i, f["t"], f["queue"] or "*") for i, f in enumerate(faults_rows)],
+        "run_id STRING, scenario STRING, target STRING, fid LONG, tf DOUBLE, scope STRING")
+    queues = sorted({f["queue"] for f in faults_rows if f["queue"]})
+    d = dlv.select(*KEY, F.lit("*").alias("scope"), "t_del")
+    if queues:
+        d = d.unionByName(dlv.where(F.col("q").isin(queues)).select(*KEY, F.col("q").alias("scope"), "t_del"))
+    # keep only the scenarios that have faults before the sort
+    d = d.join(F.broadcast(fault_df.select(*KEY, "scope").distinct()), KEY + ["scope"], "left_semi")
+    w = Window.partitionBy(*KEY, "scope").orderBy("t_del")
+    pauses = d.select(*KEY, "scope", F.lag("t_del").over(w).alias("prev"), F.col("t_del").alias("next"),
+                      F.lit(False).alias("open"))
+    ends = [(*k, v["t_end"]) for k, v in metas.items() if v.get("t_end") is not None]
+    if ends:
+        end_df = spark.createDataFrame(ends, "run_id STRING, scenario STRING, target STRING, t_end DOUBLE")
+        last = d.groupBy(*KEY, "scope").agg(F.max("t_del").alias("prev")).join(end_df, KEY)
+        pauses = pauses.unionByName(last.where(F.col("t_end") > F.col("prev")).select(
+            *KEY, "scope", "prev", F.col("t_end").alias("next"), F.lit(True).alias("open")))
+    p, f = pauses.alias("p"), F.broadcast(fault_df).alias("f")
+    cond = [F.col(f"p.{k}") == F.col(f"f.{k}") for k in KEY + ["scope"]]
+    cond += [F.col("p.next") >= F.col("f.tf") - WINDOW_BEFORE,
+             F.col("p.prev").isNull() | (F.col("p.prev") <= F.col("f.tf") + WINDOW_AFTER)]
+    length = F.col("p.next") - F.col("p.prev")
+    agg = p.join(f, cond).groupBy("f.fid", "f.tf").agg(
+        F.max(length).alias("gap_s"),
+        F.max_by(F.col("p.prev"), length).alias("gap_from"),
+        F.max_by(F.col("p.open"), length).alias("gap_open"),
+        F.min(F.when((F.col("p.next") > F.col("f.tf")) & ~F.col("p.open"), F.col("p.next"))).alias("first_after"),
+        F.sum((~F.col("p.open") & (F.col("p.next") <= F.col("f.tf") + WINDOW_AFTER)).cast("long")).alias("in_window"))
+    return _rows(agg)
+
+
+def _sync(events: list[dict]) -> list[dict]:
+    """Sync rates per scenario and queue from the (few) sync_queue/sync_progress/sync_done lines."""
+    groups: dict[tuple, list[dict]] = {}
+    for e in events:
+        if e["action"] in ("sync_queue", "sync_progress", "sync_done"):
+            groups.setdefault((*_key(e), e["queue"] or "*"), []).append(e)
+    out = []
+    def first(evs: list[dict], action: str) -> float | None:
+        return min((e["t"] for e in evs if e["action"] == action), default=None)
+
+    for (*k, queue), evs in sorted(groups.items()):
+        progress = [e for e in evs if e["action"] == "sync_progress"]
+        done = first(evs, "sync_done")
+        if not progress and done is None:
+            continue
+        begin = first(evs, "sync_queue")
+        if begin is None:
+            begin = first(evs, "sync_progress")
+        details = [e["detail"] for e in evs]
+        messages = max((d["messages"] for d in details if d.get("messages") is not None), default=None)
+        nbytes = max((d["bytes"] for d in details if d.get("bytes") is not None), default=None)
+        rates = [e["detail"]["rate_msgs"] for e in progress if e["detail"].get("rate_msgs") is not None]
+        span = done - begin if done is not None and begin is not None else None
+        ok = span is not None and span > 0
+        out.append({**dict(zip(KEY, k)), "queue": queue, "t_begin": begin, "t_done": done,
+                    "messages": messages, "bytes": nbytes,
+                    "msgs_per_s": messages / span if ok and messages is not None else None,
+                    "bytes_per_s": nbytes / span if ok and nbytes is not None else None,
+                    "reported_rate_mean": sum(rates) / len(rates) if rates else None,
+                    "reported_rate_peak": max(rates) if rates else None,
+                    "progress_lines": len(progress)})
+    return out
+
+
+def analyse(spark, input_path: str) -> Results:
+    """Run every computation over the logs under input_path and return the result tables."""
+    from pyspark.sql import functions as F
+
+    base = to_uri(input_path)
+    metas = _scenario_meta(spark, base)
+    pub = _read_json(spark, base, "publish.jsonl", PUBLISH_SCHEMA)
+    dlv = _read_json(spark, base, "deliver.jsonl", DELIVER_SCHEMA)
+    inter = _read_json(spark, base, "intervals.jsonl", INTERVAL_SCHEMA)
+    faults = _read_json(spark, base, "faults.jsonl", FAULT_SCHEMA)
+
+    count_rows = {_key(r): r for r in _rows(_per_scenario(pub, dlv))}
+    latency_rows = _latency_rows(count_rows)
+    series = inter.groupBy(*KEY, "role", "t").agg(F.sum("n").alias("n"), F.sum("bytes").alias("bytes"))
+    series_rows = sorted(_rows(series), key=lambda r: (*_key(r), r["role"], r["t"]))
+    events = sorted(_rows(faults), key=lambda r: (*_key(r), r["t"]))
+    for e in events:
+        try:
+            e["detail"] = json.loads(e["detail"]) if e["detail"] else {}
+        except ValueError:
+            e["detail"] = {}
+        if not isinstance(e["detail"], dict):
+            e["detail"] = {}
+    fault_rows = [e for e in events if e["action"] not in NOT_FAULTS]
+    gap_rows = {r["fid"]: r for r in _gaps(spark, dlv, fault_rows, metas)}
+    sync_out = _sync(events)
+
+    keys = sorted(set(count_rows) | set(metas) | {_key(r) for r in series_rows})
+    t_start = {}
+    for k in keys:
+        m = metas.get(k, {})
+        firsts = [r["t"] for r in series_rows if _key(r) == k]
+        c = count_rows.get(k, {})
+        t_start[k] = m.get("t_start") or (min(firsts) if firsts else c.get("first_pub"))
+
+    for r in series_rows:
+        r["second"] = r["t"] - t_start[_key(r)] if t_start[_key(r)] is not None else None
+    faults_out = []
+    for i, f in enumerate(fault_rows):
+        g = gap_rows.get(i, {})
+        ts = t_start.get(_key(f))
+        def since(t, f=f):
+            return t - f["t"] if t is not None else None
+
+        faults_out.append({**f, "second": f["t"] - ts if ts is not None else None,
+                           "gap_s": g.get("gap_s"), "gap_start_s": since(g.get("gap_from")),
+                           "gap_open": g.get("gap_open"), "first_delivery_after_s": since(g.get("first_after")),
+                           "deliveries_in_window": g.get("in_window", 0)})
+    latency = {(*_key(r), r["kind"]): r for r in latency_rows}
+    summary = []
+    for k in keys:
+        m, c = metas.get(k, {}), count_rows.get(k, {})
+        ser = [r for r in series_rows if _key(r) == k]
+        totals = {role: sum(r["n"] for r in ser if r["role"] == role) for role in ("publish", "confirm", "deliver")}
+        dbytes = sum(r["bytes"] or 0 for r in ser if r["role"] == "deliver")
+        per_sec = [r["n"] for r in ser if r["role"] == "deliver"]
+        duration = None
+        if m.get("t_start") is not None and m.get("t_end") is not None:
+            duration = m["t_end"] - m["t_start"]
+        elif ser:
+            duration = max(r["t"] for r in ser) + 1 - min(r["t"] for r in ser)
+        elif c.get("first_pub") is not None and c.get("last_first_del") is not None:
+            duration = c["last_first_del"] - c["first_pub"]
+        scale = m.get("sample_every", 1)
+
+        def rate(role: str, lines: int | None, ser=ser, totals=totals, scale=scale, duration=duration):
+            # intervals.jsonl counts every message; without it, scale the (sampled) lines
+            n = totals[role] if any(r["role"] == role for r in ser) else (
+                lines * scale if lines is not None else None)
+            return n / duration if n is not None and duration else None
+
+        lat_c, lat_d = latency.get((*k, "confirm"), {}), latency.get((*k, "delivery"), {})
+        kf = [f for f in faults_out if _key(f) == k]
+        gaps = [f["gap_s"] for f in kf if f["gap_s"] is not None]
+        rates = [s["msgs_per_s"] for s in sync_out if _key(s) == k and s["msgs_per_s"] is not None]
+        drain = m.get("drain")
+        summary.append({
+            "run_id": k[0], "scenario": k[1], "target": k[2],
+            "sampled": m.get("sampled", False), "sample_every": scale, "drain": drain,
+            "duration_s": duration,
+            **{n: c.get(n) for n in ("published", "confirmed", "nacked", "unconfirmed", "deliveries",
+                                     "delivered_ids", "redelivered", "dup_ids", "dup_extra", "unknown_ids")},
+            "publish_per_s": rate("publish", c.get("published")),
+            "confirm_per_s": rate("confirm", (c.get("confirmed") or 0) + (c.get("nacked") or 0) if c else None),
+            "deliver_per_s": rate("deliver", c.get("deliveries")),
+            "deliver_per_s_median": statistics.median(per_sec) if per_sec else None,
+            "deliver_per_s_peak": max(per_sec) if per_sec else None,
+            "deliver_mb_per_s": dbytes / duration / 1e6 if duration and dbytes else None,
+            "confirm_p50_ms": lat_c.get("p50_ms"), "confirm_p99_ms": lat_c.get("p99_ms"),
+            "delivery_p50_ms": lat_d.get("p50_ms"), "delivery_p99_ms": lat_d.get("p99_ms"),
+            "delivery_p999_ms": lat_d.get("p999_ms"),
+            "lost": c.get("lost") if drain is True and c else None,
+            "faults": len(kf), "max_gap_s": max(gaps) if gaps else None,
+            "sync_msgs_per_s": max(rates) if rates else None,
+        })
+
+    compare = []
+    by_key = {_key(s): s for s in summary}
+    for run_id, scenario in sorted({(s["run_id"], s["scenario"]) for s in summary}):
+        w, r = by_key.get((run_id, scenario, "warren")), by_key.get((run_id, scenario, "rabbitmq"))
+        if not (w and r):
+            continue
+
+        def ratio(a, b):
+            return a / b if a is not None and b else None
+
+        compare.append({
+            "run_id": run_id, "scenario": scenario,
+            "warren_deliver_per_s": w["deliver_per_s"], "rabbitmq_deliver_per_s": r["deliver_per_s"],
+            "throughput_ratio": ratio(w["deliver_per_s"], r["deliver_per_s"]),
+            "warren_delivery_p99_ms": w["delivery_p99_ms"], "rabbitmq_delivery_p99_ms": r["delivery_p99_ms"],
+            "p99_ratio": ratio(w["delivery_p99_ms"], r["delivery_p99_ms"]),
+            "warren_confirm_p99_ms": w["confirm_p99_ms"], "rabbitmq_confirm_p99_ms": r["confirm_p99_ms"],
+            "confirm_p99_ratio": ratio(w["confirm_p99_ms"], r["confirm_p99_ms"]),
+        })
+
+    notes = []
+    if any(s["sampled"] for s in summary):
+        notes.append("Sampled scenarios: throughput comes from intervals.jsonl (every message); latency, "
+                     "duplicate, lost and gap figures come from the 1-in-N sample of message lines.")
+    if any(s["drain"] is not True for s in summary):
+        notes.append("lost is empty where the workload does not drain its queues (or scenario.json is missing).")
+    tables = {"summary": summary, "latency": latency_rows, "throughput_timeseries": series_rows,
+              "faults": faults_out, "sync": sync_out, "compare": compare}
+    return Results(tables={name: [_shape(name, row) for row in rows] for name, rows in tables.items()},
+                   runs=_runs(spark, base), input=base, notes=notes)
+
+
+def _shape(table: str, row: dict) -> dict:
+    """Keep the table's columns in order, with ints and floats as its types say."""
+    out = {}
+    for name, typ in TABLES[table]:
+        v = row.get(name)
+        if v is not None:
+            v = float(v) if typ == "DOUBLE" else int(v) if typ == "LONG" else bool(v) if typ == "BOOLEAN" else v
+        out[name] = v
+    return out
+
+
+def write_parquet(spark, results: Results, out: str) -> None:
+    """One Parquet dataset (a folder) per table, written by Spark so any URI Spark writes works."""
+    for name, cols in TABLES.items():
+        schema = ", ".join(f"`{c}` {t}" for c, t in cols)
+        rows = [tuple(r[c] for c, _ in cols) for r in results.tables[name]]
+        spark.createDataFrame(rows, schema).coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}.parquet")
+
+
+def put_file(spark, uri: str, data: bytes) -> None:
+    """Write bytes to a file: directly for local paths, else through Hadoop's FileSystem."""
+    if uri.startswith("file:"):
+        path = Path(url2pathname(urlparse(uri).path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(uri)
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    stream = fs.create(hpath, True)
+    try:
+        stream.write(bytearray(data))
+    finally:
+        stream.close()

@@ -1,0 +1,312 @@
+"""Turn the job's result tables into what people read: CSV files, PNG charts, and one report in
+Markdown and HTML. No Spark here: the input is `job.Results` (small lists of dicts) and the output
+is a mapping of file name to bytes, which the caller writes wherever the report goes.
+
+The report is built once as a list of blocks (heading, paragraph, table, image) and rendered
+twice, so the Markdown and the HTML always say the same thing. Order: the runs, a headline table,
+warren/RabbitMQ ratios, failover gaps, sync rates, then the charts and the definitions.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import re
+import time
+
+from bench.analysis.job import TABLES, Results
+
+ROLE_STYLE = {"deliver": "-", "confirm": "--", "publish": ":"}
+TARGET_COLOR = {"warren": "tab:blue", "rabbitmq": "tab:orange"}
+
+
+# --- formatting ---------------------------------------------------------------------------------
+
+def fmt(v, digits: int = 3) -> str:
+    """Numbers for people: a few significant digits, thousands separators, '-' for nothing."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v != 0 and abs(v) < 10 ** -(digits):
+            return f"{v:.{digits}g}"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        return f"{v:.{digits}g}" if abs(v) < 1 else f"{v:,.{max(0, digits - len(str(int(abs(v)))))}f}"
+    return str(v)
+
+
+def slug(*parts: str) -> str:
+    return "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", str(p)) for p in parts)
+
+
+def to_csv(table: str, rows: list[dict]) -> bytes:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    cols = [c for c, _ in TABLES[table]]
+    w.writerow(cols)
+    for r in rows:
+        w.writerow(["" if r[c] is None else r[c] for c in cols])
+    return buf.getvalue().encode()
+
+
+# --- charts -------------------------------------------------------------------------------------
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    _plt().close(fig)
+    return buf.getvalue()
+
+
+def throughput_chart(run_id: str, scenario: str, series: list[dict], faults: list[dict]) -> bytes:
+    """Messages per second over the scenario, one line per target and role, faults as vertical
+    lines labelled with their action."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    for target in sorted({r["target"] for r in series}):
+        for role in ("deliver", "confirm"):
+            pts = sorted((r["second"], r["n"]) for r in series
+                         if r["target"] == target and r["role"] == role and r["second"] is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], ROLE_STYLE[role],
+                        color=TARGET_COLOR.get(target), label=f"{target} {role}")
+    for f in faults:
+        if f["second"] is None:
+            continue
+        ax.axvline(f["second"], color=TARGET_COLOR.get(f["target"], "grey"), alpha=0.6, lw=1)
+        ax.annotate(f"{f['action']} {f['node'] or ''} ({f['target']})", (f["second"], 1),
+                    xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7)
+    ax.set_xlabel("seconds since scenario start")
+    ax.set_ylabel("messages / s")
+    ax.set_title(f"{scenario}: throughput ({run_id})")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8, loc="lower right")
+    return _png(fig)
+
+
+def latency_chart(run_id: str, latency: list[dict]) -> bytes:
+    """p50..p99.9 and max per scenario and target, confirm and delivery side by side, log scale."""
+    plt = _plt()
+    kinds = ["confirm", "delivery"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    cols = [("p50_ms", "p50"), ("p95_ms", "p95"), ("p99_ms", "p99"), ("p999_ms", "p99.9"), ("max_ms", "max")]
+    groups = sorted({(r["scenario"], r["target"]) for r in latency})
+    for ax, kind in zip(axes, kinds):
+        rows = {(r["scenario"], r["target"]): r for r in latency if r["kind"] == kind}
+        width = 0.8 / max(1, len(cols))
+        for j, (col, label) in enumerate(cols):
+            xs = [i + j * width for i, _ in enumerate(groups)]
+            ys = [(rows.get(g) or {}).get(col) or 0 for g in groups]
+            ax.bar(xs, ys, width, label=label)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
+        ax.set_xticklabels([f"{s}\n{t}" for s, t in groups], fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(f"publish -> {kind}")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("ms (log scale)")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"latency percentiles ({run_id})")
+    return _png(fig)
+
+
+def compare_chart(run_id: str, compare: list[dict]) -> bytes:
+    """warren beside RabbitMQ: delivered msgs/s and delivery p99 per scenario, ratio on top."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    panels = [("deliver_per_s", "throughput_ratio", "delivered msgs/s (higher is better)"),
+              ("delivery_p99_ms", "p99_ratio", "delivery p99 ms (lower is better)")]
+    names = [c["scenario"] for c in compare]
+    for ax, (col, ratio, title) in zip(axes, panels):
+        xs = range(len(names))
+        w = [c[f"warren_{col}"] or 0 for c in compare]
+        r = [c[f"rabbitmq_{col}"] or 0 for c in compare]
+        ax.bar([x - 0.2 for x in xs], w, 0.4, label="warren", color=TARGET_COLOR["warren"])
+        ax.bar([x + 0.2 for x in xs], r, 0.4, label="rabbitmq", color=TARGET_COLOR["rabbitmq"])
+        for x, c in zip(xs, compare):
+            if c[ratio] is not None:
+                ax.annotate(f"x{c[ratio]:.2f}", (x, max(w[x], r[x])), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(names, fontsize=8, rotation=20)
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"warren vs RabbitMQ, ratio = warren / RabbitMQ ({run_id})")
+    return _png(fig)
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+def _table(headers: list[str], rows: list[list]) -> tuple:
+    return ("table", headers, [[fmt(v) for v in r] for r in rows])
+
+
+def blocks(res: Results, charts: dict[str, list[tuple[str, str]]]) -> list[tuple]:
+    """The report's content, render-neutral. charts: run_id -> [(file name, caption)]."""
+    t = res.tables
+    out: list[tuple] = [("h1", "warren benchmark report")]
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    out.append(("p", (f"Input: {res.input}. Generated {stamp} by `python -m bench.analysis`. Latencies "
+                      "in milliseconds, throughput in messages per second over the scenario's duration.")))
+    if res.runs:
+        out.append(_table(["run", "commit", "warren", "RabbitMQ", "machine", "targets"], [
+            [r.get("run_id"), str(r.get("git_commit") or "")[:10], r.get("warren_version"),
+             r.get("rabbitmq_version"),
+             "{cpus} cpus, {mem_gib} GiB, {platform}".format(**{k: (r.get("machine") or {}).get(k, "?")
+                                                               for k in ("cpus", "mem_gib", "platform")}),
+             ", ".join(r.get("targets") or [])] for r in res.runs]))
+    if not t["summary"]:
+        out.append(("p", "No scenarios found: is INPUT a results folder or a run folder?"))
+        return out
+
+    out.append(("h2", "Headline"))
+    out.append(_table(
+        ["run", "scenario", "target", "delivered/s", "confirmed/s", "confirm p50", "confirm p99",
+         "delivery p50", "delivery p99", "delivery p99.9", "redelivered", "dup ids", "lost", "max gap s"],
+        [[s["run_id"], s["scenario"], s["target"], s["deliver_per_s"], s["confirm_per_s"],
+          s["confirm_p50_ms"], s["confirm_p99_ms"], s["delivery_p50_ms"], s["delivery_p99_ms"],
+          s["delivery_p999_ms"], s["redelivered"], s["dup_ids"], s["lost"], s["max_gap_s"]]
+         for s in t["summary"]]))
+
+    out.append(("h2", "warren / RabbitMQ"))
+    if t["compare"]:
+        out.append(("p", ("Ratios are warren divided by RabbitMQ: above 1 means warren delivers more "
+                          "per second (throughput) or waits longer (p99).")))
+        out.append(_table(
+            ["run", "scenario", "warren/s", "RabbitMQ/s", "throughput ratio", "warren p99",
+             "RabbitMQ p99", "p99 ratio", "confirm p99 ratio"],
+            [[c["run_id"], c["scenario"], c["warren_deliver_per_s"], c["rabbitmq_deliver_per_s"],
+              c["throughput_ratio"], c["warren_delivery_p99_ms"], c["rabbitmq_delivery_p99_ms"],
+              c["p99_ratio"], c["confirm_p99_ratio"]] for c in t["compare"]]))
+    else:
+        out.append(("p", "No scenario has both targets: these logs hold warren only (or RabbitMQ only)."))
+
+    out.append(("h2", "Failover"))
+    if t["faults"]:
+        out.append(("p", ("gap: the longest pause between consecutive deliveries overlapping 1 s before "
+                          "to 30 s after the action (open: nothing was delivered after it); first "
+                          "delivery: seconds from the action to the next delivery.")))
+        out.append(_table(
+            ["run", "scenario", "target", "at s", "action", "node", "queue", "gap s", "open",
+             "first delivery s"],
+            [[f["run_id"], f["scenario"], f["target"], f["second"], f["action"], f["node"], f["queue"],
+              f["gap_s"], f["gap_open"], f["first_delivery_after_s"]] for f in t["faults"]]))
+    else:
+        out.append(("p", "No fault actions in these logs."))
+
+    if t["sync"]:
+        out.append(("h2", "Sync"))
+        out.append(_table(
+            ["run", "scenario", "target", "queue", "messages", "msgs/s", "MB/s", "reported mean msgs/s",
+             "reported peak msgs/s"],
+            [[s["run_id"], s["scenario"], s["target"], s["queue"], s["messages"], s["msgs_per_s"],
+              s["bytes_per_s"] / 1e6 if s["bytes_per_s"] is not None else None,
+              s["reported_rate_mean"], s["reported_rate_peak"]] for s in t["sync"]]))
+
+    out.append(("h2", "Charts"))
+    for run_id, items in sorted(charts.items()):
+        for name, caption in items:
+            out.append(("img", name, caption))
+
+    out.append(("h2", "Notes"))
+    for n in res.notes:
+        out.append(("p", n))
+    out.append(("p", ("Tables: summary, latency, throughput_timeseries, faults, sync, compare, each "
+                      "as NAME.csv and NAME.parquet beside this report.")))
+    return out
+
+
+def _md_cell(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def to_markdown(bs: list[tuple]) -> str:
+    lines = []
+    for b in bs:
+        kind = b[0]
+        if kind == "h1":
+            lines += [f"# {b[1]}", ""]
+        elif kind == "h2":
+            lines += [f"## {b[1]}", ""]
+        elif kind == "p":
+            lines += [b[1], ""]
+        elif kind == "table":
+            headers, rows = b[1], b[2]
+            lines.append("| " + " | ".join(headers) + " |")
+            lines.append("|" + "|".join("---" for _ in headers) + "|")
+            lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+            lines.append("")
+        elif kind == "img":
+            lines += [f"![{b[2]}]({b[1]})", ""]
+    return "\n".join(lines)
+
+
+def to_html(bs: list[tuple]) -> str:
+    e = html.escape
+    body = []
+    for b in bs:
+        kind = b[0]
+        if kind in ("h1", "h2"):
+            body.append(f"<{kind}>{e(b[1])}</{kind}>")
+        elif kind == "p":
+            text = re.sub(r"`([^`]+)`", r"<code>\1</code>", e(b[1]))
+            body.append(f"<p>{text}</p>")
+        elif kind == "table":
+            head = "".join(f"<th>{e(h)}</th>" for h in b[1])
+            rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in b[2])
+            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+        elif kind == "img":
+            body.append(f'<figure><img src="{e(b[1])}" alt="{e(b[2])}"><figcaption>{e(b[2])}</figcaption></figure>')
+    style = ("body{font-family:sans-serif;max-width:75em;margin:1em auto;padding:0 1em}"
+             "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;"
+             "text-align:right}th{background:#f3f3f3}td:nth-child(-n+3){text-align:left}"
+             "img{max-width:100%}")
+    return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>warren benchmark report</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def render(res: Results, with_charts: bool = True) -> dict[str, bytes]:
+    """Every file of the report except the Parquet datasets: name -> bytes."""
+    files: dict[str, bytes] = {f"{name}.csv": to_csv(name, rows) for name, rows in res.tables.items()}
+    charts: dict[str, list[tuple[str, str]]] = {}
+    t = res.tables
+    if with_charts:
+        for run_id in sorted({s["run_id"] for s in t["summary"]}):
+            items = charts.setdefault(run_id, [])
+            lat = [r for r in t["latency"] if r["run_id"] == run_id]
+            if lat:
+                name = f"latency-{slug(run_id)}.png"
+                files[name] = latency_chart(run_id, lat)
+                items.append((name, f"Latency percentiles per scenario, run {run_id}"))
+            cmp_rows = [c for c in t["compare"] if c["run_id"] == run_id]
+            if cmp_rows:
+                name = f"compare-{slug(run_id)}.png"
+                files[name] = compare_chart(run_id, cmp_rows)
+                items.append((name, f"warren vs RabbitMQ, run {run_id}"))
+            for scenario in sorted({s["scenario"] for s in t["summary"] if s["run_id"] == run_id}):
+                ser = [r for r in t["throughput_timeseries"]
+                       if r["run_id"] == run_id and r["scenario"] == scenario]
+                if not ser:
+                    continue
+                flt = [f for f in t["faults"] if f["run_id"] == run_id and f["scenario"] == scenario]
+                name = f"throughput-{slug(run_id, scenario)}.png"
+                files[name] = throughput_chart(run_id, scenario, ser, flt)
+                items.append((name, f"Throughput over time, {scenario}, run {run_id}"))
+    bs = blocks(res, charts)
+    files["report.md"] = to_markdown(bs).encode()
+    files["report.html"] = to_html(bs).encode()
+    return files
