@@ -35,6 +35,7 @@ import os
 import re
 import statistics
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -147,8 +148,11 @@ def spark_session(master: str = "local[*]", app_name: str = "warren-bench-analys
     if log4j.exists():  # errors only, and no "Setting default log level" banner
         b = b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
     if local:
-        b = (b.config("spark.sql.shuffle.partitions", "4")
-             .config("spark.default.parallelism", "4")
+        cores = os.cpu_count() or 2
+        m = re.match(r"local\[(\d+)", master)
+        parts = str(max(2, int(m.group(1)) if m else cores))
+        b = (b.config("spark.sql.shuffle.partitions", parts)
+             .config("spark.default.parallelism", parts)
              .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.driver.host", "127.0.0.1"))
     spark = b.getOrCreate()
@@ -239,6 +243,12 @@ def _runs(spark, base: str) -> list[dict]:
 
 def _rows(df) -> list[dict]:
     return [r.asDict() for r in df.collect()]
+
+
+def _collect_all(*frames) -> list[list[dict]]:
+    """Collect several frames at once from driver threads (Spark schedules concurrent jobs)."""
+    with ThreadPoolExecutor(max_workers=len(frames)) as pool:
+        return list(pool.map(_rows, frames))
 
 
 def _key(row: dict) -> tuple:
@@ -378,11 +388,13 @@ def analyse(spark, input_path: str) -> Results:
     inter = _read_json(spark, base, "intervals.jsonl", INTERVAL_SCHEMA)
     faults = _read_json(spark, base, "faults.jsonl", FAULT_SCHEMA)
 
-    count_rows = {_key(r): r for r in _rows(_per_scenario(pub, dlv))}
-    latency_rows = _latency_rows(count_rows)
     series = inter.groupBy(*KEY, "role", "t").agg(F.sum("n").alias("n"), F.sum("bytes").alias("bytes"))
-    series_rows = sorted(_rows(series), key=lambda r: (*_key(r), r["role"], r["t"]))
-    events = sorted(_rows(faults), key=lambda r: (*_key(r), r["t"]))
+    # independent Spark jobs run side by side: on small inputs each is mostly waiting
+    counts, series, events = _collect_all(_per_scenario(pub, dlv), series, faults)
+    count_rows = {_key(r): r for r in counts}
+    latency_rows = _latency_rows(count_rows)
+    series_rows = sorted(series, key=lambda r: (*_key(r), r["role"], r["t"]))
+    events = sorted(events, key=lambda r: (*_key(r), r["t"]))
     for e in events:
         try:
             e["detail"] = json.loads(e["detail"]) if e["detail"] else {}
@@ -507,11 +519,16 @@ def _shape(table: str, row: dict) -> dict:
 
 
 def write_parquet(spark, results: Results, out: str) -> None:
-    """One Parquet dataset (a folder) per table, written by Spark so any URI Spark writes works."""
-    for name, cols in TABLES.items():
+    """One Parquet dataset (a folder) per table, written by Spark so any URI Spark writes works;
+    the small writes go side by side."""
+    def write(name: str) -> None:
+        cols = TABLES[name]
         schema = ", ".join(f"`{c}` {t}" for c, t in cols)
         rows = [tuple(r[c] for c, _ in cols) for r in results.tables[name]]
         spark.createDataFrame(rows, schema).coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}.parquet")
+
+    with ThreadPoolExecutor(max_workers=len(TABLES)) as pool:
+        list(pool.map(write, TABLES))
 
 
 def put_file(spark, uri: str, data: bytes) -> None:

@@ -41,7 +41,7 @@ def fmt(v, digits: int = 3) -> str:
 
 
 def slug(*parts: str) -> str:
-    return "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", str(p)) for p in parts)
+    return "-".join(re.sub(r"[^A-Za-z0-9._-]+", "_", str(p)) for p in parts)
 
 
 def to_csv(table: str, rows: list[dict]) -> bytes:

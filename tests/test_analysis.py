@@ -1,0 +1,325 @@
+"""The Spark analysis job (`bench/analysis/`) on generated and hand-crafted logs.
+
+One Spark session for the whole file: a module fixture writes a results folder (two synthetic
+runs, one of them sampled, plus crafted scenarios for lost/duplicate/gap cases), runs
+`python -m bench.analysis`'s `run()` once over it, and the tests read its tables and files.
+Expected values are computed here independently, from the same JSON lines, with numpy and plain
+Python. Needs pyspark and Java; skipped with the reason otherwise.
+
+Marker: ``spark`` ("runs a local PySpark job; needs pyspark and Java 17").
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+np = pytest.importorskip("numpy", reason="numpy is not installed (it comes with matplotlib)")
+
+from bench.analysis import synth
+from bench.analysis.__main__ import output_of, parse_args
+from bench.analysis.job import WINDOW_AFTER, WINDOW_BEFORE, _expand_braces, to_uri
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+T0 = 1_770_000_000.0
+RUN_A = "20260101-000000-aaaaaa"
+RUN_B = "20260101-010000-bbbbbb"
+REL = 1e-9
+
+
+def _need_spark():
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install pyspark matplotlib)")
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs Java (17) on PATH and there is none")
+
+
+# --- crafted logs ---------------------------------------------------------------------------------
+
+def _meta(scenario: str, drain: bool, t_start: float, t_end: float) -> dict:
+    return {"run_id": RUN_A, "scenario": scenario, "target": "warren",
+            "workload": {"name": scenario, "drain": drain, "message_size": 10},
+            "t_start": t_start, "t_end": t_end, "nodes": ["n1", "n2"], "sampled": False}
+
+
+def _pub(mid: int, t: float, conf: str | None = "ack") -> dict:
+    return {"id": mid, "p": 0, "q": "q", "size": 10, "t_pub": t,
+            "t_conf": None if conf is None else t + 0.001, "conf": conf}
+
+
+def _del(mid: int, t: float, red: bool = False) -> dict:
+    return {"id": mid, "c": 0, "q": "q", "t_del": t, "red": red, "node": "n1"}
+
+
+# A timeline: deliveries every 0.1 s for 10 s, a 5 s pause well before the fault (outside its
+# window), deliveries again, the fault at +20.05, nothing until +23.05, then deliveries again.
+TIMELINE = ([T0 + k * 0.1 for k in range(101)] + [T0 + 15 + k * 0.1 for k in range(51)]
+            + [T0 + 23.05 + k * 0.1 for k in range(20)])
+FAULT_AT = T0 + 20.05
+
+
+def write_crafted(run_dir: Path) -> None:
+    """`crafted`: drains, one lost id, duplicates, a nack and an unconfirmed id that are not lost,
+    the timeline and a kill; no intervals.jsonl. `crafted-open`: does not drain (lost is null),
+    and a sigstop after which nothing more is delivered (an open gap)."""
+    pubs = [_pub(1, T0 - 1), _pub(2, T0 - 1), _pub(3, T0 - 1), _pub(4, T0 - 1, "nack"),
+            _pub(5, T0 - 1, None), _pub(6, T0 - 1)]
+    dels = [_del(1, T0 - 0.9), _del(3, T0 - 0.9), _del(3, T0 - 0.5, red=True),
+            _del(6, T0 - 0.8), _del(6, T0 - 0.7, red=True), _del(6, T0 - 0.6, red=True)]
+    for i, t in enumerate(TIMELINE):
+        pubs.append(_pub(100 + i, t - 0.002))
+        dels.append(_del(100 + i, t))
+    fault = {"t": FAULT_AT, "action": "kill", "node": "n1", "queue": None, "detail": {}}
+    synth.write_scenario(run_dir / "crafted" / "warren", _meta("crafted", True, T0 - 1, T0 + 26),
+                         pubs, dels, None, [fault])
+
+    pubs = [_pub(1, T0), _pub(2, T0)] + [_pub(10 + k, T0 + k * 0.05) for k in range(100)]
+    dels = [_del(1, T0 + 0.01)] + [_del(10 + k, T0 + k * 0.05) for k in range(100)]
+    stop = {"t": T0 + 6, "action": "sigstop", "node": "n2", "queue": None, "detail": {}}
+    synth.write_scenario(run_dir / "crafted-open" / "warren",
+                         _meta("crafted-open", False, T0, T0 + 12), pubs, dels, None, [stop])
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    _need_spark()
+    from bench.analysis.__main__ import run
+
+    results = tmp_path_factory.mktemp("results")
+    synth.make_run(results, seed=3, messages=1500, rate=600.0, run_id=RUN_A, t0=T0 + 1000)
+    write_crafted(results / RUN_A)
+    synth.make_run(results, seed=4, messages=1200, rate=600.0, run_id=RUN_B, t0=T0 + 5000,
+                   targets=("warren",), sampled_every=10)
+    res, dest = run(str(results), master="local[2]")
+    return results, res, dest
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _summary(res, run_id, scenario, target="warren") -> dict:
+    [row] = [s for s in res.tables["summary"]
+             if (s["run_id"], s["scenario"], s["target"]) == (run_id, scenario, target)]
+    return row
+
+
+def _faults(res, scenario) -> list[dict]:
+    return [f for f in res.tables["faults"] if f["scenario"] == scenario]
+
+
+# --- percentiles and counts against numpy ------------------------------------------------------
+
+@pytest.mark.parametrize("scenario,target", [("steady", "warren"), ("failover", "rabbitmq")])
+def test_latency_percentiles_match_numpy(analysed, scenario, target):
+    results, res, _ = analysed
+    folder = results / RUN_A / scenario / target
+    pubs = {m["id"]: m for m in _lines(folder / "publish.jsonl")}
+    first: dict[int, float] = {}
+    for d in _lines(folder / "deliver.jsonl"):
+        first[d["id"]] = min(d["t_del"], first.get(d["id"], math.inf))
+    expected = {
+        "confirm": np.array([(m["t_conf"] - m["t_pub"]) * 1000.0 for m in pubs.values() if m["t_conf"] is not None]),
+        "delivery": np.array([(t - pubs[i]["t_pub"]) * 1000.0 for i, t in first.items() if i in pubs]),
+    }
+    rows = {r["kind"]: r for r in res.tables["latency"]
+            if (r["run_id"], r["scenario"], r["target"]) == (RUN_A, scenario, target)}
+    assert set(rows) == {"confirm", "delivery"}
+    for kind, values in expected.items():
+        row = rows[kind]
+        p50, p95, p99, p999 = np.percentile(values, [50, 95, 99, 99.9])
+        assert row["n"] == len(values)
+        assert row["p50_ms"] == pytest.approx(p50, rel=REL)
+        assert row["p95_ms"] == pytest.approx(p95, rel=REL)
+        assert row["p99_ms"] == pytest.approx(p99, rel=REL)
+        assert row["p999_ms"] == pytest.approx(p999, rel=REL)
+        assert row["max_ms"] == pytest.approx(values.max(), rel=REL)
+        assert row["min_ms"] == pytest.approx(values.min(), rel=REL)
+        assert row["mean_ms"] == pytest.approx(values.mean(), rel=1e-9)
+    s = _summary(res, RUN_A, scenario, target)
+    assert s["delivery_p99_ms"] == rows["delivery"]["p99_ms"]
+    assert s["confirm_p50_ms"] == rows["confirm"]["p50_ms"]
+
+
+def test_counts_and_throughput_match_the_logs(analysed):
+    results, res, _ = analysed
+    folder = results / RUN_A / "failover" / "warren"
+    pubs, dels = _lines(folder / "publish.jsonl"), _lines(folder / "deliver.jsonl")
+    meta = json.loads((folder / "scenario.json").read_text())
+    inter = _lines(folder / "intervals.jsonl")
+    ids = np.array([d["id"] for d in dels])
+    _, per_id = np.unique(ids, return_counts=True)
+    s = _summary(res, RUN_A, "failover")
+    assert s["published"] == len(pubs)
+    assert s["confirmed"] == sum(m["conf"] == "ack" for m in pubs)
+    assert s["deliveries"] == len(dels)
+    assert s["delivered_ids"] == len(per_id)
+    assert s["redelivered"] == sum(d["red"] for d in dels) > 0
+    assert s["dup_ids"] == int((per_id > 1).sum()) > 0
+    assert s["dup_extra"] == int((per_id - 1).sum())
+    assert s["lost"] == 0 and s["drain"] is True
+    duration = meta["t_end"] - meta["t_start"]
+    delivered = sum(r["n"] for r in inter if r["role"] == "deliver")
+    confirmed = sum(r["n"] for r in inter if r["role"] == "confirm")
+    assert s["duration_s"] == pytest.approx(duration)
+    assert s["deliver_per_s"] == pytest.approx(delivered / duration)
+    assert s["confirm_per_s"] == pytest.approx(confirmed / duration)
+    assert s["deliver_per_s_peak"] == max(r["n"] for r in inter if r["role"] == "deliver")
+    series = [r for r in res.tables["throughput_timeseries"]
+              if (r["run_id"], r["scenario"], r["target"]) == (RUN_A, "failover", "warren")]
+    assert len(series) == len(inter)
+    assert min(r["second"] for r in series) == pytest.approx(min(r["t"] for r in inter) - meta["t_start"])
+
+
+# --- lost and duplicates on crafted logs ------------------------------------------------------
+
+def test_lost_and_duplicates_on_crafted_logs(analysed):
+    _, res, _ = analysed
+    s = _summary(res, RUN_A, "crafted")
+    assert s["lost"] == 1  # id 2; the nacked id 4 and the unconfirmed id 5 are not lost
+    assert s["nacked"] == 1 and s["unconfirmed"] == 1
+    assert s["dup_ids"] == 2  # ids 3 and 6
+    assert s["dup_extra"] == 3  # one extra for id 3, two for id 6
+    assert s["redelivered"] == 3
+    assert s["published"] == 6 + len(TIMELINE)
+    assert s["deliveries"] == 6 + len(TIMELINE)
+    assert s["delivered_ids"] == 3 + len(TIMELINE)
+    # no intervals.jsonl: throughput falls back to the message lines
+    assert s["deliver_per_s"] == pytest.approx((6 + len(TIMELINE)) / 27.0)
+    assert not [r for r in res.tables["throughput_timeseries"] if r["scenario"] == "crafted"]
+
+
+def test_lost_is_null_when_the_workload_does_not_drain(analysed):
+    _, res, _ = analysed
+    s = _summary(res, RUN_A, "crafted-open")
+    assert s["drain"] is False
+    assert s["lost"] is None  # id 2 was acked and never delivered, but nothing drained the queue
+    assert s["confirmed"] == 102
+
+
+# --- failover gaps ---------------------------------------------------------------------------------
+
+def test_failover_gap_on_a_crafted_timeline(analysed):
+    _, res, _ = analysed
+    [f] = _faults(res, "crafted")
+    assert f["action"] == "kill" and f["node"] == "n1"
+    # the 5 s pause at +10..+15 ends before the window (fault - 1 s) and does not count
+    assert f["gap_s"] == pytest.approx(23.05 - 20.0, abs=1e-6)
+    assert f["gap_start_s"] == pytest.approx(20.0 - 20.05, abs=1e-6)
+    assert f["first_delivery_after_s"] == pytest.approx(23.05 - 20.05, abs=1e-6)
+    assert f["gap_open"] is False
+    assert f["second"] == pytest.approx(21.05)
+    assert f["deliveries_in_window"] == 10 + 20  # +19.1 .. +20.0, then +23.05 .. +24.95
+    assert _summary(res, RUN_A, "crafted")["max_gap_s"] == pytest.approx(3.05, abs=1e-6)
+
+
+def test_failover_gap_when_nothing_is_delivered_after_the_fault(analysed):
+    _, res, _ = analysed
+    [f] = _faults(res, "crafted-open")
+    assert f["gap_open"] is True
+    assert f["first_delivery_after_s"] is None
+    assert f["gap_s"] == pytest.approx(12 - 4.95, abs=1e-6)  # last delivery to the scenario's end
+
+
+def _reference_gap(times: list[float], tf: float, t_end: float) -> tuple[float, float | None]:
+    """The gap definition, written out plainly: pauses overlapping [tf-1, tf+30], plus the open
+    pause to the end when nothing follows the fault."""
+    times = sorted(times)
+    pauses = list(itertools.pairwise(times))
+    if times[-1] < tf:
+        pauses.append((times[-1], t_end))
+    inside = [b - a for a, b in pauses if b >= tf - WINDOW_BEFORE and a <= tf + WINDOW_AFTER]
+    after = [t for t in times if t > tf]
+    return max(inside), (after[0] - tf if after else None)
+
+
+@pytest.mark.parametrize("target", ["warren", "rabbitmq"])
+def test_failover_gap_on_the_synthetic_run(analysed, target):
+    results, res, _ = analysed
+    folder = results / RUN_A / "failover" / target
+    [kill] = [e for e in _lines(folder / "faults.jsonl") if e["action"] == "kill"]
+    meta = json.loads((folder / "scenario.json").read_text())
+    gap, first = _reference_gap([d["t_del"] for d in _lines(folder / "deliver.jsonl")], kill["t"], meta["t_end"])
+    [f] = [f for f in _faults(res, "failover") if f["target"] == target and f["run_id"] == RUN_A]
+    assert f["gap_s"] == pytest.approx(gap, abs=1e-9)
+    assert f["first_delivery_after_s"] == pytest.approx(first, abs=1e-9)
+    assert f["gap_s"] > 1.0  # the synthetic outage lasts 1.5 s
+
+
+def test_sync_rate_from_progress_lines(analysed):
+    results, res, _ = analysed
+    events = _lines(results / RUN_A / "failover" / "warren" / "faults.jsonl")
+    progress = [e for e in events if e["action"] == "sync_progress"]
+    [done] = [e for e in events if e["action"] == "sync_done"]
+    [row] = [s for s in res.tables["sync"] if (s["run_id"], s["scenario"], s["target"]) == (RUN_A, "failover", "warren")]
+    assert row["messages"] == done["detail"]["messages"]
+    assert row["msgs_per_s"] == pytest.approx(done["detail"]["messages"] / (done["t"] - progress[0]["t"]))
+    assert row["reported_rate_mean"] == pytest.approx(np.mean([e["detail"]["rate_msgs"] for e in progress]))
+    assert row["progress_lines"] == len(progress)
+
+
+# --- sampled runs, missing files, the comparison ---------------------------------------------------
+
+def test_sampled_run_takes_throughput_from_intervals(analysed):
+    results, res, _ = analysed
+    folder = results / RUN_B / "steady" / "warren"
+    meta = json.loads((folder / "scenario.json").read_text())
+    delivered = sum(r["n"] for r in _lines(folder / "intervals.jsonl") if r["role"] == "deliver")
+    s = _summary(res, RUN_B, "steady")
+    assert s["sampled"] is True and s["sample_every"] == 10
+    assert s["deliveries"] == len(_lines(folder / "deliver.jsonl")) < delivered
+    assert s["deliver_per_s"] == pytest.approx(delivered / (meta["t_end"] - meta["t_start"]))
+    assert s["lost"] == 0  # publishes and deliveries are sampled by the same ids
+    assert any("Sampled" in n for n in res.notes)
+
+
+def test_compare_pairs_targets_of_the_same_run_only(analysed):
+    _, res, _ = analysed
+    pairs = {(c["run_id"], c["scenario"]) for c in res.tables["compare"]}
+    assert pairs == {(RUN_A, "steady"), (RUN_A, "failover")}  # RUN_B and the crafted ones: warren only
+    for c in res.tables["compare"]:
+        w = _summary(res, RUN_A, c["scenario"], "warren")
+        r = _summary(res, RUN_A, c["scenario"], "rabbitmq")
+        assert c["throughput_ratio"] == pytest.approx(w["deliver_per_s"] / r["deliver_per_s"])
+        assert c["p99_ratio"] == pytest.approx(w["delivery_p99_ms"] / r["delivery_p99_ms"])
+    steady = next(c for c in res.tables["compare"] if c["scenario"] == "steady")
+    assert steady["p99_ratio"] > 1  # the generator makes RabbitMQ's latencies 0.7x warren's
+
+
+# --- files --------------------------------------------------------------------------------------
+
+def test_report_files_exist_and_name_the_scenarios(analysed):
+    results, res, dest = analysed
+    out = results / "report"
+    assert dest == to_uri(str(results)) + "/report"
+    for table in ("summary", "latency", "throughput_timeseries", "faults", "sync", "compare"):
+        assert (out / f"{table}.csv").is_file()
+        assert list((out / f"{table}.parquet").glob("part-*.parquet")), table
+    header, *rows = (out / "summary.csv").read_text().splitlines()
+    assert header.startswith("run_id,scenario,target,") and len(rows) == len(res.tables["summary"]) == 8
+    for png in (f"latency-{RUN_A}.png", f"compare-{RUN_A}.png", f"throughput-{RUN_A}-failover.png",
+                f"throughput-{RUN_B}-steady.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    assert not (out / f"compare-{RUN_B}.png").exists()
+    md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    for name in ("steady", "failover", "crafted", "crafted-open", RUN_A, RUN_B):
+        assert name in md and name in page
+    assert md.index("## Headline") < md.index("## warren / RabbitMQ") < md.index("## Failover") < md.index("## Charts")
+    assert f"](throughput-{RUN_A}-failover.png)" in md and f'src="compare-{RUN_A}.png"' in page
+
+
+# --- no Spark needed -----------------------------------------------------------------------------
+
+def test_cli_defaults_and_paths():
+    args = parse_args([])
+    assert (args.input, args.out, args.master) == ("results", None, "local[*]")
+    assert output_of("hdfs://nn/bench/results", None) == "hdfs://nn/bench/results/report"
+    assert to_uri("s3a://bucket/results/") == "s3a://bucket/results"
+    assert to_uri("/tmp/x/") == "file:///tmp/x"
+    assert _expand_braces("{*/*/*,*/*}/publish.jsonl") == ["*/*/*/publish.jsonl", "*/*/publish.jsonl"]
