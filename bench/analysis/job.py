@@ -406,11 +406,14 @@ def analyse(spark, input_path: str) -> Results:
     gap_rows = {r["fid"]: r for r in _gaps(spark, dlv, fault_rows, metas)}
     sync_out = _sync(events)
 
-    keys = sorted(set(count_rows) | set(metas) | {_key(r) for r in series_rows})
+    series_of: dict[tuple, list[dict]] = {}
+    for r in series_rows:
+        series_of.setdefault(_key(r), []).append(r)
+    keys = sorted(set(count_rows) | set(metas) | set(series_of))
     t_start = {}
     for k in keys:
         m = metas.get(k, {})
-        firsts = [r["t"] for r in series_rows if _key(r) == k]
+        firsts = [r["t"] for r in series_of.get(k, [])]
         c = count_rows.get(k, {})
         t_start[k] = m.get("t_start") or (min(firsts) if firsts else c.get("first_pub"))
 
@@ -420,6 +423,7 @@ def analyse(spark, input_path: str) -> Results:
     for i, f in enumerate(fault_rows):
         g = gap_rows.get(i, {})
         ts = t_start.get(_key(f))
+
         def since(t, f=f):
             return t - f["t"] if t is not None else None
 
@@ -431,7 +435,7 @@ def analyse(spark, input_path: str) -> Results:
     summary = []
     for k in keys:
         m, c = metas.get(k, {}), count_rows.get(k, {})
-        ser = [r for r in series_rows if _key(r) == k]
+        ser = series_of.get(k, [])
         totals = {role: sum(r["n"] for r in ser if r["role"] == role) for role in ("publish", "confirm", "deliver")}
         dbytes = sum(r["bytes"] or 0 for r in ser if r["role"] == "deliver")
         per_sec = [r["n"] for r in ser if r["role"] == "deliver"]

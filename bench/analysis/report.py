@@ -73,29 +73,32 @@ def _png(fig) -> bytes:
 
 
 def throughput_chart(run_id: str, scenario: str, series: list[dict], faults: list[dict]) -> bytes:
-    """Messages per second over the scenario, one line per target and role, faults as vertical
-    lines labelled with their action."""
+    """Messages per second over the scenario, one panel per target (deliveries and confirms as
+    steps: each value counts one second), its faults as labelled vertical lines."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    for target in sorted({r["target"] for r in series}):
+    targets = sorted({r["target"] for r in series})
+    fig, axes = plt.subplots(len(targets), 1, figsize=(9, 1.2 + 2.4 * len(targets)), sharex=True,
+                             squeeze=False)
+    for ax, target in zip(axes[:, 0], targets):
         for role in ("deliver", "confirm"):
             pts = sorted((r["second"], r["n"]) for r in series
                          if r["target"] == target and r["role"] == role and r["second"] is not None)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], ROLE_STYLE[role],
-                        color=TARGET_COLOR.get(target), label=f"{target} {role}")
-    for f in faults:
-        if f["second"] is None:
-            continue
-        ax.axvline(f["second"], color=TARGET_COLOR.get(f["target"], "grey"), alpha=0.6, lw=1)
-        ax.annotate(f"{f['action']} {f['node'] or ''} ({f['target']})", (f["second"], 1),
-                    xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7)
-    ax.set_xlabel("seconds since scenario start")
-    ax.set_ylabel("messages / s")
-    ax.set_title(f"{scenario}: throughput ({run_id})")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=8, loc="lower right")
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], ROLE_STYLE[role], drawstyle="steps-post",
+                        color=TARGET_COLOR.get(target), label=role)
+        for f in faults:
+            if f["target"] != target or f["second"] is None:
+                continue
+            ax.axvline(f["second"], color="tab:red", alpha=0.7, lw=1)
+            ax.annotate(f" {f['action']} {f['node'] or ''}", (f["second"], 0.97),
+                        xycoords=("data", "axes fraction"), va="top", ha="left", fontsize=7, color="tab:red")
+        ax.set_ylabel(f"{target}\nmessages / s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8, loc="lower right")
+    axes[-1, 0].set_xlabel("seconds since scenario start")
+    axes[0, 0].set_title(f"{scenario}: throughput ({run_id})")
     return _png(fig)
 
 
@@ -145,6 +148,8 @@ def compare_chart(run_id: str, compare: list[dict]) -> bytes:
         ax.set_title(title)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
+        if col == "delivery_p99_ms" and any(w + r):
+            ax.set_yscale("log")
     fig.suptitle(f"warren vs RabbitMQ, ratio = warren / RabbitMQ ({run_id})")
     return _png(fig)
 

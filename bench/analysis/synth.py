@@ -111,14 +111,14 @@ def _simulate(rng: random.Random, *, messages: int, rate: float, t0: float, lat_
     return publishes, deliveries, faults
 
 
-def make_run(root: Path, *, seed: int = 1, messages: int = 3000, rate: float = 1000.0,
+def make_run(root: Path, *, seed: int = 1, messages: int = 5000, rate: float = 500.0, outage: float = 0.8,
              targets: tuple[str, ...] = ("warren", "rabbitmq"), sampled_every: int = 1,
              run_id: str | None = None, t0: float = 1_760_000_000.0) -> Path:
     """Write a run with two scenarios, ``steady`` (no faults file) and ``failover`` (a kill of the
-    leader's node halfway, then sync progress). With ``sampled_every > 1`` the message lines hold
-    one message in that many (by sequence, as the runner samples) and scenario.json says so."""
+    leader's node halfway, nothing delivered for ``outage`` seconds, then sync progress). With
+    ``sampled_every > 1`` the message lines hold one message in that many (by sequence, as the runner samples) and scenario.json says so."""
     rng = random.Random(seed)
-    run_id = run_id or time.strftime("%Y%m%d-%H%M%S", time.gmtime(t0)) + "-" + "%06x" % rng.getrandbits(24)
+    run_id = run_id or time.strftime("%Y%m%d-%H%M%S", time.gmtime(t0)) + f"-{rng.getrandbits(24):06x}"
     run_dir = Path(root) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     size = 1024
@@ -129,7 +129,7 @@ def make_run(root: Path, *, seed: int = 1, messages: int = 3000, rate: float = 1
         for target in targets:
             scale = 1.0 if target == "warren" else 0.7
             pubs, dels, faults = _simulate(rng, messages=messages, rate=rate, t0=t,
-                                           lat_scale=scale, fault_at=fault_at, outage=1.5)
+                                           lat_scale=scale, fault_at=fault_at, outage=outage)
             for m in pubs:
                 m["size"] = size
             t_end = max(d["t_del"] for d in dels) + 0.01
@@ -162,14 +162,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.analysis.synth", description=__doc__.split("\n\n")[0])
     ap.add_argument("root", nargs="?", default="results", help="results folder to write a run into")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--messages", type=int, default=3000, help="messages per scenario and target")
-    ap.add_argument("--rate", type=float, default=1000.0, help="publish rate, msgs/s")
+    ap.add_argument("--messages", type=int, default=5000, help="messages per scenario and target")
+    ap.add_argument("--rate", type=float, default=500.0, help="publish rate, msgs/s")
+    ap.add_argument("--outage", type=float, default=0.8, help="seconds without deliveries after the kill")
     ap.add_argument("--sample-every", type=int, default=1, help="keep 1 message line in N")
     ap.add_argument("--warren-only", action="store_true", help="no rabbitmq target")
     args = ap.parse_args(argv)
     targets = ("warren",) if args.warren_only else ("warren", "rabbitmq")
     out = make_run(Path(args.root), seed=args.seed, messages=args.messages, rate=args.rate,
-                   targets=targets, sampled_every=args.sample_every,
+                   outage=args.outage, targets=targets, sampled_every=args.sample_every,
                    t0=1_760_000_000.0 + args.seed * 1000)
     print(out)
 
