@@ -22,7 +22,7 @@ import pytest
 np = pytest.importorskip("numpy", reason="numpy is not installed (it comes with matplotlib)")
 
 from bench.analysis import synth
-from bench.analysis.__main__ import output_of, parse_args
+from bench.analysis.cli import output_of, parse_args
 from bench.analysis.job import WINDOW_AFTER, WINDOW_BEFORE, _expand_braces, to_uri
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
@@ -100,7 +100,7 @@ def session():
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory, session):
     """A results folder with two runs, analysed with the default output folder."""
-    from bench.analysis.__main__ import run
+    from bench.analysis.cli import run
 
     results = tmp_path_factory.mktemp("results")
     synth.make_run(results, seed=3, messages=1500, rate=600.0, outage=1.0, run_id=RUN_A, t0=T0 + 1000)
@@ -115,7 +115,7 @@ def analysed(tmp_path_factory, session):
 def bare(tmp_path_factory, session):
     """One run's folder given as INPUT, with --out elsewhere, holding only publish.jsonl,
     deliver.jsonl and scenario.json: no intervals, no faults, no run.json, no RabbitMQ."""
-    from bench.analysis.__main__ import run
+    from bench.analysis.cli import run
 
     root = tmp_path_factory.mktemp("bare")
     run_dir = root / "20260102-000000-cccccc"

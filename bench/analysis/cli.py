@@ -1,0 +1,74 @@
+"""The analysis command line: `python -m bench.analysis [INPUT] [--out DIR] [--master local[*]]`
+(`warren-bench analyse` can hand its arguments to `main(argv)`).
+
+Reads the benchmark logs under INPUT (default `results/`: every run under it; or one run's folder;
+or any URI Spark reads, e.g. hdfs://... or s3a://...) and writes into OUT (default INPUT/report/):
+summary/latency/throughput_timeseries/faults/sync/compare as CSV files and Parquet datasets, PNG
+charts, and report.md / report.html. Prints the report's path and the headline table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.analysis") -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog=prog,
+                                 description="Analyse warren benchmark logs with Spark.")
+    ap.add_argument("input", nargs="?", default="results",
+                    help="results folder, one run folder, or any path Spark reads (default: results)")
+    ap.add_argument("--out", help="where the report goes (default: INPUT/report)")
+    ap.add_argument("--master", default="local[*]", help="Spark master (default: local[*])")
+    ap.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
+    return ap.parse_args(argv)
+
+
+def output_of(input_uri: str, out: str | None) -> str:
+    from bench.analysis.job import to_uri
+
+    return to_uri(out) if out else f"{input_uri}/report"
+
+
+def run(input_path: str, out: str | None = None, master: str = "local[*]", charts: bool = True,
+        spark=None):
+    """The whole job: analyse, then write Parquet (through Spark) and the other files.
+    Returns (results, output URI). Uses the given session, or makes and stops its own."""
+    from bench.analysis import job, report
+
+    own = spark is None
+    if own:
+        spark = job.spark_session(master)
+    try:
+        res = job.analyse(spark, input_path)
+        dest = output_of(res.input, out)
+        job.write_parquet(spark, res, dest)
+        for name, data in report.render(res, with_charts=charts).items():
+            job.put_file(spark, f"{dest}/{name}", data)
+    finally:
+        if own:
+            spark.stop()
+    return res, dest
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m bench.analysis") -> int:
+    args = parse_args(argv, prog)
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        print("bench.analysis needs PySpark: pip install 'warren[analysis]' (or pip install pyspark "
+              "matplotlib); Spark also needs Java 17 on PATH", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    res, dest = run(args.input, args.out, args.master, charts=not args.no_charts)
+    from bench.analysis.report import fmt
+
+    summary = res.tables["summary"]
+    print(f"{len(summary)} scenario/target pairs from {res.input}")
+    for s in summary:
+        print(f"  {s['run_id']} {s['scenario']:<20} {s['target']:<9} "
+              f"{fmt(s['deliver_per_s']):>9} msg/s  delivery p99 {fmt(s['delivery_p99_ms'])} ms  "
+              f"lost {fmt(s['lost'])}  max gap {fmt(s['max_gap_s'])} s")
+    print(f"report: {dest}/report.html ({time.monotonic() - started:.0f} s)")
+    return 0
