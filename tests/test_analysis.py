@@ -321,13 +321,16 @@ def test_compare_pairs_targets_of_the_same_run_only(analysed):
 
 # --- files --------------------------------------------------------------------------------------
 
-def test_report_files_exist_and_name_the_scenarios(analysed):
+def test_report_files_exist_and_name_the_scenarios(analysed, session):
     results, res, dest = analysed
     out = results / "report"
     assert dest == to_uri(str(results)) + "/report"
     for table in ("summary", "latency", "throughput_timeseries", "faults", "sync", "compare"):
         assert (out / f"{table}.csv").is_file()
         assert list((out / f"{table}.parquet").glob("part-*.parquet")), table
+    back = {(r["run_id"], r["scenario"], r["target"]): r.asDict()
+            for r in session.read.parquet(str(out / "summary.parquet")).collect()}
+    assert back == {(s["run_id"], s["scenario"], s["target"]): s for s in res.tables["summary"]}
     header, *rows = (out / "summary.csv").read_text().splitlines()
     assert header.startswith("run_id,scenario,target,") and len(rows) == len(res.tables["summary"]) == 8
     for png in (f"latency-{RUN_A}.png", f"compare-{RUN_A}.png", f"throughput-{RUN_A}-failover.png",

@@ -33,7 +33,7 @@ def output_of(input_uri: str, out: str | None) -> str:
 
 def run(input_path: str, out: str | None = None, master: str = "local[*]", charts: bool = True,
         spark=None):
-    """The whole job: analyse, then write Parquet (through Spark) and the other files.
+    """The whole job: analyse, write the report's files, then the Parquet copies of the tables.
     Returns (results, output URI). Uses the given session, or makes and stops its own."""
     from bench.analysis import job, report
 
@@ -43,9 +43,9 @@ def run(input_path: str, out: str | None = None, master: str = "local[*]", chart
     try:
         res = job.analyse(spark, input_path)
         dest = output_of(res.input, out)
-        job.write_parquet(spark, res, dest)
         for name, data in report.render(res, with_charts=charts).items():
             job.put_file(spark, f"{dest}/{name}", data)
+        job.write_parquet(spark, dest)
     finally:
         if own:
             spark.stop()

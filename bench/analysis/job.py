@@ -42,6 +42,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 KEY = ["run_id", "scenario", "target"]
+KEY_TYPES = [(k, "STRING") for k in KEY]
 PERCENTILES = [("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999)]
 WINDOW_BEFORE, WINDOW_AFTER = 1.0, 30.0
 NOT_FAULTS = ("sync_progress", "sync_done")
@@ -173,8 +174,9 @@ def _read_json(spark, base: str, name: str, schema: str):
     except AnalysisException as e:  # no file matched the pattern
         if "PATH_NOT_FOUND" not in str(e) and "does not exist" not in str(e):
             raise
-        empty = spark.createDataFrame([], schema)
-        return empty.select(*[F.lit(None).cast("string").alias(k) for k in KEY], "*")
+        cols = [c.split() for c in schema.split(",")]
+        return spark.range(0).select(*[F.lit(None).cast("string").alias(k) for k in KEY],
+                                     *[F.lit(None).cast(t).alias(n) for n, t in cols])
     path = F.col("_metadata.file_path")
     parts = r"([^/]+)/([^/]+)/([^/]+)/[^/]+$"
     return df.select(*[F.regexp_extract(path, parts, i + 1).alias(k) for i, k in enumerate(KEY)],
@@ -304,6 +306,16 @@ def _latency_rows(count_rows: dict) -> list[dict]:
     return out
 
 
+def _literal_frame(spark, cols: list[tuple[str, str]], rows: list[tuple]):
+    """A small frame (a few rows per scenario) built from literals inside the JVM: the obvious
+    spark.createDataFrame(list) would start Python worker processes, which costs many seconds on
+    a cold, busy machine."""
+    from pyspark.sql import functions as F
+
+    structs = [F.struct(*[F.lit(v).cast(t).alias(n) for (n, t), v in zip(cols, row)]) for row in rows]
+    return spark.range(1).select(F.inline(F.array(*structs)))
+
+
 def _gaps(spark, dlv, faults_rows: list[dict], metas: dict):
     """Failover gap and time to first delivery for every fault (see the module docstring)."""
     from pyspark.sql import Window
@@ -311,9 +323,9 @@ def _gaps(spark, dlv, faults_rows: list[dict], metas: dict):
 
     if not faults_rows:
         return []
-    fault_df = spark.createDataFrame(
-        [(*_key(f), i, f["t"], f["queue"] or "*") for i, f in enumerate(faults_rows)],
-        "run_id STRING, scenario STRING, target STRING, fid LONG, tf DOUBLE, scope STRING")
+    fault_df = _literal_frame(
+        spark, [*KEY_TYPES, ("fid", "LONG"), ("tf", "DOUBLE"), ("scope", "STRING")],
+        [(*_key(f), i, f["t"], f["queue"] or "*") for i, f in enumerate(faults_rows)])
     queues = sorted({f["queue"] for f in faults_rows if f["queue"]})
     d = dlv.select(*KEY, F.lit("*").alias("scope"), "t_del")
     if queues:
@@ -325,7 +337,7 @@ def _gaps(spark, dlv, faults_rows: list[dict], metas: dict):
                       F.lit(False).alias("open"))
     ends = [(*k, v["t_end"]) for k, v in metas.items() if v.get("t_end") is not None]
     if ends:
-        end_df = spark.createDataFrame(ends, "run_id STRING, scenario STRING, target STRING, t_end DOUBLE")
+        end_df = _literal_frame(spark, [*KEY_TYPES, ("t_end", "DOUBLE")], ends)
         last = d.groupBy(*KEY, "scope").agg(F.max("t_del").alias("prev")).join(end_df, KEY)
         pauses = pauses.unionByName(last.where(F.col("t_end") > F.col("prev")).select(
             *KEY, "scope", "prev", F.col("t_end").alias("next"), F.lit(True).alias("open")))
@@ -522,14 +534,14 @@ def _shape(table: str, row: dict) -> dict:
     return out
 
 
-def write_parquet(spark, results: Results, out: str) -> None:
-    """One Parquet dataset (a folder) per table, written by Spark so any URI Spark writes works;
-    the small writes go side by side."""
+def write_parquet(spark, out: str) -> None:
+    """One Parquet dataset (a folder) per table, made by Spark from the table's CSV file already
+    written under out (so the two always agree, any URI Spark writes works, and no Python worker
+    is needed); the small jobs go side by side."""
     def write(name: str) -> None:
-        cols = TABLES[name]
-        schema = ", ".join(f"`{c}` {t}" for c, t in cols)
-        rows = [tuple(r[c] for c, _ in cols) for r in results.tables[name]]
-        spark.createDataFrame(rows, schema).coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}.parquet")
+        schema = ", ".join(f"`{c}` {t}" for c, t in TABLES[name])
+        (spark.read.schema(schema).option("header", True).option("escape", '"')
+         .csv(f"{out}/{name}.csv").coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}.parquet"))
 
     with ThreadPoolExecutor(max_workers=len(TABLES)) as pool:
         list(pool.map(write, TABLES))
