@@ -81,9 +81,17 @@ def write_crafted(run_dir: Path) -> None:
 
     pubs = [_pub(1, T0), _pub(2, T0)] + [_pub(10 + k, T0 + k * 0.05) for k in range(100)]
     dels = [_del(1, T0 + 0.01)] + [_del(10 + k, T0 + k * 0.05) for k in range(100)]
-    stop = {"t": T0 + 6, "action": "sigstop", "node": "n2", "queue": None, "detail": {}}
+    events = [{"t": T0 + 6, "action": "sigstop", "node": "n2", "queue": None, "detail": {}},
+              # a manual sync: a progress line with null rates (mirrors not yet in sync), no seconds
+              {"t": T0 + 7, "action": "sync_queue", "node": None, "queue": "q", "detail": {}},
+              {"t": T0 + 8, "action": "sync_progress", "node": "n2", "queue": "q",
+               "detail": {"messages": 10, "bytes": 100, "rate_msgs": None, "rate_bytes": None}},
+              {"t": T0 + 8.5, "action": "sync_progress", "node": "n2", "queue": "q",
+               "detail": {"messages": 30, "bytes": 300, "rate_msgs": 40.0, "rate_bytes": 400.0}},
+              {"t": T0 + 9, "action": "sync_done", "node": "n2", "queue": "q",
+               "detail": {"messages": 50, "bytes": 500}}]
     synth.write_scenario(run_dir / "crafted-open" / "warren",
-                         _meta("crafted-open", False, T0, T0 + 12), pubs, dels, None, [stop])
+                         _meta("crafted-open", False, T0, T0 + 12), pubs, dels, None, events)
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +256,9 @@ def test_failover_gap_on_a_crafted_timeline(analysed):
 
 def test_failover_gap_when_nothing_is_delivered_after_the_fault(analysed):
     _, res, _ = analysed
-    [f] = _faults(res, "crafted-open")
+    stop, sync = _faults(res, "crafted-open")
+    assert (stop["action"], sync["action"]) == ("sigstop", "sync_queue")
+    f = stop
     assert f["gap_open"] is True
     assert f["first_delivery_after_s"] is None
     assert f["gap_s"] == pytest.approx(12 - 4.95, abs=1e-6)  # last delivery to the scenario's end
@@ -286,9 +296,20 @@ def test_sync_rate_from_progress_lines(analysed):
     [done] = [e for e in events if e["action"] == "sync_done"]
     [row] = [s for s in res.tables["sync"] if (s["run_id"], s["scenario"], s["target"]) == (RUN_A, "failover", "warren")]
     assert row["messages"] == done["detail"]["messages"]
-    assert row["msgs_per_s"] == pytest.approx(done["detail"]["messages"] / (done["t"] - progress[0]["t"]))
+    assert row["msgs_per_s"] == pytest.approx(done["detail"]["messages"] / done["detail"]["seconds"])
+    assert row["t_done"] - row["t_begin"] == pytest.approx(done["t"] - progress[0]["t"])
     assert row["reported_rate_mean"] == pytest.approx(np.mean([e["detail"]["rate_msgs"] for e in progress]))
     assert row["progress_lines"] == len(progress)
+
+
+def test_sync_rate_without_seconds_and_with_null_rates(analysed):
+    _, res, _ = analysed
+    [row] = [s for s in res.tables["sync"] if s["scenario"] == "crafted-open"]
+    assert row["queue"] == "q" and row["messages"] == 50
+    assert row["msgs_per_s"] == pytest.approx(50 / 2.0)  # sync_queue at +7 to sync_done at +9
+    assert row["bytes_per_s"] == pytest.approx(500 / 2.0)
+    assert row["reported_rate_mean"] == 40.0 and row["progress_lines"] == 2
+    assert _summary(res, RUN_A, "crafted-open")["sync_msgs_per_s"] == pytest.approx(25.0)
 
 
 # --- sampled runs, missing files, the comparison ---------------------------------------------------

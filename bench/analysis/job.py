@@ -24,8 +24,9 @@ Definitions (see also bench/LOGS.md):
   to the end of the scenario counts and ``gap_open`` is true. Every action other than
   sync_progress/sync_done gets a row.
 - sync rate of a queue: the highest ``messages`` reported by sync_progress/sync_done divided by
-  the time from the sync's start (its sync_queue action, else the first progress line) to
-  sync_done; also the mean and peak of the reported ``rate_msgs``.
+  sync_done's ``seconds`` when it has them, else by the time from the sync's start (its
+  sync_queue action, else the first progress line) to sync_done; also the mean and peak of the
+  reported ``rate_msgs`` (null rates, before every mirror is synchronised, are left out).
 """
 
 from __future__ import annotations
@@ -378,6 +379,9 @@ def _sync(events: list[dict]) -> list[dict]:
         nbytes = max((d["bytes"] for d in details if d.get("bytes") is not None), default=None)
         rates = [e["detail"]["rate_msgs"] for e in progress if e["detail"].get("rate_msgs") is not None]
         span = done - begin if done is not None and begin is not None else None
+        took = [e["detail"].get("seconds") for e in evs if e["action"] == "sync_done"]
+        if took and isinstance(took[0], (int, float)) and took[0] > 0:
+            span = float(took[0])  # the runner's own measure of the sync, when it gives one
         ok = span is not None and span > 0
         out.append({**dict(zip(KEY, k)), "queue": queue, "t_begin": begin, "t_done": done,
                     "messages": messages, "bytes": nbytes,

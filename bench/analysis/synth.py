@@ -106,7 +106,7 @@ def _simulate(rng: random.Random, *, messages: int, rate: float, t0: float, lat_
                                "messages": done, "bytes": done * 1024,
                                "rate_msgs": backlog / 4 / 0.5, "rate_bytes": backlog / 4 / 0.5 * 1024}})
         faults.append({"t": t + 2.5, "action": "sync_done", "node": "n3", "queue": "bench.q.0",
-                       "detail": {"messages": backlog, "bytes": backlog * 1024}})
+                       "detail": {"messages": backlog, "bytes": backlog * 1024, "seconds": 2.2}})
     deliveries.sort(key=lambda d: d["t_del"])
     return publishes, deliveries, faults
 
