@@ -5,7 +5,7 @@ PIP ?= $(PYTHON) -m pip
 .PHONY: install demo test cluster stop bench
 
 install:
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test,analysis]"
 
 # start a local 3-node cluster, publish and consume through the client, show it, stop it
 demo: install

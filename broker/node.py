@@ -183,6 +183,8 @@ class Node:
                 await trio.sleep(0.005)
         for link in list(self.links.values()):
             link.close("peer stopped its app")
+            with trio.move_on_after(0.5):  # the peer sees the link end now, not after net_ticktime
+                await link.framed.stream.aclose()
         self._app_scope.cancel()
         while self.app_running:
             await trio.sleep(0.01)

@@ -332,7 +332,10 @@ class QueueProcess:
         self._sync_wake.set()
         return True
 
-    def _op_sync_ok(self, epoch, node, n):
+    def _op_sync_ok(self, epoch, node, n, upto=0):
+        track = self.rep.mirrors.get(node)
+        if track is not None and epoch == self.epoch:
+            track.synced_upto = max(track.synced_upto, upto)
         if epoch != self.epoch or self.sync is None or node not in self.sync_acks:
             return
         self.sync_acks[node] = max(self.sync_acks[node], n)
@@ -353,9 +356,10 @@ class QueueProcess:
         cfg = self.node.config
         ha = ha_for(self.node.md.policies, self.qdef)
         low = max(t.start_id for t in targets)
+        done = min(t.synced_upto for t in targets)  # a cancelled sync already sent these
         state = self.state
-        older = [m for m in state.ready if m[0] < low]
-        older += [e[2] for e in state.unacked.values() if e[2] is not None and e[2][0] < low]
+        older = [m for m in state.ready if done < m[0] < low]
+        older += [e[2] for e in state.unacked.values() if e[2] is not None and done < e[2][0] < low]
         older.sort()
         clock = trio.current_time
         job = BatchSync(older, ha.sync_batch_size or cfg.mirroring_sync_batch_size,
@@ -414,7 +418,8 @@ class QueueProcess:
         if fresh:
             self.state.add_synced_messages(fresh)
             self.synced_upto = fresh[-1][0]
-        self.node.to_replica(self.leader_node, self.name, ["sync_ok", epoch, self.node.name, n])
+        self.node.to_replica(self.leader_node, self.name, ["sync_ok", epoch, self.node.name, n,
+                                                           self.synced_upto])
 
     def _op_sync_end(self, epoch, completed):
         if epoch == self.follow.epoch and completed:

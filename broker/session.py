@@ -101,6 +101,8 @@ class Session:
         self.routes: dict[str, int] = {}  # queue -> the leader epoch our operations went to
         self.rpcs: dict[int, tuple[str, list]] = {}  # rid -> (queue, op): unanswered requests
         self._resend: set[str] = set()
+        self._resend_wake = trio.Event()
+        self._send_lock = trio.Lock()  # resends and new operations reach a leader in order
         self.done = trio.Event()
         self._written = trio.Event()
         self.log = node.log.bind(conn=self.conn_id)
@@ -129,6 +131,7 @@ class Session:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write)
                 nursery.start_soon(self._pump)
+                nursery.start_soon(self._resender)
                 await self._read()
                 self.outbox.close()  # send what is queued (e.g. the close reply), then stop
                 with trio.move_on_after(2):
@@ -190,8 +193,6 @@ class Session:
                 return
             if not batch:
                 return
-            if self._resend:
-                await self._do_resends()
             for msg in batch:
                 ch_id = getattr(msg, "ch", 0)
                 if ch_id in self.closed_channels and type(msg) is not m.ChannelOpen:
@@ -386,14 +387,24 @@ class Session:
 
     # --- routing to the queue's leader, and failover -------------------------------------
     async def _send(self, qname: str, op: list) -> None:
-        if self._resend:
-            await self._do_resends()
-        qdef = self.node.md.queues.get(qname)
-        if qdef is None:
-            return
-        if qname not in self.routes:
-            self.routes[qname] = qdef.get("epoch", 1)
-        await self.node.queue_op(qdef, op)
+        async with self._send_lock:
+            if self._resend:
+                await self._do_resends()
+            qdef = self.node.md.queues.get(qname)
+            if qdef is None:
+                return
+            if qname not in self.routes:
+                self.routes[qname] = qdef.get("epoch", 1)
+            await self.node.queue_op(qdef, op)
+
+    async def _resender(self) -> None:
+        """Resend to a new leader even when the client sends nothing more (it may be waiting
+        for the very confirms the resend will bring)."""
+        while True:
+            await self._resend_wake.wait()
+            self._resend_wake = trio.Event()
+            async with self._send_lock:
+                await self._do_resends()
 
     async def _request(self, qname: str, rid: int, op: list) -> None:
         """An operation the queue answers: remembered until answered, resent on failover."""
@@ -403,9 +414,6 @@ class Session:
     async def _flow_wait(self) -> None:
         """Hold this publisher until the queues' mirrors have caught up (credit flow)."""
         while self.inflight_msgs > WINDOW_MSGS or self.inflight_bytes > WINDOW_BYTES:
-            if self._resend:
-                await self._do_resends()
-                continue
             self._room = trio.Event()
             await self._room.wait()
 
@@ -419,7 +427,7 @@ class Session:
                 self.queue_lost(qname, f"queue '{qname}' in vhost '/' was deleted")
             elif qdef.get("epoch", 1) != epoch:
                 self._resend.add(qname)
-                self._room.set()
+                self._resend_wake.set()
             elif self.node.queue_down_reason(qdef):
                 self.queue_lost(qname, self.node.queue_down_reason(qdef))
 

@@ -30,6 +30,7 @@ class MirrorTrack:
     acked: int  # highest batch seq the mirror acknowledged
     synced: bool = False
     since: float = 0.0  # when it was added (caller's clock), for "the oldest mirror"
+    synced_upto: int = 0  # the highest old id an earlier (cancelled) sync already gave it
 
 
 class LeaderReplication:
