@@ -1,4 +1,9 @@
-"""`warren-bench`: benchmark commands (not tests).
+"""`warren-bench`: benchmark commands (not tests). This module owns the command line only.
+
+    warren-bench run WORKLOAD... [--target warren|rabbitmq|both] [--nodes n1,n2,n3] [--out results]
+
+runs workload files (or shipped suites by name: smoke, throughput, latency, failover, scale, sync)
+and writes the logs of bench/LOGS.md under results/RUN_ID/; see bench/README.md.
 
     warren-bench throughput [--seconds 10] [--size 1024] [--window 2000] [--prefetch 1000]
 
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +80,33 @@ async def throughput(nodes: list[str], seconds: float, size: int, window: int, p
     }
 
 
+def _run(args) -> int:
+    from bench.runner import Progress, Runner
+    from bench.targets import TargetError
+    from bench.workload import WorkloadError, load, resolve
+    try:
+        if args.command == "check":
+            for w in args.workloads:
+                for sc in load(resolve(w)):
+                    print(f"{w}: {sc.name}: {sc.producers}p/{sc.consumers}c x {sc.queues}q, "
+                          f"{sc.message_size} B, rate {sc.producer_rate:g}, policy {json.dumps(sc.effective_policy)}, "
+                          f"{len(sc.faults)} fault(s)")
+            return 0
+        targets = ["warren", "rabbitmq"] if args.target == "both" else [args.target]
+        progress = Progress(enabled=False if args.quiet else (True if args.progress else None))
+        runner = Runner(args.out, procs=args.procs, progress=progress)
+        folder = runner.run(args.workloads, targets, args.nodes.split(",") if args.nodes else None,
+                            args.rabbitmq_dir, args.run_id)
+        print(f"results in {folder}")
+        return 130 if runner.interrupted else 0
+    except WorkloadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except TargetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="warren-bench")
     sub = p.add_subparsers(dest="command", required=True)
@@ -83,7 +116,26 @@ def main(argv=None) -> None:
     t.add_argument("--window", type=int, default=2000, help="max unconfirmed publishes")
     t.add_argument("--prefetch", type=int, default=1000)
     t.add_argument("--nodes", help="use a running node (HOST:CLIENT_PORT) instead of starting one")
+    r = sub.add_parser("run", help="run workload files against warren and/or RabbitMQ, write results/RUN_ID/")
+    r.add_argument("workloads", nargs="+", metavar="WORKLOAD",
+                   help="a YAML file, or a shipped suite name (smoke, throughput, latency, failover, scale, sync)")
+    r.add_argument("--target", choices=["warren", "rabbitmq", "both"], default="warren")
+    r.add_argument("--nodes", help="use these running warren nodes (names under $WARREN_HOME) instead of "
+                                   "starting a local 3-node cluster")
+    r.add_argument("--rabbitmq-dir", type=Path,
+                   help="use the RabbitMQ cluster started by bench/rabbitmq/cluster.sh start DIR")
+    r.add_argument("--out", type=Path, default=Path("results"), help="results folder (default ./results)")
+    r.add_argument("--procs", type=int, default=1,
+                   help="processes per role: producers are spread over N processes, consumers over N more")
+    r.add_argument("--run-id", help="name of the run folder (default YYYYmmdd-HHMMSS-hex)")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--progress", action="store_true", default=None, help="progress line even when not a tty")
+    g.add_argument("--quiet", action="store_true", help="no progress line")
+    c = sub.add_parser("check", help="validate workload files and list their scenarios")
+    c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
     args = p.parse_args(argv)
+    if args.command in ("run", "check"):
+        sys.exit(_run(args))
     if args.nodes:
         result = trio.run(throughput, args.nodes.split(","), args.seconds, args.size, args.window, args.prefetch)
     else:

@@ -1,0 +1,524 @@
+"""`warren-bench run`: runs scenarios against targets and writes the logs of bench/LOGS.md.
+
+This module owns the run: the results folder and `run.json`, the order of targets and scenarios,
+per scenario the set-up (policy, queues, waiting for mirrors), the worker processes (producers in
+one group of processes, consumers in another, see `bench.worker`), the fault schedule, the drain,
+the merge of the workers' part files into `publish.jsonl`/`deliver.jsonl`/`intervals.jsonl`, and
+the one-line summary per scenario. Faults run in a thread of their own so the progress line and
+the drain check keep their pace while a `warrenctl` call takes its time.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import platform
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench import worker as workermod
+from bench.targets import RabbitTarget, Target, TargetError, Unsupported, WarrenTarget, rabbitmq_available
+from bench.workload import Scenario, load, resolve
+from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent)
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def _machine() -> dict:
+    mem = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = round(int(line.split()[1]) / (1 << 20), 1)
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "mem_gib": mem, "platform": platform.platform(),
+            "hostname": platform.node()}
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+class Progress:
+    """One status line rewritten in place on a terminal; silent otherwise."""
+
+    def __init__(self, stream=sys.stderr, enabled: bool | None = None):
+        self.stream = stream
+        self.enabled = stream.isatty() if enabled is None else enabled
+        self.width = 0
+
+    def show(self, text: str) -> None:
+        if self.enabled:
+            pad = max(0, self.width - len(text))
+            self.stream.write("\r" + text + " " * pad)
+            self.stream.flush()
+            self.width = len(text)
+
+    def done(self) -> None:
+        if self.enabled and self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
+            self.stream.flush()
+            self.width = 0
+
+
+class FaultLog:
+    def __init__(self):
+        self.lines: list[dict] = []
+        self.lock = threading.Lock()
+
+    def add(self, t: float, action: str, node: str | None, queue: str | None, detail: dict) -> None:
+        with self.lock:
+            self.lines.append({"t": t, "action": action, "node": node, "queue": queue, "detail": detail})
+
+
+class FaultRunner(threading.Thread):
+    """Carries out a scenario's fault schedule, in order, at t0 + at."""
+
+    def __init__(self, target: Target, sc: Scenario, t0: float, log: FaultLog, stop: threading.Event):
+        super().__init__(daemon=True)
+        self.target, self.sc, self.t0, self.log, self.stop = target, sc, t0, log, stop
+        self.taken_down: dict[str, str] = {}  # kind of fault -> node, for sigcont/start_app/restart of "leader"
+        self.errors: list[str] = []
+        self.syncs: list[threading.Thread] = []
+
+    def _queue(self, f) -> str:
+        q = f["queue"]
+        return self.sc.queue_names()[q] if isinstance(q, int) else q
+
+    def _node(self, f, queue: str) -> str:
+        if f["target"] != "leader":
+            return f["target"]
+        undo = {"sigcont": "sigstop", "start_app": "stop_app", "restart": "kill"}.get(f["action"])
+        if undo and undo in self.taken_down:
+            return self.taken_down.pop(undo)
+        return self.target.leader(queue)
+
+    def run(self) -> None:
+        for f in self.sc.faults:
+            wait = self.t0 + f["at"] - time.time()
+            if wait > 0 and self.stop.wait(wait):
+                return
+            queue = self._queue(f)
+            node = None
+            try:
+                if f["action"] == "add_node":
+                    t = time.time()
+                    detail = self.target.add_node()
+                    node = detail.get("node")
+                elif f["action"] == "sync_queue":
+                    self._sync(queue)
+                    continue
+                else:
+                    node = self._node(f, queue)
+                    t = time.time()
+                    detail = self._act(f["action"], node)
+            except (TargetError, OSError) as exc:
+                t = time.time()
+                detail = {"error": str(exc)}
+                self.errors.append(f"{f['action']} at {f['at']:g}s: {exc}")
+            self.log.add(t, f["action"], node, queue, detail)
+
+    def _act(self, action: str, node: str) -> dict:
+        tg = self.target
+        if action == "kill":
+            self.taken_down["kill"] = node
+            return tg.kill(node)
+        if action == "sigstop":
+            self.taken_down["sigstop"] = node
+            return tg.signal(node, signal.SIGSTOP)
+        if action == "sigcont":
+            return tg.signal(node, signal.SIGCONT)
+        if action == "stop_app":
+            self.taken_down["stop_app"] = node
+            out = tg.ctl(node, "stop_app")
+            tg.down.add(node)
+            return {"output": out.strip()[-200:]}
+        if action == "start_app":
+            out = tg.ctl(node, "start_app")
+            tg.down.discard(node)
+            return {"output": out.strip()[-200:]}
+        if action == "restart":
+            return tg.restart(node)
+        raise TargetError(f"unknown action {action}")
+
+    def _sync(self, queue: str) -> None:
+        """sync_queue in its own thread, with progress lines from list_queues while it runs."""
+        size = self.sc.message_size
+        t = time.time()
+        try:
+            before = self.target.queues().get(queue, {})
+        except TargetError as exc:
+            before = {"error": str(exc)}
+        msgs = int(before.get("messages") or 0)
+        self.log.add(t, "sync_queue", None, queue, {"messages": msgs, "bytes": msgs * size})
+        done = threading.Event()
+        result: dict = {}
+
+        def call():
+            try:
+                result["output"] = self.target.sync_queue(queue).strip()[-200:]
+            except (TargetError, OSError) as exc:
+                result["error"] = str(exc)
+                self.errors.append(f"sync_queue {queue}: {exc}")
+            done.set()
+
+        def watch():
+            threading.Thread(target=call, daemon=True).start()
+            while not done.wait(0.5):
+                try:
+                    mirrors, synced = self.target.mirrors(queue)
+                except TargetError:
+                    continue
+                el = time.time() - t
+                self.log.add(time.time(), "sync_progress", None, queue,
+                             {"messages": msgs, "bytes": msgs * size, "mirrors": mirrors, "synchronised": synced,
+                              "rate_msgs": msgs / el if set(mirrors) <= set(synced) else None,
+                              "rate_bytes": msgs * size / el if set(mirrors) <= set(synced) else None})
+            el = max(time.time() - t, 1e-6)
+            ok = "error" not in result
+            self.log.add(time.time(), "sync_done", None, queue,
+                         {"messages": msgs, "bytes": msgs * size, "seconds": round(el, 3),
+                          "rate_msgs": msgs / el if ok else None, "rate_bytes": msgs * size / el if ok else None,
+                          **result})
+
+        th = threading.Thread(target=watch, daemon=True)
+        th.start()
+        self.syncs.append(th)
+
+
+def _split(items: list[int], parts: int) -> list[list[int]]:
+    parts = max(1, min(parts, len(items))) if items else 0
+    return [items[k::parts] for k in range(parts)]
+
+
+def _assign(sc: Scenario) -> dict[int, list[int]]:
+    """Queues of each consumer: queue q goes to consumer q % consumers; with fewer queues than
+    consumers, consumer c shares queue c % queues."""
+    if sc.consumers == 0:
+        return {}
+    if sc.queues >= sc.consumers:
+        return {c: [q for q in range(sc.queues) if q % sc.consumers == c] for c in range(sc.consumers)}
+    return {c: [c % sc.queues] for c in range(sc.consumers)}
+
+
+def _merge(folder: Path, stem: str) -> int:
+    parts = sorted(folder.glob(f"{stem}.part*"))
+    n = 0
+    with open(folder / f"{stem}.jsonl", "wb") as out:
+        for p in parts:
+            with open(p, "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 20)
+            p.unlink()
+    return n
+
+
+def _merge_intervals(folder: Path) -> dict:
+    counts: dict = {}
+    for p in sorted(folder.glob("intervals.*.part*")):
+        for line in p.read_text().splitlines():
+            d = json.loads(line)
+            c = counts.setdefault((d["t"], d["role"]), [0, 0])
+            c[0] += d["n"]
+            c[1] += d["bytes"]
+        p.unlink()
+    with open(folder / "intervals.jsonl", "w") as f:
+        for (t, role), (n, b) in sorted(counts.items()):
+            f.write(json.dumps({"t": t, "role": role, "n": n, "bytes": b}) + "\n")
+    return counts
+
+
+class Runner:
+    def __init__(self, out: Path, procs: int = 1, progress: Progress | None = None, say=print):
+        self.out = out
+        self.procs = procs
+        self.progress = progress or Progress()
+        self.say = say
+        self.ctx = multiprocessing.get_context("spawn")
+        self.summaries: list[dict] = []
+        self.interrupted = False
+
+    # --- the run ------------------------------------------------------------------------------
+    def run(self, workload_args: list[str], targets: list[str], warren_nodes: list[str] | None = None,
+            rabbit_dir: Path | None = None, run_id: str | None = None) -> Path:
+        files = [resolve(a) for a in workload_args]
+        scenarios = [s for f in files for s in load(f)]  # every file is checked before anything starts
+        run_id = run_id or new_run_id()
+        folder = self.out / run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        meta = {"run_id": run_id, "started_at": time.time(), "finished_at": None, "git_commit": _git_commit(),
+                "python": sys.version.split()[0], "warren_version": None, "rabbitmq_version": None,
+                "machine": _machine(), "workloads": [str(f) for f in files], "targets": [],
+                "skipped": [], "notes": "2-core shared machine: numbers are noisy" if (os.cpu_count() or 0) <= 2 else ""}
+        if "rabbitmq" in targets:
+            why = rabbitmq_available()
+            if why:
+                self.say(f"RabbitMQ target skipped: {why}; running warren alone")
+                meta["skipped"].append({"target": "rabbitmq", "reason": why})
+                targets = [t for t in targets if t != "rabbitmq"] or ["warren"]
+        meta["targets"] = targets
+        self._write_meta(folder, meta)
+        try:
+            for tname in targets:
+                target: Target = WarrenTarget(warren_nodes) if tname == "warren" else RabbitTarget(dir=rabbit_dir)
+                self.say(f"[{tname}] starting a {len(warren_nodes or []) or 3}-node cluster ..."
+                         if not (tname == "warren" and warren_nodes) else f"[{tname}] using {', '.join(warren_nodes)}")
+                target.start()
+                meta[f"{tname}_version"] = target.version()
+                self._write_meta(folder, meta)
+                try:
+                    for sc in scenarios:
+                        if self.interrupted:
+                            break
+                        dirty = self.run_scenario(folder, run_id, target, sc, meta)
+                        if dirty and sc is not scenarios[-1]:
+                            self.say(f"[{tname}] restarting the cluster after the faults of {sc.name}")
+                            target.stop()
+                            target.start()
+                finally:
+                    target.stop()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.say("interrupted")
+        finally:
+            meta["finished_at"] = time.time()
+            meta["summaries"] = self.summaries
+            self._write_meta(folder, meta)
+        return folder
+
+    @staticmethod
+    def _write_meta(folder: Path, meta: dict) -> None:
+        tmp = folder / "run.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        tmp.replace(folder / "run.json")
+
+    # --- one scenario on one target ---------------------------------------------------------------
+    def run_scenario(self, folder: Path, run_id: str, target: Target, sc: Scenario, meta: dict) -> bool:
+        """Returns True when the cluster may be left damaged (faults ran)."""
+        tname = target.name
+        policy = sc.effective_policy
+        policy_name = f"bench-{sc.name}"
+        queues = sc.queue_names()
+        addresses = target.addresses()
+        gen = _gen_module(tname)
+        try:
+            if policy is not None:
+                target.set_policy(policy_name, "^" + re.escape(f"bench.{sc.name}."), policy)
+            if sc.needs == "sync" and tname == "warren":
+                _probe_sync(target)
+        except Unsupported as exc:
+            self.say(f"[{tname}] {sc.name}: skipped: {exc}")
+            meta["skipped"].append({"target": tname, "scenario": sc.name, "reason": str(exc)})
+            return False
+        sdir = folder / sc.name / tname
+        sdir.mkdir(parents=True, exist_ok=True)
+        gen.declare(addresses, queues, sc.durable, delete=True)
+        gen.declare(addresses, queues, sc.durable)
+        mirror_wait = self._wait_mirrors(target, sc, queues) if policy is not None else None
+
+        shared = Shared(self.ctx)
+        prod_groups = _split(list(range(sc.producers)), self.procs)
+        cons_groups = _split(list(range(sc.consumers)), self.procs)
+        per = sc.messages // sc.producers
+        limits = {p: (per + (1 if p < sc.messages % sc.producers else 0)) if sc.messages else 0
+                  for p in range(sc.producers)}
+        base = {"target": tname, "nodes": addresses, "node_names": dict(zip(addresses, target.nodes)),
+                "queues": queues, "scenario": sc.as_dict(), "out_dir": str(sdir), "limits": limits,
+                "rate": sc.producer_rate / sc.producers, "assign": _assign(sc), "confirm_timeout": 15.0}
+        procs = []
+        for k, idx in enumerate(prod_groups):
+            procs.append(self.ctx.Process(target=workermod.main, daemon=True,
+                                          args=(base | {"role": "producer", "part": k, "indices": idx}, shared)))
+        n_prod = len(procs)
+        for k, idx in enumerate(cons_groups):
+            procs.append(self.ctx.Process(target=workermod.main, daemon=True,
+                                          args=(base | {"role": "consumer", "part": k, "indices": idx}, shared)))
+        cpu_before = target.cpu()
+        for p in procs:
+            p.start()
+        deadline = time.time() + 120
+        while shared.ready.value < len(procs):
+            if any(p.exitcode not in (None, 0) for p in procs) or time.time() > deadline:
+                for p in procs:
+                    p.kill()
+                raise TargetError(f"{sc.name}: a worker failed to connect (see its error above)")
+            time.sleep(0.02)
+        t0 = time.time() + 0.2
+        shared.start_at.value = t0
+        if not sc.consume_after_publish:
+            shared.consume.set()
+        shared.start.set()
+
+        faults = FaultLog()
+        fault_stop = threading.Event()
+        fr = FaultRunner(target, sc, t0, faults, fault_stop)
+        fr.start()
+        dirty = bool(sc.faults)
+        t_pub_end = None
+        last_count, last_change = -1, time.time()
+        planned = sc.warmup + sc.duration if not sc.messages else None
+        prev = (time.time(), [0, 0, 0, 0])
+        rates = [0.0, 0.0, 0.0]
+        try:
+            while True:
+                time.sleep(0.1)
+                now = time.time()
+                c = shared.snapshot()
+                if now - prev[0] >= 1.0:
+                    rates = [(c[i] - prev[1][i]) / (now - prev[0]) for i in (PUBLISHED, CONFIRMED, DELIVERED)]
+                    prev = (now, c)
+                el = now - t0
+                phase = "publish" if t_pub_end is None else "drain"
+                total = f"/{planned:.0f}s" if planned else "s"
+                self.progress.show(f"[{tname}] {sc.name} {phase} {el:5.1f}{total}  pub {c[PUBLISHED]:,} "
+                                   f"({rates[0]:,.0f}/s)  conf {c[CONFIRMED]:,} ({rates[1]:,.0f}/s)  "
+                                   f"del {c[DELIVERED]:,} ({rates[2]:,.0f}/s)")
+                if t_pub_end is None:
+                    if shared.finished.value >= n_prod or all(p.exitcode is not None for p in procs[:n_prod]):
+                        t_pub_end = now
+                        shared.consume.set()
+                        last_change = now
+                    continue
+                if not procs[n_prod:]:
+                    break
+                if c[DELIVERED] != last_count:
+                    last_count, last_change = c[DELIVERED], now
+                if not sc.drain and now >= t_pub_end:
+                    break
+                if c[FIRST] >= c[PUBLISHED] and fr.is_alive() is False and not any(t.is_alive() for t in fr.syncs):
+                    break
+                if now - last_change > sc.drain_timeout:
+                    break
+                if any(p.exitcode not in (None, 0) for p in procs[n_prod:]):
+                    break
+        except KeyboardInterrupt:
+            self.interrupted = True
+            shared.stop_publish.set()
+        finally:
+            t_end = time.time()
+            shared.stop_publish.set()
+            shared.stop.set()
+            fault_stop.set()
+            self.progress.done()
+        for p in procs:
+            p.join(120)
+            if p.exitcode is None:
+                p.kill()
+        fr.join(5)
+        for th in fr.syncs:
+            th.join(5)
+        cpu_after = target.cpu()
+        failed = [p for p in procs if p.exitcode != 0]
+
+        _merge(sdir, "publish")
+        _merge(sdir, "deliver")
+        counts = _merge_intervals(sdir)
+        with open(sdir / "faults.jsonl", "w") as f:
+            for line in sorted(faults.lines, key=lambda d: d["t"]):
+                f.write(json.dumps(line) + "\n")
+        usage = []
+        for p in sorted(sdir.glob("usage.*.part*")):
+            usage.append(json.loads(p.read_text()))
+            p.unlink()
+        node_cpu = {n: round(cpu_after[n] - cpu_before[n], 2) for n in cpu_after
+                    if cpu_after.get(n) is not None and cpu_before.get(n) is not None}
+        wall = t_end - t0
+        info = {"run_id": run_id, "scenario": sc.name, "target": tname, "workload": sc.as_dict(),
+                "t_start": t0, "t_end": t_end, "nodes": list(target.nodes), "sampled": sc.sampled,
+                "t_measure": t0 + sc.warmup, "t_publish_end": t_pub_end, "policy": policy,
+                "mirror_wait": mirror_wait, "generator": usage, "node_cpu_s": node_cpu,
+                "errors": fr.errors + [f"worker {p.name} exit code {p.exitcode}" for p in failed]}
+        (sdir / "scenario.json").write_text(json.dumps(info, indent=2) + "\n")
+        summary = _summary(info, counts, wall)
+        self.summaries.append(summary)
+        self.say(_summary_line(summary))
+        for e in info["errors"]:
+            self.say(f"  error: {e}")
+        # leave the cluster as we found it
+        try:
+            gen.declare(target.addresses() if not target.down else
+                        [a for a, n in zip(target.addresses(), target.nodes) if n not in target.down],
+                        queues, sc.durable, delete=True)
+            if policy is not None:
+                target.clear_policy(policy_name)
+        except Exception as exc:  # a damaged cluster is restarted by the caller anyway
+            self.say(f"  cleanup: {exc}")
+            dirty = True
+        return dirty
+
+    def _wait_mirrors(self, target: Target, sc: Scenario, queues: list[str], timeout: float = 30) -> dict:
+        pol = sc.effective_policy or {}
+        mode = pol.get("ha-mode")
+        want = len(target.nodes) - 1 if mode == "all" else (
+            int(pol.get("ha-params", 1)) - 1 if mode == "exactly" else len(pol.get("ha-params") or []) - 1)
+        t = time.time()
+        while time.time() - t < timeout:
+            try:
+                rows = target.queues()
+            except TargetError:
+                rows = {}
+            ok = all(len(rows.get(q, {}).get("synchronised_mirror_pids" if target.name == "warren"
+                                              else "synchronised_slave_pids") or []) >= want for q in queues)
+            if ok and rows:
+                return {"mirrors": want, "seconds": round(time.time() - t, 2)}
+            time.sleep(0.3)
+        self.say(f"  warning: {sc.name}: mirrors not all synchronised after {timeout:g} s; running anyway")
+        return {"mirrors": want, "seconds": None}
+
+
+def _gen_module(tname: str):
+    if tname == "warren":
+        from bench import gen_warren as gen
+    else:
+        from bench import gen_rabbitmq as gen
+    return gen
+
+
+def _probe_sync(target: Target) -> None:
+    out = subprocess.run(["warrenctl", "--help"], capture_output=True, text=True)
+    if "sync_queue" not in out.stdout:
+        raise Unsupported("this warren has no sync_queue command yet (the sync feature has not landed)")
+
+
+def _summary(info: dict, counts: dict, wall: float) -> dict:
+    """Steady rates over the measured window (after warmup, whole seconds only)."""
+    lo = info["t_measure"]
+    rates = {}
+    for role in ("publish", "confirm", "deliver"):
+        secs = [(t, v[0]) for (t, r), v in counts.items() if r == role]
+        last = max((t for t, _ in secs), default=0)  # the last second is partial
+        inside = [n for t, n in secs if t >= lo and t < last]
+        total = sum(n for _, n in secs)
+        rates[role] = round(sum(inside) / len(inside)) if inside else (round(total / wall) if wall > 0 else 0)
+        rates[role + "_total"] = total
+    gen_cpu = max((u["cpu_s"] / u["wall_s"] for u in info["generator"] if u["wall_s"] > 0), default=None)
+    node_cpu = max((v / wall for v in info["node_cpu_s"].values()), default=None) if wall > 0 else None
+    return {"target": info["target"], "scenario": info["scenario"], **rates,
+            "generator_cpu_max": round(gen_cpu, 2) if gen_cpu is not None else None,
+            "node_cpu_max": round(node_cpu, 2) if node_cpu is not None else None}
+
+
+def _summary_line(s: dict) -> str:
+    return (f"[{s['target']}] {s['scenario']}: publish {s['publish']:,}/s  confirm {s['confirm']:,}/s  "
+            f"deliver {s['deliver']:,}/s  (totals {s['publish_total']:,}/{s['confirm_total']:,}/"
+            f"{s['deliver_total']:,}; busiest generator process {_pct(s['generator_cpu_max'])} CPU, "
+            f"busiest node {_pct(s['node_cpu_max'])} CPU)")
+
+
+def _pct(x) -> str:
+    return "?" if x is None else f"{x:.0%}"

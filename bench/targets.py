@@ -1,0 +1,448 @@
+"""The brokers under test: how the runner starts, inspects, configures and breaks a cluster.
+
+This module owns everything the runner does to a cluster *from the outside*, as an operator
+would: start/stop (warren through `broker.localcluster`, RabbitMQ through
+`bench/rabbitmq/cluster.sh`), policies (`set_policy`/`clear_policy` with rabbitmqctl's syntax),
+`list_queues` to find a queue's leader and its mirrors, and the faults (signals to the node's OS
+process, `stop_app`/`start_app`, restart, add a node, `sync_queue`). It never imports broker
+internals beyond the local-cluster helpers and the client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+RABBIT_SCRIPT = Path(__file__).parent / "rabbitmq" / "cluster.sh"
+
+
+class TargetError(RuntimeError):
+    pass
+
+
+class Unsupported(TargetError):
+    """The broker cannot do what the scenario needs (e.g. no set_policy yet)."""
+
+
+def _proc_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) used so far by `pid` and its waited-for children, or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick
+
+
+class Target:
+    name = "?"
+    nodes: list[str]  # node names, in order
+
+    def addresses(self) -> list[str]: ...
+    def version(self) -> str | None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def pid(self, node: str) -> int | None: ...
+    def ctl(self, node: str, *args: str, timeout: float = 60) -> str: ...
+
+    # --- shared helpers ---------------------------------------------------------------------
+    def running_node(self) -> str:
+        for n in self.nodes:
+            if n not in self.down:
+                return n
+        raise TargetError("no running node left")
+
+    def cpu(self) -> dict:
+        out = {}
+        for n in self.nodes:
+            pid = self.pid(n)
+            if pid:
+                out[n] = _proc_cpu(pid)
+        return out
+
+    def signal(self, node: str, sig: int) -> dict:
+        pid = self.pid(node)
+        if not pid:
+            raise TargetError(f"no process id known for node {node}")
+        os.kill(pid, sig)
+        return {"pid": pid}
+
+    def set_policy(self, name: str, pattern: str, definition: dict) -> None:
+        self.ctl(self.running_node(), "set_policy", "--apply-to", "queues", "--priority", "10",
+                 name, pattern, json.dumps(definition))
+
+    def clear_policy(self, name: str) -> None:
+        try:
+            self.ctl(self.running_node(), "clear_policy", name)
+        except TargetError:
+            pass
+
+    def sync_queue(self, queue: str) -> str:
+        return self.ctl(self.running_node(), "sync_queue", queue, timeout=600)
+
+
+# --- warren ---------------------------------------------------------------------------------
+
+class WarrenTarget(Target):
+    """warren nodes: started here as a local cluster, or named nodes of $WARREN_HOME."""
+
+    name = "warren"
+
+    def __init__(self, nodes: list[str] | None = None, size: int = 3, home: Path | None = None):
+        self.given = nodes
+        self.size = size
+        self.home = (home or Path(os.environ.get("WARREN_HOME", "var/warren")).resolve()) if nodes else home
+        self.owned = False
+        self.nodes = list(nodes or [])
+        self.down: set[str] = set()
+        self._cmdlines: dict[str, list[str]] = {}
+
+    def start(self) -> None:
+        from broker import localcluster
+        if self.given:
+            return
+        self.home = Path(tempfile.mkdtemp(prefix="warren-bench-"))
+        self.nodes = list(localcluster.start(self.home, nodes=self.size))
+        self.owned = True
+        self.down.clear()
+
+    def stop(self) -> None:
+        from broker import localcluster
+        if self.owned and self.home:
+            extra = [n for n in self.nodes if n not in self._started_by_localcluster()]
+            for n in extra:
+                pid = self.pid(n)
+                if pid:
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+            for n in self.nodes:  # a stopped (SIGSTOP) node would not hear SIGTERM
+                pid = self.pid(n)
+                if pid:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+            reapers = [threading.Thread(target=_reap, args=(self.pid(n),), daemon=True) for n in self.nodes]
+            for r in reapers:
+                r.start()
+            localcluster.stop(self.home)
+            shutil.rmtree(self.home, ignore_errors=True)
+            self.owned = False
+
+    def _started_by_localcluster(self) -> set[str]:
+        try:
+            return set(json.loads((self.home / "pids.json").read_text()))
+        except (OSError, ValueError):
+            return set(self.nodes)
+
+    def _registry(self, node: str) -> dict | None:
+        try:
+            return json.loads((self.home / "run" / f"{node}.json").read_text())
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def addresses(self) -> list[str]:
+        out = []
+        for n in self.nodes:
+            reg = self._registry(n)
+            if reg is None:
+                raise TargetError(f"node {n} is not registered under {self.home}/run (is it running?)")
+            out.append(f"{reg['client'][0]}:{reg['client'][1]}")
+        return out
+
+    def pid(self, node: str) -> int | None:
+        reg = self._registry(node)
+        if reg:
+            return int(reg["pid"])
+        try:
+            return int(json.loads((self.home / "pids.json").read_text())[node])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def version(self) -> str | None:
+        try:
+            from importlib.metadata import version
+            return version("warren")
+        except Exception:
+            return None
+
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        env["WARREN_HOME"] = str(self.home)
+        if self.owned:
+            env.setdefault("WARREN_SECRET", "warren-local-demo-secret")  # what localcluster gives its nodes
+        return env
+
+    def ctl(self, node: str, *args: str, timeout: float = 60) -> str:
+        try:
+            out = subprocess.run(["warrenctl", "-n", node, *args], env=self._env(), capture_output=True,
+                                 text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TargetError(f"warrenctl -n {node} {' '.join(args)}: no answer in {timeout:g} s") from None
+        if out.returncode != 0:
+            msg = (out.stderr or out.stdout).strip().splitlines()
+            raise TargetError(f"warrenctl -n {node} {' '.join(args)}: {msg[-1] if msg else out.returncode}")
+        return out.stdout
+
+    def set_policy(self, name, pattern, definition) -> None:
+        try:
+            super().set_policy(name, pattern, definition)
+        except TargetError as exc:
+            if "invalid choice" in str(exc) or "set_policy" in str(exc) and "usage" in str(exc).lower():
+                raise Unsupported(f"this warren has no set_policy yet ({exc})") from None
+            raise
+
+    def sync_queue(self, queue: str) -> str:
+        try:
+            return super().sync_queue(queue)
+        except TargetError as exc:
+            if "invalid choice" in str(exc):
+                raise Unsupported(f"this warren has no sync_queue yet ({exc})") from None
+            raise
+
+    def queues(self, columns=("name", "pid", "leader", "mirror_pids", "synchronised_mirror_pids",
+                              "messages")) -> dict[str, dict]:
+        cols = list(columns)
+        try:
+            rows = json.loads(self.ctl(self.running_node(), "list_queues", *cols, "--formatter", "json"))
+        except TargetError as exc:
+            if "unknown queue info" not in str(exc):
+                raise
+            cols = [c for c in cols if c in ("name", "pid", "leader", "messages")]
+            rows = json.loads(self.ctl(self.running_node(), "list_queues", *cols, "--formatter", "json"))
+        return {r["name"]: r for r in rows}
+
+    def leader(self, queue: str) -> str:
+        row = self.queues(("name", "leader")).get(queue)
+        if row is None:
+            raise TargetError(f"queue {queue} not found by list_queues")
+        return _node_of(row["leader"])
+
+    def mirrors(self, queue: str) -> tuple[list[str], list[str]]:
+        row = self.queues().get(queue, {})
+        return ([_node_of(p) for p in row.get("mirror_pids") or []],
+                [_node_of(p) for p in row.get("synchronised_mirror_pids") or []])
+
+    # --- faults that need a process ---------------------------------------------------------
+    def kill(self, node: str) -> dict:
+        pid = self.pid(node)
+        self._remember_cmdline(node, pid)
+        detail = self.signal(node, signal.SIGKILL)
+        self.down.add(node)
+        return detail
+
+    def _remember_cmdline(self, node: str, pid: int | None) -> None:
+        if pid:
+            try:
+                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+                self._cmdlines[node] = [a.decode() for a in raw.split(b"\0") if a]
+            except OSError:
+                pass
+
+    def restart(self, node: str) -> dict:
+        pid = self.pid(node)
+        self._remember_cmdline(node, pid)
+        if pid and node not in self.down:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                _wait_gone(pid, 10)
+            except ProcessLookupError:
+                pass
+        cmd = self._cmdlines.get(node)
+        if not cmd:
+            raise TargetError(f"do not know how node {node} was started")
+        new = self._spawn(node, cmd)
+        self.down.discard(node)
+        return {"old_pid": pid, "pid": new}
+
+    def _spawn(self, node: str, cmd: list[str]) -> int:
+        log = open(self.home / "logs" / f"{node}.log", "ab")
+        proc = subprocess.Popen(cmd, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            reg = self._registry(node)
+            if reg and int(reg["pid"]) == proc.pid:
+                break
+            time.sleep(0.1)
+        return proc.pid
+
+    def add_node(self) -> dict:
+        from broker import localcluster
+        i = len(self.nodes) + 1
+        name = f"n{i}"
+        cbase = getattr(localcluster, "CLIENT_BASE", 5690)
+        pbase = getattr(localcluster, "PEER_BASE", 25690)
+        pid = self._spawn(name, ["warren-server", "--name", name, "--client-port", str(cbase + i),
+                                 "--peer-port", str(pbase + i), "--net-ticktime", "10"])
+        self.ctl(name, "stop_app")
+        self.ctl(name, "join_cluster", self.running_node())
+        self.ctl(name, "start_app")
+        self.nodes.append(name)
+        return {"pid": pid, "node": name}
+
+
+def _reap(pid: int | None) -> None:
+    """Wait for a node process this process started, so it does not linger as a zombie (which
+    would still answer kill(pid, 0) and make a stop wait for its full timeout)."""
+    if pid:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _node_of(pid_text) -> str:
+    """A node name from a queue pid ('<rabbit-1@localhost.1.2.3>', 'n1' or 'n1/...')."""
+    s = str(pid_text).strip("<>")
+    m = re.match(r"([A-Za-z0-9_-]+@[A-Za-z0-9_.-]+?)\.\d+\.\d+\.\d+$", s)
+    if m:
+        return m.group(1)
+    return re.split(r"[/.:]", s, maxsplit=1)[0] if "@" not in s else s
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+
+
+# --- RabbitMQ -------------------------------------------------------------------------------
+
+def rabbitmq_available() -> str | None:
+    """None when RabbitMQ can run here, else why not."""
+    if not Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists():
+        return "rabbitmq-server is not installed (Debian: apt-get install -y rabbitmq-server)"
+    try:
+        import pika  # noqa: F401
+    except ImportError:
+        return "the pika AMQP client is not installed (pip install pika)"
+    return None
+
+
+class RabbitTarget(Target):
+    """A RabbitMQ cluster started by bench/rabbitmq/cluster.sh (or one already started in DIR)."""
+
+    name = "rabbitmq"
+    AMQP_BASE = 5700
+
+    def __init__(self, size: int = 3, dir: Path | None = None):
+        self.size = size
+        self.dir = dir
+        self.owned = False
+        self.nodes = []
+        self.down: set[str] = set()
+
+    def _script(self, *args: str, timeout: float = 180) -> str:
+        out = subprocess.run(["sh", str(RABBIT_SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            raise TargetError(f"cluster.sh {' '.join(args)}: {(out.stderr or out.stdout).strip()[-500:]}")
+        return out.stdout
+
+    def start(self) -> None:
+        if self.dir is None:
+            self.dir = Path(tempfile.mkdtemp(prefix="warren-bench-rabbitmq-"))
+            self._script("start", str(self.dir), str(self.size))
+            self.owned = True
+        else:
+            self.size = int((self.dir / "nodes").read_text())
+        self.nodes = [f"rabbit-{i}@localhost" for i in range(1, self.size + 1)]
+        self.down.clear()
+
+    def stop(self) -> None:
+        if self.owned and self.dir:
+            for n in self.nodes:
+                pid = self.pid(n)
+                if pid:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+            self._script("stop", str(self.dir))
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.owned = False
+            self.dir = None
+
+    def _index(self, node: str) -> int:
+        return int(node.split("@")[0].rsplit("-", 1)[1])
+
+    def addresses(self) -> list[str]:
+        return [f"127.0.0.1:{self.AMQP_BASE + self._index(n)}" for n in self.nodes]
+
+    def pid(self, node: str) -> int | None:
+        try:
+            return int((self.dir / f"rabbit-{self._index(node)}" / "pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def version(self) -> str | None:
+        try:
+            out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"],
+                                 capture_output=True, text=True)
+            return out.stdout.strip() or None
+        except OSError:
+            return None
+
+    def ctl(self, node: str, *args: str, timeout: float = 60) -> str:
+        try:
+            return self._script("ctl", str(self.dir), str(self._index(node)), *args, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TargetError(f"rabbitmqctl -n {node} {' '.join(args)}: no answer in {timeout:g} s") from None
+
+    def queues(self) -> dict[str, dict]:
+        out = self.ctl(self.running_node(), "list_queues", "-q", "name", "pid", "slave_pids",
+                       "synchronised_slave_pids", "messages", "--formatter", "json")
+        return {r["name"]: r for r in json.loads(out or "[]")}
+
+    def leader(self, queue: str) -> str:
+        row = self.queues().get(queue)
+        if row is None:
+            raise TargetError(f"queue {queue} not found by list_queues")
+        return _node_of(row["pid"])
+
+    def mirrors(self, queue: str) -> tuple[list[str], list[str]]:
+        row = self.queues().get(queue, {})
+        as_list = lambda v: v if isinstance(v, list) else []  # noqa: E731 ('' when none)
+        return ([_node_of(p) for p in as_list(row.get("slave_pids"))],
+                [_node_of(p) for p in as_list(row.get("synchronised_slave_pids"))])
+
+    def kill(self, node: str) -> dict:
+        detail = self.signal(node, signal.SIGKILL)
+        self.down.add(node)
+        return detail
+
+    def restart(self, node: str) -> dict:
+        pid = self.pid(node)
+        if pid and node not in self.down:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                _wait_gone(pid, 30)
+            except ProcessLookupError:
+                pass
+        self._script("start-node", str(self.dir), str(self._index(node)))
+        self.down.discard(node)
+        return {"old_pid": pid, "pid": self.pid(node)}
+
+    def add_node(self) -> dict:
+        i = len(self.nodes) + 1
+        self._script("add-node", str(self.dir), str(i))
+        name = f"rabbit-{i}@localhost"
+        self.nodes.append(name)
+        self.size = len(self.nodes)
+        (self.dir / "nodes").write_text(str(self.size))
+        return {"pid": self.pid(name), "node": name}

@@ -1,0 +1,126 @@
+"""`warren-bench run` against a real local 3-node warren cluster writes the logs of bench/LOGS.md."""
+
+import json
+import math
+
+import pytest
+
+from bench.records import CONF_ACK, CONF_NONE, DeliverRecord, PublishRecord, make_id
+from bench.runner import Progress, Runner
+
+PUBLISH_KEYS = {"id": int, "p": int, "q": str, "size": int, "t_pub": float}
+DELIVER_KEYS = {"id": int, "c": int, "q": str, "t_del": float, "red": bool, "node": str}
+ACTIONS = {"kill", "sigstop", "sigcont", "stop_app", "start_app", "restart", "add_node", "sync_queue",
+           "sync_progress", "sync_done"}
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def check_types(row, keys):
+    for k, t in keys.items():
+        assert isinstance(row[k], t), (k, row)
+
+
+def test_sampled_lines_match_between_publish_and_deliver():
+    pub = PublishRecord(1, ["q0"], 16)
+    for s in range(10):
+        pub.t_pub.append(100.0 + s)
+        pub.q.append(0)
+    pub.confirm(0, 4, CONF_ACK, 200.0)
+    pub.confirm(5, 5, CONF_NONE, 201.0)  # connection lost: resolved, but no confirm came
+    dl = DeliverRecord(0, ["q0"])
+    for s in reversed(range(10)):
+        dl.ids.append(make_id(1, s))
+        dl.t_del.append(300.0)
+        dl.q.append(0)
+        dl.red.append(False)
+        dl.node.append(dl.node_index("n1"))
+    pubs = [json.loads(x) for x in pub.lines(3)]
+    dels = [json.loads(x) for x in dl.lines(3)]
+    assert [p["id"] for p in pubs] == [make_id(1, s) for s in (0, 3, 6, 9)]
+    assert sorted(d["id"] for d in dels) == [p["id"] for p in pubs]
+    assert pubs[0]["conf"] == "ack" and pubs[0]["t_conf"] == 200.0
+    assert pubs[2]["conf"] is None and pubs[2]["t_conf"] is None
+    full = [json.loads(x) for x in pub.lines(1)]
+    assert full[5]["conf"] is None and full[5]["t_conf"] is None and full[4]["conf"] == "ack"
+
+
+@pytest.mark.process
+def test_runner_writes_well_formed_logs(tmp_path):
+    workload = tmp_path / "tiny.yaml"
+    workload.write_text("""
+defaults: {message_size: 64, confirms: true, confirm_window: 200, prefetch: 100, drain: true,
+           drain_timeout: 5}
+scenarios:
+  - name: tiny
+    producers: 2
+    consumers: 2
+    queues: 2
+    producer_rate: 1500
+    duration: 1.5
+    faults:
+      - {at: 0.5, action: sigstop, target: leader, queue: 1}
+      - {at: 0.8, action: sigcont, target: leader, queue: 1}
+  - name: tiny-sampled
+    producer_rate: 1000
+    duration: 1
+    log: interval
+    sample_every: 10
+    ack: auto
+""")
+    said = []
+    runner = Runner(tmp_path / "results", progress=Progress(enabled=False), say=said.append)
+    folder = runner.run([str(workload)], ["warren"], run_id="r1")
+    assert folder == tmp_path / "results" / "r1"
+
+    run = json.loads((folder / "run.json").read_text())
+    for key in ("run_id", "started_at", "finished_at", "git_commit", "python", "warren_version",
+                "rabbitmq_version", "machine", "workloads", "targets"):
+        assert key in run, key
+    assert run["run_id"] == "r1" and run["targets"] == ["warren"]
+    assert run["finished_at"] >= run["started_at"]
+    assert set(run["machine"]) >= {"cpus", "mem_gib", "platform"}
+
+    d = folder / "tiny" / "warren"
+    sc = json.loads((d / "scenario.json").read_text())
+    assert sc["scenario"] == "tiny" and sc["target"] == "warren" and sc["sampled"] is False
+    assert sc["nodes"] == ["n1", "n2", "n3"] and sc["t_end"] > sc["t_start"]
+    assert sc["workload"]["producer_rate"] == 1500 and sc["errors"] == []
+
+    pubs = read_jsonl(d / "publish.jsonl")
+    dels = read_jsonl(d / "deliver.jsonl")
+    for p in pubs:
+        check_types(p, PUBLISH_KEYS)
+        assert p["size"] == 64 and p["q"] in ("bench.tiny.0", "bench.tiny.1")
+        assert p["conf"] == "ack" and isinstance(p["t_conf"], float) and p["t_conf"] >= p["t_pub"]
+    for x in dels:
+        check_types(x, DELIVER_KEYS)
+        assert x["node"] in ("n1", "n2", "n3")
+    ids = [p["id"] for p in pubs]
+    assert len(ids) == len(set(ids))
+    assert {p["id"] >> 40 for p in pubs} == {0, 1}  # ids carry the producer index
+    assert 1500 <= len(pubs) <= 2400  # 1500 msgs/s for 1.5 s, give or take the start
+    assert sorted(x["id"] for x in dels) == sorted(ids)  # drained: every id delivered once
+
+    intervals = read_jsonl(d / "intervals.jsonl")
+    assert {i["role"] for i in intervals} == {"publish", "confirm", "deliver"}
+    assert sum(i["n"] for i in intervals if i["role"] == "publish") == len(pubs)
+    assert all(i["bytes"] == i["n"] * 64 and i["t"] == math.floor(i["t"]) for i in intervals)
+
+    faults = read_jsonl(d / "faults.jsonl")
+    assert [f["action"] for f in faults] == ["sigstop", "sigcont"]
+    assert all(f["action"] in ACTIONS and f["queue"] == "bench.tiny.1" for f in faults)
+    assert faults[0]["node"] == faults[1]["node"] in ("n1", "n2", "n3")
+    assert faults[0]["t"] < faults[1]["t"]
+
+    d2 = folder / "tiny-sampled" / "warren"
+    sc2 = json.loads((d2 / "scenario.json").read_text())
+    assert sc2["sampled"] is True
+    pubs2 = read_jsonl(d2 / "publish.jsonl")
+    total = sum(i["n"] for i in read_jsonl(d2 / "intervals.jsonl") if i["role"] == "publish")
+    assert total >= 900 and len(pubs2) == math.ceil(total / 10)
+    assert sorted(x["id"] for x in read_jsonl(d2 / "deliver.jsonl")) == sorted(p["id"] for p in pubs2)
+    assert any("tiny:" in line for line in said)

@@ -1,0 +1,81 @@
+"""The workload schema: shipped suites load, and every error names the file and the bad field."""
+
+import pytest
+
+from bench.workload import WORKLOAD_DIR, WorkloadError, load, parse
+
+
+def error_of(data, origin="workloads/x.yaml") -> str:
+    with pytest.raises(WorkloadError) as info:
+        parse(data, origin)
+    return str(info.value)
+
+
+def test_negative_producers_named_with_file_and_index():
+    data = {"scenarios": [{"name": "a"}, {"name": "b"}, {"name": "c", "producers": -1}]}
+    assert error_of(data) == "workloads/x.yaml: scenarios[2].producers: must be a positive integer, got -1"
+
+
+@pytest.mark.parametrize("field, value, expect", [
+    ("message_size", 4, "scenarios[0].message_size: must be"),
+    ("message_size", "1 GB", "scenarios[0].message_size: must be a size"),
+    ("ack", "sometimes", "scenarios[0].ack: must be one of manual, auto, got 'sometimes'"),
+    ("confirms", "yes", "scenarios[0].confirms: must be true or false"),
+    ("producer_rate", -5, "scenarios[0].producer_rate: must be a number >= 0"),
+    ("policy", {"ha-params": 2}, "scenarios[0].policy: needs an 'ha-mode' key"),
+    ("log", "verbose", "scenarios[0].log: must be one of per-message, interval"),
+    ("faults", [{"at": 5, "action": "explode"}], "scenarios[0].faults[0].action: must be one of kill,"),
+    ("faults", [{"at": -1, "action": "kill"}], "scenarios[0].faults[0].at: must be a number >= 0"),
+    ("faults", [{"at": 1, "action": "kill", "when": 2}], "scenarios[0].faults[0].when: unknown key"),
+    ("faults", [{"at": 1, "action": "kill", "queue": 3}], "scenarios[0].faults[0].queue: index 3"),
+])
+def test_field_errors(field, value, expect):
+    msg = error_of({"scenarios": [{"name": "s", field: value}]})
+    assert msg.startswith("workloads/x.yaml: "), msg
+    assert expect in msg, msg
+
+
+def test_unknown_field_suggests_the_near_one():
+    msg = error_of({"scenarios": [{"name": "s", "prefech": 10}]})
+    assert "scenarios[0].prefech: unknown field (did you mean 'prefetch'?)" in msg
+
+
+def test_matrix_errors_name_the_axis_entry():
+    msg = error_of({"matrix": {"name": "m-{message_size}", "message_size": [128, 2]}})
+    assert "matrix.message_size[1]: must be" in msg
+    msg = error_of({"matrix": {"name": "m-{nope}", "message_size": [128]}})
+    assert "matrix.name: template refers to 'nope'" in msg
+
+
+def test_defaults_errors_and_duplicate_names():
+    assert "defaults.queues: must be a positive integer, got 0" in error_of(
+        {"defaults": {"queues": 0}, "scenarios": [{"name": "a"}]})
+    assert "two scenarios have this name" in error_of({"scenarios": [{"name": "a"}, {"name": "a"}]})
+
+
+def test_matrix_expands_and_replicas_become_a_policy():
+    scs = parse({"defaults": {"duration": 2},
+                 "matrix": {"name": "t-r{replicas}-{message_size}", "replicas": [1, 3],
+                            "message_size": [128, "1 KiB"]}}, "m.yaml")
+    assert [s.name for s in scs] == ["t-r1-128", "t-r1-1024", "t-r3-128", "t-r3-1024"]
+    assert scs[0].effective_policy is None
+    assert scs[3].effective_policy == {"ha-mode": "exactly", "ha-params": 3, "ha-sync-mode": "automatic"}
+    assert scs[3].message_size == 1024 and scs[3].duration == 2.0
+
+
+def test_single_scenario_at_top_level_and_faults_sorted():
+    [s] = parse({"name": "one", "faults": [{"at": 9, "action": "sigcont"}, {"at": 3, "action": "sigstop"}]})
+    assert [f["action"] for f in s.faults] == ["sigstop", "sigcont"]
+    assert s.faults[0]["target"] == "leader" and s.faults[0]["queue"] == 0
+
+
+def test_bad_yaml_names_the_file(tmp_path):
+    p = tmp_path / "broken.yaml"
+    p.write_text("scenarios: [\n")
+    with pytest.raises(WorkloadError, match="broken.yaml: not valid YAML"):
+        load(p)
+
+
+@pytest.mark.parametrize("path", sorted(WORKLOAD_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_workloads_load(path):
+    assert load(path)
