@@ -23,6 +23,14 @@ stop:
 
 bench: install
 	warren-bench throughput --seconds 10
+	$(PIP) install -q -e ".[bench]"
+	warren-bench run $(BENCH_SUITE) --target $(BENCH_TARGET) --out results
+	$(PYTHON) -m bench.analysis
+
+# `make bench` runs the smoke suite on warren and (when rabbitmq-server is installed) RabbitMQ,
+# then the Spark analysis over ./results; e.g. `make bench BENCH_SUITE="throughput latency failover"`
+BENCH_SUITE ?= smoke
+BENCH_TARGET ?= both
 
 
 # --- Docker cluster: docker/, docker-compose.yml ------------------------------

@@ -17,6 +17,7 @@ import trio
 from bench.records import CONF_ACK, CONF_NACK, CONF_NONE, DeliverRecord, PublishRecord, make_id
 from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared, rotate
 from broker.client.aio import open_connection
+from broker.client.errors import AMQPError
 
 BATCH = 200  # publishes between yields to the scheduler
 
@@ -119,18 +120,35 @@ async def _publish(spec, shared, conn, ch, rec: PublishRecord, t0: float, totals
     t_end = t0 + sc["warmup"] + sc["duration"] if not sc["messages"] else math.inf
     confirms = sc["confirms"]
     window = sc["confirm_window"]
-    state = {"resolved": 0, "room": trio.Event()}
+    state = {"resolved": 0, "room": trio.Event(), "low": 0}
     t_pub, rq = rec.t_pub, rec.q
     now_f = time.time
 
-    def on_confirm(first, last, ok, reason):
-        code = CONF_ACK if ok else (CONF_NONE if reason == "connection lost" else CONF_NACK)
-        newly = rec.confirm(first - 1, last - 1, code, now_f())
-        state["resolved"] += newly
-        if code == CONF_ACK:
-            totals[CONFIRMED] += newly
-        state["room"].set()
+    def confirmer(base: int):
+        # the channel's sequence 1 is our message `base`
+        def on_confirm(first, last, ok, reason):
+            code = CONF_ACK if ok else (CONF_NONE if reason == "connection lost" else CONF_NACK)
+            newly = rec.confirm(first - 1 + base, last - 1 + base, code, now_f())
+            state["resolved"] += newly
+            if code == CONF_ACK:
+                totals[CONFIRMED] += newly
+            state["room"].set()
+        return on_confirm
 
+    async def reopen():
+        """The broker closed the channel (e.g. the queue's node is down): give up on what it
+        had not confirmed and publish on a new channel."""
+        spec["errors"].append(f"producer {p}: channel closed: {ch.close_reason}")
+        if sent:
+            state["resolved"] += rec.confirm(0, sent - 1, CONF_NONE, now_f())
+        await trio.sleep(0.5)
+        new = await conn.channel()
+        if confirms:
+            await new.confirm_delivery()
+        new.on_confirm = confirmer(sent)
+        return new
+
+    on_confirm = confirmer(0)
     ch.on_confirm = on_confirm
     sent = 0
     if t0 > now_f():
@@ -154,12 +172,21 @@ async def _publish(spec, shared, conn, ch, rec: PublishRecord, t0: float, totals
                 with trio.move_on_after(0.05):
                     await state["room"].wait()
             continue
-        if not ch.is_open or not conn.connected.is_set():
+        if not conn.connected.is_set():
             await trio.sleep(0.01)
+            continue
+        if not ch.is_open:
+            try:
+                ch = await reopen()
+            except Exception as exc:  # noqa: BLE001 - the node may refuse; try again shortly
+                spec["errors"].append(f"producer {p}: {exc}")
             continue
         # the first of the batch waits if the client's send buffer is full; the rest do not
         qi = (p + sent) % nq
-        await ch.basic_publish("", queues[qi], make_id(p, sent).to_bytes(8, "big") + pad)
+        try:
+            await ch.basic_publish("", queues[qi], make_id(p, sent).to_bytes(8, "big") + pad)
+        except AMQPError:
+            continue  # closed while waiting for room: the next turn reopens
         t_pub.append(now_f())
         rq.append(qi)
         sent += 1

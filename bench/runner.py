@@ -111,12 +111,15 @@ class FaultRunner(threading.Thread):
 
     def run(self) -> None:
         for f in self.sc.faults:
-            wait = self.t0 + f["at"] - time.time()
-            if wait > 0 and self.stop.wait(wait):
-                return
             queue = self._queue(f)
             node = None
             try:
+                # find the node first (list_queues may take seconds), then act on time
+                if f["action"] not in ("add_node", "sync_queue"):
+                    node = self._node(f, queue)
+                wait = self.t0 + f["at"] - time.time()
+                if wait > 0 and self.stop.wait(wait):
+                    return
                 if f["action"] == "add_node":
                     t = time.time()
                     detail = self.target.add_node()
@@ -125,7 +128,6 @@ class FaultRunner(threading.Thread):
                     self._sync(queue)
                     continue
                 else:
-                    node = self._node(f, queue)
                     t = time.time()
                     detail = self._act(f["action"], node)
             except (TargetError, OSError) as exc:
@@ -287,9 +289,7 @@ class Runner:
                             break
                         dirty = self.run_scenario(folder, run_id, target, sc, meta)
                         if dirty and sc is not scenarios[-1]:
-                            self.say(f"[{tname}] restarting the cluster after the faults of {sc.name}")
-                            target.stop()
-                            target.start()
+                            self._heal(target, sc)
                 finally:
                     target.stop()
         except KeyboardInterrupt:
@@ -300,6 +300,27 @@ class Runner:
             meta["summaries"] = self.summaries
             self._write_meta(folder, meta)
         return folder
+
+    def _heal(self, target: Target, sc: Scenario) -> None:
+        """After faults: a cluster we started is started afresh; a given one gets its nodes back."""
+        if getattr(target, "owned", False):
+            self.say(f"[{target.name}] restarting the cluster after the faults of {sc.name}")
+            target.stop()
+            target.start()
+            return
+        for node in target.nodes:
+            pid = target.pid(node)
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        for node in sorted(target.down):
+            self.say(f"[{target.name}] restarting {node} after the faults of {sc.name}")
+            try:
+                target.restart(node)
+            except (TargetError, OSError) as exc:
+                self.say(f"  could not restart {node}: {exc}")
 
     @staticmethod
     def _write_meta(folder: Path, meta: dict) -> None:
@@ -394,15 +415,14 @@ class Runner:
                         shared.consume.set()
                         last_change = now
                     continue
-                if not procs[n_prod:]:
-                    break
                 if c[DELIVERED] != last_count:
                     last_count, last_change = c[DELIVERED], now
-                if not sc.drain and now >= t_pub_end:
+                faults_done = not fr.is_alive() and not any(t.is_alive() for t in fr.syncs)
+                if not faults_done and now < t_pub_end + 600:
+                    continue  # the schedule runs to its end (a sync may outlast the load)
+                if not procs[n_prod:] or not sc.drain:
                     break
-                if c[FIRST] >= c[PUBLISHED] and fr.is_alive() is False and not any(t.is_alive() for t in fr.syncs):
-                    break
-                if now - last_change > sc.drain_timeout:
+                if c[FIRST] >= c[PUBLISHED] or now - last_change > sc.drain_timeout:
                     break
                 if any(p.exitcode not in (None, 0) for p in procs[n_prod:]):
                     break
@@ -442,7 +462,8 @@ class Runner:
                 "t_start": t0, "t_end": t_end, "nodes": list(target.nodes), "sampled": sc.sampled,
                 "t_measure": t0 + sc.warmup, "t_publish_end": t_pub_end, "policy": policy,
                 "mirror_wait": mirror_wait, "generator": usage, "node_cpu_s": node_cpu,
-                "errors": fr.errors + [f"worker {p.name} exit code {p.exitcode}" for p in failed]}
+                "errors": fr.errors + [f"worker {p.name} exit code {p.exitcode}" for p in failed]
+                + [e for u in usage for e in u.get("errors", [])]}
         (sdir / "scenario.json").write_text(json.dumps(info, indent=2) + "\n")
         summary = _summary(info, counts, wall)
         self.summaries.append(summary)

@@ -292,6 +292,13 @@ class WarrenTarget(Target):
         return {"pid": pid, "node": name}
 
 
+def _port_open(host: str, port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
 def _reap(pid: int | None) -> None:
     """Wait for a node process this process started, so it does not linger as a zombie (which
     would still answer kill(pid, 0) and make a stop wait for its full timeout)."""
@@ -356,8 +363,18 @@ class RabbitTarget(Target):
 
     def start(self) -> None:
         if self.dir is None:
+            busy = _port_open("127.0.0.1", self.AMQP_BASE + 1)
+            if busy:
+                raise TargetError(f"port {self.AMQP_BASE + 1} is taken: a RabbitMQ bench cluster is already "
+                                  f"running (use --rabbitmq-dir DIR, or stop it: cluster.sh stop DIR)")
             self.dir = Path(tempfile.mkdtemp(prefix="warren-bench-rabbitmq-"))
-            self._script("start", str(self.dir), str(self.size))
+            try:
+                self._script("start", str(self.dir), str(self.size))
+            except BaseException:
+                self._script("stop", str(self.dir))
+                shutil.rmtree(self.dir, ignore_errors=True)
+                self.dir = None
+                raise
             self.owned = True
         else:
             self.size = int((self.dir / "nodes").read_text())
@@ -405,9 +422,20 @@ class RabbitTarget(Target):
             raise TargetError(f"rabbitmqctl -n {node} {' '.join(args)}: no answer in {timeout:g} s") from None
 
     def queues(self) -> dict[str, dict]:
-        out = self.ctl(self.running_node(), "list_queues", "-q", "name", "pid", "slave_pids",
-                       "synchronised_slave_pids", "messages", "--formatter", "json")
-        return {r["name"]: r for r in json.loads(out or "[]")}
+        # the table format, not json: json shows pids without their node (#PID<11016.1950.0>)
+        cols = ["name", "pid", "slave_pids", "synchronised_slave_pids", "messages"]
+        out = self.ctl(self.running_node(), "list_queues", "-q", "--no-table-headers", *cols)
+        rows = {}
+        for line in out.splitlines():
+            cells = line.split("\t")
+            if len(cells) != len(cols):
+                continue
+            row = dict(zip(cols, cells))
+            for k in ("slave_pids", "synchronised_slave_pids"):
+                row[k] = re.findall(r"<[^>]+>", row[k])
+            row["messages"] = int(row["messages"]) if row["messages"].isdigit() else 0
+            rows[row["name"]] = row
+        return rows
 
     def leader(self, queue: str) -> str:
         row = self.queues().get(queue)
@@ -417,9 +445,8 @@ class RabbitTarget(Target):
 
     def mirrors(self, queue: str) -> tuple[list[str], list[str]]:
         row = self.queues().get(queue, {})
-        as_list = lambda v: v if isinstance(v, list) else []  # noqa: E731 ('' when none)
-        return ([_node_of(p) for p in as_list(row.get("slave_pids"))],
-                [_node_of(p) for p in as_list(row.get("synchronised_slave_pids"))])
+        return ([_node_of(p) for p in row.get("slave_pids", [])],
+                [_node_of(p) for p in row.get("synchronised_slave_pids", [])])
 
     def kill(self, node: str) -> dict:
         detail = self.signal(node, signal.SIGKILL)

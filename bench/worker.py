@@ -60,6 +60,7 @@ def rotate(nodes: list, k: int) -> list:
 def main(spec: dict, shared: Shared) -> None:
     """Entry point of a worker process."""
     t_cpu = os.times()
+    spec["errors"] = []
     t_wall = time.time()
     if spec["target"] == "warren":
         from bench import gen_warren as gen
@@ -75,7 +76,8 @@ def main(spec: dict, shared: Shared) -> None:
     usage = {"role": spec["role"], "part": spec["part"], "pid": os.getpid(),
              "cpu_s": round((cpu.user - t_cpu.user) + (cpu.system - t_cpu.system), 3),
              "wall_s": round(time.time() - t_wall, 3),
-             "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+             "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+             "errors": spec["errors"][:20]}
     write_parts(spec, records, usage)
 
 

@@ -294,7 +294,8 @@ def parse(data, origin: str = "<workload>") -> list[Scenario]:
         for combo in itertools.product(*(axes[k] for k in keys)):
             fields = dict(zip(keys, combo))
             try:
-                name = template.format(**fields)
+                shown = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in fields.items()}
+                name = template.format(**shown)
             except (KeyError, IndexError) as exc:
                 raise WorkloadError(f"{origin}: matrix.name: template refers to {exc} which is not a matrix field") from None
             where = f"matrix[{', '.join(f'{k}={v}' for k, v in fields.items())}]"
