@@ -529,16 +529,32 @@ def _summary(info: dict, counts: dict, wall: float) -> dict:
         rates[role + "_total"] = total
     gen_cpu = max((u["cpu_s"] / u["wall_s"] for u in info["generator"] if u["wall_s"] > 0), default=None)
     node_cpu = max((v / wall for v in info["node_cpu_s"].values()), default=None) if wall > 0 else None
+    # CPU microseconds per message: on a machine shared with other work, a process gets what the
+    # scheduler gives it, so compare costs, not utilisation. The side costing more per message
+    # (given an equal share of the cores) limits the run.
+    per_role = {"producer": rates["publish_total"], "consumer": rates["deliver_total"]}
+    gen_us = {}
+    for u in info["generator"]:
+        n = per_role.get(u["role"]) or 0
+        if n:
+            gen_us[u["role"]] = gen_us.get(u["role"], 0) + u["cpu_s"] * 1e6 / n
+    n_msgs = max(rates["publish_total"], 1)
+    node_us = max((v * 1e6 / n_msgs for v in info["node_cpu_s"].values()), default=None)
     return {"target": info["target"], "scenario": info["scenario"], **rates,
             "generator_cpu_max": round(gen_cpu, 2) if gen_cpu is not None else None,
-            "node_cpu_max": round(node_cpu, 2) if node_cpu is not None else None}
+            "node_cpu_max": round(node_cpu, 2) if node_cpu is not None else None,
+            "generator_us_per_msg": {k: round(v, 1) for k, v in gen_us.items()},
+            "busiest_node_us_per_msg": round(node_us, 1) if node_us is not None else None}
 
 
 def _summary_line(s: dict) -> str:
     return (f"[{s['target']}] {s['scenario']}: publish {s['publish']:,}/s  confirm {s['confirm']:,}/s  "
             f"deliver {s['deliver']:,}/s  (totals {s['publish_total']:,}/{s['confirm_total']:,}/"
-            f"{s['deliver_total']:,}; busiest generator process {_pct(s['generator_cpu_max'])} CPU, "
-            f"busiest node {_pct(s['node_cpu_max'])} CPU)")
+            f"{s['deliver_total']:,}; CPU per message: generator "
+            f"{', '.join(f'{k} {v:g} us' for k, v in s['generator_us_per_msg'].items()) or '?'}, "
+            f"busiest node {s['busiest_node_us_per_msg'] if s['busiest_node_us_per_msg'] is not None else '?'} us; "
+            f"busiest generator process {_pct(s['generator_cpu_max'])} of a core, "
+            f"busiest node {_pct(s['node_cpu_max'])})")
 
 
 def _pct(x) -> str:

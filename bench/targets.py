@@ -199,7 +199,7 @@ class WarrenTarget(Target):
             super().set_policy(name, pattern, definition)
         except TargetError as exc:
             if "invalid choice" in str(exc) or "set_policy" in str(exc) and "usage" in str(exc).lower():
-                raise Unsupported(f"this warren has no set_policy yet ({exc})") from None
+                raise Unsupported("this warren has no set_policy yet (mirroring has not landed)") from None
             raise
 
     def sync_queue(self, queue: str) -> str:
