@@ -103,7 +103,11 @@ class FaultRunner(threading.Thread):
 
     def _node(self, f, queue: str) -> str:
         if f["target"] != "leader":
-            return f["target"]
+            name = f["target"]
+            m = re.fullmatch(r"n(\d+)", name)
+            if name not in self.target.nodes and m and 0 < int(m.group(1)) <= len(self.target.nodes):
+                return self.target.nodes[int(m.group(1)) - 1]  # nI: the I-th node of any target
+            return name
         undo = {"sigcont": "sigstop", "start_app": "stop_app", "restart": "kill"}.get(f["action"])
         if undo and undo in self.taken_down:
             return self.taken_down.pop(undo)
