@@ -292,7 +292,7 @@ class Runner:
                         if self.interrupted:
                             break
                         dirty = self.run_scenario(folder, run_id, target, sc, meta)
-                        if dirty and sc is not scenarios[-1]:
+                        if dirty and (sc is not scenarios[-1] or not getattr(target, "owned", False)):
                             self._heal(target, sc)
                 finally:
                     target.stop()

@@ -17,7 +17,7 @@ import resource
 import time
 from pathlib import Path
 
-from bench.records import interval_lines, per_second, write_lines
+from bench.records import CONF_ACK, interval_lines, per_second, write_lines
 
 PUBLISHED, CONFIRMED, DELIVERED, FIRST = range(4)
 
@@ -93,7 +93,7 @@ def write_parts(spec: dict, records: list, usage: dict) -> None:
         for r in records:
             per_second(r.t_pub, size, counts, "publish")
             r.grow_confirms()
-            per_second((t for t, c in zip(r.t_conf, r.conf) if c), size, counts, "confirm")
+            per_second((t for t, c in zip(r.t_conf, r.conf) if c == CONF_ACK), size, counts, "confirm")
     else:
         write_lines(out / f"deliver.part{part}", (r.lines(sample) for r in records))
         for r in records:

@@ -30,12 +30,13 @@ node_env() {  # DIR I -> exports the environment of node I
   export RABBITMQ_CONFIG_FILE="$dir/rabbit-$i/rabbitmq"
   export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/rabbit-$i/enabled_plugins"
   export RABBITMQ_ENABLED_PLUGINS=""
+  export ERL_CRASH_DUMP="$dir/rabbit-$i/log/erl_crash.dump"
   # three VMs share a small machine with the load generator: no busy-waiting schedulers
   export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="${RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS:-+sbwt none +sbwtdcpu none +sbwtdio none}"
   # the guest user may log in from 127.0.0.1 only, which is where the benchmark runs
 }
 
-ctl() { dir=$1; i=$2; shift 2; HOME="$dir/home" "$SBIN/rabbitmqctl" -n "rabbit-$i@localhost" "$@"; }
+ctl() { dir=$1; i=$2; shift 2; HOME="$dir/home" ERL_CRASH_DUMP=/dev/null "$SBIN/rabbitmqctl" -n "rabbit-$i@localhost" "$@"; }
 
 start_node() {
   dir=$1; i=$2
