@@ -110,19 +110,26 @@ class WarrenTarget(Target):
         if self.given:
             return
         self.home = Path(tempfile.mkdtemp(prefix="warren-bench-"))
-        self.nodes = list(localcluster.start(self.home, nodes=self.size))
+        try:
+            self.nodes = list(localcluster.start(self.home, nodes=self.size))
+        except BaseException as exc:
+            localcluster.stop(self.home)  # the nodes that did start
+            raise TargetError(f"could not start a local warren cluster: {exc} (logs in {self.home}/logs)") from None
         self.owned = True
         self.down.clear()
 
     def stop(self) -> None:
         from broker import localcluster
         if self.owned and self.home:
-            extra = [n for n in self.nodes if n not in self._started_by_localcluster()]
-            for n in extra:
+            # nodes this target started itself (restart, add_node) are not in localcluster's list
+            started = self._started_by_localcluster()
+            for n in self.nodes:
                 pid = self.pid(n)
-                if pid:
+                if pid and pid not in started:
                     try:
+                        os.kill(pid, signal.SIGCONT)
                         os.kill(pid, signal.SIGTERM)
+                        _wait_gone(pid, 10)
                     except ProcessLookupError:
                         pass
             for n in self.nodes:  # a stopped (SIGSTOP) node would not hear SIGTERM
@@ -139,11 +146,11 @@ class WarrenTarget(Target):
             shutil.rmtree(self.home, ignore_errors=True)
             self.owned = False
 
-    def _started_by_localcluster(self) -> set[str]:
+    def _started_by_localcluster(self) -> set[int]:
         try:
-            return set(json.loads((self.home / "pids.json").read_text()))
-        except (OSError, ValueError):
-            return set(self.nodes)
+            return {int(p) for p in json.loads((self.home / "pids.json").read_text()).values()}
+        except (OSError, ValueError, AttributeError):
+            return set()
 
     def _registry(self, node: str) -> dict | None:
         try:
@@ -321,6 +328,11 @@ def _node_of(pid_text) -> str:
 def _wait_gone(pid: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return  # our child, now reaped
+        except ChildProcessError:
+            pass  # not our child: kill(pid, 0) tells
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
