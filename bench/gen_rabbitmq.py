@@ -18,7 +18,14 @@ import time
 import pika
 from pika.adapters.select_connection import IOLoop
 
-from bench.records import CONF_ACK, CONF_NACK, CONF_NONE, DeliverRecord, PublishRecord, make_id
+from bench.records import (
+    CONF_ACK,
+    CONF_NACK,
+    CONF_NONE,
+    DeliverRecord,
+    PublishRecord,
+    make_id,
+)
 from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared, rotate
 
 BATCH = 200

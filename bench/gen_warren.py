@@ -13,8 +13,16 @@ import math
 import time
 
 import trio
+import trio.lowlevel
 
-from bench.records import CONF_ACK, CONF_NACK, CONF_NONE, DeliverRecord, PublishRecord, make_id
+from bench.records import (
+    CONF_ACK,
+    CONF_NACK,
+    CONF_NONE,
+    DeliverRecord,
+    PublishRecord,
+    make_id,
+)
 from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared, rotate
 from broker.client.aio import open_connection
 from broker.client.errors import AMQPError
@@ -31,7 +39,7 @@ def declare(addresses: list[str], queues: list[str], durable: bool, delete: bool
                 if delete:
                     try:
                         await ch.queue_delete(q)
-                    except Exception:  # already gone (deleted with its node, or never made)
+                    except AMQPError:  # already gone (deleted with its node, or never made)
                         ch = await conn.channel()
                 else:
                     await ch.queue_declare(q, durable=durable)
@@ -197,7 +205,7 @@ async def _publish(spec, shared, conn, ch, rec: PublishRecord, t0: float, totals
             rq.append(qi)
             sent += 1
         totals[PUBLISHED] += n
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
     # wait for the outstanding confirms
     rec.grow_confirms()
     if confirms:

@@ -25,14 +25,21 @@ import time
 from pathlib import Path
 
 from bench import worker as workermod
-from bench.targets import RabbitTarget, Target, TargetError, Unsupported, WarrenTarget, rabbitmq_available
-from bench.workload import Scenario, load, resolve
+from bench.targets import (
+    RabbitTarget,
+    Target,
+    TargetError,
+    Unsupported,
+    WarrenTarget,
+    rabbitmq_available,
+)
 from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
+from bench.workload import Scenario, load, resolve
 
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True,
                              cwd=Path(__file__).parent)
         return out.stdout.strip() or None
     except OSError:
@@ -166,12 +173,12 @@ class FaultRunner(threading.Thread):
     def _sync(self, queue: str) -> None:
         """sync_queue in its own thread, with progress lines from list_queues while it runs."""
         size = self.sc.message_size
-        t = time.time()
         try:
             before = self.target.queues().get(queue, {})
         except TargetError as exc:
             before = {"error": str(exc)}
         msgs = int(before.get("messages") or 0)
+        t = time.time()  # the rate includes starting the ctl command (about a second)
         self.log.add(t, "sync_queue", None, queue, {"messages": msgs, "bytes": msgs * size})
         done = threading.Event()
         result: dict = {}
@@ -244,8 +251,7 @@ def _merge_intervals(folder: Path) -> dict:
             c[1] += d["bytes"]
         p.unlink()
     with open(folder / "intervals.jsonl", "w") as f:
-        for (t, role), (n, b) in sorted(counts.items()):
-            f.write(json.dumps({"t": t, "role": role, "n": n, "bytes": b}) + "\n")
+        f.writelines(json.dumps({"t": t, "role": role, "n": n, "bytes": b}) + "\n" for (t, role), (n, b) in sorted(counts.items()))
     return counts
 
 
@@ -282,8 +288,12 @@ class Runner:
         try:
             for tname in targets:
                 target: Target = WarrenTarget(warren_nodes) if tname == "warren" else RabbitTarget(dir=rabbit_dir)
-                self.say(f"[{tname}] starting a {len(warren_nodes or []) or 3}-node cluster ..."
-                         if not (tname == "warren" and warren_nodes) else f"[{tname}] using {', '.join(warren_nodes)}")
+                if tname == "warren" and warren_nodes:
+                    self.say(f"[warren] using {', '.join(warren_nodes)}")
+                elif tname == "rabbitmq" and rabbit_dir:
+                    self.say(f"[rabbitmq] using the cluster in {rabbit_dir}")
+                else:
+                    self.say(f"[{tname}] starting a 3-node cluster ...")
                 target.start()
                 meta[f"{tname}_version"] = target.version()
                 self._write_meta(folder, meta)
@@ -453,8 +463,7 @@ class Runner:
         _merge(sdir, "deliver")
         counts = _merge_intervals(sdir)
         with open(sdir / "faults.jsonl", "w") as f:
-            for line in sorted(faults.lines, key=lambda d: d["t"]):
-                f.write(json.dumps(line) + "\n")
+            f.writelines(json.dumps(line) + "\n" for line in sorted(faults.lines, key=lambda d: d["t"]))
         usage = []
         for p in sorted(sdir.glob("usage.*.part*")):
             usage.append(json.loads(p.read_text()))
@@ -481,7 +490,7 @@ class Runner:
                         queues, sc.durable, delete=True)
             if policy is not None:
                 target.clear_policy(policy_name)
-        except Exception as exc:  # a damaged cluster is restarted by the caller anyway
+        except Exception as exc:  # noqa: BLE001 - any client's error; a damaged cluster is restarted by the caller anyway
             self.say(f"  cleanup: {exc}")
             dirty = True
         return dirty
@@ -515,7 +524,7 @@ def _gen_module(tname: str):
 
 
 def _probe_sync(target: Target) -> None:
-    out = subprocess.run(["warrenctl", "--help"], capture_output=True, text=True)
+    out = subprocess.run(["warrenctl", "--help"], check=False, capture_output=True, text=True)
     if "sync_queue" not in out.stdout:
         raise Unsupported("this warren has no sync_queue command yet (the sync feature has not landed)")
 

@@ -112,7 +112,7 @@ class WarrenTarget(Target):
         self.home = Path(tempfile.mkdtemp(prefix="warren-bench-"))
         try:
             self.nodes = list(localcluster.start(self.home, nodes=self.size))
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - clean up whatever started, then report
             localcluster.stop(self.home)  # the nodes that did start
             raise TargetError(f"could not start a local warren cluster: {exc} (logs in {self.home}/logs)") from None
         self.owned = True
@@ -180,7 +180,9 @@ class WarrenTarget(Target):
         try:
             from importlib.metadata import version
             return version("warren")
-        except Exception:
+        except ImportError:
+            return None
+        except Exception:  # noqa: BLE001 - PackageNotFoundError and kin: the version is optional
             return None
 
     def _env(self) -> dict:
@@ -192,7 +194,7 @@ class WarrenTarget(Target):
 
     def ctl(self, node: str, *args: str, timeout: float = 60) -> str:
         try:
-            out = subprocess.run(["warrenctl", "-n", node, *args], env=self._env(), capture_output=True,
+            out = subprocess.run(["warrenctl", "-n", node, *args], env=self._env(), check=False, capture_output=True,
                                  text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise TargetError(f"warrenctl -n {node} {' '.join(args)}: no answer in {timeout:g} s") from None
@@ -273,9 +275,9 @@ class WarrenTarget(Target):
         return {"old_pid": pid, "pid": new}
 
     def _spawn(self, node: str, cmd: list[str]) -> int:
-        log = open(self.home / "logs" / f"{node}.log", "ab")
-        proc = subprocess.Popen(cmd, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        with open(self.home / "logs" / f"{node}.log", "ab") as log:  # the child keeps its own copy
+            proc = subprocess.Popen(cmd, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             reg = self._registry(node)
@@ -347,10 +349,9 @@ def rabbitmq_available() -> str | None:
     """None when RabbitMQ can run here, else why not."""
     if not Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists():
         return "rabbitmq-server is not installed (Debian: apt-get install -y rabbitmq-server)"
-    try:
-        import pika  # noqa: F401
-    except ImportError:
-        return "the pika AMQP client is not installed (pip install pika)"
+    import importlib.util
+    if importlib.util.find_spec("pika") is None:
+        return "the pika AMQP client is not installed (pip install pika, or pip install -e '.[bench]')"
     return None
 
 
@@ -368,7 +369,7 @@ class RabbitTarget(Target):
         self.down: set[str] = set()
 
     def _script(self, *args: str, timeout: float = 180) -> str:
-        out = subprocess.run(["sh", str(RABBIT_SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(["sh", str(RABBIT_SCRIPT), *args], check=False, capture_output=True, text=True, timeout=timeout)
         if out.returncode != 0:
             raise TargetError(f"cluster.sh {' '.join(args)}: {(out.stderr or out.stdout).strip()[-500:]}")
         return out.stdout
@@ -422,7 +423,7 @@ class RabbitTarget(Target):
     def version(self) -> str | None:
         try:
             out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"],
-                                 capture_output=True, text=True)
+                                 check=False, capture_output=True, text=True)
             return out.stdout.strip() or None
         except OSError:
             return None

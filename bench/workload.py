@@ -124,7 +124,7 @@ def _faults(v):
             raise _Bad(f"{where}: must be a mapping like {{at: 10, action: kill, target: leader}}, got {f!r}")
         unknown = set(f) - {"at", "action", "target", "queue"}
         if unknown:
-            raise _Bad(f"{where}.{sorted(unknown)[0]}: unknown key (known: at, action, target, queue)")
+            raise _Bad(f"{where}.{min(unknown)}: unknown key (known: at, action, target, queue)")
         try:
             at = _number(0)(f.get("at"))
         except _Bad as exc:
@@ -157,14 +157,14 @@ FIELDS: dict[str, tuple] = {
     "prefetch": (_int(0), 1000, "consumer prefetch (basic.qos), 0 = unlimited"),
     "ack": (_choice("manual", "auto"), "manual", "manual acks or auto-ack"),
     "durable": (_bool, False, "declare the queues durable"),
-    "replicas": (_replicas, None, "shorthand for policy {ha-mode: exactly, ha-params: N, "
-                                  "ha-sync-mode: automatic}; 1 or null = not mirrored"),
+    "replicas": (_replicas, None, ("shorthand for policy {ha-mode: exactly, ha-params: N, "
+                                   "ha-sync-mode: automatic}; 1 or null = not mirrored")),
     "policy": (_policy, None, "the ha-* JSON given to set_policy, or null (overrides replicas)"),
     "consume_after_publish": (_bool, False, "consumers start only after publishing ends (a backlog)"),
     "drain": (_bool, True, "after publishing, consume until every published message arrived"),
     "drain_timeout": (_number(0), 30, "give up draining after this many seconds without a delivery"),
-    "log": (_choice("per-message", "interval"), "per-message", "per-message lines, or a 1-in-"
-                                                               "sample_every sample plus intervals"),
+    "log": (_choice("per-message", "interval"), "per-message",
+            "per-message lines, or a 1-in-sample_every sample plus intervals"),
     "sample_every": (_int(1), 100, "with log: interval, keep one message line in this many"),
     "faults": (_faults, [], "list of {at: s after load start, action, target: leader|NODE, queue}"),
     "needs": (lambda v: _choice("sync")(v) if v is not None else None, None,
@@ -271,7 +271,7 @@ def parse(data, origin: str = "<workload>") -> list[Scenario]:
         return [_finish(_check_fields(data, "", origin), "", origin)]
     extra = set(data) - blocks
     if extra:
-        key = sorted(extra)[0]
+        key = min(extra)
         raise WorkloadError(f"{origin}: {key}: unknown top-level key (known: description, defaults, "
                             f"scenarios, matrix; or put scenario fields alone at the top level)")
     defaults = _check_fields(data.get("defaults") or {}, "defaults", origin)
