@@ -5,6 +5,8 @@
 runs workload files (or shipped suites by name: smoke, throughput, latency, failover, scale, sync)
 and writes the logs of bench/LOGS.md under results/RUN_ID/; see bench/README.md.
 
+    warren-bench analyse [RESULTS]     the Spark job of bench/analysis over those logs
+
     warren-bench throughput [--seconds 10] [--size 1024] [--window 2000] [--prefetch 1000]
 
 starts a one-node cluster of real processes (or uses `--nodes HOST:PORT`), runs one publisher
@@ -133,6 +135,12 @@ def main(argv=None) -> None:
     g.add_argument("--quiet", action="store_true", help="no progress line")
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
+    sub.add_parser("analyse", help="the Spark analysis of a results folder (warren-bench analyse --help)",
+                   add_help=False)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["analyse"]:
+        from bench.analysis.cli import main as analyse
+        sys.exit(analyse(argv[1:], prog="warren-bench analyse"))
     args = p.parse_args(argv)
     if args.command in ("run", "check"):
         sys.exit(_run(args))
