@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -92,7 +91,8 @@ class Target:
 # --- warren ---------------------------------------------------------------------------------
 
 class WarrenTarget(Target):
-    """warren nodes: started here as a local cluster, or named nodes of $WARREN_HOME."""
+    """warren nodes: a local cluster started here (`broker.localcluster.LocalCluster` on free
+    ports), or named nodes already running under $WARREN_HOME."""
 
     name = "warren"
 
@@ -101,56 +101,31 @@ class WarrenTarget(Target):
         self.size = size
         self.home = (home or Path(os.environ.get("WARREN_HOME", "var/warren")).resolve()) if nodes else home
         self.owned = False
+        self.cluster = None  # the LocalCluster when we started it
         self.nodes = list(nodes or [])
         self.down: set[str] = set()
-        self._cmdlines: dict[str, list[str]] = {}
 
     def start(self) -> None:
         from broker import localcluster
         if self.given:
             return
         self.home = Path(tempfile.mkdtemp(prefix="warren-bench-"))
+        # free ports: the benchmark must not collide with a demo cluster or a test on 5691..
+        self.cluster = localcluster.LocalCluster(self.home, self.size, free_ports=True)
         try:
-            self.nodes = list(localcluster.start(self.home, nodes=self.size))
-        except BaseException as exc:  # noqa: BLE001 - clean up whatever started, then report
-            localcluster.stop(self.home)  # the nodes that did start
+            self.nodes = list(self.cluster.start())
+        except BaseException as exc:  # noqa: BLE001 - LocalCluster.start has killed its nodes; report
+            self.cluster = None
             raise TargetError(f"could not start a local warren cluster: {exc} (logs in {self.home}/logs)") from None
         self.owned = True
         self.down.clear()
 
     def stop(self) -> None:
-        from broker import localcluster
-        if self.owned and self.home:
-            # nodes this target started itself (restart, add_node) are not in localcluster's list
-            started = self._started_by_localcluster()
-            for n in self.nodes:
-                pid = self.pid(n)
-                if pid and pid not in started:
-                    try:
-                        os.kill(pid, signal.SIGCONT)
-                        os.kill(pid, signal.SIGTERM)
-                        _wait_gone(pid, 10)
-                    except ProcessLookupError:
-                        pass
-            for n in self.nodes:  # a stopped (SIGSTOP) node would not hear SIGTERM
-                pid = self.pid(n)
-                if pid:
-                    try:
-                        os.kill(pid, signal.SIGCONT)
-                    except ProcessLookupError:
-                        pass
-            reapers = [threading.Thread(target=_reap, args=(self.pid(n),), daemon=True) for n in self.nodes]
-            for r in reapers:
-                r.start()
-            localcluster.stop(self.home)
+        if self.owned and self.cluster is not None:
+            self.cluster.stop()  # SIGCONT + SIGTERM every node it knows, SIGKILL after 10 s
             shutil.rmtree(self.home, ignore_errors=True)
+            self.cluster = None
             self.owned = False
-
-    def _started_by_localcluster(self) -> set[int]:
-        try:
-            return {int(p) for p in json.loads((self.home / "pids.json").read_text()).values()}
-        except (OSError, ValueError, AttributeError):
-            return set()
 
     def _registry(self, node: str) -> dict | None:
         try:
@@ -159,6 +134,8 @@ class WarrenTarget(Target):
             return None
 
     def addresses(self) -> list[str]:
+        if self.cluster is not None:
+            return [self.cluster.client_addr(n) for n in self.nodes]
         out = []
         for n in self.nodes:
             reg = self._registry(n)
@@ -168,13 +145,10 @@ class WarrenTarget(Target):
         return out
 
     def pid(self, node: str) -> int | None:
+        if self.cluster is not None and node in self.cluster.procs:
+            return self.cluster.procs[node].pid
         reg = self._registry(node)
-        if reg:
-            return int(reg["pid"])
-        try:
-            return int(json.loads((self.home / "pids.json").read_text())[node])
-        except (OSError, ValueError, KeyError):
-            return None
+        return int(reg["pid"]) if reg else None
 
     def version(self) -> str | None:
         try:
@@ -186,16 +160,16 @@ class WarrenTarget(Target):
             return None
 
     def _env(self) -> dict:
+        if self.cluster is not None:
+            return dict(self.cluster.env)
         env = dict(os.environ)
         env["WARREN_HOME"] = str(self.home)
-        if self.owned:
-            env.setdefault("WARREN_SECRET", "warren-local-demo-secret")  # what localcluster gives its nodes
         return env
 
     def ctl(self, node: str, *args: str, timeout: float = 60) -> str:
         try:
-            out = subprocess.run(["warrenctl", "-n", node, *args], env=self._env(), check=False, capture_output=True,
-                                 text=True, timeout=timeout)
+            out = subprocess.run(["warrenctl", "-n", node, *args], env=self._env(), capture_output=True,
+                                 check=False, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise TargetError(f"warrenctl -n {node} {' '.join(args)}: no answer in {timeout:g} s") from None
         if out.returncode != 0:
@@ -207,7 +181,7 @@ class WarrenTarget(Target):
         try:
             super().set_policy(name, pattern, definition)
         except TargetError as exc:
-            if "invalid choice" in str(exc) or "set_policy" in str(exc) and "usage" in str(exc).lower():
+            if "invalid choice" in str(exc):
                 raise Unsupported("this warren has no set_policy yet (mirroring has not landed)") from None
             raise
 
@@ -244,61 +218,35 @@ class WarrenTarget(Target):
 
     # --- faults that need a process ---------------------------------------------------------
     def kill(self, node: str) -> dict:
-        pid = self.pid(node)
-        self._remember_cmdline(node, pid)
         detail = self.signal(node, signal.SIGKILL)
         self.down.add(node)
         return detail
 
-    def _remember_cmdline(self, node: str, pid: int | None) -> None:
-        if pid:
-            try:
-                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-                self._cmdlines[node] = [a.decode() for a in raw.split(b"\0") if a]
-            except OSError:
-                pass
-
     def restart(self, node: str) -> dict:
+        """SIGTERM (unless already down) and start again with the same ports and home."""
         pid = self.pid(node)
-        self._remember_cmdline(node, pid)
-        if pid and node not in self.down:
-            try:
-                os.kill(pid, signal.SIGTERM)
-                _wait_gone(pid, 10)
-            except ProcessLookupError:
-                pass
-        cmd = self._cmdlines.get(node)
-        if not cmd:
-            raise TargetError(f"do not know how node {node} was started")
-        new = self._spawn(node, cmd)
+        if self.cluster is None or node not in self.cluster.ports:
+            raise TargetError(f"can only restart nodes of a cluster this run started, not {node}")
+        if node not in self.down:
+            self.cluster.sigterm(node)
+        self.cluster.restart(node)  # kill -9 if still running (it is not), spawn, wait for status
         self.down.discard(node)
-        return {"old_pid": pid, "pid": new}
-
-    def _spawn(self, node: str, cmd: list[str]) -> int:
-        with open(self.home / "logs" / f"{node}.log", "ab") as log:  # the child keeps its own copy
-            proc = subprocess.Popen(cmd, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            reg = self._registry(node)
-            if reg and int(reg["pid"]) == proc.pid:
-                break
-            time.sleep(0.1)
-        return proc.pid
+        return {"old_pid": pid, "pid": self.pid(node)}
 
     def add_node(self) -> dict:
         from broker import localcluster
-        i = len(self.nodes) + 1
-        name = f"n{i}"
-        cbase = getattr(localcluster, "CLIENT_BASE", 5690)
-        pbase = getattr(localcluster, "PEER_BASE", 25690)
-        pid = self._spawn(name, ["warren-server", "--name", name, "--client-port", str(cbase + i),
-                                 "--peer-port", str(pbase + i), "--net-ticktime", "10"])
+        if self.cluster is None:
+            raise TargetError("add_node needs a cluster this run started")
+        name = f"n{len(self.nodes) + 1}"
+        self.cluster.ports[name] = (localcluster.free_port(), localcluster.free_port())
+        self.cluster.names.append(name)
+        self.cluster.spawn(name)
+        self.cluster.wait_status(name)
         self.ctl(name, "stop_app")
         self.ctl(name, "join_cluster", self.running_node())
         self.ctl(name, "start_app")
         self.nodes.append(name)
-        return {"pid": pid, "node": name}
+        return {"pid": self.pid(name), "node": name}
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -306,16 +254,6 @@ def _port_open(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
-
-
-def _reap(pid: int | None) -> None:
-    """Wait for a node process this process started, so it does not linger as a zombie (which
-    would still answer kill(pid, 0) and make a stop wait for its full timeout)."""
-    if pid:
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
 
 
 def _node_of(pid_text) -> str:
