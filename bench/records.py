@@ -38,6 +38,8 @@ class PublishRecord:
         self.q = array("I")
         self.t_conf = array("d")
         self.conf = bytearray()
+        self.unknown = 0  # confirms of sequences never published
+        self.unknown_ranges: list[tuple[int, int]] = []
 
     def grow_confirms(self) -> None:
         """Make room for confirms of everything published so far (called before waiting on them)."""
@@ -47,7 +49,16 @@ class PublishRecord:
             self.conf.extend(bytes(missing))
 
     def confirm(self, first: int, last: int, code: int, now: float) -> int:
-        """Sequences first..last (inclusive) got `code`; returns how many were newly resolved."""
+        """Sequences first..last (inclusive) got `code`; returns how many were newly resolved.
+        A confirm for sequences never published is counted in `unknown` and otherwise ignored
+        (it would be a broker or client bug; the runner reports it)."""
+        if last >= len(self.t_pub):
+            beyond = last - max(first, len(self.t_pub)) + 1
+            self.unknown += beyond
+            self.unknown_ranges.append((first, last))
+            last = len(self.t_pub) - 1
+            if first > last:
+                return 0
         if last >= len(self.t_conf):
             self.grow_confirms()
         conf, t_conf = self.conf, self.t_conf

@@ -68,6 +68,10 @@ def main(spec: dict, shared: Shared) -> None:
         from bench import gen_rabbitmq as gen
     if spec["role"] == "producer":
         records = gen.run_producers(spec, shared)
+        for r in records:
+            if r.unknown:
+                spec["errors"].append(f"producer {r.producer}: {r.unknown} confirm(s) for sequences never "
+                                      f"published, e.g. {r.unknown_ranges[:3]} with {len(r.t_pub)} published")
         with shared.finished.get_lock():
             shared.finished.value += 1
     else:

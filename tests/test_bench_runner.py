@@ -44,6 +44,7 @@ def test_sampled_lines_match_between_publish_and_deliver():
     assert sorted(d["id"] for d in dels) == [p["id"] for p in pubs]
     assert pubs[0]["conf"] == "ack" and pubs[0]["t_conf"] == 200.0
     assert pubs[2]["conf"] is None and pubs[2]["t_conf"] is None
+    assert pub.confirm(9, 12, CONF_ACK, 202.0) == 1 and pub.unknown == 3  # 10..12 never published
     full = [json.loads(x) for x in pub.lines(1)]
     assert full[5]["conf"] is None and full[5]["t_conf"] is None and full[4]["conf"] == "ack"
 
