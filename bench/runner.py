@@ -352,10 +352,10 @@ class Runner:
         addresses = target.addresses()
         gen = _gen_module(tname)
         try:
+            if sc.needs == "sync" and tname == "warren":
+                _probe_sync(target)  # before the policy, so a skipped scenario leaves nothing behind
             if policy is not None:
                 target.set_policy(policy_name, "^" + re.escape(f"bench.{sc.name}."), policy)
-            if sc.needs == "sync" and tname == "warren":
-                _probe_sync(target)
         except Unsupported as exc:
             self.say(f"[{tname}] {sc.name}: skipped: {exc}")
             meta["skipped"].append({"target": tname, "scenario": sc.name, "reason": str(exc)})
