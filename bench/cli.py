@@ -133,6 +133,13 @@ def main(argv=None) -> None:
     g = r.add_mutually_exclusive_group()
     g.add_argument("--progress", action="store_true", default=None, help="progress line even when not a tty")
     g.add_argument("--quiet", action="store_true", help="no progress line")
+    s = sub.add_parser("sync", help="batch sync of a backlog to a new mirror: msgs/s and MB/s per "
+                                    "batch size and throughput limit (bench/sync_bench.py)")
+    s.add_argument("--messages", type=int, default=100_000)
+    s.add_argument("--size", type=int, default=1024)
+    s.add_argument("--batch-sizes", default="1,100,4096", help="comma-separated ha-sync-batch-size values")
+    s.add_argument("--max-throughput", default="0",
+                   help="comma-separated mirroring_sync_max_throughput values in bytes/s (0: no limit)")
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
     sub.add_parser("analyse", help="the Spark analysis of a results folder (warren-bench analyse --help)",
@@ -144,6 +151,12 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.command in ("run", "check"):
         sys.exit(_run(args))
+    if args.command == "sync":
+        from bench.sync_bench import run_sync_bench
+        rows = run_sync_bench(args.messages, args.size, [int(x) for x in args.batch_sizes.split(",")],
+                              [int(x) for x in args.max_throughput.split(",")])
+        print(json.dumps(rows))
+        return
     if args.nodes:
         result = trio.run(throughput, args.nodes.split(","), args.seconds, args.size, args.window, args.prefetch)
     else:

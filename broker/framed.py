@@ -13,6 +13,7 @@ import math
 
 import msgpack
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 from wire.errors import UNEXPECTED_FRAME, FrameError, ProtocolError
 from wire.frames import DEFAULT_MAX_FRAME, HEADER, FrameDecoder
@@ -81,6 +82,18 @@ def encode_many(msgs, max_frame: int) -> bytes:
     return b"".join(parts)
 
 
+IDLE_WAIT = 0.002  # seconds a writer waits at most for the other ready tasks
+
+
+async def until_idle(limit: float = IDLE_WAIT) -> None:
+    """Let every other ready task run first, so what they are about to send joins this write
+    (fewer, larger writes and batches is what a busy node needs); never more than `limit`
+    seconds, so a node that is never idle still sends. When nothing else is ready it returns at
+    once: an idle node adds no latency."""
+    with trio.move_on_after(limit):
+        await wait_all_tasks_blocked()
+
+
 class Outbox:
     """The single writer of a connection. `put` never blocks; `run` drains and sends."""
 
@@ -116,6 +129,7 @@ class Outbox:
         recv = self._recv
         try:
             async for first in recv:
+                await until_idle()
                 batch = [first]
                 while True:
                     try:
