@@ -362,8 +362,11 @@ class QueueProcess:
         older += [e[2] for e in state.unacked.values() if e[2] is not None and done < e[2][0] < low]
         older.sort()
         clock = trio.current_time
-        job = BatchSync(older, ha.sync_batch_size or cfg.mirroring_sync_batch_size,
-                        cfg.max_frame - 65536, cfg.mirroring_sync_max_throughput, clock())
+        batch_size = ha.sync_batch_size or cfg.mirroring_sync_batch_size
+        # about 8192 messages unacknowledged at most, in at least 4 batches: small batches
+        # still keep the link busy
+        job = BatchSync(older, batch_size, cfg.max_frame - 65536, cfg.mirroring_sync_max_throughput,
+                        clock(), window=max(4, min(4096, 8192 // batch_size)))
         self.sync = job
         self.sync_acks = {t.node: 0 for t in targets}
         names = sorted(self.sync_acks)

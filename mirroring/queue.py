@@ -35,10 +35,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from bisect import bisect_left
 from heapq import merge
+from operator import itemgetter
 
 from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
 
+_msg_id = itemgetter(0)
 MAX_DISPATCH = 2048  # messages handed out per dispatch() call, so one queue cannot hog the loop
 
 
@@ -352,10 +355,15 @@ class QueueState:
             else:
                 back.append((mid, body, props, red))
         if back:
+            back.sort()
             self.ready_bytes += sum(len(m[1]) for m in back)
             ready = self.ready
-            if not ready or back[-1][0] < ready[0][0]:
+            k = bisect_left(ready, back[0][0], key=_msg_id)
+            if k == len(ready) or back[-1][0] < ready[k][0]:
+                # the usual case (batches arrive in id order): one contiguous run goes in at k
+                ready.rotate(-k)
                 ready.extendleft(reversed(back))
+                ready.rotate(k)
             else:
                 merged = list(merge(back, ready))
                 ready.clear()
