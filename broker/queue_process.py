@@ -52,6 +52,7 @@ from wire.errors import PRECONDITION_FAILED, ProtocolError
 
 INBOX_SIZE = 512
 BATCH = 512
+ROUND_BYTES = 2 << 20  # publish bytes per round: a replication batch stays far below the frame limit
 _serial = itertools.count(1)
 REPLICA_OPS = frozenset({"mstart", "mstate", "rep_ok", "mreset", "sync_start", "sync_batch",
                          "sync_end"})
@@ -75,6 +76,7 @@ class QueueProcess:
         self.epoch = qdef.get("epoch", 1) if role == "leader" else -1
         self.rep = LeaderReplication()
         self.accepted: dict[tuple, int] = {}  # (node, sid) -> pseq, applied in this round
+        self._round_bytes = 0
         self.base_id = 0  # the oldest id this replica could hold (its start id when it was a mirror)
         self._sync_proposed: list | None = None
         self.sync: BatchSync | None = None  # a batch sync in progress
@@ -95,19 +97,26 @@ class QueueProcess:
     # --- the task --------------------------------------------------------------------------
     async def run(self) -> None:
         recv = self._recv
+        more = False
         with self.scope:
             while True:
                 try:
                     op = recv.receive_nowait()
                 except trio.WouldBlock:
-                    op = await recv.receive()
-                self.handle(op)
+                    # with deliveries left over (a dispatch stopped at its budget) go on without
+                    # waiting for an operation: an auto-ack consumer sends none
+                    op = None if more else await recv.receive()
+                if op is not None:
+                    self.handle(op)
                 for _ in range(BATCH):
+                    if self._round_bytes >= ROUND_BYTES:
+                        break
                     try:
                         op = recv.receive_nowait()
                     except trio.WouldBlock:
                         break
                     self.handle(op)
+                self._round_bytes = 0
                 more = self.flush()
                 if self._sync_request:
                     await self._run_sync()
@@ -137,6 +146,7 @@ class QueueProcess:
                 self.parked.append(op)
                 return
             _, owner, pseq, bodies, props = op
+            self._round_bytes += sum(map(len, bodies))
             state = self.state
             if not state.seen(owner, pseq):
                 state.publish(bodies, props, owner[:2], pseq)

@@ -43,6 +43,7 @@ from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
 
 _msg_id = itemgetter(0)
 MAX_DISPATCH = 2048  # messages handed out per dispatch() call, so one queue cannot hog the loop
+MAX_DISPATCH_BYTES = 1 << 20  # and body bytes: a delivery frame stays far below the frame limit
 
 
 @dataclass(slots=True)
@@ -213,21 +214,32 @@ class QueueState:
         if len(active) == 1:
             c = active[0]
             n = min(c.credit(), len(ready), budget)
-            batch = [ready.popleft() for _ in range(n)]
+            batch = []
+            size = 0
+            popleft = ready.popleft
+            for _ in range(n):
+                m = popleft()
+                batch.append(m)
+                size += len(m[1])
+                if size >= MAX_DISPATCH_BYTES:
+                    break
             out[(c.owner, c.tag)] = batch
         else:
             credits = [c.credit() for c in active]
             lists = [[] for _ in active]
             n_active = len(active)
             i = 0
-            while ready and budget:
+            size = 0
+            while ready and budget and size < MAX_DISPATCH_BYTES:
                 for _ in range(n_active):
                     if credits[i] > 0:
                         break
                     i = (i + 1) % n_active
                 else:
                     break  # nobody has credit left
-                lists[i].append(ready.popleft())
+                m = ready.popleft()
+                lists[i].append(m)
+                size += len(m[1])
                 credits[i] -= 1
                 budget -= 1
                 i = (i + 1) % n_active

@@ -891,3 +891,29 @@ async def test_leader_lost_without_promotable_mirror(tmp_path, autojump_clock, d
                 assert replica_nodes(c, "t.q") == {}
                 with pytest.raises(ChannelClosedByBroker):
                     await ch.queue_declare("t.q", passive=True)
+
+
+async def test_large_messages_never_make_a_frame_too_big(tmp_path, autojump_clock):
+    """More bodies than one frame may hold (16 MB of 64 KiB messages, frames of 8 MiB) cross
+    replication and delivery in several batches; an auto-ack consumer with unlimited prefetch
+    (which sends nothing back) still gets every one."""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
+        async with c.connect("n1") as c1, c.connect("n3") as c3:
+            ch = await c1.channel()
+            await ch.queue_declare("ha.big", durable=True)
+            await replicas_settled(c, "ha.big", ["n2", "n3"], synced=["n2", "n3"])
+            await ch.confirm_delivery()
+            for i in range(256):
+                ch.publish_nowait("ha.big", i.to_bytes(4, "big") + b"b" * (65536 - 4))
+            assert await ch.wait_for_confirms(timeout=30)
+            assert mirror_state(c, "ha.big", "n2").message_count == 256
+            sub = await c3.channel()
+            consumer = await sub.basic_consume("ha.big", auto_ack=True)
+            got = []
+            with trio.fail_after(30):
+                async for msg in consumer:
+                    got.append(int.from_bytes(msg.body[:4], "big"))
+                    if len(got) == 256:
+                        break
+            assert got == list(range(256))
