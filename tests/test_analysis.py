@@ -76,7 +76,8 @@ def write_crafted(run_dir: Path) -> None:
         pubs.append(_pub(100 + i, t - 0.002))
         dels.append(_del(100 + i, t))
     fault = {"t": FAULT_AT, "action": "kill", "node": "n1", "queue": None, "detail": {}}
-    synth.write_scenario(run_dir / "crafted" / "warren", _meta("crafted", True, T0 - 1, T0 + 26),
+    # the scenario runs on quietly for 15 s after its last delivery: not a failover gap
+    synth.write_scenario(run_dir / "crafted" / "warren", _meta("crafted", True, T0 - 1, T0 + 40),
                          pubs, dels, None, [fault])
 
     pubs = [_pub(1, T0), _pub(2, T0)] + [_pub(10 + k, T0 + k * 0.05) for k in range(100)]

@@ -20,8 +20,9 @@ Definitions (see also bench/LOGS.md):
   a redelivery after a failover is one of these too.
 - failover gap of a fault at time T: the longest pause between consecutive deliveries among the
   pauses that overlap [T - 1 s, T + 30 s]; deliveries on the fault's queue if it names one, else
-  on all queues of the scenario. If nothing is delivered after T, the pause from the last delivery
-  to the end of the scenario counts and ``gap_open`` is true. Every action other than
+  on all queues of the scenario. Only if nothing is delivered after T does the pause from the last
+  delivery to the end of the scenario count (``gap_open`` true); a quiet end after deliveries
+  resumed is not a failover gap. Every action other than
   sync_progress/sync_done gets a row.
 - sync rate of a queue: the highest ``messages`` reported by sync_progress/sync_done divided by
   sync_done's ``seconds`` when it has them, else by the time from the sync's start (its
@@ -347,13 +348,22 @@ def _gaps(spark, dlv, faults_rows: list[dict], metas: dict):
     cond += [F.col("p.next") >= F.col("f.tf") - WINDOW_BEFORE,
              F.col("p.prev").isNull() | (F.col("p.prev") <= F.col("f.tf") + WINDOW_AFTER)]
     length = F.col("p.next") - F.col("p.prev")
+    closed = F.when(~F.col("p.open"), length)
     agg = p.join(f, cond).groupBy("f.fid", "f.tf").agg(
-        F.max(length).alias("gap_s"),
-        F.max_by(F.col("p.prev"), length).alias("gap_from"),
-        F.max_by(F.col("p.open"), length).alias("gap_open"),
+        F.max(closed).alias("gap_closed"),
+        F.max_by(F.col("p.prev"), closed).alias("from_closed"),
+        F.max(F.when(F.col("p.open"), length)).alias("gap_end"),
+        F.max(F.when(F.col("p.open"), F.col("p.prev"))).alias("from_end"),
         F.min(F.when((F.col("p.next") > F.col("f.tf")) & ~F.col("p.open"), F.col("p.next"))).alias("first_after"),
         F.sum((~F.col("p.open") & (F.col("p.next") <= F.col("f.tf") + WINDOW_AFTER)).cast("long")).alias("in_window"))
-    return _rows(agg)
+    out = []
+    for r in _rows(agg):
+        # the quiet stretch from the last delivery to the scenario's end is a failover gap only
+        # when nothing at all was delivered after the fault
+        is_open = r["first_after"] is None and r["gap_end"] is not None
+        out.append({**r, "gap_s": r["gap_end"] if is_open else r["gap_closed"],
+                    "gap_from": r["from_end"] if is_open else r["from_closed"], "gap_open": is_open})
+    return out
 
 
 def _sync(events: list[dict]) -> list[dict]:
