@@ -67,6 +67,7 @@ class Node:
         self._dialing: set[str] = set()
         self._early: dict[str, list] = {}  # queue -> ops that arrived before its declaration
         self._app_started_at = 0.0
+        self._last_beat = 0.0
         self._liveness_later = False
         self._meta_event = trio.Event()
         self.root = None
@@ -194,7 +195,7 @@ class Node:
             self._app_scope = scope
             self.md = self._load()
             self.booting = True
-            self._app_started_at = trio.current_time()
+            self._app_started_at = self._last_beat = trio.current_time()
             try:
                 async with trio.open_nursery() as app:
                     self.app = app
@@ -207,6 +208,7 @@ class Node:
                     self._save()
                     self._reconcile_queues()
                     app.start_soon(self._dialer)
+                    app.start_soon(self._heartbeat)
                     self.log.info("app started", client_port=self.client_port,
                                   members=list(self.md.members))
                     task_status.started()
@@ -543,7 +545,17 @@ class Node:
         """Coordinator duty: record members going down and coming back, with the promotions,
         deletions and mirror placements that follow (mirroring/planner.py)."""
         running = self.running
-        booting = trio.current_time() < self._app_started_at + self.config.net_ticktime
+        now = trio.current_time()
+        if now - self._last_beat > min(1.0, self.config.net_ticktime / 2):
+            # this process itself did not run for a while (SIGSTOP, a frozen VM): the silence
+            # was ours, not the others'. Do not declare them down or promote anything; yield
+            # to their metadata when the links come back, as a node that just booted does.
+            self.log.warning("this node was paused; re-joining instead of declaring peers down",
+                             paused_for=round(now - self._last_beat, 3))
+            self._app_started_at = now
+            self.booting = True
+        self._last_beat = now
+        booting = now < self._app_started_at + self.config.net_ticktime
         for node in list(self.md.members):
             if self.coordinator != self.name:
                 return
@@ -568,6 +580,13 @@ class Node:
                 await self.propose(["replan"])
             except (ProtocolError, trio.TooSlowError):
                 pass
+
+    async def _heartbeat(self) -> None:
+        """Note the time every 100 ms: a long gap since the last note means this process was
+        paused (see _sync_liveness)."""
+        while True:
+            self._last_beat = trio.current_time()
+            await trio.sleep(0.1)
 
     async def _sync_liveness_later(self) -> None:
         if self._liveness_later:
