@@ -524,8 +524,8 @@ def _gen_module(tname: str):
 
 
 def _probe_sync(target: Target) -> None:
-    out = subprocess.run(["warrenctl", "--help"], check=False, capture_output=True, text=True)
-    if "sync_queue" not in out.stdout:
+    out = subprocess.run(["warrenctl", "sync_queue", "--help"], check=False, capture_output=True, text=True)
+    if out.returncode != 0:
         raise Unsupported("this warren has no sync_queue command yet (the sync feature has not landed)")
 
 
