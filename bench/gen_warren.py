@@ -89,9 +89,8 @@ class _Gate:
         self.started.set()
 
 
-async def _producers(spec: dict, shared: Shared) -> list[PublishRecord]:
-    sc = spec["scenario"]
-    records = [PublishRecord(p, spec["queues"], sc["message_size"]) for p in spec["indices"]]
+async def _run_role(spec: dict, shared: Shared, records: list, task) -> list:
+    """Run `task` once per record behind one start gate, reporting per-second totals."""
     totals = [0, 0, 0, 0]
     last = [0, 0, 0, 0]
     gate = _Gate(shared, len(records))
@@ -100,10 +99,16 @@ async def _producers(spec: dict, shared: Shared) -> list[PublishRecord]:
         async with trio.open_nursery() as n:
             n.start_soon(gate.run)
             for rec in records:
-                n.start_soon(_producer, spec, shared, rec, gate, totals)
+                n.start_soon(task, spec, shared, rec, gate, totals)
         shared.add([a - b for a, b in zip(totals, last)])
         outer.cancel_scope.cancel()
     return records
+
+
+async def _producers(spec: dict, shared: Shared) -> list[PublishRecord]:
+    sc = spec["scenario"]
+    records = [PublishRecord(p, spec["queues"], sc["message_size"]) for p in spec["indices"]]
+    return await _run_role(spec, shared, records, _producer)
 
 
 async def _producer(spec, shared, rec: PublishRecord, gate: _Gate, totals) -> None:
@@ -216,18 +221,7 @@ async def _publish(spec, shared, conn, ch, rec: PublishRecord, t0: float, totals
 
 async def _consumers(spec: dict, shared: Shared) -> list[DeliverRecord]:
     records = [DeliverRecord(c, spec["queues"]) for c in spec["indices"]]
-    totals = [0, 0, 0, 0]
-    last = [0, 0, 0, 0]
-    gate = _Gate(shared, len(records))
-    async with trio.open_nursery() as outer:
-        outer.start_soon(_report, shared, totals, last)
-        async with trio.open_nursery() as n:
-            n.start_soon(gate.run)
-            for rec in records:
-                n.start_soon(_consumer, spec, shared, rec, gate, totals)
-        shared.add([a - b for a, b in zip(totals, last)])
-        outer.cancel_scope.cancel()
-    return records
+    return await _run_role(spec, shared, records, _consumer)
 
 
 async def _consumer(spec, shared, rec: DeliverRecord, gate: _Gate, totals) -> None:

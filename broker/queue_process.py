@@ -255,7 +255,7 @@ class QueueProcess:
         if new:
             snap = self.state.mirror_snapshot()
             for node in new:
-                self.rep.add(node, self.state.next_id, trio.current_time())
+                self.rep.add(node, self.state.next_id)
                 self.node.to_replica(node, self.name, ["mstart", self.epoch, self.node.name, snap, resume,
                                                        self.node.md.version, self.rep.seq])
                 self.log.info(f"Mirrored queue '{self.name}' in vhost '/': Adding mirror on node {node}")

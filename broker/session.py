@@ -26,8 +26,15 @@ from itertools import repeat
 import trio
 
 from wire import messages as m
-from wire.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND, PRECONDITION_FAILED,
-                         RESOURCE_LOCKED, VERSION_MISMATCH, ProtocolError)
+from wire.errors import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+    VERSION_MISMATCH,
+    ProtocolError,
+)
 from wire.handshake import new_nonce
 
 from .framed import FramedStream, Outbox
@@ -428,8 +435,8 @@ class Session:
             elif qdef.get("epoch", 1) != epoch:
                 self._resend.add(qname)
                 self._resend_wake.set()
-            elif self.node.queue_down_reason(qdef):
-                self.queue_lost(qname, self.node.queue_down_reason(qdef))
+            elif down := self.node.queue_down_reason(qdef):
+                self.queue_lost(qname, down)
 
     async def _do_resends(self) -> None:
         while self._resend:
@@ -500,7 +507,7 @@ class Session:
 
     async def on_consume(self, msg):
         ch = self._ch(msg.ch)
-        qdef = self._queue(msg.queue)
+        self._queue(msg.queue)  # the channel errors for a missing, locked or unavailable queue
         tag = msg.consumer_tag or f"amq.ctag-{self.conn_id}-{next(self._ctags)}"
         if tag in ch.consumers:
             raise ChannelError(PRECONDITION_FAILED, f"consumer tag '{tag}' is already in use on this channel")

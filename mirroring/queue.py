@@ -33,9 +33,9 @@ ready messages from its start id on.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
-from bisect import bisect_left
 from heapq import merge
 from operator import itemgetter
 
@@ -390,7 +390,10 @@ class QueueState:
         return low
 
     def apply_effects(self, effects: list) -> None:
-        """Apply a leader's effects, in its order (see the module docstring)."""
+        """Apply a leader's effects, in its order (see the module docstring). A mirror records no
+        effects of its own, so the public methods serve; only enqueue ids, deliveries and gets,
+        which a late mirror may lack, need their own handling."""
+        assert self.effects is None, "a replica that records effects cannot apply a leader's"
         for eff in effects:
             kind = eff[0]
             if kind == "enq":
@@ -400,11 +403,11 @@ class QueueState:
             elif kind == "dlv":
                 self._apply_deliveries(eff[1])
             elif kind == "ack":
-                self._take(tuple(eff[1]), eff[2])
+                self.ack(tuple(eff[1]), eff[2])
             elif kind == "req":
-                self._requeue(tuple(eff[1]), eff[2])
+                self.requeue(tuple(eff[1]), eff[2])
             elif kind == "dis":
-                self._take(tuple(eff[1]), eff[2])
+                self.discard(tuple(eff[1]), eff[2])
             elif kind == "get":
                 _, owner, mid, no_ack = eff
                 m = None
@@ -421,17 +424,13 @@ class QueueState:
             elif kind == "can":
                 self.remove_consumer(tuple(eff[1]), eff[2])
             elif kind == "og":
-                self._owner_gone(tuple(eff[1]))
+                self.owner_gone(tuple(eff[1]))
             elif kind == "sg":
-                self.last_pseq.pop((eff[1], eff[2]), None)
-                self._owners_gone(lambda o, n=eff[1], s=eff[2]: o[0] == n and o[1] == s)
+                self.session_gone(eff[1], eff[2])
             elif kind == "ng":
-                for key in [k for k in self.last_pseq if k[0] == eff[1]]:
-                    del self.last_pseq[key]
-                self._owners_gone(lambda o, n=eff[1]: o[0] == n)
+                self.node_gone(eff[1])
             elif kind == "pur":
-                self.ready.clear()
-                self.ready_bytes = 0
+                self.purge()
             elif kind == "fo":
                 self.failover(eff[1])
             else:

@@ -29,7 +29,6 @@ class MirrorTrack:
     start_id: int  # the leader's view of the mirror's start id (see module doc)
     acked: int  # highest batch seq the mirror acknowledged
     synced: bool = False
-    since: float = 0.0  # when it was added (caller's clock), for "the oldest mirror"
     synced_upto: int = 0  # the highest old id an earlier (cancelled) sync already gave it
 
 
@@ -41,9 +40,10 @@ class LeaderReplication:
         self.mirrors: dict[str, MirrorTrack] = {}
         self.pending: deque[tuple[int, dict]] = deque()  # (seq, {session key: pseq})
 
-    def add(self, node: str, start_id: int, now: float = 0.0) -> MirrorTrack:
-        """A mirror starts following from the next batch: earlier batches do not wait for it."""
-        track = MirrorTrack(node, start_id, self.seq, False, now)
+    def add(self, node: str, start_id: int) -> MirrorTrack:
+        """A mirror starts following from the next batch: earlier batches do not wait for it.
+        ("The oldest mirror" is the metadata's mirror order, not kept here.)"""
+        track = MirrorTrack(node, start_id, self.seq, False)
         self.mirrors[node] = track
         return track
 

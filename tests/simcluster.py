@@ -53,7 +53,10 @@ class SimCluster:
         return node
 
     async def start_node(self, name: str) -> Node:
-        node = self._new_node(name)
+        return await self._launch(name, self._new_node(name))
+
+    async def _launch(self, name: str, node: Node) -> Node:
+        """Run `node` in its own cancel scope in the test's nursery (so it can be killed)."""
         scope = trio.CancelScope()
 
         async def runner(task_status=trio.TASK_STATUS_IGNORED):
@@ -116,15 +119,7 @@ class SimCluster:
                 if q["leader"] == name and (not q["durable"] or q["exclusive"]):
                     del md.queues[q["name"]]
             node.md = md
-        scope = trio.CancelScope()
-
-        async def runner(task_status=trio.TASK_STATUS_IGNORED):
-            await self._run_node(name, node, scope, task_status)
-
-        self.nodes[name] = node
-        self.scopes[name] = scope
-        await self.nursery.start(runner)
-        return node
+        return await self._launch(name, node)
 
     @asynccontextmanager
     async def connect(self, name: str, **kw):
