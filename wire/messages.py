@@ -349,3 +349,58 @@ class CtlReply:
     ok: bool
     value: Any
     error: str
+
+
+# --- the metadata log (Raft, mirroring/raft.py) -------------------------------------------
+
+
+@message("raft.vote")
+class RaftVote:
+    """Ask for a vote in `term` (pre: only ask whether a vote would be granted; transfer: the
+    leader handed over, so do not ignore it for having heard from that leader lately)."""
+    term: int
+    last_index: int
+    last_term: int
+    pre: bool
+    transfer: bool
+
+
+@message("raft.vote.reply")
+class RaftVoteReply:
+    term: int
+    granted: bool
+    pre: bool
+
+
+@message("raft.append")
+class RaftAppend:
+    """Entries [[term, change], ...] following prev_index; an empty list is a heartbeat."""
+    term: int
+    prev_index: int
+    prev_term: int
+    entries: list
+    commit: int
+
+
+@message("raft.append.reply")
+class RaftAppendReply:
+    """ok: the follower's log matches up to `index`. Not ok: retry from `index`."""
+    term: int
+    ok: bool
+    index: int
+
+
+@message("raft.snapshot")
+class RaftSnapshot:
+    """The leader's compacted state up to `index` (a follower too far behind takes it whole)."""
+    term: int
+    index: int
+    last_term: int
+    config: list[str]
+    data: dict
+
+
+@message("raft.timeout_now")
+class RaftTimeoutNow:
+    """Leadership transfer: start an election at once."""
+    term: int
