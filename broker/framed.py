@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import math
 
-import msgpack
 import trio
 from trio.testing import wait_all_tasks_blocked
 
 from wire.errors import UNEXPECTED_FRAME, FrameError, ProtocolError
 from wire.frames import DEFAULT_MAX_FRAME, HEADER, FrameDecoder
-from wire.schema import decode, to_wire
+from wire.schema import decode_bytes, encode
 
 READ_SIZE = 256 * 1024
 
@@ -25,7 +24,7 @@ READ_SIZE = 256 * 1024
 class FramedStream:
     def __init__(self, stream: trio.abc.Stream, max_frame: int = DEFAULT_MAX_FRAME):
         self.stream = stream
-        self.decoder = FrameDecoder(max_frame)
+        self.decoder = FrameDecoder(max_frame, decode_bytes)
         self.max_frame = max_frame
         self._pending: list = []
 
@@ -43,9 +42,13 @@ class FramedStream:
             if not data:
                 self.decoder.check_eof()
                 return []
-            values = self.decoder.feed(data)
-            if values:
-                return [decode(v, allowed) for v in values]
+            msgs = self.decoder.feed(data)
+            if msgs:
+                if allowed is not None:
+                    for msg in msgs:
+                        if msg.KIND not in allowed:
+                            raise ProtocolError(UNEXPECTED_FRAME, f"message {msg.KIND!r} is not allowed here")
+                return msgs
 
     async def receive(self, allowed: frozenset[str] | None = None):
         """One message, or None at end of stream."""
@@ -68,13 +71,10 @@ class FramedStream:
         await self.stream.send_all(encode_many(msgs, self.max_frame))
 
 
-_pack = msgpack.Packer(use_bin_type=True).pack
-
-
 def encode_many(msgs, max_frame: int) -> bytes:
     parts = []
     for m in msgs:
-        body = _pack(to_wire(m))
+        body = encode(m)
         if len(body) > max_frame:
             raise FrameError(f"outgoing {m.KIND!r} frame of {len(body)} bytes exceeds the maximum frame size {max_frame}")
         parts.append(HEADER.pack(len(body)))

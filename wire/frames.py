@@ -1,8 +1,9 @@
 """Framing: a 4-byte big-endian length, then exactly one msgpack value.
 
 `encode_frame` turns a value into bytes; `FrameDecoder` is a sans-IO buffer that is fed
-received bytes and hands back whole decoded values. Both enforce the maximum frame size, so a
-peer can never make us buffer more than one maximum frame.
+received bytes and hands back whole decoded values (generic msgpack values by default, typed
+messages when given `wire.schema.decode_bytes`). Both enforce the maximum frame size, so a peer
+can never make us buffer more than one maximum frame.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def encoded_size(value) -> int:
 class FrameDecoder:
     """Feed bytes in, take decoded msgpack values out."""
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME):
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, decode=None):
         self.max_frame = max_frame
         self._buf = bytearray()
+        self._decode = decode  # frame body bytes -> value; None: generic msgpack
 
     def feed(self, data: bytes) -> list:
         """Add received bytes; return every complete value now available (maybe none)."""
@@ -58,12 +60,19 @@ class FrameDecoder:
             end = pos + 4 + length
             if end > n:
                 break
-            try:
-                value = msgpack.unpackb(
-                    memoryview(buf)[pos + 4 : end], raw=False, strict_map_key=False
-                )
-            except Exception as exc:  # msgpack raises several types for garbage
-                raise FrameError(f"frame body is not valid msgpack ({type(exc).__name__}: {exc})")
+            body = memoryview(buf)[pos + 4 : end]
+            if self._decode is not None:
+                try:
+                    value = self._decode(body)
+                finally:
+                    body.release()
+            else:
+                try:
+                    value = msgpack.unpackb(body, raw=False, strict_map_key=False)
+                except Exception as exc:  # msgpack raises several types for garbage
+                    raise FrameError(f"frame body is not valid msgpack ({type(exc).__name__}: {exc})")
+                finally:
+                    body.release()
             out.append(value)
             pos = end
         if pos:

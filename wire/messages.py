@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schema import message
+from .schema import Message, register
 
 PROTOCOL_VERSION = 1
 
 # --- handshake (both ports) ---------------------------------------------------------------
 
 
-@message("hello")
-class Hello:
+@register
+class Hello(Message, tag="hello"):
     """Server -> connecting side, first frame on either port."""
     version: int
     node: str
@@ -26,24 +26,24 @@ class Hello:
     max_frame: int
 
 
-@message("client.auth")
-class ClientAuth:
+@register
+class ClientAuth(Message, tag="client.auth"):
     version: int
     user: str
     password: str
     client_name: str
 
 
-@message("welcome")
-class Welcome:
+@register
+class Welcome(Message, tag="welcome"):
     """Server accepted a client."""
     node: str
     cluster: str
     max_frame: int
 
 
-@message("peer.auth")
-class PeerAuth:
+@register
+class PeerAuth(Message, tag="peer.auth"):
     """A node (role "peer") or warrenctl (role "ctl") proves the cluster secret."""
     version: int
     node: str
@@ -52,15 +52,15 @@ class PeerAuth:
     nonce: bytes
 
 
-@message("peer.welcome")
-class PeerWelcome:
+@register
+class PeerWelcome(Message, tag="peer.welcome"):
     """The accepting node proves the secret back, so both sides are authenticated."""
     node: str
     proof: bytes
 
 
-@message("error")
-class Error:
+@register
+class Error(Message, tag="error"):
     """Connection-level error; the sender closes the connection after it."""
     code: int
     text: str
@@ -69,14 +69,14 @@ class Error:
 # --- client protocol --------------------------------------------------------------------
 
 
-@message("reply")
-class Reply:
+@register
+class Reply(Message, tag="reply"):
     rid: int
     value: Any
 
 
-@message("fail")
-class Fail:
+@register
+class Fail(Message, tag="fail"):
     """A request failed. If ch != 0 the channel is closed, like an AMQP channel exception."""
     rid: int
     ch: int
@@ -84,28 +84,28 @@ class Fail:
     text: str
 
 
-@message("channel.open")
-class ChannelOpen:
+@register
+class ChannelOpen(Message, tag="channel.open"):
     rid: int
     ch: int
 
 
-@message("channel.close")
-class ChannelClose:
+@register
+class ChannelClose(Message, tag="channel.close"):
     rid: int
     ch: int
 
 
-@message("channel.closed")
-class ChannelClosed:
+@register
+class ChannelClosed(Message, tag="channel.closed"):
     """Server closed a channel on its own (e.g. an ack for an unknown delivery tag)."""
     ch: int
     code: int
     text: str
 
 
-@message("queue.declare")
-class QueueDeclare:
+@register
+class QueueDeclare(Message, tag="queue.declare"):
     rid: int
     ch: int
     queue: str
@@ -116,8 +116,8 @@ class QueueDeclare:
     arguments: dict
 
 
-@message("queue.delete")
-class QueueDelete:
+@register
+class QueueDelete(Message, tag="queue.delete"):
     rid: int
     ch: int
     queue: str
@@ -125,49 +125,49 @@ class QueueDelete:
     if_empty: bool
 
 
-@message("queue.purge")
-class QueuePurge:
+@register
+class QueuePurge(Message, tag="queue.purge"):
     rid: int
     ch: int
     queue: str
 
 
-@message("basic.qos")
-class BasicQos:
+@register
+class BasicQos(Message, tag="basic.qos"):
     rid: int
     ch: int
     prefetch_count: int
     global_qos: bool
 
 
-@message("confirm.select")
-class ConfirmSelect:
+@register
+class ConfirmSelect(Message, tag="confirm.select"):
     rid: int
     ch: int
 
 
-@message("tx.select")
-class TxSelect:
+@register
+class TxSelect(Message, tag="tx.select"):
     """Put the channel in transaction mode: publishes and acks wait for tx.commit."""
     rid: int
     ch: int
 
 
-@message("tx.commit")
-class TxCommit:
+@register
+class TxCommit(Message, tag="tx.commit"):
     """Apply the channel's pending publishes and acks; answered once every mirror has them."""
     rid: int
     ch: int
 
 
-@message("tx.rollback")
-class TxRollback:
+@register
+class TxRollback(Message, tag="tx.rollback"):
     rid: int
     ch: int
 
 
-@message("publish")
-class Publish:
+@register
+class Publish(Message, tag="publish"):
     """A batch of messages for one queue (the default exchange: routing key = queue name).
 
     props is nil or an array parallel to bodies whose items are nil or a properties map."""
@@ -177,8 +177,8 @@ class Publish:
     props: list | None
 
 
-@message("confirm")
-class Confirm:
+@register
+class Confirm(Message, tag="confirm"):
     """Publisher confirms for channel ch: inclusive [first, last] sequence-number ranges."""
     ch: int
     acks: list[list[int]]
@@ -186,8 +186,8 @@ class Confirm:
     reason: str
 
 
-@message("basic.consume")
-class BasicConsume:
+@register
+class BasicConsume(Message, tag="basic.consume"):
     rid: int
     ch: int
     queue: str
@@ -197,23 +197,23 @@ class BasicConsume:
     arguments: dict
 
 
-@message("basic.cancel")
-class BasicCancel:
+@register
+class BasicCancel(Message, tag="basic.cancel"):
     rid: int
     ch: int
     consumer_tag: str
 
 
-@message("cancelled")
-class Cancelled:
+@register
+class Cancelled(Message, tag="cancelled"):
     """The server cancelled a consumer (its queue was deleted, its node went down, failover)."""
     ch: int
     consumer_tag: str
     reason: str
 
 
-@message("deliver")
-class Deliver:
+@register
+class Deliver(Message, tag="deliver"):
     """Deliveries for one consumer: delivery tags first_tag, first_tag+1, ...
 
     redelivered lists the indexes (into bodies) whose redelivered flag is set."""
@@ -225,24 +225,24 @@ class Deliver:
     props: list | None
 
 
-@message("basic.get")
-class BasicGet:
+@register
+class BasicGet(Message, tag="basic.get"):
     rid: int
     ch: int
     queue: str
     no_ack: bool
 
 
-@message("ack")
-class Ack:
+@register
+class Ack(Message, tag="ack"):
     """Acknowledge the listed delivery tags, and every tag <= multiple_upto when it is > 0."""
     ch: int
     tags: list[int]
     multiple_upto: int
 
 
-@message("nack")
-class Nack:
+@register
+class Nack(Message, tag="nack"):
     """Negatively acknowledge (reject) the listed tags and, if multiple_upto > 0, all up to it."""
     ch: int
     tags: list[int]
@@ -250,8 +250,8 @@ class Nack:
     requeue: bool
 
 
-@message("connection.close")
-class ConnectionClose:
+@register
+class ConnectionClose(Message, tag="connection.close"):
     """The client says goodbye; the server answers with Reply(rid) and closes."""
     rid: int
 
@@ -259,41 +259,41 @@ class ConnectionClose:
 # --- peer protocol ------------------------------------------------------------------------
 
 
-@message("tick")
-class Tick:
+@register
+class Tick(Message, tag="tick"):
     """Heartbeat; any frame counts as a sign of life, ticks only fill silence."""
 
 
-@message("meta.propose")
-class MetaPropose:
+@register
+class MetaPropose(Message, tag="meta.propose"):
     """Ask the coordinator to apply a metadata change; answered with MetaResult."""
     rid: int
     change: list
 
 
-@message("meta.result")
-class MetaResult:
+@register
+class MetaResult(Message, tag="meta.result"):
     rid: int
     ok: bool
     value: Any
     error: str
 
 
-@message("meta.apply")
-class MetaApply:
+@register
+class MetaApply(Message, tag="meta.apply"):
     """The coordinator's ordered change number `version`."""
     version: int
     change: list
 
 
-@message("meta.snapshot")
-class MetaSnapshot:
+@register
+class MetaSnapshot(Message, tag="meta.snapshot"):
     """Full metadata, sent on link-up by the side that has the authoritative copy."""
     state: dict
 
 
-@message("link.hello")
-class LinkHello:
+@register
+class LinkHello(Message, tag="link.hello"):
     """First frame on a fresh peer link: my metadata's authority key, version and digest.
 
     The side with the higher key sends its MetaSnapshot; the other adopts it."""
@@ -302,30 +302,30 @@ class LinkHello:
     digest: str
 
 
-@message("to.queue")
-class ToQueue:
+@register
+class ToQueue(Message, tag="to.queue"):
     """An operation for the replica of `queue` that lives on the receiving node."""
     queue: str
     op: list
 
 
-@message("to.session")
-class ToSession:
+@register
+class ToSession(Message, tag="to.session"):
     """Events (a batch of ops) for client session `sid` on the receiving node."""
     sid: int
     ops: list
 
 
-@message("node.rpc")
-class NodeRpc:
+@register
+class NodeRpc(Message, tag="node.rpc"):
     """A node-to-node request (e.g. declare a queue on its leader's node)."""
     rid: int
     name: str
     args: dict
 
 
-@message("node.rpc.reply")
-class NodeRpcReply:
+@register
+class NodeRpcReply(Message, tag="node.rpc.reply"):
     rid: int
     ok: bool
     value: Any
@@ -336,15 +336,15 @@ class NodeRpcReply:
 # --- control protocol (warrenctl, role "ctl" on the peer port) ----------------------------
 
 
-@message("ctl.command")
-class CtlCommand:
+@register
+class CtlCommand(Message, tag="ctl.command"):
     rid: int
     command: str
     args: dict
 
 
-@message("ctl.reply")
-class CtlReply:
+@register
+class CtlReply(Message, tag="ctl.reply"):
     rid: int
     ok: bool
     value: Any
@@ -354,8 +354,8 @@ class CtlReply:
 # --- the metadata log (Raft, mirroring/raft.py) -------------------------------------------
 
 
-@message("raft.vote")
-class RaftVote:
+@register
+class RaftVote(Message, tag="raft.vote"):
     """Ask for a vote in `term` (pre: only ask whether a vote would be granted; transfer: the
     leader handed over, so do not ignore it for having heard from that leader lately)."""
     term: int
@@ -365,15 +365,15 @@ class RaftVote:
     transfer: bool
 
 
-@message("raft.vote.reply")
-class RaftVoteReply:
+@register
+class RaftVoteReply(Message, tag="raft.vote.reply"):
     term: int
     granted: bool
     pre: bool
 
 
-@message("raft.append")
-class RaftAppend:
+@register
+class RaftAppend(Message, tag="raft.append"):
     """Entries [[term, change], ...] following prev_index; an empty list is a heartbeat."""
     term: int
     prev_index: int
@@ -382,16 +382,16 @@ class RaftAppend:
     commit: int
 
 
-@message("raft.append.reply")
-class RaftAppendReply:
+@register
+class RaftAppendReply(Message, tag="raft.append.reply"):
     """ok: the follower's log matches up to `index`. Not ok: retry from `index`."""
     term: int
     ok: bool
     index: int
 
 
-@message("raft.snapshot")
-class RaftSnapshot:
+@register
+class RaftSnapshot(Message, tag="raft.snapshot"):
     """The leader's compacted state up to `index` (a follower too far behind takes it whole)."""
     term: int
     index: int
@@ -400,7 +400,7 @@ class RaftSnapshot:
     data: dict
 
 
-@message("raft.timeout_now")
-class RaftTimeoutNow:
+@register
+class RaftTimeoutNow(Message, tag="raft.timeout_now"):
     """Leadership transfer: start an election at once."""
     term: int

@@ -1,104 +1,131 @@
-"""Typed message schemas: a class per message kind, checked field by field on decode.
+"""Typed message schemas: a class per message kind, validated in C on decode (msgspec).
 
-A message class is a slotted dataclass registered under a kind string with `@message("kind")`.
-On the wire it is a msgpack array `[kind, field1, field2, ...]` in declaration order, which is
-compact and cheap to build on the hot path. `decode` refuses anything that is not exactly a known
-kind with the right number of fields of the right types, naming the offending field.
+A message class subclasses `Message` with its kind as the tag, `class Hello(Message,
+tag="hello")`, and lists its fields with type annotations. On the wire it is a msgpack array
+`[kind, field1, field2, ...]` in declaration order: compact, and cheap to build on the hot path.
+Decoding refuses anything that is not exactly a known kind with the right number of fields of
+the right types, and the error names the kind and the offending field.
 
-Field annotations may be: int, float, str, bytes, bool, dict, list, Any, `list[T]`, `T | None`.
+msgspec does the work (a well-kept C library: decoding a batch of publishes is about twice as
+fast as msgpack plus a field-by-field check in Python); this module keeps the error messages
+ours.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
+import re
 import typing
-from typing import Any
+
+import msgpack
+import msgspec
 
 from .errors import COMMAND_INVALID, SYNTAX_ERROR, ProtocolError
 
 REGISTRY: dict[str, type] = {}
 
-_NAMES = {int: "integer", float: "float", str: "string", bytes: "binary", bool: "boolean",
-          dict: "map", list: "array"}
+
+class Message(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """Base of every message kind. `KIND` is the tag; `_fields` the field names in order."""
+
+    KIND: typing.ClassVar[str] = ""
+    _fields: typing.ClassVar[tuple] = ()
 
 
-def _checker(tp):
-    """Return (check(value) -> bool, description) for a type annotation."""
-    if tp is Any:
-        return (lambda v: True), "any"
-    if tp is int:
-        return (lambda v: type(v) is int), "integer"
-    if tp is float:
-        return (lambda v: type(v) in (float, int)), "float"
-    if tp is bool:
-        return (lambda v: type(v) is bool), "boolean"
-    if tp in (str, bytes, dict, list):
-        return (lambda v, tp=tp: isinstance(v, tp)), _NAMES[tp]
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (types.UnionType, typing.Union) and type(None) in args:
-        inner = [a for a in args if a is not type(None)]
-        check, desc = _checker(inner[0]) if len(inner) == 1 else _union(inner)
-        return (lambda v: v is None or check(v)), f"{desc} or nil"
-    if origin in (types.UnionType, typing.Union):
-        return _union(args)
-    if origin is list:
-        (item_check, item_desc) = _checker(args[0])
-        return (lambda v: isinstance(v, list) and all(map(item_check, v))), f"array of {item_desc}"
-    raise TypeError(f"unsupported field type {tp!r}")
+def register(cls):
+    """Class decorator: record a Message subclass under its tag."""
+    kind = cls.__struct_config__.tag
+    if not isinstance(kind, str):
+        raise TypeError(f"{cls.__name__} needs a string tag")
+    if kind in REGISTRY:
+        raise ValueError(f"message kind {kind!r} registered twice")
+    cls.KIND = kind
+    cls._fields = cls.__struct_fields__
+    REGISTRY[kind] = cls
+    _decoder.cache_clear()
+    return cls
 
 
-def _union(args):
-    checks = [_checker(a) for a in args]
-    return (lambda v: any(c(v) for c, _ in checks)), " or ".join(d for _, d in checks)
-
-
-def message(kind: str):
-    """Class decorator: make a slotted dataclass and register it under `kind`."""
-
-    def deco(cls):
-        cls = dataclasses.dataclass(slots=True)(cls)
-        hints = typing.get_type_hints(cls)
-        fields = dataclasses.fields(cls)
-        cls.KIND = kind
-        cls._fields = tuple(f.name for f in fields)
-        cls._checks = tuple((f.name, *_checker(hints[f.name])) for f in fields)
-        if kind in REGISTRY:
-            raise ValueError(f"message kind {kind!r} registered twice")
-        REGISTRY[kind] = cls
-        return cls
-
-    return deco
+_encoder = msgspec.msgpack.Encoder()
+encode = _encoder.encode  # a message -> its msgpack bytes
 
 
 def to_wire(msg) -> list:
-    """The msgpack-ready array for a message."""
-    return [msg.KIND, *[getattr(msg, name) for name in msg._fields]]
+    """The msgpack-ready array for a message (for tests and generic code)."""
+    return msgspec.to_builtins(msg, builtin_types=(bytes, bytearray))
 
 
-def decode(value, allowed: frozenset[str] | None = None):
-    """Turn a decoded msgpack value into a message object, or raise ProtocolError.
+class _Decoders:
+    def __init__(self):
+        self._dec = None
+        self._union = None
 
-    `allowed` limits which kinds are acceptable here (e.g. only the handshake reply)."""
+    def cache_clear(self):
+        self._dec = None
+        self._union = None
+
+    def get(self):
+        if self._dec is None:
+            self._union = typing.Union[tuple(REGISTRY.values())]  # noqa: UP007
+            self._dec = msgspec.msgpack.Decoder(self._union)
+        return self._dec, self._union
+
+
+_decoder = _Decoders()
+
+_AT = re.compile(r"- at `\$\[(\d+)\]")
+
+
+def _explain(err: Exception, value) -> ProtocolError:
+    """Turn msgspec's validation error into ours, naming the kind and the field."""
+    text = str(err)
     if not isinstance(value, list) or not value or not isinstance(value[0], str):
-        raise ProtocolError(SYNTAX_ERROR, "a message must be an array starting with its kind (a string)")
+        return ProtocolError(SYNTAX_ERROR, "a message must be an array starting with its kind (a string)")
     kind = value[0]
     cls = REGISTRY.get(kind)
     if cls is None:
-        raise ProtocolError(COMMAND_INVALID, f"unknown message kind {kind[:64]!r}")
-    if allowed is not None and kind not in allowed:
-        if kind == "error" and len(value) == 3:
-            raise ProtocolError(value[1] if type(value[1]) is int else COMMAND_INVALID, str(value[2]))
-        raise ProtocolError(COMMAND_INVALID, f"message {kind!r} is not allowed here")
-    checks = cls._checks
-    if len(value) - 1 != len(checks):
-        raise ProtocolError(
-            SYNTAX_ERROR, f"message {kind!r} needs {len(checks)} fields, got {len(value) - 1}"
-        )
-    for (name, check, desc), v in zip(checks, value[1:]):
-        if not check(v):
-            raise ProtocolError(
-                SYNTAX_ERROR, f"message {kind!r}: field {name!r} must be {desc}, got {type(v).__name__}"
-            )
-    return cls(*value[1:])
+        return ProtocolError(COMMAND_INVALID, f"unknown message kind {kind[:64]!r}")
+    if len(value) - 1 != len(cls._fields):
+        return ProtocolError(SYNTAX_ERROR,
+                             f"message {kind!r} needs {len(cls._fields)} fields, got {len(value) - 1}")
+    where = _AT.search(text)
+    if where and 1 <= int(where.group(1)) <= len(cls._fields):
+        name = cls._fields[int(where.group(1)) - 1]
+        detail = text[:where.start()].strip().rstrip("-").strip()
+        return ProtocolError(SYNTAX_ERROR, f"message {kind!r}: field {name!r}: {detail}")
+    return ProtocolError(SYNTAX_ERROR, f"message {kind!r}: {text}")
+
+
+def _check_allowed(msg, allowed):
+    if allowed is not None and msg.KIND not in allowed:
+        if msg.KIND == "error":
+            raise ProtocolError(msg.code, msg.text)
+        raise ProtocolError(COMMAND_INVALID, f"message {msg.KIND!r} is not allowed here")
+    return msg
+
+
+def decode_bytes(data, allowed: frozenset[str] | None = None):
+    """One frame body (msgpack bytes) -> a message object, or ProtocolError."""
+    dec, _ = _decoder.get()
+    try:
+        msg = dec.decode(data)
+    except msgspec.ValidationError as exc:
+        try:
+            value = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception:  # noqa: BLE001 - the frame layer has already checked it decodes
+            value = None
+        raise _explain(exc, value) from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(SYNTAX_ERROR, f"frame body is not valid msgpack ({exc})") from None
+    return _check_allowed(msg, allowed)
+
+
+def decode(value, allowed: frozenset[str] | None = None):
+    """A decoded msgpack value -> a message object, or ProtocolError (tests, generic code).
+
+    `allowed` limits which kinds are acceptable here (e.g. only the handshake reply)."""
+    _, union = _decoder.get()
+    try:
+        msg = msgspec.convert(value, union)
+    except msgspec.ValidationError as exc:
+        raise _explain(exc, value) from None
+    return _check_allowed(msg, allowed)
