@@ -1,18 +1,18 @@
-"""Cluster metadata: members, queue definitions, policies, and which members are down.
+"""Cluster metadata: members, queue definitions, policies, and which members are up or down.
 
-Every node holds a copy. Changes are proposed to the coordinator, which applies them here with
-the next version number and broadcasts them; every node applies the same changes in the same
-order. A node that (re)joins or loses track takes a full snapshot instead.
+Every node holds a copy: the state machine of the metadata log (mirroring/raft.py). A change is
+committed to the log by a majority of the members and then applied here, on every node, in the
+log's order; a node far behind takes a snapshot instead. The version counts applied changes.
 
 A change is a list `[kind, ...args]` so it crosses the wire as it is. `apply` validates and
 raises MetaError with an AMQP-style code, leaving the state untouched, when it is refused.
 Decisions that depend on which nodes are running (placing mirrors, promoting one) are made by
-the coordinator only (mirroring/planner.py) and travel inside the change as explicit
+the log's leader only (mirroring/planner.py) and travel inside the change as explicit
 `updates` ([[queue, fields or None], ...]), so applying a change never depends on who applies it.
 
-Who wins when two copies disagree on link-up (`authority_key`): a node that has just booted
-always yields; otherwise the side that sees more running nodes wins; on a tie the side whose
-most senior running member joined first wins; then the higher version.
+Members are `up` with an *incarnation* (a new number every time a node's app starts) or `down`
+("failure" or "shutdown"). A node that restarts comes back as a new incarnation: whatever its
+replicas held is gone, and the log says so before anything counts on them again.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class Metadata:
         self.members: dict[str, dict] = {}  # name -> {"peer": [h, p], "client": [h, p]}, join order
         self.queues: dict[str, dict] = {}
         self.policies: dict[str, dict] = {}
-        self.down: dict[str, str] = {}  # member -> "failure" | "shutdown", as the coordinator saw it
+        self.down: dict[str, str] = {}  # member -> "failure" | "shutdown"
+        self.up: dict[str, int] = {}  # member -> incarnation, for members recorded running
 
     # --- snapshots -------------------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -58,6 +59,7 @@ class Metadata:
             "queues": copy.deepcopy(self.queues),
             "policies": copy.deepcopy(self.policies),
             "down": dict(self.down),
+            "up": dict(self.up),
         }
 
     @classmethod
@@ -68,6 +70,7 @@ class Metadata:
         md.queues = copy.deepcopy(snap["queues"])
         md.policies = copy.deepcopy(snap.get("policies", {}))
         md.down = dict(snap.get("down", {}))
+        md.up = dict(snap.get("up", {}))
         return md
 
     def digest(self) -> str:
@@ -81,13 +84,6 @@ class Metadata:
             if name == node:
                 return i
         return len(self.members) + 1
-
-    def coordinator(self, running: set[str]) -> str | None:
-        """The most senior running member orders metadata changes."""
-        for name in self.members:
-            if name in running:
-                return name
-        return None
 
     def queues_led_by(self, node: str) -> list[dict]:
         return [q for q in self.queues.values() if q["leader"] == node]
@@ -103,6 +99,9 @@ class Metadata:
         self.version += 1
         return value
 
+    def _c_noop(self):
+        return None
+
     def _c_member_add(self, name: str, peer: list, client: list):
         self.members[name] = {"peer": list(peer), "client": list(client)}
         if not self.cluster_name:
@@ -114,6 +113,7 @@ class Metadata:
             raise MetaError(NOT_FOUND, f"node {name!r} is not a member of the cluster")
         del self.members[name]
         self.down.pop(name, None)
+        self.up.pop(name, None)
         for qname in [q["name"] for q in self.queues_led_by(name)]:
             del self.queues[qname]
         for q in self.queues.values():
@@ -162,15 +162,19 @@ class Metadata:
     def _c_queues_update(self, updates: list):
         return self._apply_updates(updates)
 
-    def _c_node_down(self, node: str, kind: str = "failure", updates: list = ()):
-        """A member went down (kind "failure" or "shutdown"); `updates` are the coordinator's
-        promotions, deletions of non-durable queues and new mirror placements."""
-        if node in self.members:
+    def _c_node_down(self, node: str, incarnation: int, kind: str = "failure", updates: list = ()):
+        """Incarnation `incarnation` of a member went down (kind "failure" or "shutdown");
+        `updates` are the planner's promotions, deletions of non-durable queues and new mirror
+        placements."""
+        if node in self.members and self.up.get(node) == incarnation:
+            del self.up[node]
             self.down[node] = kind
         return self._apply_updates(list(updates))
 
-    def _c_node_up(self, node: str, updates: list = ()):
-        self.down.pop(node, None)
+    def _c_node_up(self, node: str, incarnation: int, updates: list = ()):
+        if node in self.members:
+            self.down.pop(node, None)
+            self.up[node] = incarnation
         return self._apply_updates(list(updates))
 
     def _c_policy_set(self, record: dict, updates: list = ()):
@@ -210,9 +214,3 @@ def check_equivalent(existing: dict, wanted: dict) -> None:
                 f"received {_fmt(new_args.get(key, 'none'))!r} but current is "
                 f"{_fmt(old_args.get(key, 'none'))!r}",
             )
-
-
-def authority_key(md: Metadata, booting: bool, running: list[str]) -> tuple:
-    """Compare two nodes' keys on link-up: the higher key's metadata wins (see module doc)."""
-    senior = min((md.seniority(n) for n in running), default=len(md.members) + 1)
-    return (not booting, len(running), -senior, md.version)

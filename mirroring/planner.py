@@ -1,8 +1,8 @@
-"""Where every queue's replicas should be: the coordinator's decisions, as pure functions.
+"""Where every queue's replicas should be: the metadata log leader's decisions, as pure functions.
 
-The coordinator (the most senior running node, see broker/node.py) calls these with the
-cluster metadata and the set of running nodes, and turns the result into one metadata change
-that every node then applies in the same order. Nothing here reads a clock or does I/O.
+The leader of the metadata log (broker/cluster.py) turns every proposal into the concrete
+change(s) to commit with `plan_change`, given the metadata and the set of running nodes; every
+node then applies the same changes in the same order. Nothing here reads a clock or does I/O.
 
 A queue definition carries its replicas:
   leader   the node of the leader replica
@@ -22,6 +22,12 @@ Rules (the spec's, section by section, in mirroring/policy.py's terms):
   (new epoch: its mirrors start again from the new, empty leader replica).
 * a policy changes, or a mirror becomes synchronised: mirrors re-placed, and a `nodes` policy
   that no longer lists the leader hands over to a synchronised listed mirror.
+* a leader asks to drop a mirror (it lost touch with it, or the mirror lost track): the mirror
+  leaves the list, and is placed again (as a new, empty mirror) only by a later change, so its
+  leader sees it go and releases what waited for it.
+* a new epoch starts with no synchronised mirror: the new leader reports which of them resumed
+  with everything, and only that report makes them synchronised again.
+* a member is forgotten: queues it led move to their oldest mirror, or are deleted.
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ def plan(md, running: set[str], *, policies: dict | None = None, down: str | Non
             if new is not None:
                 mirrors.remove(new)
                 leader, epoch = new, epoch + 1
-                in_sync = [m for m in in_sync if m != new]
+                in_sync = []
             elif not q["durable"] or q.get("exclusive"):
                 updates.append([name, None])
                 continue
@@ -113,7 +119,7 @@ def plan(md, running: set[str], *, policies: dict | None = None, down: str | Non
             if new is not None:
                 mirrors.remove(new)
                 leader, epoch = new, epoch + 1
-                in_sync = [m for m in in_sync if m != new]
+                in_sync = []
                 mirrors = place_mirrors(ha, leader, mirrors, members, running, load)
         in_sync = [m for m in in_sync if m in mirrors]
         fields = {"leader": leader, "mirrors": mirrors, "synced": in_sync, "epoch": epoch}
@@ -122,3 +128,99 @@ def plan(md, running: set[str], *, policies: dict | None = None, down: str | Non
                 load[n] = load.get(n, 0) + 1
             updates.append([name, fields])
     return updates
+
+
+def plan_drop_mirror(md, name: str, epoch: int, node: str, running: set[str]) -> list:
+    """A leader asks to drop its mirror on `node`: the updates, or [] if that is stale."""
+    q = md.queues.get(name)
+    if q is None or q.get("epoch", 1) != epoch or node not in q.get("mirrors", ()):
+        return []
+    ha = ha_for(md.policies, q)
+    mirrors = [n for n in q["mirrors"] if n != node]
+    # not placed again in this change (see the module rules); `exactly` may replace it elsewhere
+    mirrors = place_mirrors(ha, q["leader"], mirrors, list(md.members), running - {node},
+                            replica_load(md.queues))
+    synced = [n for n in q.get("synced", ()) if n in mirrors]
+    return [[name, {"mirrors": mirrors, "synced": synced}]]
+
+
+def plan_forget(md, node: str) -> list:
+    """A member is forgotten: each queue it led moves to its oldest mirror, or is deleted."""
+    updates = []
+    for name, q in md.queues.items():
+        mirrors = [n for n in q.get("mirrors", ()) if n != node]
+        if q["leader"] == node:
+            if mirrors:
+                updates.append([name, {"leader": mirrors[0], "mirrors": mirrors[1:], "synced": [],
+                                       "epoch": q.get("epoch", 1) + 1}])
+            else:
+                updates.append([name, None])
+        elif node in q.get("mirrors", ()):
+            updates.append([name, {"mirrors": mirrors,
+                                   "synced": [n for n in q.get("synced", ()) if n != node]}])
+    return updates
+
+
+def plan_change(md, change: list, running: set[str]) -> list[tuple[list, object]]:
+    """Turn a proposal into the concrete change(s) to commit, applying each to `md` as it goes
+    (so pass a copy: the log's leader plans on a copy of its metadata, commits the changes, and
+    every node then applies them to its own). Returns [(change, result of applying it), ...];
+    [] when there is nothing to do. Raises MetaError (md untouched) when the change is refused.
+
+    `running` is the set of members that are running as far as the leader can tell (it links
+    to them, and the log records them up).
+    """
+    out: list[tuple[list, object]] = []
+
+    def commit(concrete: list) -> None:
+        out.append((concrete, md.apply(concrete)))
+
+    kind = change[0]
+    live = running - set(md.down)
+    if kind == "queue.declare":
+        qdef = change[1]
+        commit(["queue.declare", plan_declare(md, qdef, sorted(running),
+                                              qdef.get("locator") or "client-local")])
+    elif kind == "node.down":
+        _, node, inc, how = change
+        if md.up.get(node) == inc:  # else: already down, or that incarnation is gone
+            commit(["node.down", node, inc, how,
+                    plan(md, running - {node}, down=node, shutdown=how == "shutdown")])
+    elif kind == "node.up":
+        _, node, inc = change
+        if node in md.members and md.up.get(node) != inc:
+            if node in md.up:
+                # it restarted without the log noticing it go: its old incarnation goes first
+                commit(["node.down", node, md.up[node], "failure",
+                        plan(md, running - {node}, down=node)])
+            commit(["node.up", node, inc, plan(md, running | {node}, up=node)])
+    elif kind == "member.remove":
+        node = change[1]
+        if node in md.members:
+            commit(["queues.update", plan_forget(md, node)])
+            commit(["member.remove", node])
+    elif kind == "policy.set":
+        policies = {**md.policies, change[1]["name"]: change[1]}
+        commit(["policy.set", change[1], plan(md, live, policies=policies)])
+    elif kind == "policy.clear":
+        policies = {k: v for k, v in md.policies.items() if k != change[1]}
+        commit(["policy.clear", change[1], plan(md, live, policies=policies)])
+    elif kind == "replan":
+        updates = plan(md, live)
+        if updates:
+            commit(["queues.update", updates])
+    elif kind == "queue.synced":
+        _, qname, epoch, synced = change
+        q = md.queues.get(qname)
+        if q is not None and q.get("epoch") == epoch:
+            updates = plan(md, live, synced=(qname, epoch, synced))
+            if updates:
+                commit(["queues.update", updates])
+    elif kind == "queue.drop_mirror":
+        _, qname, epoch, node = change
+        updates = plan_drop_mirror(md, qname, epoch, node, live)
+        if updates:
+            commit(["queues.update", updates])
+    else:
+        commit(change)
+    return out

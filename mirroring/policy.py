@@ -20,6 +20,8 @@ this file; the broker only carries the answers out):
   new ones at the end (they are the youngest). The leader is never one of its own mirrors. A new
   mirror only goes to a running member; an existing mirror on a node that is not running (or no
   longer a member) is dropped.
+* `ha-sync-mode` "background" is warren's own (RabbitMQ has no such value): like "automatic",
+  a new mirror is synchronised at once, but the queue keeps serving while it happens.
 * Promotion: the oldest running mirror allowed by the two promote keys wins. Unsynchronised
   mirrors are allowed only if `ha-promote-on-failure` is "always" and, on a controlled
   shutdown, also `ha-promote-on-shutdown` is "always".
@@ -44,7 +46,7 @@ class PolicyError(ProtocolError):
 
 
 HA_MODES = ("all", "exactly", "nodes")
-SYNC_MODES = ("manual", "automatic")
+SYNC_MODES = ("manual", "automatic", "background")
 PROMOTE_VALUES = ("always", "when-synced")
 LOCATORS = ("client-local", "balanced")
 LOCATOR_ALIASES = {"min-masters": "balanced"}
@@ -186,7 +188,7 @@ class HA:
 
     mode: str | None = None  # None (not mirrored), "all", "exactly", "nodes"
     params: object = None  # exactly: the replica count; nodes: a tuple of node names
-    sync_mode: str = "manual"
+    sync_mode: str = "manual"  # "manual", "automatic" or "background" (automatic, not blocking)
     sync_batch_size: int | None = None  # None: the node's mirroring_sync_batch_size
     promote_on_failure: str = "always"
     promote_on_shutdown: str = "when-synced"

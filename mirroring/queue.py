@@ -14,16 +14,13 @@ A message is the tuple (id, body, props, redelivered): tuples keep the per-messa
 
 Replication (the leader side): when `effects` is a list, every public method that changes the
 state appends one *effect* describing what it did, so a mirror can apply the same change with
-`apply_effects`. Effects are plain lists (they cross the wire as they are), one per call, never
-one per message:
+`apply_effects`. Effects are the typed records of wire/messages.py (EEnqueue, EDeliver, EGet,
+ESettle, EConsume, ECancel, EOwnerGone, ESessionGone, ENodeGone, EPurge, EFailover): one per
+call, never one per message.
 
-  ["enq", first_id, bodies, props, origin, pseq]   publish (origin [node, sid] or None)
-  ["dlv", [[owner, tag, ids], ...]]                 one dispatch() round
-  ["get", owner, id, no_ack]
-  ["ack" | "req" | "dis", owner, ids]               settle: ack, requeue, discard
-  ["con", owner, tag, no_ack, prefetch, exclusive, arguments]   ["can", owner, tag]
-  ["og", owner]   ["sg", node, sid]   ["ng", node]  a channel, a session, a node went away
-  ["pur"]         ["fo", old_leader]                purge; failover (see `failover`)
+Redelivery: a message is delivered with `redelivered` set when it was requeued, or when its id is
+below `redeliver_below` (set on a failover: the old leader may have delivered any message the new
+leader holds, and it cannot know which).
 
 A mirror that started late (unsynchronised) lacks the queue's older messages: it keeps an
 unacknowledged entry with no message (`None`) for deliveries it never had, so consumer credit
@@ -40,6 +37,8 @@ from heapq import merge
 from operator import itemgetter
 
 from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
+from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, EEnqueue, EFailover,
+                           EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
 
 _msg_id = itemgetter(0)
 MAX_DISPATCH = 2048  # messages handed out per dispatch() call, so one queue cannot hog the loop
@@ -74,6 +73,7 @@ class QueueState:
         self.ready_bytes = 0
         self.had_consumer = False
         self.last_pseq: dict[tuple, int] = {}  # (node, sid) -> last publish batch applied
+        self.redeliver_below = 0  # ids below this are delivered as redelivered (see above)
         self.effects: list | None = None  # a list while mirrors need our effects
 
     def seen(self, origin, pseq: int) -> bool:
@@ -101,9 +101,10 @@ class QueueState:
         publishing session's batch so a resend after a failover is recognised (`seen`)."""
         first = self.next_id
         if origin is not None:
-            self.last_pseq[(origin[0], origin[1])] = pseq
+            origin = (origin[0], origin[1])
+            self.last_pseq[origin] = pseq
         if self.effects is not None:
-            self.effects.append(["enq", first, bodies, props, origin, pseq])
+            self.effects.append(EEnqueue(first, bodies, props, origin, pseq))
         n = len(bodies)
         if props is None:
             self.ready.extend(zip(range(first, first + n), bodies, [None] * n, [False] * n))
@@ -115,7 +116,7 @@ class QueueState:
 
     def purge(self) -> int:
         if self.effects is not None:
-            self.effects.append(["pur"])
+            self.effects.append(EPurge())
         n = len(self.ready)
         self.ready.clear()
         self.ready_bytes = 0
@@ -132,7 +133,7 @@ class QueueState:
                                 f"queue '{self.name}' in vhost '/' in exclusive use")
         c = Consumer(owner, tag, no_ack, prefetch, exclusive, arguments or {})
         if self.effects is not None:
-            self.effects.append(["con", owner, tag, no_ack, prefetch, exclusive, c.arguments])
+            self.effects.append(EConsume(owner, tag, no_ack, prefetch, exclusive, c.arguments))
         self.consumers[key] = c
         self.had_consumer = True
         return c
@@ -142,7 +143,7 @@ class QueueState:
         c = self.consumers.pop((owner, tag), None)
         if c is not None:
             if self.effects is not None:
-                self.effects.append(["can", owner, tag])
+                self.effects.append(ECancel(owner, tag))
             for mid, (o, key, msg) in self.unacked.items():
                 if key == (owner, tag):
                     self.unacked[mid] = (o, None, msg)
@@ -151,7 +152,7 @@ class QueueState:
     def owner_gone(self, owner: tuple) -> int:
         """A channel closed: drop its consumers and requeue everything it had not acked."""
         if self.effects is not None:
-            self.effects.append(["og", owner])
+            self.effects.append(EOwnerGone(owner))
         return self._owner_gone(owner)
 
     def _owner_gone(self, owner: tuple) -> int:
@@ -169,26 +170,32 @@ class QueueState:
     def session_gone(self, node: str, sid: int) -> int:
         """A client connection closed: all its channels are gone."""
         if self.effects is not None:
-            self.effects.append(["sg", node, sid])
+            self.effects.append(ESessionGone(node, sid))
         self.last_pseq.pop((node, sid), None)
         return self._owners_gone(lambda o: o[0] == node and o[1] == sid)
 
-    def node_gone(self, node: str) -> int:
-        """A node went down: every session on it is gone."""
+    def node_gone(self, node: str, forget_publishers: bool = True) -> int:
+        """Every session on `node` is gone (the node went down, or the leader lost its link to
+        it). With `forget_publishers` (the node is down for good: its sessions never come back)
+        their publish de-duplication marks go too; a link that may come back keeps them, so
+        the sessions' resends are still recognised."""
         if self.effects is not None:
-            self.effects.append(["ng", node])
-        for key in [k for k in self.last_pseq if k[0] == node]:
-            del self.last_pseq[key]
+            self.effects.append(ENodeGone(node, forget_publishers))
+        if forget_publishers:
+            for key in [k for k in self.last_pseq if k[0] == node]:
+                del self.last_pseq[key]
         return self._owners_gone(lambda o: o[0] == node)
 
-    def failover(self, old_leader: str) -> list[Consumer]:
-        """This replica became leader because the old one went away (spec, "Mirrored Queue
-        Implementation and Semantics"): sessions on the old leader's node are gone, every
-        unacknowledged message is requeued with `redelivered` set, and consumers that asked for
-        `x-cancel-on-ha-failover` are cancelled. Returns the cancelled consumers."""
+    def failover(self, below: int | None = None) -> list[Consumer]:
+        """This replica became leader (spec, "Mirrored Queue Implementation and Semantics"):
+        every unacknowledged message is requeued with `redelivered` set, every message held now
+        will be delivered as redelivered (the old leader may have delivered it), and consumers
+        that asked for `x-cancel-on-ha-failover` are cancelled. Returns the cancelled consumers.
+        Sessions on a node that went down are removed separately (`node_gone`)."""
+        below = self.next_id if below is None else below
         if self.effects is not None:
-            self.effects.append(["fo", old_leader])
-        self._owners_gone(lambda o: o[0] == old_leader)
+            self.effects.append(EFailover(below))
+        self.redeliver_below = max(self.redeliver_below, below)
         for owner in sorted({o for (o, _, _) in self.unacked.values()}):
             self._requeue(owner, [mid for mid, (o, _, _) in self.unacked.items() if o == owner])
         cancelled = [c for c in self.consumers.values()
@@ -257,7 +264,7 @@ class QueueState:
                     unacked[m[0]] = (c.owner, key, m)
             result.append((c, batch))
         if self.effects is not None:
-            self.effects.append(["dlv", [[c.owner, c.tag, [m[0] for m in batch]] for c, batch in result]])
+            self.effects.append(EDeliver([(c.owner, c.tag, [m[0] for m in batch]) for c, batch in result]))
         # rotate: the consumer served first goes to the back, for fairness across calls
         if len(self.consumers) > 1:
             first = next(iter(self.consumers))
@@ -271,7 +278,7 @@ class QueueState:
         m = self.ready.popleft()
         self.ready_bytes -= len(m[1])
         if self.effects is not None:
-            self.effects.append(["get", owner, m[0], no_ack])
+            self.effects.append(EGet(owner, m[0], no_ack))
         if not no_ack:
             self.unacked[m[0]] = (owner, None, m)
         return m
@@ -294,21 +301,22 @@ class QueueState:
             taken.append(entry[2])
         return taken
 
-    def ack(self, owner: tuple, ids) -> int:
+    def settle(self, owner: tuple, how: int, ids) -> int:
+        """ACK, REQUEUE or DISCARD (nack/reject without requeue: dropped, no dead-lettering)."""
         if self.effects is not None:
-            self.effects.append(["ack", owner, ids])
+            self.effects.append(ESettle(owner, how, ids))
+        if how == REQUEUE:
+            return self._requeue(owner, ids)
         return len(self._take(owner, ids))
+
+    def ack(self, owner: tuple, ids) -> int:
+        return self.settle(owner, ACK, ids)
 
     def discard(self, owner: tuple, ids) -> int:
-        """nack/reject without requeue: the message is dropped (no dead-lettering here)."""
-        if self.effects is not None:
-            self.effects.append(["dis", owner, ids])
-        return len(self._take(owner, ids))
+        return self.settle(owner, DISCARD, ids)
 
     def requeue(self, owner: tuple, ids) -> int:
-        if self.effects is not None:
-            self.effects.append(["req", owner, ids])
-        return self._requeue(owner, ids)
+        return self.settle(owner, REQUEUE, ids)
 
     def _requeue(self, owner: tuple, ids) -> int:
         msgs = [m for m in self._take(owner, ids) if m is not None]  # None: a mirror never had it
@@ -337,6 +345,7 @@ class QueueState:
             "unacked": [[mid, list(o), k[1] if k else None] for mid, (o, k, _) in self.unacked.items()],
             "last_pseq": [[list(k), v] for k, v in self.last_pseq.items()],
             "had_consumer": self.had_consumer,
+            "redeliver_below": self.redeliver_below,
         }
 
     def reset_as_mirror(self, snap: dict) -> None:
@@ -354,6 +363,7 @@ class QueueState:
                         for mid, o, tag in snap["unacked"]}
         self.last_pseq = {tuple(k): v for k, v in snap["last_pseq"]}
         self.had_consumer = snap["had_consumer"]
+        self.redeliver_below = snap.get("redeliver_below", 0)
 
     def add_synced_messages(self, msgs: list) -> None:
         """A batch of a full sync: messages [id, body, props, redelivered] the leader holds
@@ -395,48 +405,28 @@ class QueueState:
         which a late mirror may lack, need their own handling."""
         assert self.effects is None, "a replica that records effects cannot apply a leader's"
         for eff in effects:
-            kind = eff[0]
-            if kind == "enq":
-                _, first, bodies, props, origin, pseq = eff
-                self.next_id = first
-                self.publish(bodies, props, origin, pseq)
-            elif kind == "dlv":
-                self._apply_deliveries(eff[1])
-            elif kind == "ack":
-                self.ack(tuple(eff[1]), eff[2])
-            elif kind == "req":
-                self.requeue(tuple(eff[1]), eff[2])
-            elif kind == "dis":
-                self.discard(tuple(eff[1]), eff[2])
-            elif kind == "get":
-                _, owner, mid, no_ack = eff
-                m = None
-                if self.ready and self.ready[0][0] == mid:
-                    m = self.ready.popleft()
-                    self.ready_bytes -= len(m[1])
-                if not no_ack:
-                    self.unacked[mid] = (tuple(owner), None, m)
-            elif kind == "con":
-                _, owner, tag, no_ack, prefetch, exclusive, arguments = eff
-                owner = tuple(owner)
-                self.consumers[(owner, tag)] = Consumer(owner, tag, no_ack, prefetch, exclusive, arguments)
-                self.had_consumer = True
-            elif kind == "can":
-                self.remove_consumer(tuple(eff[1]), eff[2])
-            elif kind == "og":
-                self.owner_gone(tuple(eff[1]))
-            elif kind == "sg":
-                self.session_gone(eff[1], eff[2])
-            elif kind == "ng":
-                self.node_gone(eff[1])
-            elif kind == "pur":
-                self.purge()
-            elif kind == "fo":
-                self.failover(eff[1])
-            else:
-                raise ValueError(f"unknown queue effect {kind!r}")
+            _APPLY[type(eff)](self, eff)
 
-    def _apply_deliveries(self, rounds: list) -> None:
+    def _apply_enqueue(self, eff: EEnqueue) -> None:
+        self.next_id = eff.first
+        self.publish(eff.bodies, eff.props, eff.origin, eff.pseq)
+
+    def _apply_get(self, eff: EGet) -> None:
+        m = None
+        if self.ready and self.ready[0][0] == eff.id:
+            m = self.ready.popleft()
+            self.ready_bytes -= len(m[1])
+        if not eff.no_ack:
+            self.unacked[eff.id] = (tuple(eff.owner), None, m)
+
+    def _apply_consume(self, eff: EConsume) -> None:
+        owner = tuple(eff.owner)
+        self.consumers[(owner, eff.tag)] = Consumer(owner, eff.tag, eff.no_ack, eff.prefetch,
+                                                    eff.exclusive, eff.arguments)
+        self.had_consumer = True
+
+    def _apply_deliveries(self, eff: EDeliver) -> None:
+        rounds = eff.rounds
         delivered = set()
         for _, _, ids in rounds:
             delivered.update(ids)
@@ -466,5 +456,20 @@ class QueueState:
             list(self.ready), self.next_id, self.ready_bytes,
             sorted((mid, o, k, m) for mid, (o, k, m) in self.unacked.items()),
             [(k, c.no_ack, c.prefetch, c.exclusive, c.in_flight) for k, c in self.consumers.items()],
-            sorted(self.last_pseq.items()), self.had_consumer,
+            sorted(self.last_pseq.items()), self.had_consumer, self.redeliver_below,
         )
+
+
+_APPLY = {
+    EEnqueue: QueueState._apply_enqueue,
+    EDeliver: QueueState._apply_deliveries,
+    EGet: QueueState._apply_get,
+    ESettle: lambda q, e: q.settle(tuple(e.owner), e.how, e.ids),
+    EConsume: QueueState._apply_consume,
+    ECancel: lambda q, e: q.remove_consumer(tuple(e.owner), e.tag),
+    EOwnerGone: lambda q, e: q.owner_gone(tuple(e.owner)),
+    ESessionGone: lambda q, e: q.session_gone(e.node, e.sid),
+    ENodeGone: lambda q, e: q.node_gone(e.node, e.forget_publishers),
+    EPurge: lambda q, e: q.purge(),
+    EFailover: lambda q, e: q.failover(e.redeliver_below),
+}

@@ -127,7 +127,7 @@ class Raft:
         # follower / candidate
         self._heard_leader_at = -1e18
         # a node that boots knows of no leader: ask soon (pre-vote makes an early ask harmless)
-        self._election_at = now + self._soon()
+        self._election_at = now if self.voters == (me,) else now + self._soon()
         self._votes: set[str] = set()
         # leader
         self._next: dict[str, int] = {}
@@ -424,6 +424,9 @@ class Raft:
         n = matches[len(matches) - self._majority()]
         if n > self.commit and self.term_at(n) == self.term:
             self.commit = n
+            for p in self.voters:  # followers learn the commit now, not at the next heartbeat
+                if p != self.me:
+                    self._send_append(p, heartbeat=True)
             if self.me not in self.voters_at(self.commit):
                 # our own removal is committed: hand over to whoever the others elect
                 self.role = Role.FOLLOWER

@@ -9,12 +9,16 @@ Theory of operation (the messages themselves are sent by broker/queue_process.py
   applied has acknowledged their batch (spec: "a message will only be confirmed to the
   publisher when it has been accepted by all of the mirrors"). A mirror that stalls therefore
   holds publishers, until its node is declared down and it is removed.
-* A mirror knows its *start id*: the first message id it received from the leader. It is
-  synchronised once the leader holds no message older than that (natural sync), or after a
-  full sync has filled in the older messages (start id 0).
+* A mirror holds every message from its *start id* on (the first id it received from the
+  leader), plus the older ones up to `synced_upto` that a (maybe cancelled) batch sync gave it.
+  It is synchronised once the leader holds no message it lacks (natural sync: the head drained),
+  or after a completed sync (start id 0: it holds everything).
+* A mirror is only ever dropped by the metadata (a committed change); the leader never releases
+  a confirm because a mirror merely went quiet. So a leader cut off from the majority holds its
+  publishers instead of confirming what only it has.
 * On a promotion the new leader offers its remaining mirrors to *resume*: a mirror that had
-  applied exactly the same batches of the old leader as the new leader, and lacks nothing the
-  new leader has, keeps its state (and stays synchronised); any other mirror restarts empty.
+  applied exactly the same batches of the old leader as the new leader, and holds nothing the
+  new leader lacks, keeps its state; any other mirror restarts empty.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ class MirrorTrack:
     acked: int  # highest batch seq the mirror acknowledged
     synced: bool = False
     synced_upto: int = 0  # the highest old id an earlier (cancelled) sync already gave it
+    ready: bool = False  # the mirror answered its start (RMirrorReady)
+    since: int = 0  # the batch seq it was started at (names its start among restarts)
+    progress_at: float = 0.0  # when it last acknowledged something (or was added)
 
 
 class LeaderReplication:
@@ -40,10 +47,10 @@ class LeaderReplication:
         self.mirrors: dict[str, MirrorTrack] = {}
         self.pending: deque[tuple[int, dict]] = deque()  # (seq, {session key: pseq})
 
-    def add(self, node: str, start_id: int) -> MirrorTrack:
+    def add(self, node: str, start_id: int, now: float = 0.0) -> MirrorTrack:
         """A mirror starts following from the next batch: earlier batches do not wait for it.
         ("The oldest mirror" is the metadata's mirror order, not kept here.)"""
-        track = MirrorTrack(node, start_id, self.seq, False)
+        track = MirrorTrack(node, start_id, self.seq, False, progress_at=now, since=self.seq)
         self.mirrors[node] = track
         return track
 
@@ -62,12 +69,18 @@ class LeaderReplication:
             self.pending.append((self.seq, accepted))
         return self.seq, {}
 
-    def acknowledged(self, node: str, seq: int) -> dict:
+    def acknowledged(self, node: str, seq: int, now: float = 0.0) -> dict:
         track = self.mirrors.get(node)
         if track is None or seq <= track.acked:
             return {}
         track.acked = min(seq, self.seq)
+        track.progress_at = now
         return self._release()
+
+    def stalled(self, now: float, after: float) -> list[str]:
+        """Mirrors that owe acknowledgements and have shown no progress for `after` seconds."""
+        return [t.node for t in self.mirrors.values()
+                if t.acked < self.seq and now - t.progress_at > after]
 
     def _release(self) -> dict:
         if not self.pending:
@@ -82,17 +95,23 @@ class LeaderReplication:
                     out[key] = pseq
         return out
 
-    def mirror_state(self, node: str, start_id: int) -> None:
-        """The mirror told us its real start id (after a resume or a reset)."""
+    def mirror_state(self, node: str, start_id: int, synced_upto: int = 0) -> None:
+        """The mirror told us what it holds (after its start, a resume or a completed sync)."""
         track = self.mirrors.get(node)
         if track is not None:
             track.start_id = start_id
+            track.synced_upto = synced_upto
+            track.ready = True
+            if start_id:
+                track.synced = False
 
-    def newly_synced(self, oldest_id: int | None) -> list[str]:
-        """Mirrors that hold everything now; `oldest_id` is the leader's oldest message id."""
+    def newly_synced(self, holds_between) -> list[str]:
+        """Mirrors that hold everything now. `holds_between(lo, hi)` says whether the leader
+        holds a message with lo < id < hi (one the mirror lacks)."""
         out = []
         for t in self.mirrors.values():
-            if not t.synced and (oldest_id is None or oldest_id >= t.start_id):
+            if not t.synced and t.ready and (t.start_id <= t.synced_upto + 1
+                                             or not holds_between(t.synced_upto, t.start_id)):
                 t.synced = True
                 out.append(t.node)
         return out
@@ -103,10 +122,12 @@ class LeaderReplication:
 
 @dataclass(slots=True)
 class MirrorFollow:
-    """The mirror's side: which leader epoch it follows and how far it has applied."""
+    """The mirror's side: which leader epoch it follows, how far it has applied, and which
+    messages it holds (every id from `start_id` on, and the old ones up to `synced_upto`)."""
     epoch: int = -1
     last_seq: int = 0
     start_id: int = 0
+    synced_upto: int = 0
 
     def accepts(self, epoch: int, seq: int) -> bool | None:
         """True: apply this batch. False: ignore it (an old leader's). None: a batch is missing
@@ -119,7 +140,12 @@ class MirrorFollow:
             return False
         return None
 
-    def can_resume(self, old_epoch: int, old_seq: int, base_id: int) -> bool:
+    def can_resume(self, old_epoch: int, old_seq: int, start_id: int, synced_upto: int) -> bool:
         """A new leader offers to continue: only if we applied exactly what it applied of the
-        old leader, and hold nothing older than what it holds (`base_id`, its own start id)."""
-        return self.epoch == old_epoch and self.last_seq == old_seq and self.start_id >= base_id
+        old leader, and hold no message it lacks. It holds ids up to `synced_upto` and from
+        `start_id` on (all of them when start_id <= synced_upto + 1)."""
+        if self.epoch != old_epoch or self.last_seq != old_seq:
+            return False
+        if start_id <= synced_upto + 1:
+            return True
+        return self.start_id >= start_id and self.synced_upto <= synced_upto

@@ -1,4 +1,5 @@
-"""Unit tests of mirroring.metadata: declarations, equivalence, node down, snapshots, authority."""
+"""Unit tests of mirroring.metadata and the planner's concrete changes: declarations,
+equivalence, nodes up and down by incarnation, mirror drops, forgetting a member, snapshots."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import pytest
 
 from mirroring import planner
 
-from mirroring.metadata import Metadata, MetaError, authority_key
+from mirroring.metadata import Metadata, MetaError
+from mirroring.policy import make_policy
 from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED
 
 
@@ -29,8 +31,6 @@ def test_member_add_sets_cluster_name_and_order():
     assert list(md.members) == ["n1", "n2", "n3"]
     assert md.version == 3
     assert md.seniority("n1") == 0 and md.seniority("n3") == 2 and md.seniority("zz") == 4
-    assert md.coordinator({"n2", "n3"}) == "n2"
-    assert md.coordinator(set()) is None
 
 
 def test_declare_and_equivalent_redeclare():
@@ -89,13 +89,15 @@ def test_node_down_deletes_only_non_durable_queues_of_that_node():
     md.apply(["queue.declare", qdef("d1", durable=True, leader="n1")])
     md.apply(["queue.declare", qdef("t1", durable=False, leader="n1")])
     md.apply(["queue.declare", qdef("t2", durable=False, leader="n2")])
+    md.apply(["node.up", "n1", 7])
     updates = planner.plan(md, {"n2"}, down="n1")
-    gone = md.apply(["node.down", "n1", "failure", updates])
+    gone = md.apply(["node.down", "n1", 7, "failure", updates])
     assert gone == ["t1"]
     assert sorted(md.queues) == ["d1", "t2"]
-    assert md.down == {"n1": "failure"}
-    assert md.apply(["node.up", "n1", planner.plan(md, {"n1", "n2"}, up="n1")]) == []
-    assert md.down == {} and md.queues["d1"]["epoch"] == 2  # its leader replica restarted
+    assert md.down == {"n1": "failure"} and "n1" not in md.up
+    assert md.apply(["node.up", "n1", 8, planner.plan(md, {"n1", "n2"}, up="n1")]) == []
+    assert md.down == {} and md.up["n1"] == 8
+    assert md.queues["d1"]["epoch"] == 2  # its leader replica restarted
 
 
 def test_member_remove_drops_its_queues():
@@ -148,26 +150,80 @@ def test_snapshot_round_trip_and_digest():
     assert md2.digest() == md.digest()
 
 
-def test_authority_key_booting_node_loses():
+def up(md, *names):
+    for i, n in enumerate(names, 1):
+        md.apply(["node.up", n, i])
+
+
+def mirrored(md, name="ha.q", leader="n1"):
+    md.apply(["policy.set", make_policy("ha", r"^ha\.", {"ha-mode": "all"}), []])
+    md.apply(["queue.declare", planner.plan_declare(md, qdef(name, leader=leader),
+                                                      list(md.up), "client-local")])
+    return md.queues[name]
+
+
+def test_node_down_for_an_old_incarnation_is_stale():
     md = cluster("n1", "n2", "n3")
-    booting = authority_key(md, True, ["n1", "n2", "n3"])
-    running = authority_key(md, False, ["n3"])
-    assert running > booting
+    up(md, "n1", "n2", "n3")
+    assert planner.plan_change(md, ["node.down", "n2", 99, "failure"], {"n1", "n3"}) == []
+    assert md.up["n2"] == 2
+    planned = planner.plan_change(md, ["node.down", "n2", 2, "failure"], {"n1", "n3"})
+    assert [c[0] for c, _ in planned] == ["node.down"] and "n2" not in md.up
 
 
-def test_authority_key_larger_running_set_wins():
+def test_a_restart_nobody_saw_is_a_down_then_an_up():
     md = cluster("n1", "n2", "n3")
-    big = authority_key(md, False, ["n2", "n3"])
-    small = authority_key(md, False, ["n1"])
-    assert big > small
+    up(md, "n1", "n2", "n3")
+    q = mirrored(md, leader="n2")
+    assert q["mirrors"] == ["n1", "n3"] and q["epoch"] == 1
+    planned = planner.plan_change(md, ["node.up", "n2", 42], {"n1", "n2", "n3"})
+    assert [c[0] for c, _ in planned] == ["node.down", "node.up"]
+    # its queue was promoted away from the old incarnation, and it is a fresh mirror now
+    q = md.queues["ha.q"]
+    assert q["leader"] == "n1" and q["epoch"] == 2 and "n2" in q["mirrors"]
+    assert q["synced"] == [] and md.up["n2"] == 42
 
 
-def test_authority_key_senior_wins_ties():
-    md = cluster("n1", "n2", "n3", "n4")
-    a = authority_key(md, False, ["n1", "n4"])
-    b = authority_key(md, False, ["n2", "n3"])
-    assert a > b
-    # on equal seniority the higher version wins
-    md2 = Metadata.from_snapshot(md.snapshot())
-    md2.apply(["queue.declare", qdef("x")])
-    assert authority_key(md2, False, ["n1", "n4"]) > a
+def test_promotion_starts_the_new_epoch_with_no_synchronised_mirror():
+    md = cluster("n1", "n2", "n3")
+    up(md, "n1", "n2", "n3")
+    mirrored(md)
+    md.apply(["queues.update", [["ha.q", {"synced": ["n2", "n3"]}]]])
+    planner.plan_change(md, ["node.down", "n1", 1, "failure"], {"n2", "n3"})
+    q = md.queues["ha.q"]
+    assert (q["leader"], q["mirrors"], q["synced"], q["epoch"]) == ("n2", ["n3"], [], 2)
+
+
+def test_drop_mirror_removes_it_and_only_a_later_replan_places_it_again():
+    md = cluster("n1", "n2", "n3")
+    up(md, "n1", "n2", "n3")
+    mirrored(md)
+    md.apply(["queues.update", [["ha.q", {"synced": ["n2", "n3"]}]]])
+    running = {"n1", "n2", "n3"}
+    assert planner.plan_change(md, ["queue.drop_mirror", "ha.q", 9, "n2"], running) == []  # stale epoch
+    planner.plan_change(md, ["queue.drop_mirror", "ha.q", 1, "n2"], running)
+    assert md.queues["ha.q"]["mirrors"] == ["n3"] and md.queues["ha.q"]["synced"] == ["n3"]
+    planner.plan_change(md, ["replan"], running)
+    assert md.queues["ha.q"]["mirrors"] == ["n3", "n2"]  # back, as the youngest
+
+
+def test_forgetting_a_leader_moves_its_queue_to_the_oldest_mirror():
+    md = cluster("n1", "n2", "n3")
+    up(md, "n1", "n2", "n3")
+    mirrored(md)
+    md.apply(["queue.declare", qdef("solo", leader="n1")])
+    planner.plan_change(md, ["node.down", "n1", 1, "failure"], set())  # nobody to promote to
+    planner.plan_change(md, ["member.remove", "n1"], {"n2", "n3"})
+    assert "n1" not in md.members and "solo" not in md.queues
+    q = md.queues["ha.q"]
+    assert q["leader"] == "n2" and q["mirrors"] == ["n3"] and q["epoch"] == 2
+
+
+def test_refused_declare_leaves_the_copy_untouched():
+    md = cluster("n1")
+    up(md, "n1")
+    md.apply(["queue.declare", qdef("a", durable=True)])
+    before = md.snapshot()
+    with pytest.raises(MetaError):
+        planner.plan_change(md, ["queue.declare", qdef("a", durable=False)], {"n1"})
+    assert md.snapshot() == before

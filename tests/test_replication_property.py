@@ -25,7 +25,7 @@ op = st.one_of(
               st.integers(0, 6)),
     st.tuples(st.just("owner_gone"), st.sampled_from(OWNERS)),
     st.tuples(st.just("session_gone"), st.sampled_from(OWNERS)),
-    st.tuples(st.just("node_gone"), st.sampled_from(["n2", "n3"])),
+    st.tuples(st.just("node_gone"), st.sampled_from(["n2", "n3"]), st.booleans()),
     st.tuples(st.just("purge")),
     st.tuples(st.just("start_mirror")),
 )
@@ -58,14 +58,14 @@ def run_op(leader: QueueState, o, pseqs: dict) -> None:
     elif kind == "session_gone":
         leader.session_gone(o[1][0], o[1][1])
     elif kind == "node_gone":
-        leader.node_gone(o[1])
+        leader.node_gone(o[1], o[2])
     elif kind == "purge":
         leader.purge()
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(op, max_size=60), st.sampled_from(["n2", "n3"]))
-def test_mirrors_follow_the_leader(ops, failed_over_from):
+@given(st.lists(op, max_size=60))
+def test_mirrors_follow_the_leader(ops):
     leader = QueueState("q")
     leader.effects = []
     synced = QueueState("q")  # a mirror from the start
@@ -79,7 +79,7 @@ def test_mirrors_follow_the_leader(ops, failed_over_from):
             late.append((m, leader.next_id))
             continue
         if o[0] == "failover":
-            leader.failover(failed_over_from)
+            leader.failover()
         else:
             run_op(leader, o, pseqs)
         effects, leader.effects = leader.effects, []

@@ -7,6 +7,7 @@ import typing
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -100,17 +101,22 @@ def strategy_for(tp):
         return st.dictionaries(st.text(max_size=8), values, max_size=3)
     if tp is list:
         return st.lists(values, max_size=3)
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return instances(tp)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (types.UnionType, typing.Union):
         return st.one_of([st.none() if a is type(None) else strategy_for(a) for a in args])
     if origin is list:
         return st.lists(strategy_for(args[0]), max_size=4)
+    if origin is tuple:
+        return st.tuples(*[strategy_for(a) for a in args])
     raise AssertionError(f"no strategy for {tp!r}")
 
 
 def instances(cls):
     hints = typing.get_type_hints(cls)
-    return st.builds(lambda *a: cls(*a), *[strategy_for(hints[f]) for f in cls._fields])
+    fields = cls.__struct_fields__
+    return st.builds(lambda *a: cls(*a), *[strategy_for(hints[f]) for f in fields])
 
 
 ALL_KINDS = sorted(REGISTRY)
@@ -118,7 +124,8 @@ ALL_KINDS = sorted(REGISTRY)
 
 def test_registry_covers_messages_module():
     assert len(ALL_KINDS) >= 30
-    for kind in ("hello", "publish", "deliver", "meta.apply", "ctl.reply", "tick"):
+    for kind in ("hello", "publish", "deliver", "meta.propose", "ctl.reply", "tick", "raft.append",
+                 "q.publish", "r.rep", "to.session"):
         assert kind in REGISTRY
 
 
@@ -147,6 +154,8 @@ def _bad_value_for(tp):
     if tp in (int, float, bool, list):
         return "not-that"
     origin = typing.get_origin(tp)
+    if origin is tuple:
+        return "not-that"
     if origin in (types.UnionType, typing.Union):
         return object_that_fails(typing.get_args(tp))
     if origin is list:
@@ -213,6 +222,8 @@ def _minimal(tp):
         return None if type(None) in args else _minimal(args[0])
     if origin is list:
         return []
+    if origin is tuple:
+        return [_minimal(a) for a in args]
     raise AssertionError(tp)
 
 

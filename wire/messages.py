@@ -256,7 +256,7 @@ class ConnectionClose(Message, tag="connection.close"):
     rid: int
 
 
-# --- peer protocol ------------------------------------------------------------------------
+# --- peer protocol: links and the metadata log ------------------------------------------
 
 
 @register
@@ -265,60 +265,34 @@ class Tick(Message, tag="tick"):
 
 
 @register
+class LinkHello(Message, tag="link.hello"):
+    """First frame on a fresh peer link: which run of the node this is (a new `incarnation`
+    every time its app starts, so a restart is never mistaken for the same node coming back)."""
+    incarnation: int
+
+
+@register
 class MetaPropose(Message, tag="meta.propose"):
-    """Ask the coordinator to apply a metadata change; answered with MetaResult."""
+    """Ask the metadata log's leader to commit a change; answered with MetaResult once it is
+    committed and applied there (or refused)."""
     rid: int
     change: list
 
 
 @register
 class MetaResult(Message, tag="meta.result"):
+    """ok: `value` is the change's result. Not ok: `code` and `error` say why ("not-leader"
+    means: ask again, the leader moved)."""
     rid: int
     ok: bool
     value: Any
+    code: int
     error: str
 
 
 @register
-class MetaApply(Message, tag="meta.apply"):
-    """The coordinator's ordered change number `version`."""
-    version: int
-    change: list
-
-
-@register
-class MetaSnapshot(Message, tag="meta.snapshot"):
-    """Full metadata, sent on link-up by the side that has the authoritative copy."""
-    state: dict
-
-
-@register
-class LinkHello(Message, tag="link.hello"):
-    """First frame on a fresh peer link: my metadata's authority key, version and digest.
-
-    The side with the higher key sends its MetaSnapshot; the other adopts it."""
-    key: list
-    version: int
-    digest: str
-
-
-@register
-class ToQueue(Message, tag="to.queue"):
-    """An operation for the replica of `queue` that lives on the receiving node."""
-    queue: str
-    op: list
-
-
-@register
-class ToSession(Message, tag="to.session"):
-    """Events (a batch of ops) for client session `sid` on the receiving node."""
-    sid: int
-    ops: list
-
-
-@register
 class NodeRpc(Message, tag="node.rpc"):
-    """A node-to-node request (e.g. declare a queue on its leader's node)."""
+    """A node-to-node request (listings, sync commands, purge)."""
     rid: int
     name: str
     args: dict
@@ -331,6 +305,332 @@ class NodeRpcReply(Message, tag="node.rpc.reply"):
     value: Any
     code: int
     error: str
+
+
+# --- queue operations: a client session -> the queue's leader ------------------------------
+# `owner` is (node, session id, channel): where the replies and deliveries go.
+
+Owner = tuple[str, int, int]
+
+
+@register
+class QPublish(Message, tag="q.publish"):
+    """A batch of messages; `pseq` numbers the session's batches, so a batch resent to a new
+    leader after a failover is recognised and not enqueued twice."""
+    queue: str
+    owner: Owner
+    pseq: int
+    bodies: list[bytes]
+    props: list | None
+
+
+@register
+class QConsume(Message, tag="q.consume"):
+    queue: str
+    owner: Owner
+    rid: int
+    tag: str
+    no_ack: bool
+    prefetch: int
+    exclusive: bool
+    arguments: dict
+
+
+@register
+class QCancel(Message, tag="q.cancel"):
+    queue: str
+    owner: Owner
+    rid: int
+    tag: str
+
+
+@register
+class QGet(Message, tag="q.get"):
+    queue: str
+    owner: Owner
+    rid: int
+    no_ack: bool
+
+
+ACK, REQUEUE, DISCARD = 0, 1, 2
+
+
+@register
+class QSettle(Message, tag="q.settle"):
+    """Acknowledge (how=ACK), requeue (REQUEUE) or drop (DISCARD) delivered message ids."""
+    queue: str
+    owner: Owner
+    how: int
+    ids: list[int]
+
+
+@register
+class QOwnerGone(Message, tag="q.owner_gone"):
+    """A channel closed: its consumers go and its unacknowledged messages are requeued."""
+    queue: str
+    owner: Owner
+
+
+@register
+class QSessionGone(Message, tag="q.session_gone"):
+    """A client connection closed: all its channels are gone."""
+    queue: str
+    node: str
+    sid: int
+
+
+@register
+class QPurge(Message, tag="q.purge"):
+    queue: str
+    owner: Owner
+    rid: int
+
+
+@register
+class QDeclareOk(Message, tag="q.declare_ok"):
+    """Answer a (re)declare with [name, messages, consumers]."""
+    queue: str
+    owner: Owner
+    rid: int
+
+
+@register
+class QDelete(Message, tag="q.delete"):
+    queue: str
+    owner: Owner
+    rid: int
+    if_unused: bool
+    if_empty: bool
+
+
+# --- replication: a queue's leader <-> its mirrors ------------------------------------------
+# Effects: what the leader did, applied by every mirror in the leader's order
+# (mirroring/queue.py records them). One effect per call, never one per message.
+
+
+class Effect(Message):
+    """Base of the replicated effects (not top-level messages)."""
+
+
+class EEnqueue(Effect, tag="enq"):
+    first: int
+    bodies: list[bytes]
+    props: list | None
+    origin: tuple[str, int] | None
+    pseq: int
+
+
+class EDeliver(Effect, tag="dlv"):
+    """One dispatch round: [(owner, consumer tag, [ids]), ...]."""
+    rounds: list[tuple[Owner, str, list[int]]]
+
+
+class EGet(Effect, tag="get"):
+    owner: Owner
+    id: int
+    no_ack: bool
+
+
+class ESettle(Effect, tag="stl"):
+    owner: Owner
+    how: int
+    ids: list[int]
+
+
+class EConsume(Effect, tag="con"):
+    owner: Owner
+    tag: str
+    no_ack: bool
+    prefetch: int
+    exclusive: bool
+    arguments: dict
+
+
+class ECancel(Effect, tag="can"):
+    owner: Owner
+    tag: str
+
+
+class EOwnerGone(Effect, tag="og"):
+    owner: Owner
+
+
+class ESessionGone(Effect, tag="sg"):
+    node: str
+    sid: int
+
+
+class ENodeGone(Effect, tag="ng"):
+    """Every owner on `node` is gone; `forget_publishers`: its sessions will not come back (the
+    node is down in the metadata), so their de-duplication marks go too."""
+    node: str
+    forget_publishers: bool
+
+
+class EPurge(Effect, tag="pur"):
+    pass
+
+
+class EFailover(Effect, tag="fo"):
+    """A new leader took over: every unacknowledged message is requeued, and every message
+    below `redeliver_below` is delivered with the redelivered flag (the old leader may have
+    delivered it already)."""
+    redeliver_below: int
+
+
+AnyEffect = EEnqueue | EDeliver | EGet | ESettle | EConsume | ECancel | EOwnerGone | \
+    ESessionGone | ENodeGone | EPurge | EFailover
+
+
+@register
+class RMirrorStart(Message, tag="r.mirror_start"):
+    """Leader -> new mirror: follow me from batch `seq` + 1. `snapshot` holds the consumers,
+    unacknowledged ids and publish marks (not the messages: those come by sync, or the mirror
+    starts empty). `resume` (a promotion): [old epoch, old seq, base id, synced upto] - a
+    mirror that applied exactly what the new leader applied keeps its contents."""
+    queue: str
+    epoch: int
+    leader: str
+    snapshot: dict
+    resume: list | None
+    seq: int
+
+
+@register
+class RMirrorReady(Message, tag="r.mirror_ready"):
+    """Mirror -> leader: I follow epoch `epoch`; I hold every message from `start_id` on, and
+    the old ones up to `synced_upto`."""
+    queue: str
+    epoch: int
+    node: str
+    start_id: int
+    synced_upto: int
+    resumed: bool
+    since: int  # the `seq` of the RMirrorStart this answers
+
+
+@register
+class RRep(Message, tag="r.rep"):
+    """Leader -> mirror: replication batch number `seq` of this epoch."""
+    queue: str
+    epoch: int
+    seq: int
+    effects: list[AnyEffect]
+
+
+@register
+class RRepOk(Message, tag="r.rep_ok"):
+    """Mirror -> leader: I have applied every batch up to `seq`."""
+    queue: str
+    epoch: int
+    node: str
+    seq: int
+
+
+@register
+class RMirrorReset(Message, tag="r.mirror_reset"):
+    """Mirror -> leader: a batch went missing; start me again."""
+    queue: str
+    epoch: int
+    node: str
+
+
+@register
+class RSyncBatch(Message, tag="r.sync_batch"):
+    """Leader -> mirror: batch `n` of a sync: messages [id, body, props, redelivered] older than
+    the mirror's start, in id order, covering every id up to `upto`."""
+    queue: str
+    epoch: int
+    n: int
+    messages: list
+    upto: int
+
+
+@register
+class RSyncOk(Message, tag="r.sync_ok"):
+    queue: str
+    epoch: int
+    node: str
+    n: int
+    upto: int
+
+
+@register
+class RSyncEnd(Message, tag="r.sync_end"):
+    """The sync is over; `completed`: the mirror now holds everything the leader holds."""
+    queue: str
+    epoch: int
+    completed: bool
+
+
+# --- events: a queue -> a client session -----------------------------------------------------
+
+
+class Event(Message):
+    """Base of the events a queue sends to a client session."""
+
+
+class EvDeliver(Event, tag="deliver"):
+    """Deliveries for one consumer; `redelivered` lists indexes into ids/bodies."""
+    ch: int
+    tag: str
+    queue: str
+    ids: list[int]
+    bodies: list[bytes]
+    redelivered: list[int]
+    props: list | None
+
+
+class EvAccepted(Event, tag="accepted"):
+    """Every publish batch of this session up to `pseq` is on every mirror: confirm it."""
+    queue: str
+    pseq: int
+
+
+class EvReply(Event, tag="reply"):
+    rid: int
+    value: Any
+
+
+class EvFail(Event, tag="fail"):
+    rid: int
+    ch: int
+    code: int
+    text: str
+
+
+class EvConsumeOk(Event, tag="consume_ok"):
+    ch: int
+    rid: int
+    tag: str
+    queue: str
+    no_ack: bool
+
+
+class EvGetOk(Event, tag="get_ok"):
+    """`msg` is [id, body, props, redelivered] or None (the queue was empty)."""
+    ch: int
+    rid: int
+    queue: str
+    msg: list | None
+    remaining: int
+
+
+class EvCancelled(Event, tag="cancelled"):
+    ch: int
+    tag: str
+    queue: str
+    reason: str
+
+
+AnyEvent = EvDeliver | EvAccepted | EvReply | EvFail | EvConsumeOk | EvGetOk | EvCancelled
+
+
+@register
+class ToSession(Message, tag="to.session"):
+    """Events for client session `sid` on the receiving node."""
+    sid: int
+    events: list[AnyEvent]
 
 
 # --- control protocol (warrenctl, role "ctl" on the peer port) ----------------------------

@@ -1,0 +1,837 @@
+"""One replica of one queue, leader or mirror, as a state machine. Pure: no I/O, no clock.
+
+Everything that decides what a replica does with what it receives lives in this file (its parts:
+the queue's contents in queue.py, confirm bookkeeping in replication.py, sync pacing in sync.py).
+broker/queue_process.py is only a pump: typed inputs in, outputs out.
+
+Inputs: the client operations and replication messages of wire/messages.py (`handle`), and the
+node's news as small records: `Assign` (what the metadata says about this queue now), `NodeGone`,
+`LinkDown`, `SyncRequest`, `SyncCancel`, `Stop`; time comes with every call as `now`.
+Outputs, taken with `take_output()`: `Send` (to the replica on another node), session events
+grouped per session, `Propose` (a metadata change), `DeleteQueue`, `AutoDelete`, `Log`; and
+`next_deadline()` for the pump's timer.
+
+States (`State`) and what moves between them (`TRANSITIONS`, checked on every change):
+
+    WAITING --RMirrorStart--> MIRROR <--RSyncEnd-- MIRROR_SYNCING <--RSyncBatch-- MIRROR
+       ^  (batch missing)       |                                                  |
+       +------------------------+---------- Assign: promoted ----------> LEADER <--+
+    LEADER --SyncRequest--> LEADER_SYNCING (blocking: client operations wait, the spec's way)
+    LEADER --SyncRequest--> LEADER_SYNCING_LIVE (ha-sync-mode background: the queue keeps serving)
+    LEADER* --Assign: another replica leads--> WAITING (contents dropped)     any --Stop--> STOPPED
+
+Which inputs a state acts on is the table `ACTS_ON`: client operations are served in LEADER and
+LEADER_SYNCING_LIVE and parked elsewhere (a mirror parks what reaches it just before it is
+promoted; a blocking sync parks until it ends); replication messages go to the side they are for.
+
+Rules that keep confirmed messages safe (see also replication.py):
+* A leader releases a confirm only once every mirror the metadata lists has acknowledged it;
+  a mirror leaves that set only through the metadata (a committed `queue.drop_mirror`, or its
+  node going down), never because the leader merely lost touch with it.
+* A mirror ignores replication from an epoch older than the metadata's (a stale leader).
+* A demoted leader drops its contents and confirms nothing more; its clients' sessions resend
+  what was in flight to the new leader, which de-duplicates publishes by (session, batch).
+* A promoted mirror requeues every unacknowledged message and marks everything it holds as
+  possibly delivered (`redeliver_below`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from wire import messages as m
+from wire.errors import PRECONDITION_FAILED, ProtocolError
+
+from .policy import HA
+from .queue import QueueState
+from .replication import LeaderReplication, MirrorFollow
+from .sync import BatchSync, message_size, progress_line
+
+ROUND_BYTES = 2 << 20  # publish bytes applied per round: a replication batch stays far below the frame limit
+SYNC_PROGRESS_EVERY = 1.0  # seconds between sync progress log lines
+SYNCED_CHECK_EVERY = 0.05  # seconds between natural-sync checks (they cost O(unacked))
+RETRY_PROPOSAL_AFTER = 1.0
+
+
+class State(enum.Enum):
+    WAITING = "waiting for its leader"
+    MIRROR = "mirror"
+    MIRROR_SYNCING = "mirror, receiving a sync"
+    LEADER = "leader"
+    LEADER_SYNCING = "leader, syncing (operations wait)"
+    LEADER_SYNCING_LIVE = "leader, syncing in the background"
+    STOPPED = "stopped"
+
+
+S = State
+LEADING = frozenset({S.LEADER, S.LEADER_SYNCING, S.LEADER_SYNCING_LIVE})
+FOLLOWING = frozenset({S.WAITING, S.MIRROR, S.MIRROR_SYNCING})
+SERVING = frozenset({S.LEADER, S.LEADER_SYNCING_LIVE})
+
+TRANSITIONS: dict[tuple[State, State], str] = {
+    (S.WAITING, S.MIRROR): "RMirrorStart: the leader started us (empty, or resuming)",
+    (S.MIRROR, S.MIRROR): "RMirrorStart of a new leader (resume or restart)",
+    (S.MIRROR_SYNCING, S.MIRROR): "RSyncEnd, or a new leader's RMirrorStart",
+    (S.MIRROR, S.MIRROR_SYNCING): "RSyncBatch: a batch sync started",
+    (S.MIRROR_SYNCING, S.MIRROR_SYNCING): "RMirrorStart of a new leader during a sync",
+    (S.MIRROR, S.WAITING): "a replication batch went missing: we asked the leader for a restart",
+    (S.MIRROR_SYNCING, S.WAITING): "a replication batch went missing during a sync",
+    (S.WAITING, S.LEADER): "Assign: we lead (a new queue, or promoted before any start)",
+    (S.MIRROR, S.LEADER): "Assign: promoted (failover or hand-over)",
+    (S.MIRROR_SYNCING, S.LEADER): "Assign: promoted during a sync (unsynchronised)",
+    (S.LEADER, S.LEADER_SYNCING): "SyncRequest, blocking (the spec: the queue waits)",
+    (S.LEADER, S.LEADER_SYNCING_LIVE): "SyncRequest, background (ha-sync-mode: background)",
+    (S.LEADER_SYNCING, S.LEADER): "the sync completed, was cancelled or lost its mirrors",
+    (S.LEADER_SYNCING_LIVE, S.LEADER): "the sync completed, was cancelled or lost its mirrors",
+    (S.LEADER, S.WAITING): "Assign: another replica leads a newer epoch (demoted)",
+    (S.LEADER_SYNCING, S.WAITING): "Assign: demoted during a sync",
+    (S.LEADER_SYNCING_LIVE, S.WAITING): "Assign: demoted during a sync",
+    **{(s, S.STOPPED): "Stop: deleted, or no replica here any more" for s in State if s is not S.STOPPED},
+}
+
+
+class ReplicaError(Exception):
+    """A transition the table does not allow: a bug, never a client's doing."""
+
+
+# --- inputs from the node ----------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Assign:
+    """What the metadata says about this queue now."""
+    leader: str
+    epoch: int
+    mirrors: list
+    synced: list
+    ha: HA
+    auto_delete: bool = False
+
+
+@dataclass(slots=True)
+class NodeGone:
+    """Every client session on `node` is gone (`forget`: for good, the node is down)."""
+    node: str
+    forget: bool
+
+
+@dataclass(slots=True)
+class LinkDown:
+    """This node lost its link to `node` (it may come back)."""
+    node: str
+
+
+@dataclass(slots=True)
+class SyncRequest:
+    why: str
+
+
+@dataclass(slots=True)
+class SyncCancel:
+    pass
+
+
+@dataclass(slots=True)
+class Stop:
+    reason: str
+    cancel_consumers: bool = True
+
+
+# --- outputs -------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Send:
+    node: str
+    msg: object
+
+
+@dataclass(slots=True)
+class Propose:
+    change: list
+
+
+@dataclass(slots=True)
+class DeleteQueue:
+    owner: tuple
+    rid: int
+    count: int
+
+
+@dataclass(slots=True)
+class AutoDelete:
+    pass
+
+
+@dataclass(slots=True)
+class Log:
+    level: str
+    event: str
+    fields: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ReplicaConfig:
+    node: str
+    pid: str
+    sync_batch_size: int = 4096
+    max_sync_bytes: int = 8 << 20
+    sync_max_throughput: int = 0
+    stall_after: float = 60.0  # a mirror that acknowledges nothing this long is dropped
+
+
+class _SyncJob:
+    """A batch sync in progress: the pacing (BatchSync) and each target's acknowledgements."""
+
+    def __init__(self, replica: "Replica", targets: list, blocking: bool, why: str, now: float):
+        q = replica.q
+        self.blocking = blocking
+        self.why = why
+        self.low = max(t.start_id for t in targets)  # send ids below the newest start
+        self.cursor = min(t.synced_upto for t in targets)  # ids up to here were sent before
+        self.acks = {t.node: 0 for t in targets}
+        total, size = replica.old_messages_count(self.cursor, self.low)
+        cfg = replica.cfg
+        batch_size = replica.assign.ha.sync_batch_size or cfg.sync_batch_size
+        # about 8192 messages unacknowledged at most, in at least 4 batches
+        window = max(4, min(4096, 8192 // batch_size))
+        self.replica = replica
+        self.pacer = BatchSync(self, total, size, batch_size, cfg.max_sync_bytes,
+                               cfg.sync_max_throughput, now, window)
+        self.next_report = now + SYNC_PROGRESS_EVERY
+
+    def take(self, max_msgs: int, max_bytes: int) -> list:
+        """The next old messages after `cursor`, as the queue holds them now."""
+        batch = self.replica.old_messages(self.cursor, self.low, max_msgs, max_bytes)
+        if batch:
+            self.cursor = batch[-1][0]
+        return batch
+
+
+class Replica:
+    def __init__(self, name: str, cfg: ReplicaConfig, assign: Assign, now: float):
+        self.name = name
+        self.cfg = cfg
+        self.me = cfg.node
+        self.pid = cfg.pid
+        self.state = S.WAITING
+        self.q = QueueState(name)
+        self.assign = assign
+        self.epoch = -1  # the epoch we lead (leaders)
+        self.follow = MirrorFollow()  # what we follow (mirrors)
+        self.leader_node = assign.leader
+        self.rep = LeaderReplication()
+        self.accepted: dict[tuple, int] = {}  # session -> highest publish batch applied this round
+        self.parked: list = []
+        self.round_bytes = 0
+        self.sync: _SyncJob | None = None
+        self.last_sync: dict | None = None
+        self.sync_wanted = ""  # a sync to start once the current round is done
+        self._ack_due = False
+        self._events: dict[tuple, list] = {}
+        self._out: list = []
+        self._synced_check_at = 0.0
+        self._proposed: dict[tuple, float] = {}  # what we asked the metadata for, and when
+        self._stopped_reason = ""
+        self.qlog = f"Mirrored queue '{name}' in vhost '/'"
+        self.assign_now(assign, now)
+
+    # --- state changes -----------------------------------------------------------------------
+    def _to(self, new: State) -> None:
+        if (self.state, new) not in TRANSITIONS:
+            raise ReplicaError(f"queue {self.name!r}: no transition {self.state.name} -> {new.name}")
+        self.state = new
+
+    @property
+    def role(self) -> str:
+        return "leader" if self.state in LEADING else "mirror"
+
+    # --- output ------------------------------------------------------------------------------
+    def emit(self, owner, event) -> None:
+        key = (owner[0], owner[1])
+        lst = self._events.get(key)
+        if lst is None:
+            self._events[key] = [event]
+        else:
+            lst.append(event)
+
+    def take_output(self) -> tuple[list, dict]:
+        out, self._out = self._out, []
+        events, self._events = self._events, {}
+        return out, events
+
+    def _log(self, event: str, level: str = "info", **fields) -> None:
+        self._out.append(Log(level, event, fields))
+
+    def _send(self, node: str, msg) -> None:
+        self._out.append(Send(node, msg))
+
+    def _propose_once(self, key: tuple, change: list, now: float) -> None:
+        """Ask the metadata for a change, again only after RETRY_PROPOSAL_AFTER seconds."""
+        last = self._proposed.get(key)
+        if last is not None and now - last < RETRY_PROPOSAL_AFTER:
+            return
+        self._proposed[key] = now
+        self._out.append(Propose(change))
+
+    # --- inputs ------------------------------------------------------------------------------
+    def handle(self, msg, now: float) -> None:
+        """A client operation or a replication message."""
+        handler = ACTS_ON[self.state].get(type(msg))
+        if handler is not None:
+            handler(self, msg, now)
+        elif type(msg) in CLIENT_OPS and self.state is not S.STOPPED:
+            self.parked.append(msg)
+        # else: replication for another side or a stale epoch: nothing to do
+
+    def assign_now(self, a: Assign, now: float) -> None:
+        """The metadata changed: lead, follow, or go."""
+        old = self.assign
+        self.assign = a
+        if self.state is S.STOPPED:
+            return
+        if a.leader == self.me:
+            if self.state in FOLLOWING:
+                self._become_leader(a, now)
+            elif a.epoch != self.epoch:
+                self._restart_epoch(a, now)
+            else:
+                self._update_mirrors(now)
+                if a.ha.sync_mode != old.ha.sync_mode and a.ha.sync_mode != "manual":
+                    self.request_sync(f"ha-sync-mode {a.ha.sync_mode}", now)
+        elif self.me in a.mirrors:
+            if self.state in LEADING:
+                self._demote(a, now)
+            self.parked.clear()  # not ours to serve: their sessions resend to the leader
+            if self.follow.epoch < 0:
+                self.leader_node = a.leader
+        else:
+            self.stop(Stop("queue moved", cancel_consumers=False), now)
+
+    def node_gone(self, ev: NodeGone, now: float) -> None:
+        if self.state in LEADING:
+            self.q.node_gone(ev.node, ev.forget)
+            self._maybe_auto_delete()
+
+    def link_down(self, ev: LinkDown, now: float) -> None:
+        """We lost touch with `node`: its sessions are gone for us (they re-register when the
+        link is back); a mirror there must be dropped through the metadata before anything it
+        has not acknowledged can be confirmed."""
+        if self.state not in LEADING:
+            return
+        self.q.node_gone(ev.node, False)
+        self._maybe_auto_delete()
+        if ev.node in self.rep.mirrors:
+            self._drop_mirror(ev.node, "lost the link to its node", now)
+
+    def _drop_mirror(self, node: str, why: str, now: float) -> None:
+        self._log(f"{self.qlog}: asking to drop the mirror on node {node}", reason=why)
+        self._propose_once(("drop", node, self.epoch),
+                           ["queue.drop_mirror", self.name, self.epoch, node], now)
+
+    def stop(self, ev: Stop, now: float) -> None:
+        if self.state is S.STOPPED:
+            return
+        if self.state in LEADING:
+            if ev.cancel_consumers:
+                for c in list(self.q.consumers.values()):
+                    self.emit(c.owner, m.EvCancelled(c.owner[2], c.tag, self.name, ev.reason))
+                self.q.consumers.clear()
+            self._ship(now)
+        self._stopped_reason = ev.reason
+        self._to(S.STOPPED)
+
+    def tick(self, now: float) -> None:
+        """Timers: sync pacing, natural-sync checks, mirrors that stopped acknowledging."""
+        if self.state not in LEADING:
+            return
+        for node in self.rep.stalled(now, self.cfg.stall_after):
+            self._drop_mirror(node, f"no acknowledgement for {self.cfg.stall_after:g} s", now)
+        self._report_synced(now)
+
+    def next_deadline(self, now: float) -> float | None:
+        if self.state not in LEADING:
+            return None
+        times = [now + 1.0] if self.rep.mirrors else []
+        if self.sync is not None:
+            times.append(self.sync.next_report)
+            t = self.sync.pacer.next_time()
+            if t is not None:
+                times.append(max(t, now + 1e-4))
+        return min(times) if times else None
+
+    # --- client operations (leader) ------------------------------------------------------------
+    def _op_publish(self, msg: m.QPublish, now: float) -> None:
+        self.round_bytes += sum(map(len, msg.bodies))
+        owner = msg.owner
+        q = self.q
+        if not q.seen(owner, msg.pseq):
+            q.publish(msg.bodies, msg.props, owner, msg.pseq)
+        self.accepted[(owner[0], owner[1])] = msg.pseq
+
+    def _op_settle(self, msg: m.QSettle, now: float) -> None:
+        self.q.settle(tuple(msg.owner), msg.how, msg.ids)
+
+    def _op_consume(self, msg: m.QConsume, now: float) -> None:
+        owner = tuple(msg.owner)
+        if (owner, msg.tag) in self.q.consumers:  # a session re-registering after a failover
+            self.emit(owner, m.EvConsumeOk(owner[2], msg.rid, msg.tag, self.name, msg.no_ack))
+            return
+        try:
+            self.q.add_consumer(owner, msg.tag, msg.no_ack, msg.prefetch, msg.exclusive, msg.arguments)
+        except ProtocolError as exc:
+            self.emit(owner, m.EvFail(msg.rid, owner[2], exc.code, exc.text))
+            return
+        self.emit(owner, m.EvConsumeOk(owner[2], msg.rid, msg.tag, self.name, msg.no_ack))
+
+    def _op_cancel(self, msg: m.QCancel, now: float) -> None:
+        owner = tuple(msg.owner)
+        self.q.remove_consumer(owner, msg.tag)
+        self.emit(owner, m.EvReply(msg.rid, msg.tag))
+        self._maybe_auto_delete()
+
+    def _op_get(self, msg: m.QGet, now: float) -> None:
+        owner = tuple(msg.owner)
+        got = self.q.get(owner, msg.no_ack)
+        if got is not None:
+            got = [got[0], got[1], got[2], got[3] or got[0] < self.q.redeliver_below]
+        self.emit(owner, m.EvGetOk(owner[2], msg.rid, self.name, got, self.q.message_count))
+
+    def _op_owner_gone(self, msg: m.QOwnerGone, now: float) -> None:
+        self.q.owner_gone(tuple(msg.owner))
+        self._maybe_auto_delete()
+
+    def _op_session_gone(self, msg: m.QSessionGone, now: float) -> None:
+        self.q.session_gone(msg.node, msg.sid)
+        self._maybe_auto_delete()
+
+    def _op_purge(self, msg: m.QPurge, now: float) -> None:
+        self.emit(msg.owner, m.EvReply(msg.rid, self.q.purge()))
+
+    def _op_declare_ok(self, msg: m.QDeclareOk, now: float) -> None:
+        self.emit(msg.owner, m.EvReply(msg.rid, [self.name, self.q.message_count,
+                                                   len(self.q.consumers)]))
+
+    def _op_delete(self, msg: m.QDelete, now: float) -> None:
+        owner = tuple(msg.owner)
+        if msg.if_unused and self.q.consumers:
+            self.emit(owner, m.EvFail(msg.rid, owner[2], PRECONDITION_FAILED,
+                                      f"queue '{self.name}' in vhost '/' in use"))
+        elif msg.if_empty and self.q.message_count:
+            self.emit(owner, m.EvFail(msg.rid, owner[2], PRECONDITION_FAILED,
+                                      f"queue '{self.name}' in vhost '/' is not empty"))
+        else:
+            self._out.append(DeleteQueue(owner, msg.rid, self.q.message_count))
+
+    def _maybe_auto_delete(self) -> None:
+        if self.assign.auto_delete and self.q.had_consumer and not self.q.consumers:
+            self.q.had_consumer = False
+            self._out.append(AutoDelete())
+
+    def purge_now(self) -> int:
+        """warrenctl purge_queue (through the node, not a client channel)."""
+        return self.q.purge() if self.state in LEADING else 0
+
+    # --- leading -----------------------------------------------------------------------------
+    def _become_leader(self, a: Assign, now: float) -> None:
+        promoted = self.state is not S.WAITING or self.follow.epoch >= 0
+        resume = None
+        if self.follow.epoch >= 0:
+            resume = [self.follow.epoch, self.follow.last_seq, self.follow.start_id,
+                      self.follow.synced_upto]
+        self._to(S.LEADER)
+        self.epoch = a.epoch
+        self.rep = LeaderReplication()
+        self.q.effects = []
+        if promoted or a.epoch > 1:
+            self._log(f"{self.qlog}: Promoting mirror {self.pid} to leader", epoch=a.epoch,
+                      old_leader=self.leader_node)
+            for c in self.q.failover():
+                self.emit(c.owner, m.EvCancelled(
+                    c.owner[2], c.tag, self.name,
+                    f"queue '{self.name}' in vhost '/' failed over to a new leader "
+                    "(x-cancel-on-ha-failover)"))
+        self.leader_node = self.me
+        self._update_mirrors(now, resume)
+        parked, self.parked = self.parked, []
+        for op in parked:
+            self.handle(op, now)
+
+    def _restart_epoch(self, a: Assign, now: float) -> None:
+        """Still the leader, but the metadata started a new epoch (our node was counted down
+        and came back): every mirror starts again; in-flight publishes are resent by their
+        sessions and de-duplicated here, and confirmed once the new epoch's mirrors have them."""
+        self._end_sync(False, now, "a new leader epoch")
+        self._ship(now)  # to the old mirrors; what waits for them is dropped, not confirmed
+        self.epoch = a.epoch
+        self.rep = LeaderReplication()
+        self.accepted.clear()
+        self._update_mirrors(now)
+
+    def _demote(self, a: Assign, now: float) -> None:
+        self._log(f"{self.qlog}: leader {self.pid} steps down: node {a.leader} leads epoch {a.epoch}",
+                  level="warning")
+        self.sync = None
+        self.q = QueueState(self.name)
+        self.rep = LeaderReplication()
+        self.accepted.clear()
+        self.follow = MirrorFollow()
+        self.leader_node = a.leader
+        self.epoch = -1
+        self._to(S.WAITING)
+
+    def _update_mirrors(self, now: float, resume: list | None = None) -> None:
+        """Follow the metadata's mirror list: start new mirrors, forget removed ones."""
+        wanted = [n for n in self.assign.mirrors if n != self.me]
+        self._ship(now)
+        for node in list(self.rep.mirrors):
+            if node not in wanted:
+                self._release(self.rep.remove(node))
+                if self.sync is not None:
+                    self.sync.acks.pop(node, None)
+                self._log(f"{self.qlog}: Dropping mirror on node {node}")
+        new = [n for n in wanted if n not in self.rep.mirrors]
+        if new:
+            snap = self.q.mirror_snapshot()
+            for node in new:
+                self.rep.add(node, self.q.next_id, now)
+                self._send(node, m.RMirrorStart(self.name, self.epoch, self.me, snap, resume,
+                                                self.rep.seq))
+                self._log(f"{self.qlog}: Adding mirror on node {node}")
+        self.q.effects = [] if self.rep.mirrors else None
+        if self.sync is not None and not self.sync.acks:
+            self._end_sync(False, now, "no mirror left to synchronise")
+        if new and self.assign.ha.sync_mode in ("automatic", "background"):
+            self.request_sync(f"ha-sync-mode {self.assign.ha.sync_mode}", now)
+
+    def _on_mirror_ready(self, msg: m.RMirrorReady, now: float) -> None:
+        track = self.rep.mirrors.get(msg.node)
+        if msg.epoch != self.epoch or track is None or msg.since != track.since:
+            return  # an answer to an earlier start of this mirror
+        self.rep.mirror_state(msg.node, msg.start_id, msg.synced_upto)
+        how = "resumed" if msg.resumed else "started empty"
+        self._log(f"{self.qlog}: mirror on node {msg.node} {how}", start_id=msg.start_id)
+        self._synced_check_at = 0.0
+        if self.assign.ha.sync_mode in ("automatic", "background") and not self.sync_wanted:
+            self.request_sync(f"ha-sync-mode {self.assign.ha.sync_mode}", now)
+
+    def _on_rep_ok(self, msg: m.RRepOk, now: float) -> None:
+        if msg.epoch == self.epoch:
+            self._release(self.rep.acknowledged(msg.node, msg.seq, now))
+
+    def _on_mirror_reset(self, msg: m.RMirrorReset, now: float) -> None:
+        if msg.epoch == self.epoch and msg.node in self.rep.mirrors:
+            self._drop_mirror(msg.node, "it lost track of the replication stream", now)
+
+    def _release(self, accepted: dict) -> None:
+        name = self.name
+        for key, pseq in accepted.items():
+            self.emit(key, m.EvAccepted(name, pseq))
+
+    def _ship(self, now: float) -> None:
+        """Send the effects applied so far to every mirror (one batch) and accept what can be."""
+        q = self.q
+        effects = q.effects
+        accepted, self.accepted = self.accepted, {}
+        if effects:
+            q.effects = []
+            seq, released = self.rep.record(accepted)
+            msg = m.RRep(self.name, self.epoch, seq, effects)
+            for node in self.rep.mirrors:
+                self._send(node, msg)
+            self._release(released)
+        elif accepted:
+            if self.rep.mirrors:
+                _, released = self.rep.record(accepted)
+                self._release(released)
+            else:
+                self._release(accepted)
+
+    def holds_between(self, lo: int, hi: int) -> bool:
+        """Does this replica hold a message with lo < id < hi?"""
+        q = self.q
+        for msg in q.ready:  # sorted by id: only the head can matter
+            if msg[0] <= lo:
+                continue
+            if msg[0] < hi:
+                return True
+            break
+        return any(lo < mid < hi for mid in q.unacked)
+
+    def _report_synced(self, now: float) -> None:
+        if now - self._synced_check_at < SYNCED_CHECK_EVERY and self._synced_check_at:
+            return
+        self._synced_check_at = now
+        if any(not t.synced for t in self.rep.mirrors.values()):
+            for node in self.rep.newly_synced(self.holds_between):
+                self._log(f"{self.qlog}: Synchronised mirror on node {node}")
+        synced = sorted(self.rep.synced())
+        if synced != sorted(self.assign.synced):
+            self._propose_once(("synced", tuple(synced), self.epoch),
+                               ["queue.synced", self.name, self.epoch, synced], now)
+
+    def synced_now(self) -> list:
+        return sorted(self.rep.synced()) if self.state in LEADING else []
+
+    # --- batch sync (leader) -----------------------------------------------------------------
+    def request_sync(self, why: str, now: float) -> bool:
+        """Start a batch sync of the unsynchronised mirrors after this round (False: nothing to do)."""
+        if self.state not in LEADING or self.sync is not None:
+            return self.sync is not None
+        if not any(t.ready and not t.synced for t in self.rep.mirrors.values()):
+            return False
+        self.sync_wanted = why
+        return True
+
+    def cancel_sync(self, now: float) -> bool:
+        if self.sync is None:
+            return False
+        self._end_sync(False, now, "cancelled", cancelled=True)
+        return True
+
+    def old_messages_count(self, lo: int, hi: int) -> tuple[int, int]:
+        n = size = 0
+        for msg in self.q.ready:
+            if msg[0] >= hi:
+                break
+            if msg[0] > lo:
+                n += 1
+                size += len(msg[1])
+        for _, _, msg in self.q.unacked.values():
+            if msg is not None and lo < msg[0] < hi:
+                n += 1
+                size += len(msg[1])
+        return n, size
+
+    def old_messages(self, lo: int, hi: int, max_msgs: int, max_bytes: int) -> list:
+        """The next messages with lo < id < hi, oldest first, as the queue holds them now
+        (ready ones with their redelivered flag, unacknowledged ones too)."""
+        q = self.q
+        cands = []
+        for msg in q.ready:
+            if msg[0] >= hi or len(cands) >= max_msgs:
+                break
+            if msg[0] > lo:
+                cands.append(msg)
+        if q.unacked:
+            cands.extend(e[2] for mid, e in q.unacked.items()
+                         if lo < mid < hi and e[2] is not None)
+            cands.sort()
+        out = []
+        size = 0
+        for msg in cands[:max_msgs]:
+            s = message_size(msg)
+            if out and size + s > max_bytes:
+                break
+            out.append([msg[0], msg[1], msg[2], msg[3]])
+            size += s
+        return out
+
+    def _start_sync(self, now: float) -> None:
+        why, self.sync_wanted = self.sync_wanted, ""
+        targets = [t for t in self.rep.mirrors.values() if t.ready and not t.synced]
+        if self.state is not S.LEADER or not targets:
+            return
+        blocking = self.assign.ha.sync_mode != "background"
+        self._ship(now)
+        job = self.sync = _SyncJob(self, targets, blocking, why, now)
+        self._to(S.LEADER_SYNCING if blocking else S.LEADER_SYNCING_LIVE)
+        p = job.pacer
+        self._log(f"{self.qlog}: Synchronising {p.total_msgs} messages to mirrors on "
+                  f"{', '.join(sorted(job.acks))}", reason=why, batch_size=p.batch_size,
+                  max_throughput=p.max_rate, bytes=p.total_bytes,
+                  mode="blocking" if blocking else "background")
+
+    def _sync_step(self, now: float) -> None:
+        job = self.sync
+        p = job.pacer
+        while True:
+            batch = p.next_batch(now)
+            if batch is None:
+                break
+            msg = m.RSyncBatch(self.name, self.epoch, p.sent_batches, batch, job.cursor)
+            for node in job.acks:
+                self._send(node, msg)
+        if p.done(now):
+            self._end_sync(True, now, "completed")
+            return
+        if now >= job.next_report:
+            job.next_report = now + SYNC_PROGRESS_EVERY
+            prog = p.progress(now)
+            self._log(f"{self.qlog}: Synchronising: {progress_line(prog)}", **prog)
+
+    def _on_sync_ok(self, msg: m.RSyncOk, now: float) -> None:
+        track = self.rep.mirrors.get(msg.node)
+        if msg.epoch != self.epoch or track is None:
+            return
+        track.synced_upto = max(track.synced_upto, msg.upto)
+        job = self.sync
+        if job is None or msg.node not in job.acks:
+            return
+        job.acks[msg.node] = max(job.acks[msg.node], msg.n)
+        low = min(job.acks.values())
+        job.pacer.acked(low - job.pacer.acked_batches)
+
+    def _end_sync(self, completed: bool, now: float, how: str, cancelled: bool = False) -> None:
+        job = self.sync
+        if job is None:
+            return
+        self.sync = None
+        p = job.pacer
+        p.finished_at = now
+        completed = completed and bool(job.acks)
+        for node in job.acks:
+            self._send(node, m.RSyncEnd(self.name, self.epoch, completed))
+            if completed:
+                self.rep.mirror_state(node, 0, 0)
+        status = "completed" if completed else ("cancelled" if cancelled else "stopped")
+        self.last_sync = {**p.progress(now), "status": status, "reason": job.why,
+                          "mode": "blocking" if job.blocking else "background"}
+        word = "complete" if completed else status
+        self._log(f"{self.qlog}: Synchronisation {word}: {p.msgs_sent} messages, "
+                  f"{p.body_bytes_sent} bytes in {self.last_sync['elapsed']:.3f} s",
+                  **self.last_sync, detail=how)
+        if self.state in (S.LEADER_SYNCING, S.LEADER_SYNCING_LIVE):
+            self._to(S.LEADER)
+        self._synced_check_at = 0.0
+        parked, self.parked = self.parked, []
+        for op in parked:
+            self.handle(op, now)
+
+    def sync_status(self, now: float) -> dict:
+        unsynced = [t.node for t in self.rep.mirrors.values() if not t.synced]
+        return {"running": self.sync is not None or bool(self.sync_wanted),
+                "progress": self.sync.pacer.progress(now) if self.sync else None,
+                "last": self.last_sync, "unsynchronised": unsynced}
+
+    # --- following (mirror) ------------------------------------------------------------------
+    def _on_mirror_start(self, msg: m.RMirrorStart, now: float) -> None:
+        if msg.epoch < self.follow.epoch or msg.epoch < self.assign.epoch:
+            return  # an older leader's
+        f = self.follow
+        if msg.resume is not None and f.can_resume(*msg.resume):
+            how = "resumed"
+        else:
+            self.q.reset_as_mirror(msg.snapshot)
+            f.start_id = msg.snapshot["next_id"]
+            f.synced_upto = 0
+            how = "started empty"
+        f.epoch, f.last_seq = msg.epoch, msg.seq
+        self.leader_node = msg.leader
+        self._to(S.MIRROR)
+        self._send(msg.leader, m.RMirrorReady(self.name, msg.epoch, self.me, f.start_id,
+                                              f.synced_upto, how == "resumed", msg.seq))
+        self._log("mirror following leader", leader=msg.leader, epoch=msg.epoch, how=how)
+
+    def _on_rep(self, msg: m.RRep, now: float) -> None:
+        ok = self.follow.accepts(msg.epoch, msg.seq)
+        if ok:
+            self.q.apply_effects(msg.effects)
+            self.follow.last_seq = msg.seq
+            self._ack_due = True
+        elif ok is None:
+            self._log("replication batch missing; mirror restarts", level="warning",
+                      epoch=msg.epoch, seq=msg.seq, last=self.follow.last_seq)
+            self.follow.epoch = -1
+            self._send(self.leader_node, m.RMirrorReset(self.name, msg.epoch, self.me))
+            self._to(S.WAITING)
+
+    def _on_sync_batch(self, msg: m.RSyncBatch, now: float) -> None:
+        f = self.follow
+        if msg.epoch != f.epoch:
+            return
+        if self.state is S.MIRROR:
+            self._to(S.MIRROR_SYNCING)
+        fresh = [x for x in msg.messages if f.synced_upto < x[0] < f.start_id]
+        if fresh:
+            self.q.add_synced_messages(fresh)
+        if msg.upto > f.synced_upto:
+            f.synced_upto = min(msg.upto, f.start_id - 1)
+        self._send(self.leader_node, m.RSyncOk(self.name, msg.epoch, self.me, msg.n, f.synced_upto))
+
+    def _on_sync_end(self, msg: m.RSyncEnd, now: float) -> None:
+        if msg.epoch != self.follow.epoch:
+            return
+        if msg.completed:
+            self.follow.start_id = 0  # we hold everything the leader holds
+            self.follow.synced_upto = 0
+        self._to(S.MIRROR)
+
+    # --- a round -----------------------------------------------------------------------------
+    def flush(self, now: float) -> bool:
+        """End of a round: dispatch deliveries, replicate, run the sync. True if more could be
+        dispatched at once (a dispatch stopped at its budget)."""
+        self.round_bytes = 0
+        if self.state in FOLLOWING:
+            if self._ack_due:
+                self._ack_due = False
+                self._send(self.leader_node, m.RRepOk(self.name, self.follow.epoch, self.me,
+                                                      self.follow.last_seq))
+            return False
+        if self.state is S.STOPPED:
+            return False
+        more = False
+        if self.state in SERVING:
+            batches = self.q.dispatch()
+            if batches:
+                name = self.name
+                below = self.q.redeliver_below
+                for c, batch in batches:
+                    props = [x[2] for x in batch]
+                    self.emit(c.owner, m.EvDeliver(
+                        c.owner[2], c.tag, name, [x[0] for x in batch], [x[1] for x in batch],
+                        [i for i, x in enumerate(batch) if x[3] or x[0] < below],
+                        props if any(p is not None for p in props) else None))
+                more = bool(self.q.ready)
+        self._ship(now)
+        if self.rep.mirrors:
+            self._report_synced(now)
+        if self.sync_wanted and self.sync is None:
+            self._start_sync(now)
+        if self.sync is not None:
+            self._sync_step(now)
+        return more
+
+    def stats(self, now: float) -> dict:
+        st = {"pid": self.pid, "role": self.role, "state": self.state.value, "node": self.me,
+              **self.q.stats()}
+        if self.state in LEADING:
+            st["synced"] = self.synced_now()
+            if self.sync is not None:
+                st["sync"] = self.sync.pacer.progress(now)
+        return st
+
+
+CLIENT_OPS = {
+    m.QPublish: Replica._op_publish,
+    m.QSettle: Replica._op_settle,
+    m.QConsume: Replica._op_consume,
+    m.QCancel: Replica._op_cancel,
+    m.QGet: Replica._op_get,
+    m.QOwnerGone: Replica._op_owner_gone,
+    m.QSessionGone: Replica._op_session_gone,
+    m.QPurge: Replica._op_purge,
+    m.QDeclareOk: Replica._op_declare_ok,
+    m.QDelete: Replica._op_delete,
+}
+LEADER_REPLICATION = {
+    m.RMirrorReady: Replica._on_mirror_ready,
+    m.RRepOk: Replica._on_rep_ok,
+    m.RMirrorReset: Replica._on_mirror_reset,
+    m.RSyncOk: Replica._on_sync_ok,
+}
+MIRROR_REPLICATION = {
+    m.RMirrorStart: Replica._on_mirror_start,
+    m.RRep: Replica._on_rep,
+    m.RSyncBatch: Replica._on_sync_batch,
+    m.RSyncEnd: Replica._on_sync_end,
+}
+# what each state acts on; anything else is parked (client operations) or ignored
+ACTS_ON: dict[State, dict] = {
+    S.WAITING: {m.RMirrorStart: Replica._on_mirror_start},
+    S.MIRROR: MIRROR_REPLICATION,
+    S.MIRROR_SYNCING: MIRROR_REPLICATION,
+    S.LEADER: {**CLIENT_OPS, **LEADER_REPLICATION},
+    S.LEADER_SYNCING: LEADER_REPLICATION,  # the spec: the queue serves nothing else meanwhile
+    S.LEADER_SYNCING_LIVE: {**CLIENT_OPS, **LEADER_REPLICATION},
+    S.STOPPED: {},
+}

@@ -1,0 +1,259 @@
+"""Property test of mirroring/replica.py: a leader and its mirrors, wired by in-order links, under
+random client operations, mirrors added late, batch syncs (blocking and background) that start,
+stop, get cancelled and overlap with every operation, and random interleavings of the links.
+
+What must hold (spec, "Mirrored Queue Implementation and Semantics" and "Unsynchronised Mirrors"):
+* a mirror the leader counts as synchronised holds exactly the leader's state;
+* an unsynchronised mirror holds the leader's messages from its start on, never one the leader
+  does not hold;
+* a publish is confirmed only once every mirror has it;
+* while a blocking sync runs the leader serves nothing else; a background sync serves on.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mirroring.policy import HA
+from mirroring.replica import LEADING, Assign, Replica, ReplicaConfig, Send, State
+from wire import messages as m
+
+OWNERS = [("n1", 1, 1), ("n2", 5, 1), ("n3", 9, 2)]
+
+
+class World:
+    def __init__(self, rng: random.Random, sync_mode: str, batch: int, throughput: int = 0):
+        self.rng = rng
+        self.throughput = throughput
+        self.now = 0.0
+        self.ha = HA(mode="all", sync_mode=sync_mode, sync_batch_size=batch)
+        self.mirrors: list[str] = []
+        self.replicas: dict[str, Replica] = {}
+        self.links: dict[tuple, list] = {}  # (src, dst) -> messages in order
+        self.events: list = []
+        self.pseq = {o[:2]: 0 for o in OWNERS}
+        self.published: dict[tuple, int] = {}  # (session, pseq) -> ids count
+        self.delivered: dict[tuple, list] = {o: [] for o in OWNERS}
+        self.accepted: dict[tuple, int] = {}
+        self.add_replica("L")
+
+    def assign(self) -> Assign:
+        return Assign("L", 1, list(self.mirrors), [], self.ha)
+
+    def cfg(self, name):
+        return ReplicaConfig(node=name, pid=f"<{name}.1.0>", sync_batch_size=4,
+                             max_sync_bytes=1 << 20, sync_max_throughput=self.throughput,
+                             stall_after=1e9)
+
+    def add_replica(self, name: str) -> None:
+        if name != "L":
+            self.mirrors.append(name)
+        self.replicas[name] = Replica("q", self.cfg(name), self.assign(), self.now)
+        for r in self.replicas.values():
+            r.assign_now(self.assign(), self.now)
+        self.pump("L")
+        self.pump(name)
+
+    @property
+    def leader(self) -> Replica:
+        return self.replicas["L"]
+
+    def pump(self, name: str) -> None:
+        r = self.replicas[name]
+        r.flush(self.now)
+        out, events = r.take_output()
+        for o in out:
+            if isinstance(o, Send):
+                self.links.setdefault((name, o.node), []).append(o.msg)
+        for key, evs in events.items():
+            for ev in evs:
+                if isinstance(ev, m.EvDeliver):
+                    owner = (key[0], key[1], ev.ch)
+                    self.delivered[owner].extend(ev.ids)
+                elif isinstance(ev, m.EvAccepted):
+                    self.accepted[key] = max(self.accepted.get(key, 0), ev.pseq)
+                elif isinstance(ev, m.EvGetOk) and ev.msg is not None:
+                    owner = (key[0], key[1], ev.ch)
+                    self.delivered[owner].append(ev.msg[0])
+
+    def deliver_one(self) -> bool:
+        busy = [k for k, v in self.links.items() if v]
+        if not busy:
+            return False
+        src, dst = self.rng.choice(busy)
+        msg = self.links[(src, dst)].pop(0)
+        self.replicas[dst].handle(msg, self.now)
+        self.pump(dst)
+        return True
+
+    def settle_all(self) -> None:
+        for _ in range(100_000):
+            self.now += 0.001
+            for name in list(self.replicas):
+                self.replicas[name].tick(self.now)
+                self.pump(name)
+            if not self.deliver_one() and self.leader.sync is None:
+                return
+        raise AssertionError("the world did not settle")
+
+    def op(self, kind, *args) -> None:
+        L = self.leader
+        if kind == "publish":
+            owner, n = args
+            self.pseq[owner[:2]] += 1
+            L.handle(m.QPublish("q", owner, self.pseq[owner[:2]], [b"m%d" % i for i in range(n)], None), self.now)
+        elif kind == "consume":
+            owner, prefetch = args
+            L.handle(m.QConsume("q", owner, 1, "t", False, prefetch, False, {}), self.now)
+        elif kind == "cancel":
+            L.handle(m.QCancel("q", args[0], 2, "t"), self.now)
+        elif kind == "settle":
+            owner, how, k = args
+            ids = self.delivered[owner][:k]
+            del self.delivered[owner][:k]
+            L.handle(m.QSettle("q", owner, how, ids), self.now)
+        elif kind == "get":
+            L.handle(m.QGet("q", args[0], 3, args[1]), self.now)
+        elif kind == "owner_gone":
+            self.delivered[args[0]] = []
+            L.handle(m.QOwnerGone("q", args[0]), self.now)
+        elif kind == "purge":
+            L.handle(m.QPurge("q", OWNERS[0], 4), self.now)
+        elif kind == "add_mirror":
+            name = f"M{len(self.mirrors) + 1}"
+            if len(self.mirrors) < 3:
+                self.add_replica(name)
+                return
+        elif kind == "sync":
+            L.request_sync("test", self.now)
+        elif kind == "cancel_sync":
+            L.cancel_sync(self.now)
+        elif kind == "step":
+            for _ in range(args[0]):
+                self.now += 0.001
+                if not self.deliver_one():
+                    break
+        self.pump("L")
+
+    def check(self, final: bool) -> None:
+        L = self.leader
+        lq = L.q
+        for name in self.mirrors:
+            r = self.replicas[name]
+            track = L.rep.mirrors.get(name)
+            if track is None or not track.ready or self.links.get(("L", name)):
+                continue  # not started yet, or still catching up
+            mq = r.q
+            held = {x[0] for x in lq.ready} | set(lq.unacked)
+            assert {x[0] for x in mq.ready} <= held, f"{name} holds a message the leader does not"
+            if final and track.synced:
+                assert mq.comparable() == lq.comparable(), f"synced mirror {name} differs"
+        # confirms: every accepted publish is on every mirror that was following when applied
+        for key, upto in self.accepted.items():
+            assert upto <= self.pseq[key]
+
+
+op = st.one_of(
+    st.tuples(st.just("publish"), st.sampled_from(OWNERS), st.integers(1, 4)),
+    st.tuples(st.just("consume"), st.sampled_from(OWNERS), st.integers(0, 3)),
+    st.tuples(st.just("cancel"), st.sampled_from(OWNERS)),
+    st.tuples(st.just("settle"), st.sampled_from(OWNERS), st.sampled_from([m.ACK, m.REQUEUE, m.DISCARD]),
+              st.integers(0, 3)),
+    st.tuples(st.just("get"), st.sampled_from(OWNERS), st.booleans()),
+    st.tuples(st.just("owner_gone"), st.sampled_from(OWNERS)),
+    st.tuples(st.just("purge")),
+    st.tuples(st.just("add_mirror")),
+    st.tuples(st.just("sync")),
+    st.tuples(st.just("cancel_sync")),
+    st.tuples(st.just("step"), st.integers(1, 6)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(op, max_size=80), st.sampled_from(["manual", "automatic", "background"]),
+       st.integers(1, 5), st.randoms(use_true_random=False))
+def test_mirrors_equal_the_leader_through_syncs(ops, sync_mode, batch, rng):
+    w = World(rng, sync_mode, batch)
+    w.add_replica("M1")
+    blocked_ops = 0
+    for o in ops:
+        before = w.leader.state
+        w.op(*o)
+        if before is State.LEADER_SYNCING and o[0] in ("publish", "consume", "settle", "get"):
+            blocked_ops += 1
+        w.check(final=False)
+    # let everything arrive, then make every mirror synchronised and compare
+    w.settle_all()
+    w.leader.request_sync("final", w.now)
+    w.pump("L")
+    w.settle_all()
+    w.check(final=True)
+    for name in w.mirrors:
+        assert name in w.leader.rep.synced(), f"{name} not synchronised after a full sync"
+    assert w.leader.state in LEADING and not w.leader.parked
+
+
+def test_blocking_sync_parks_operations_and_background_sync_serves_them():
+    for mode, parked in (("automatic", True), ("background", False)):
+        w = World(random.Random(1), mode, 1)
+        for i in range(50):
+            w.op("publish", OWNERS[0], 2)
+        w.op("add_mirror")  # automatic/background: a sync starts once the mirror is ready
+        w.op("step", 4)
+        assert w.leader.sync is not None
+        w.op("publish", OWNERS[1], 1)
+        assert bool(w.leader.parked) is parked, mode
+        w.settle_all()
+        assert not w.leader.parked
+        assert w.leader.rep.synced() == ["M1"]
+        assert w.replicas["M1"].q.comparable() == w.leader.q.comparable()
+
+
+def test_policy_change_from_manual_to_automatic_syncs_an_unsynchronised_mirror():
+    w = World(random.Random(2), "manual", 4)
+    for _ in range(20):
+        w.op("publish", OWNERS[0], 3)
+    w.op("add_mirror")
+    w.settle_all()
+    assert w.leader.rep.synced() == []  # manual: the head is still missing
+    w.ha = HA(mode="all", sync_mode="automatic", sync_batch_size=4)
+    for r in w.replicas.values():
+        r.assign_now(w.assign(), w.now)
+    w.pump("L")
+    w.settle_all()
+    assert w.leader.rep.synced() == ["M1"]
+
+
+def test_cancel_and_resume_sync():
+    w = World(random.Random(3), "manual", 1, throughput=200)  # 2-byte bodies: ~100 msgs/s
+    for _ in range(30):
+        w.op("publish", OWNERS[0], 1)
+    w.op("add_mirror")
+    w.settle_all()
+    w.op("sync")
+    for _ in range(100):
+        w.now += 0.001
+        w.leader.tick(w.now)
+        w.op("step", 2)
+    w.op("cancel_sync")
+    w.settle_all()
+    assert w.leader.last_sync["status"] == "cancelled"
+    upto = w.leader.rep.mirrors["M1"].synced_upto
+    assert 0 < upto < 30
+    w.op("sync")
+    w.settle_all()
+    assert w.leader.last_sync["status"] == "completed"
+    assert w.leader.last_sync["messages"] <= 30 - upto + 1  # it resumed where it stopped
+    assert w.replicas["M1"].q.comparable() == w.leader.q.comparable()
+
+
+def test_sync_request_is_a_noop_without_unsynchronised_mirrors():
+    w = World(random.Random(4), "manual", 4)
+    w.op("add_mirror")
+    w.settle_all()
+    assert w.leader.rep.synced() == ["M1"]
+    assert not w.leader.request_sync("x", w.now)
+    assert not w.leader.cancel_sync(w.now)
