@@ -81,7 +81,7 @@ async def _each_running_node(node, rpc: str, args: dict) -> dict:
     async def one(name):
         try:
             with trio.fail_after(10):
-                results[name] = await node.call_node(name, rpc, args)
+                results[name] = await node.cluster.call_node(name, rpc, args)
         except Exception:
             pass
 
@@ -93,16 +93,26 @@ async def _each_running_node(node, rpc: str, args: dict) -> dict:
 
 # --- commands --------------------------------------------------------------------------------
 
+def _md(node):
+    """The metadata: live while the app runs, else as saved."""
+    return node.md if node.app_running else node.cluster.load_metadata()
+
+
 async def cmd_status(node, args):
+    md = _md(node)
     return {"node": node.name, "app_running": node.app_running, "peer_port": node.peer_port,
-            "client_port": node.client_port, "cluster_name": node.md.cluster_name,
-            "metadata_version": node.md.version, "net_ticktime": node.config.net_ticktime}
+            "client_port": node.client_port, "cluster_name": md.cluster_name,
+            "metadata_version": md.version, "net_ticktime": node.config.net_ticktime,
+            "paused": node.cluster.paused}
 
 
 async def cmd_cluster_status(node, args):
-    return {"cluster_name": node.md.cluster_name, "node": node.name,
-            "members": list(node.md.members), "running_nodes": sorted(node.running),
-            "coordinator": node.coordinator}
+    md = _md(node)
+    raft = node.cluster.raft
+    return {"cluster_name": md.cluster_name, "node": node.name,
+            "members": list(md.members), "running_nodes": sorted(node.running),
+            "metadata_leader": node.cluster.leader, "term": raft.term if raft else None,
+            "down": dict(md.down), "paused": node.cluster.paused}
 
 
 async def cmd_stop_app(node, args):
@@ -135,16 +145,14 @@ async def cmd_forget_cluster_node(node, args):
         raise ProtocolError(NOT_FOUND, f"node {target} is not a member of cluster {node.md.cluster_name}")
     if target in node.running:
         raise ProtocolError(PRECONDITION_FAILED, f"node {target} is running: stop its app first")
-    await node.propose(["member.remove", target])
+    await node.cluster.propose(["member.remove", target])
     return f"Removing node {target} from the cluster"
 
 
 async def cmd_add_member(node, args):
-    """A node asks to join (join_cluster on it named us)."""
+    """A node asks to join (join_cluster on it named us): it gets the cluster's log."""
     _require_running(node)
-    await node.propose(["member.add", args["name"], args["peer"], args["client"]])
-    node.log.info("node joined the cluster", joined=args["name"])
-    return node.md.snapshot()
+    return await node.cluster.admit(args["name"], args["peer"], args["client"])
 
 
 async def cmd_remove_member(node, args):
@@ -152,7 +160,7 @@ async def cmd_remove_member(node, args):
     if args["name"] in node.running:
         raise ProtocolError(PRECONDITION_FAILED, f"node {args['name']} is still running")
     if args["name"] in node.md.members:
-        await node.propose(["member.remove", args["name"]])
+        await node.cluster.propose(["member.remove", args["name"]])
     return None
 
 
@@ -214,7 +222,7 @@ async def cmd_delete_queue(node, args):
     _require_running(node)
     if args["queue"] not in node.md.queues:
         raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/'")
-    await node.propose(["queue.delete", args["queue"]])
+    await node.cluster.propose(["queue.delete", args["queue"]])
     return f"Deleting queue '{args['queue']}' on vhost '/' ..."
 
 
@@ -224,14 +232,14 @@ async def cmd_purge_queue(node, args):
     if qdef is None:
         raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/'")
     node.check_queue_available(qdef)
-    return await node.call_node(qdef["leader"], "purge", {"queue": args["queue"]})
+    return await node.cluster.call_node(qdef["leader"], "purge", {"queue": args["queue"]})
 
 
 async def cmd_set_policy(node, args):
     _require_running(node)
     record = make_policy(args["name"], args["pattern"], args["definition"], args.get("priority", 0),
                          args.get("apply_to", "all"))
-    await node.propose(["policy.set", record])
+    await node.cluster.propose(["policy.set", record])
     return None
 
 
@@ -239,7 +247,7 @@ async def cmd_clear_policy(node, args):
     _require_running(node)
     if args["name"] not in node.md.policies:
         raise ProtocolError(NOT_FOUND, f"policy '{args['name']}' not found in vhost '/'")
-    await node.propose(["policy.clear", args["name"]])
+    await node.cluster.propose(["policy.clear", args["name"]])
     return None
 
 
@@ -255,7 +263,7 @@ async def _leader_rpc(node, rpc: str, queue: str):
     if qdef is None:
         raise ProtocolError(NOT_FOUND, f"no queue '{queue}' in vhost '/'")
     node.check_queue_available(qdef)
-    return await node.call_node(qdef["leader"], rpc, {"queue": queue})
+    return await node.cluster.call_node(qdef["leader"], rpc, {"queue": queue})
 
 
 async def cmd_sync_queue(node, args):
@@ -287,18 +295,9 @@ COMMANDS = {
 # --- node-to-node requests -------------------------------------------------------------------
 
 async def node_rpc(node, name: str, args: dict):
-    if name == "snapshot":
-        return node.md.snapshot()
     if name == "queue_stats":
-        out = {}
-        for qname, qp in node.queues.items():
-            st = {"pid": qp.pid, "role": qp.role, "node": node.name, **qp.state.stats()}
-            if qp.role == "leader":
-                st["synced"] = qp.rep.synced()
-                if qp.sync is not None:
-                    st["sync"] = qp.sync.progress(trio.current_time())
-            out[qname] = st
-        return out
+        now = trio.current_time()
+        return {qname: qp.replica.stats(now) for qname, qp in node.router.replicas.items()}
     if name == "connections":
         return [{"node": node.name, "name": s.conn_id, "peer": s.peer, "user": s.user,
                  "client_name": s.client_name, "channels": len(s.channels)}
@@ -307,27 +306,23 @@ async def node_rpc(node, name: str, args: dict):
         return [{"queue_name": qname, "consumer_tag": c.tag,
                  "channel": f"{c.owner[0]}/{c.owner[1]}:{c.owner[2]}", "ack_required": not c.no_ack,
                  "prefetch_count": c.prefetch, "exclusive": c.exclusive, "arguments": c.arguments}
-                for qname, qp in node.queues.items() if qp.role == "leader"
-                for c in qp.state.consumers.values()]
-    if name in ("sync_queue", "cancel_sync_queue", "sync_status"):
-        qp = node.queues.get(args["queue"])
+                for qname, qp in node.router.replicas.items() if qp.role == "leader"
+                for c in qp.replica.q.consumers.values()]
+    if name == "admit":
+        return await node.cluster.admit(args["name"], args["peer"], args["client"])
+    if name in ("sync_queue", "cancel_sync_queue", "sync_status", "purge"):
+        qname = args["queue"]
+        qp = node.router.replicas.get(qname)
         if qp is None or qp.role != "leader":
-            raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/' on {node.name}")
+            raise ProtocolError(NOT_FOUND, f"no queue '{qname}' in vhost '/' on {node.name}")
         if name == "sync_queue":
-            started = qp.sync is not None or qp.request_sync("sync_queue")
-            return {"started": started, "unsynchronised": [t.node for t in qp.rep.mirrors.values()
-                                                          if not t.synced]}
+            def start(replica, now):
+                started = replica.request_sync("sync_queue", now)
+                return {"started": started, "unsynchronised": replica.sync_status(now)["unsynchronised"]}
+            return await node.router.ask(qname, start)
         if name == "cancel_sync_queue":
-            return {"cancelled": qp.cancel_sync()}
-        return {"running": qp.sync is not None or bool(qp._sync_request),
-                "progress": qp.sync.progress(trio.current_time()) if qp.sync else None,
-                "last": qp.last_sync,
-                "unsynchronised": [t.node for t in qp.rep.mirrors.values() if not t.synced]}
-    if name == "purge":
-        qp = node.queues.get(args["queue"])
-        if qp is None or qp.role != "leader":
-            raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/'")
-        count = qp.state.purge()
-        qp.flush()
-        return count
+            return await node.router.ask(qname, lambda r, now: {"cancelled": r.cancel_sync(now)})
+        if name == "sync_status":
+            return await node.router.ask(qname, lambda r, now: r.sync_status(now))
+        return await node.router.ask(qname, lambda r, now: r.purge_now())
     raise ProtocolError(COMMAND_INVALID, f"unknown node request {name!r}")

@@ -82,6 +82,7 @@ class PeerLink:
         self.ticktime = ticktime
         self.last_heard = trio.current_time()
         self.superseded = False
+        self.incarnation = 0  # the peer's app run, from its LinkHello
         self.cancel_scope = trio.CancelScope()
 
     def send(self, msg) -> None:

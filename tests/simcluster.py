@@ -14,7 +14,6 @@ from broker.client.aio import open_connection
 from broker.config import NodeConfig
 from broker.network import SimNetwork
 from broker.node import Node
-from mirroring.metadata import Metadata
 
 CLIENT_PORT = 5672
 PEER_PORT = 25672
@@ -23,18 +22,14 @@ TICKTIME = 8.0
 
 class SimCluster:
     def __init__(self, nursery: trio.Nursery, data_root, names=("n1", "n2", "n3"), seed: int = 0,
-                 net_ticktime: float = TICKTIME, persist: bool = False,
-                 keep_md_in_memory: bool = True, **node_options):
+                 net_ticktime: float = TICKTIME, persist: bool = False, **node_options):
         self.nursery = nursery
         self.net = SimNetwork(seed)
         self.data_root = data_root
         self.names = list(names)
         self.net_ticktime = net_ticktime
         self.persist = persist
-        # Work-around for a Node bug: with persist=False, start_app() replaces the metadata that
-        # join_cluster() just took with fresh single-node metadata (Node._load), so the join is
-        # forgotten and no cluster forms. See test_join_without_persistence_is_kept.
-        self.keep_md_in_memory = keep_md_in_memory
+        self.seed = seed
         self.node_options = node_options  # extra NodeConfig fields for every node
         self.nodes: dict[str, Node] = {}
         self.scopes: dict[str, trio.CancelScope] = {}
@@ -47,10 +42,9 @@ class SimCluster:
                           data_dir=str(self.data_root / name), **self.node_options).validate()
 
     def _new_node(self, name: str) -> Node:
-        node = Node(self.config(name), self.net.host(name), persist=self.persist)
-        if not self.persist and self.keep_md_in_memory:
-            _keep_metadata_in_memory(node)
-        return node
+        import random
+        rng = random.Random(f"{self.seed}/{name}/{len(self.nodes)}/{sorted(self.killed)}")
+        return Node(self.config(name), self.net.host(name), persist=self.persist, rng=rng)
 
     async def start_node(self, name: str) -> Node:
         return await self._launch(name, self._new_node(name))
@@ -85,8 +79,10 @@ class SimCluster:
                 await trio.sleep(0.05)
 
     async def wait_running(self, names, timeout: float = 60.0) -> None:
+        """Until these nodes link to each other and the metadata records them all up."""
         want = set(names)
-        await self.wait_for(lambda: all(self.nodes[n].running == want for n in names), timeout)
+        await self.wait_for(lambda: all(self.nodes[n].running == want and set(self.nodes[n].md.up) >= want
+                                        for n in names), timeout)
 
     async def _run_node(self, name, node, scope, task_status):
         try:
@@ -112,13 +108,8 @@ class SimCluster:
         self.killed.discard(name)
         node = self._new_node(name)
         if not self.persist:
-            # no disk: the new process starts from what the old one knew, minus what a restart
-            # loses (its own non-durable and exclusive queues), as Node._load does from disk
-            md = Metadata.from_snapshot(old.md.snapshot())
-            for q in list(md.queues.values()):
-                if q["leader"] == name and (not q["durable"] or q["exclusive"]):
-                    del md.queues[q["name"]]
-            node.md = md
+            # no disk: the new process starts from the state the old one had saved
+            node.cluster.saved = old.cluster.saved
         return await self._launch(name, node)
 
     @asynccontextmanager
@@ -128,17 +119,6 @@ class SimCluster:
         async with open_connection([f"{name}:{CLIENT_PORT}"], network=self.net.host(name),
                                    reconnect=False, **kw) as conn:
             yield conn
-
-
-def _keep_metadata_in_memory(node: Node) -> None:
-    original = node._load
-
-    def load():
-        if node.name in node.md.members:
-            return node.md
-        return original()
-
-    node._load = load
 
 
 @asynccontextmanager

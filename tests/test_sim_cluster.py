@@ -22,18 +22,19 @@ async def test_cluster_forms_and_members_agree(tmp_path, autojump_clock):
 
 
 def record_running_changes(node):
-    """Wrap node._running_changed to log (time, 'up'|'down', peer)."""
+    """Wrap the node's link_up/link_down hooks to log (time, 'up'|'down', peer)."""
     events = []
-    original = node._running_changed
+    up, down = node.link_up, node.link_down
 
-    def wrapped(up=None, down=None):
-        if up is not None:
-            events.append((trio.current_time(), "up", up))
-        if down is not None:
-            events.append((trio.current_time(), "down", down))
-        return original(up=up, down=down)
+    def on_up(peer):
+        events.append((trio.current_time(), "up", peer))
+        return up(peer)
 
-    node._running_changed = wrapped
+    def on_down(peer):
+        events.append((trio.current_time(), "down", peer))
+        return down(peer)
+
+    node.link_up, node.link_down = on_up, on_down
     return events
 
 
@@ -48,8 +49,8 @@ async def test_declare_publish_consume_across_nodes(tmp_path, autojump_clock):
             await ch1.queue_declare("q", durable=True)
             await c.wait_for(lambda: all("q" in n.md.queues for n in c.nodes.values()))
             assert all(n.md.queues["q"]["leader"] == "n1" for n in c.nodes.values())
-            assert set(c.nodes["n1"].queues) == {"q"}
-            assert not c.nodes["n2"].queues and not c.nodes["n3"].queues
+            assert set(c.nodes["n1"].router.replicas) == {"q"}
+            assert not c.nodes["n2"].router.replicas and not c.nodes["n3"].router.replicas
             consumer = await ch3.basic_consume("q")
             await ch2.confirm_delivery()
             for i in range(5):
@@ -64,7 +65,7 @@ async def test_declare_publish_consume_across_nodes(tmp_path, autojump_clock):
                     if len(got) == 5:
                         break
             assert got == [b"m0", b"m1", b"m2", b"m3", b"m4"]
-            state = c.nodes["n1"].queues["q"].state
+            state = c.nodes["n1"].router.replicas["q"].replica.q
             await c.wait_for(lambda: state.stats()["messages"] == 0, timeout=5)
 
 
@@ -207,5 +208,5 @@ async def test_killed_node_restarts_and_rejoins(tmp_path, autojump_clock):
 
 
 async def test_join_without_persistence_is_kept(tmp_path, autojump_clock):
-    async with sim_cluster(tmp_path, keep_md_in_memory=False):
-        pass
+    async with sim_cluster(tmp_path) as c:
+        assert all(list(n.md.members) == ["n1", "n2", "n3"] for n in c.nodes.values())

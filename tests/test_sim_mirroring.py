@@ -46,7 +46,7 @@ async def replicas_settled(c, queue, mirrors, synced=None, via="n1"):
 
 
 def mirror_state(c, queue, node):
-    return c.nodes[node].queues[queue].state
+    return c.nodes[node].router.replicas[queue].replica.q
 
 
 async def test_all_policy_mirrors_to_every_node_and_states_match(tmp_path, autojump_clock):
@@ -293,8 +293,8 @@ async def get_all(ch, queue, limit=100_000):
 
 def replica_nodes(c, queue):
     """Nodes that run a replica task of the queue: {node: role}."""
-    return {n.name: n.queues[queue].role for n in c.nodes.values()
-            if n.name not in c.killed and n.app_running and queue in n.queues}
+    return {n.name: n.router.replicas[queue].role for n in c.nodes.values()
+            if n.name not in c.killed and n.app_running and queue in n.router.replicas}
 
 
 async def policies(c, node="n1"):
@@ -506,11 +506,11 @@ async def test_exactly_three_to_two_keeps_the_oldest_mirror(tmp_path, autojump_c
             await ch.queue_declare("x.q", durable=True)
             await replicas_settled(c, "x.q", ["n1", "n2"])
             oldest = qdef(c, "x.q")["mirrors"][0]
-            pid_before = c.nodes[oldest].queues["x.q"].pid
+            pid_before = c.nodes[oldest].router.replicas["x.q"].replica.pid
             await set_policy(c, "ha-x", r"^x\.", {"ha-mode": "exactly", "ha-params": 2})
             await replicas_settled(c, "x.q", [oldest])
             await c.wait_for(lambda: set(replica_nodes(c, "x.q")) == {"n3", oldest}, timeout=5)
-            assert c.nodes[oldest].queues["x.q"].pid == pid_before  # the same mirror, kept
+            assert c.nodes[oldest].router.replicas["x.q"].replica.pid == pid_before  # the same mirror, kept
 
 
 async def test_highest_priority_policy_wins(tmp_path, autojump_clock):
@@ -822,7 +822,10 @@ async def test_cancel_on_ha_failover_argument(tmp_path, autojump_clock):
                     if len(got) == 20:
                         break
             assert set(got) == {b"%02d" % i for i in range(20)}
-            assert {b for b, r in got.items() if r} == before
+            # the unacknowledged ones are flagged; so is everything else the new leader held
+            # then (the old leader may have delivered it without the new one hearing of it)
+            assert {b for b, r in got.items() if r} >= before
+            assert all(got.values())
             assert cb.cancelled_reason is None
 
 

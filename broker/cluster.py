@@ -1,0 +1,672 @@
+"""Cluster membership and metadata on one node: the peer links, the metadata log, liveness.
+
+Theory of operation:
+* Every member dials every other member it has no link to; a link starts with each side's
+  `LinkHello(incarnation)`, so a node whose app restarted is known for a new run of it. If two
+  links to one peer appear, the one dialed by the lower node name survives on both sides.
+* The metadata (mirroring/metadata.py) is the state machine of a Raft log (mirroring/raft.py)
+  over all members. This class is that log's driver: it feeds Raft the messages and timer ticks,
+  saves its persistent state before sending anything (data_dir/raft.msgpack), and applies what
+  is committed, in order, telling the node (`hooks`) after each change.
+* Changes are proposed to the log's leader (`propose`, from any node). The leader plans them on
+  a copy of its metadata (mirroring/planner.py: placements, promotions), appends the concrete
+  changes and answers once they are committed and applied. It plans one batch at a time, after
+  the previous batch is applied, so every plan sees the state it will be applied to.
+* Liveness is the leader's call: a member whose link broke (or fell silent for net_ticktime) is
+  proposed down, a member linked with a new incarnation is proposed up. A majority must agree to
+  commit either, so a node cut off from the others cannot promote or drop anything.
+* pause_minority: a node that has had no working majority for net_ticktime pauses its clients
+  (the node closes their connections and refuses new ones, so they reconnect to the majority),
+  as RabbitMQ's `pause_minority` (which Amazon MQ uses) does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import msgpack
+import trio
+
+from mirroring.metadata import Metadata, MetaError
+from mirroring.planner import plan_change
+from mirroring.raft import ChangeInProgress, NotLeader, Persistent, Raft, Role
+from wire import messages as m
+from wire.errors import INTERNAL_ERROR, NOT_ALLOWED, PRECONDITION_FAILED, ProtocolError
+
+from .framed import FramedStream
+from .peers import HANDSHAKE_TIMEOUT, PeerLink, dial_handshake
+
+PROPOSE_TIMEOUT = 15.0
+NOT_LEADER = "not-leader"
+LIVENESS_EVERY = 0.5  # seconds between the leader's liveness and placement checks
+COMPACT_AFTER = 512  # log entries kept before compacting into a snapshot
+RAFT_MESSAGES = (m.RaftVote, m.RaftVoteReply, m.RaftAppend, m.RaftAppendReply, m.RaftSnapshot,
+                 m.RaftTimeoutNow)
+
+
+class NodeStopped(Exception):
+    """The node a request went to went away before answering."""
+
+
+class ClusterHooks(Protocol):
+    """What the cluster tells the rest of the node."""
+
+    def meta_changed(self, change: list | None) -> None: ...  # None: the whole state was replaced
+    def link_up(self, node: str) -> None: ...
+    def link_down(self, node: str) -> None: ...
+    def peer_message(self, link: PeerLink, msg) -> None: ...  # queue, replica and session traffic
+    def paused(self, paused: bool) -> None: ...
+    async def node_rpc(self, name: str, args: dict): ...
+
+
+@dataclass
+class _Proposal:
+    change: list
+    done: object  # callable(ok, value, code, text)
+
+
+def fresh_state(name: str, peer: list, client: list) -> Persistent:
+    """A node that belongs to no cluster: a cluster of its own, itself the only member."""
+    md = Metadata()
+    md.apply(["member.add", name, peer, client])
+    return Persistent(snap_config=(name,), snap_data=md.snapshot())
+
+
+class Cluster:
+    def __init__(self, name: str, config, network, log, hooks: ClusterHooks, *, persist: bool,
+                 rng: random.Random):
+        self.name = name
+        self.config = config
+        self.network = network
+        self.log = log
+        self.hooks = hooks
+        self.persist = persist
+        self.rng = rng
+        self.md = Metadata()
+        self.raft: Raft | None = None
+        self.links: dict[str, PeerLink] = {}
+        self.incarnation = 0
+        self.paused = False
+        self.saved: dict | None = None  # the persistent state, when not persisting to disk
+        self.applied = 0
+        self._rids = itertools.count(1)
+        self._pending: dict[int, tuple[str, trio.Event, list]] = {}
+        self._queue: deque[_Proposal] = deque()
+        self._inflight: dict[int, _Proposal] = {}
+        self._term_start = 0
+        self._was_leader = False
+        self._bg: set[tuple] = set()
+        self._lost_at: dict[str, float] = {}
+        self._dialing: set[str] = set()
+        self._started_at = 0.0
+        self._no_quorum_since: float | None = None
+        self._liveness_due = False
+        self._liveness_checked = True
+        self._wake = trio.Event()
+        self._changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self.peer_addr = [config.advertise_host, config.peer_port]
+        self.client_addr = [config.advertise_host, config.client_port]
+        timeout = min(2.0, max(0.2, config.net_ticktime / 4))
+        self.election_timeout = timeout
+
+    # --- persistent state ----------------------------------------------------------------------
+    @property
+    def _path(self) -> Path:
+        return Path(self.config.data_dir) / "raft.msgpack"
+
+    def has_state(self) -> bool:
+        return self.saved is not None if not self.persist else self._path.exists()
+
+    def load_state(self) -> tuple[Persistent, int]:
+        """The saved Raft state and commit index, or a fresh single-node cluster."""
+        data = self.saved
+        if self.persist and self._path.exists():
+            try:
+                data = msgpack.unpackb(self._path.read_bytes(), raw=False, strict_map_key=False)
+            except Exception as exc:  # noqa: BLE001 - a corrupt file must not stop the node
+                self.log.error("cannot read the saved cluster state, starting fresh", error=str(exc))
+                data = None
+        if data is None:
+            return fresh_state(self.name, self.peer_addr, self.client_addr), 0
+        return Persistent.from_dict(data["raft"]), data.get("commit", 0)
+
+    def save_state(self, state: Persistent, commit: int) -> None:
+        data = {"raft": state.to_dict(), "commit": commit}
+        if not self.persist:
+            self.saved = data
+            return
+        path = self._path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(msgpack.packb(data, use_bin_type=True))
+        os.replace(tmp, path)
+
+    def forget_state(self) -> None:
+        self.saved = None
+        if self.persist and self._path.exists():
+            self._path.unlink()
+
+    def load_metadata(self) -> Metadata:
+        """The metadata as saved (for commands while the app is stopped)."""
+        state, commit = self.load_state()
+        md = Metadata.from_snapshot(state.snap_data) if state.snap_data else Metadata()
+        for i, (_, change) in enumerate(state.entries, state.snap_index + 1):
+            if i > commit:
+                break
+            try:
+                md.apply(change)
+            except Exception:  # noqa: BLE001
+                pass
+        return md
+
+    # --- lifetime ------------------------------------------------------------------------------
+    @property
+    def running(self) -> set[str]:
+        """This node and the members it has a link to (empty while its app is stopped)."""
+        if self.raft is None:
+            return set()
+        return {self.name, *self.links}
+
+    @property
+    def leader(self) -> str | None:
+        return self.raft.leader if self.raft is not None else None
+
+    async def run(self, incarnation: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The app's part of the cluster: the log, the dialer, liveness. Ends when cancelled."""
+        now = trio.current_time()
+        self.incarnation = incarnation
+        self._started_at = now
+        state, commit = self.load_state()
+        self.raft = Raft(self.name, state, rng=self.rng, now=now,
+                         election_timeout=self.election_timeout)
+        self.raft.commit = max(self.raft.commit, min(commit, self.raft.last_index))
+        self.md = Metadata()
+        self.applied = 0
+        self._apply_committed()
+        me = self.md.members.get(self.name)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._loop)
+                nursery.start_soon(self._dialer)
+                task_status.started()
+                if me is not None and (me["peer"] != self.peer_addr or me["client"] != self.client_addr):
+                    nursery.start_soon(self._propose_quietly, ["member.add", self.name, self.peer_addr,
+                                                               self.client_addr])
+        finally:
+            self._nursery = None
+            for link in list(self.links.values()):
+                link.close("app stopped")
+            self.links.clear()
+            self._fail_proposals(NOT_LEADER)
+            for rid in list(self._pending):
+                self._resolve(rid, None)
+            if self.raft is not None:
+                self.save_state(self.raft.persistent(), self.raft.commit)
+            self.raft = None
+            self.paused = False
+
+    def spawn(self, fn, *args) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
+    # --- the log driver ----------------------------------------------------------------------
+    def _poke(self) -> None:
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        next_liveness = trio.current_time()
+        while True:
+            raft = self.raft
+            deadline = min(raft.next_deadline(), next_liveness)
+            with trio.move_on_at(deadline):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            now = trio.current_time()
+            raft.tick(now)
+            self._after_raft(now)
+            if now >= next_liveness or self._liveness_due:
+                self._liveness_due = False
+                next_liveness = now + LIVENESS_EVERY
+                self._liveness(now)
+            self._check_pause(now)
+
+    def _after_raft(self, now: float) -> None:
+        """Carry out what the log asked for: save, send, apply, and lead."""
+        raft = self.raft
+        if raft is None:
+            return
+        if raft.dirty:
+            self.save_state(raft.persistent(), raft.commit)
+        if raft.out:
+            out, raft.out = raft.out, []
+            links = self.links
+            for peer, msg in out:
+                link = links.get(peer)
+                if link is not None:
+                    link.send(msg)
+        self._apply_committed()
+        leading = raft.role is Role.LEADER
+        if self.applied >= self._term_start and leading and not self._liveness_checked:
+            self._liveness_checked = True  # first check as leader: as soon as our term starts
+            self._liveness_due = True
+            self._poke()
+        if leading and not self._was_leader:
+            self._term_start = raft.last_index
+            self._liveness_checked = False
+            self.log.info("leading the metadata log", term=raft.term)
+        elif not leading and self._was_leader:
+            self._fail_proposals(NOT_LEADER)
+        self._was_leader = leading
+        if leading:
+            self._run_proposals(now)
+
+    def _apply_committed(self) -> None:
+        raft = self.raft
+        items = raft.take_committed()
+        if not items:
+            return
+        for kind, index, item in items:
+            if kind == "snapshot":
+                self.md = Metadata.from_snapshot(item)
+                self.applied = index
+                self.hooks.meta_changed(None)
+                continue
+            value = None
+            try:
+                value = self.md.apply(item)
+            except Exception as exc:  # noqa: BLE001 - the leader validated it: a bug, not fatal
+                self.log.error("a committed metadata change did not apply", change=item[0],
+                               error=str(exc))
+            self.applied = index
+            p = self._inflight.pop(index, None)
+            if p is not None:
+                p.done(True, value, 0, "")
+            if item[0] != "noop":
+                self.hooks.meta_changed(item)
+        ev, self._changed = self._changed, trio.Event()
+        ev.set()
+        if self.persist and len(raft.log) > COMPACT_AFTER and self.applied > raft.snap_index:
+            raft.compact(self.applied, self.md.snapshot())
+            self.save_state(raft.persistent(), raft.commit)
+        elif not self.persist and len(raft.log) > COMPACT_AFTER:
+            raft.compact(self.applied, self.md.snapshot())
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    # --- proposals -----------------------------------------------------------------------------
+    def _fail_proposals(self, text: str) -> None:
+        pending = list(self._inflight.values()) + list(self._queue)
+        self._inflight.clear()
+        self._queue.clear()
+        for p in pending:
+            p.done(False, None, INTERNAL_ERROR, text)
+
+    def _planning_view(self) -> set[str]:
+        """Members running as far as the leader can tell: linked, and recorded up."""
+        return {n for n in self.running if n == self.name or n in self.md.up}
+
+    def _run_proposals(self, now: float) -> None:
+        raft = self.raft
+        if self._inflight or not self._queue or self.applied < self._term_start:
+            return
+        spec = Metadata.from_snapshot(self.md.snapshot())
+        running = self._planning_view()
+        while self._queue:
+            p = self._queue.popleft()
+            try:
+                planned = plan_change(spec, p.change, running)
+            except ProtocolError as exc:
+                p.done(False, None, exc.code, exc.text)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a malformed change must not kill the node
+                p.done(False, None, INTERNAL_ERROR, f"bad change: {exc!r}")
+                spec = Metadata.from_snapshot(self.md.snapshot())  # it may be half-applied
+                continue
+            if not planned:
+                p.done(True, None, 0, "")
+                continue
+            try:
+                index = 0
+                for change, _ in planned:
+                    index = raft.propose(change)
+            except ChangeInProgress:
+                self._queue.appendleft(p)
+                break
+            except NotLeader:
+                self._queue.appendleft(p)
+                self._fail_proposals(NOT_LEADER)
+                return
+            self._inflight[index] = p
+        if raft.out or raft.dirty:
+            self._after_raft(now)
+
+    async def propose(self, change: list, timeout: float = PROPOSE_TIMEOUT):
+        """Have the log commit a change; returns its value or raises MetaError."""
+        with trio.fail_after(timeout):
+            while True:
+                raft = self.raft
+                if raft is None:
+                    raise MetaError(NOT_ALLOWED, f"node {self.name} is not running")
+                leader = raft.leader
+                if leader == self.name and raft.role is Role.LEADER:
+                    ev = trio.Event()
+                    box: list = []
+
+                    def done(ok, value, code, text, box=box, ev=ev):
+                        box.append((ok, value, code, text))
+                        ev.set()
+
+                    self._queue.append(_Proposal(change, done))
+                    self._poke()
+                    await ev.wait()
+                    ok, value, code, text = box[0]
+                elif leader is not None and leader in self.links:
+                    try:
+                        reply = await self._call(self.links[leader],
+                                                 lambda rid: m.MetaPropose(rid, change))
+                    except NodeStopped:
+                        await trio.sleep(0.01)
+                        continue
+                    ok, value, code, text = reply.ok, reply.value, reply.code, reply.error
+                else:
+                    with trio.move_on_after(0.05):
+                        await self.wait_changed()
+                    continue
+                if ok:
+                    return value
+                if text == NOT_LEADER:
+                    await trio.sleep(0.01)
+                    continue
+                raise MetaError(code or INTERNAL_ERROR, text)
+
+    async def _propose_quietly(self, change: list) -> None:
+        try:
+            await self.propose(change)
+        except (ProtocolError, trio.TooSlowError) as exc:
+            self.log.debug("metadata change not committed", change=change[0], error=str(exc))
+
+    def propose_soon(self, change: list, key: tuple | None = None) -> None:
+        """Propose in the background (once at a time per `key`)."""
+        key = key or tuple(str(x) for x in change)
+        if key in self._bg or self._nursery is None:
+            return
+        self._bg.add(key)
+
+        async def go():
+            try:
+                await self._propose_quietly(change)
+            finally:
+                self._bg.discard(key)
+
+        self.spawn(go)
+
+    def _serve_propose(self, link: PeerLink, msg: m.MetaPropose) -> None:
+        raft = self.raft
+        if raft is None or raft.role is not Role.LEADER:
+            link.send(m.MetaResult(msg.rid, False, None, 0, NOT_LEADER))
+            return
+
+        def done(ok, value, code, text):
+            link.send(m.MetaResult(msg.rid, ok, value, code or 0, text))
+
+        self._queue.append(_Proposal(msg.change, done))
+        self._poke()
+
+    # --- liveness and placement (the leader's duty) ------------------------------------------
+    def _liveness(self, now: float) -> None:
+        raft = self.raft
+        if raft is None or raft.role is not Role.LEADER or self.applied < self._term_start:
+            return
+        md = self.md
+        if md.up.get(self.name) != self.incarnation:
+            self.propose_soon(["node.up", self.name, self.incarnation])
+        for node in list(md.members):
+            if node == self.name:
+                continue
+            link = self.links.get(node)
+            if link is not None and link.incarnation:
+                if md.up.get(node) != link.incarnation:
+                    self.propose_soon(["node.up", node, link.incarnation])
+            elif node in md.up:
+                # down: we saw its link go, or we have been up for net_ticktime without one
+                if node in self._lost_at or now - self._started_at > self.config.net_ticktime:
+                    self.propose_soon(["node.down", node, md.up[node], "failure"])
+        self.propose_soon(["replan"])
+
+    def _check_pause(self, now: float) -> None:
+        raft = self.raft
+        if raft is None:
+            return
+        if raft.has_quorum_contact(now):
+            self._no_quorum_since = None
+            if self.paused:
+                self.paused = False
+                self.log.warning("a majority of the cluster is reachable again: resuming clients")
+                self.hooks.paused(False)
+            return
+        if self._no_quorum_since is None:
+            self._no_quorum_since = now
+        elif not self.paused and now - self._no_quorum_since > self.pause_after:
+            self.paused = True
+            self.log.warning("no majority of the cluster reachable: pausing clients (pause_minority)",
+                             members=list(self.md.members), running=sorted(self.running))
+            self.hooks.paused(True)
+
+    @property
+    def pause_after(self) -> float:
+        return max(3 * self.election_timeout, self.config.net_ticktime)
+
+    # --- links ---------------------------------------------------------------------------------
+    def is_member(self, node: str) -> bool:
+        return node in self.md.members or (self.raft is not None and node in self.raft.voters)
+
+    def addresses(self) -> dict[str, list]:
+        """Peer addresses of every member, committed or being added."""
+        out = {n: rec["peer"] for n, rec in self.md.members.items()}
+        if self.raft is not None:
+            for _, change in self.raft.log:
+                if change[0] == "member.add":
+                    out[change[1]] = change[2]
+        return out
+
+    async def _dialer(self) -> None:
+        while True:
+            for name, addr in self.addresses().items():
+                if name != self.name and name not in self.links and name not in self._dialing:
+                    self._dialing.add(name)
+                    self.spawn(self._dial_loop, name)
+            with trio.move_on_after(1.0):
+                await self.wait_changed()
+
+    async def _dial_loop(self, name: str) -> None:
+        delay = 0.05
+        cap = min(2.0, self.config.net_ticktime / 4)
+        try:
+            while self.raft is not None and name in self.addresses():
+                if name in self.links:
+                    await trio.sleep(0.25)
+                    delay = 0.05
+                    continue
+                host, port = self.addresses()[name]
+                try:
+                    with trio.fail_after(HANDSHAKE_TIMEOUT):
+                        stream = await self.network.connect(host, port)
+                        framed = FramedStream(stream, self.config.max_frame)
+                        other = await dial_handshake(framed, self.name, self.config.secret, "peer")
+                    if other != name:
+                        await stream.aclose()
+                        raise ProtocolError(NOT_ALLOWED, f"expected node {name}, reached {other}")
+                    await self.run_link(name, framed, dialer=self.name)
+                    delay = 0.05
+                except (OSError, trio.TooSlowError, trio.BrokenResourceError,
+                        trio.ClosedResourceError, ProtocolError) as exc:
+                    self.log.debug("dial failed", peer=name, error=str(exc))
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, cap)
+        finally:
+            self._dialing.discard(name)
+
+    async def run_link(self, name: str, framed: FramedStream, dialer: str) -> None:
+        """Serve an authenticated link to member `name` until it ends."""
+        with trio.fail_after(HANDSHAKE_TIMEOUT):
+            await framed.send_now(m.LinkHello(self.incarnation))
+            hello = await framed.receive(frozenset({"link.hello"}))
+        if hello is None:
+            raise ProtocolError(NOT_ALLOWED, "link closed during set-up")
+        if self.raft is None:
+            return
+        link = PeerLink(name, framed, dialer, self.config.net_ticktime)
+        link.incarnation = hello.incarnation
+        existing = self.links.get(name)
+        if existing is not None:
+            if dialer == min(self.name, name) and existing.dialer != dialer:
+                existing.superseded = True
+                existing.close("superseded by a second link")
+            else:
+                return
+        self.links[name] = link
+        self._lost_at.pop(name, None)
+        now = trio.current_time()
+        self.log.info("node up", peer=name, running=sorted(self.running))
+        self.raft.peer_up(now, name)
+        self.hooks.link_up(name)
+        self._after_raft(now)
+        self._liveness_due = True
+        self._poke()
+        reason = await link.run(self._on_peer_messages)
+        if self.links.get(name) is link:
+            del self.links[name]
+            now = trio.current_time()
+            self._lost_at[name] = now
+            self.log.warning("node down", peer=name, reason=reason, running=sorted(self.running))
+            self._fail_pending(name)
+            if self.raft is not None:
+                self.raft.peer_down(now, name)
+                self._after_raft(now)
+            self.hooks.link_down(name)
+            self._liveness_due = True
+            self._poke()
+
+    async def _on_peer_messages(self, link: PeerLink, batch: list) -> None:
+        raft_touched = False
+        now = trio.current_time()
+        for msg in batch:
+            t = type(msg)
+            if t in RAFT_MESSAGES:
+                if self.raft is not None and self.is_member(link.name):
+                    self.raft.receive(now, link.name, msg)
+                    raft_touched = True
+            elif t is m.Tick:
+                pass
+            elif t is m.MetaPropose:
+                self._serve_propose(link, msg)
+            elif t is m.MetaResult or t is m.NodeRpcReply:
+                self._resolve(msg.rid, msg)
+            elif t is m.NodeRpc:
+                self.spawn(self._serve_rpc, link, msg)
+            else:
+                self.hooks.peer_message(link, msg)
+        if raft_touched:
+            self._after_raft(now)
+
+    # --- node-to-node requests ---------------------------------------------------------------
+    async def _call(self, link: PeerLink, make):
+        rid = next(self._rids)
+        ev = trio.Event()
+        box: list = []
+        self._pending[rid] = (link.name, ev, box)
+        link.send(make(rid))
+        try:
+            await ev.wait()
+        finally:
+            self._pending.pop(rid, None)
+        if not box or box[0] is None:
+            raise NodeStopped(link.name)
+        return box[0]
+
+    def _resolve(self, rid: int, reply) -> None:
+        entry = self._pending.pop(rid, None)
+        if entry is not None:
+            entry[2].append(reply)
+            entry[1].set()
+
+    def _fail_pending(self, node: str) -> None:
+        for rid, (name, ev, _) in list(self._pending.items()):
+            if name == node:
+                del self._pending[rid]
+                ev.set()
+
+    async def call_node(self, node: str, name: str, args: dict):
+        """A request to another running node (or this one); returns the value or raises."""
+        if node == self.name:
+            return await self.hooks.node_rpc(name, args)
+        link = self.links.get(node)
+        if link is None:
+            raise NodeStopped(node)
+        reply = await self._call(link, lambda rid: m.NodeRpc(rid, name, args))
+        if not reply.ok:
+            raise ProtocolError(reply.code, reply.error)
+        return reply.value
+
+    async def _serve_rpc(self, link: PeerLink, msg: m.NodeRpc) -> None:
+        try:
+            value = await self.hooks.node_rpc(msg.name, msg.args)
+        except ProtocolError as exc:
+            link.send(m.NodeRpcReply(msg.rid, False, None, exc.code, exc.text))
+        except NodeStopped as exc:
+            link.send(m.NodeRpcReply(msg.rid, False, None, NOT_ALLOWED, f"node {exc} went away"))
+        except Exception as exc:  # noqa: BLE001
+            self.log.exception("node rpc failed", rpc=msg.name)
+            link.send(m.NodeRpcReply(msg.rid, False, None, INTERNAL_ERROR, repr(exc)))
+        else:
+            link.send(m.NodeRpcReply(msg.rid, True, value, 0, ""))
+
+    # --- membership ----------------------------------------------------------------------------
+    async def admit(self, name: str, peer: list, client: list) -> dict:
+        """A node asks to join (join_cluster on it named us): the log's leader appends it as a
+        member and hands it the log. It answers before the entry commits: with two members the
+        new one's own acknowledgement is needed for that."""
+        raft = self.raft
+        if raft is None:
+            raise ProtocolError(NOT_ALLOWED, f"node {self.name} is not running (its app is stopped)")
+        leader = raft.leader
+        with trio.move_on_after(5):
+            while leader is None and self.raft is not None:
+                await trio.sleep(0.02)
+                leader = self.raft.leader if self.raft is not None else None
+        if leader is None:
+            raise ProtocolError(NOT_ALLOWED, "the cluster has no leader right now; try again")
+        if leader != self.name:
+            return await self.call_node(leader, "admit", {"name": name, "peer": peer, "client": client})
+        if name in raft.voters and self.md.members.get(name, {}).get("peer") == list(peer):
+            return self._state_for_joiner()
+        try:
+            raft.propose(["member.add", name, list(peer), list(client)])
+        except ChangeInProgress as exc:
+            raise ProtocolError(PRECONDITION_FAILED, f"cannot add {name} now ({exc}); try again") from None
+        except NotLeader:
+            raise ProtocolError(NOT_ALLOWED, "the cluster's leader changed; try again") from None
+        self._after_raft(trio.current_time())
+        self.log.info("node joins the cluster", joining=name)
+        return self._state_for_joiner()
+
+    def _state_for_joiner(self) -> dict:
+        state = self.raft.persistent()
+        self.raft.dirty = True  # persistent() cleared it; the loop still has to save
+        self._poke()
+        state.voted_for = None
+        return {"raft": state.to_dict(), "commit": self.raft.commit}
+
+    def adopt(self, joined: dict) -> None:
+        """This node joins: the leader's log becomes ours (the app is stopped)."""
+        self.save_state(Persistent.from_dict(joined["raft"]), joined["commit"])
+        self.md = self.load_metadata()

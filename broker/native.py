@@ -1,0 +1,151 @@
+"""warren's own client protocol (msgpack frames, wire/messages.py) in front of a Session.
+
+It owns the socket: the handshake (user, password, the loopback rule), the reader (client
+frames -> Session.handle, holding the client while the session has no credit), the writer (one
+Outbox, batching), and the error path (a protocol error gets an Error frame and the connection,
+not the node, is closed). What a session means is broker/session.py's business.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import trio
+
+from wire import messages as m
+from wire.errors import ACCESS_REFUSED, CONNECTION_FORCED, VERSION_MISMATCH, ProtocolError
+from wire.handshake import new_nonce
+
+from .framed import FramedStream, Outbox
+from .session import Session
+
+HANDSHAKE_TIMEOUT = 10.0
+CLIENT_KINDS = frozenset({
+    "channel.open", "channel.close", "queue.declare", "queue.delete", "queue.purge", "basic.qos",
+    "confirm.select", "publish", "basic.consume", "basic.cancel", "basic.get", "ack", "nack",
+    "connection.close", "tx.select", "tx.commit", "tx.rollback",
+})
+
+
+def is_loopback(peer: str, own_host: str) -> bool:
+    host = peer.rsplit(":", 1)[0].strip("[]") if ":" in peer else peer
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == own_host  # simulated network: a client on the node's own host
+
+
+def check_login(config, user: str, password: str, peer: str) -> None:
+    """The users and the loopback rule (shared by every front end)."""
+    if config.users.get(user) != password:
+        raise ProtocolError(ACCESS_REFUSED, f"login refused for user '{user}': wrong user name or password")
+    if user in config.loopback_users and not is_loopback(peer, config.advertise_host):
+        raise ProtocolError(ACCESS_REFUSED,
+                            f"user '{user}' can only connect via localhost (loopback_users)")
+
+
+class NativeConnection:
+    def __init__(self, node, stream, peer: str):
+        self.node = node
+        self.framed = FramedStream(stream, node.config.max_frame)
+        self.peer = peer
+        self.outbox = Outbox(self.framed)
+        self.session: Session | None = None
+        self.scope = trio.CancelScope()
+        self.log = node.log
+
+    async def serve(self) -> None:
+        node = self.node
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                user, client_name = await self._handshake()
+        except ProtocolError as exc:
+            self.log.warning("client connection refused", peer=self.peer, reason=exc.text)
+            await self._send_error(exc)
+            return
+        except trio.TooSlowError:
+            return
+        sid = node.new_session_id()
+        session = self.session = Session(node, sid, self.peer, user, client_name, self.outbox.put)
+        node.sessions[sid] = session
+        node.connections[sid] = self
+        try:
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write)
+                    error = await self._read(session)
+                    self.outbox.close()  # send what is queued (e.g. the close reply), then stop
+                    if error is not None:
+                        await self._send_error(error)
+                    nursery.cancel_scope.cancel()
+        finally:
+            node.sessions.pop(sid, None)
+            node.connections.pop(sid, None)
+            session.close()
+            self.outbox.close()
+            if session.exclusive_queues:
+                node.spawn(session.delete_exclusive)
+
+    async def _handshake(self) -> tuple[str, str]:
+        node = self.node
+        await self.framed.send_now(m.Hello(m.PROTOCOL_VERSION, node.name, new_nonce(), self.framed.max_frame))
+        auth = await self.framed.receive(frozenset({"client.auth"}))
+        if auth is None:
+            raise ProtocolError(ACCESS_REFUSED, "connection closed during the handshake")
+        if auth.version != m.PROTOCOL_VERSION:
+            raise ProtocolError(VERSION_MISMATCH,
+                                f"protocol version {auth.version} not supported (this node speaks {m.PROTOCOL_VERSION})")
+        check_login(node.config, auth.user, auth.password, self.peer)
+        if node.cluster.paused:
+            raise ProtocolError(CONNECTION_FORCED, node.paused_reason())
+        await self.framed.send_now(m.Welcome(node.name, node.cluster.md.cluster_name, self.framed.max_frame))
+        return auth.user, auth.client_name
+
+    async def _read(self, session: Session) -> ProtocolError | None:
+        """Client frames until the client leaves; returns the error to report, if any."""
+        while True:
+            if not session.has_credit:
+                await session.wait_credit()
+            try:
+                batch = await self.framed.receive_batch(CLIENT_KINDS)
+            except ProtocolError as exc:
+                return exc
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return None
+            if not batch:
+                return None
+            for msg in batch:
+                try:
+                    if await session.handle(msg):
+                        return None
+                except ProtocolError as exc:
+                    return exc
+
+    async def _write(self) -> None:
+        try:
+            await self.outbox.run()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.scope.cancel()
+
+    async def _send_error(self, exc: ProtocolError) -> None:
+        """Tell the client why, then close (the node and other connections carry on)."""
+        if self.session is not None:
+            self.log.warning("closing client connection", conn=self.session.conn_id, code=exc.code,
+                             reason=exc.text)
+        with trio.move_on_after(2):
+            try:
+                await self.framed.send_now(m.Error(exc.code, exc.text))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+                pass
+
+    def force_close(self, code: int, text: str) -> None:
+        """Close this connection from the server's side (pause, stop_app)."""
+        self.outbox.put(m.Error(code, text))
+        self.outbox.close()
+        self.node.spawn(self._cancel_soon)
+
+    async def _cancel_soon(self) -> None:
+        with trio.move_on_after(1.0):
+            while not self.outbox.closed or self.outbox._queued:
+                await trio.sleep(0.01)
+        self.scope.cancel()

@@ -1,0 +1,246 @@
+"""Routing on one node: where queue operations, replication and session events go, and which
+queue replicas this node runs.
+
+* A client operation goes to the queue's leader: the local replica's inbox, or the peer link to
+  the leader's node. Replication goes replica to replica; events go to the session (local inbox
+  or link). Nothing here waits on a queue: inboxes never block, and publishers are held by their
+  sessions' credit window instead (so one busy queue cannot stall a peer link).
+* `reconcile` keeps the replicas in line with the metadata after every applied change: it starts
+  a replica where the metadata places one, tells each what the metadata says now (`Assign`), and
+  stops those that should not run here. Members the log records down get `NodeGone`; a peer link
+  that breaks gets `LinkDown` (its sessions are gone for us; its mirrors must be dropped through
+  the metadata).
+* An operation for a queue this node has not heard of yet (its metadata is a moment behind the
+  sender's) waits a few seconds for the declaration, then fails with NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from mirroring import replica as rp
+from mirroring.planner import ha_for
+from wire import messages as m
+from wire.errors import INTERNAL_ERROR, NOT_FOUND, ProtocolError
+
+from .queue_process import QueueProcess
+
+EARLY_OP_WAIT = 3.0  # seconds an operation for a queue not known yet is kept
+QUEUE_OPS = (m.QPublish, m.QConsume, m.QCancel, m.QGet, m.QSettle, m.QOwnerGone, m.QSessionGone,
+             m.QPurge, m.QDeclareOk, m.QDelete)
+REPLICA_MSGS = (m.RMirrorStart, m.RMirrorReady, m.RRep, m.RRepOk, m.RMirrorReset, m.RSyncBatch,
+                m.RSyncOk, m.RSyncEnd)
+_REQUESTS = (m.QConsume, m.QCancel, m.QGet, m.QPurge, m.QDeclareOk, m.QDelete)
+
+
+class Router:
+    def __init__(self, node):
+        self.node = node
+        self.name = node.name
+        self.log = node.log
+        self.replicas: dict[str, QueueProcess] = {}
+        self._early: dict[str, list] = {}
+        self._up: dict[str, int] = {}  # the metadata's running members as last reconciled
+        self._pids = 0
+
+    @property
+    def cluster(self):
+        return self.node.cluster
+
+    # --- replicas ------------------------------------------------------------------------------
+    def _config(self) -> rp.ReplicaConfig:
+        cfg = self.node.config
+        self._pids += 1
+        return rp.ReplicaConfig(node=self.name, pid=f"<{self.name}.{self._pids}.0>",
+                                sync_batch_size=cfg.mirroring_sync_batch_size,
+                                max_sync_bytes=cfg.max_frame - 65536,
+                                sync_max_throughput=cfg.mirroring_sync_max_throughput,
+                                stall_after=cfg.net_ticktime)
+
+    def _assign(self, qdef: dict, md) -> rp.Assign:
+        return rp.Assign(qdef["leader"], qdef.get("epoch", 1), list(qdef.get("mirrors", ())),
+                         list(qdef.get("synced", ())), ha_for(md.policies, qdef),
+                         bool(qdef.get("auto_delete")))
+
+    def reconcile(self) -> None:
+        """Bring the replicas on this node in line with the metadata."""
+        if not self.node.app_running:
+            return
+        md = self.cluster.md
+        me = self.name
+        gone = [n for n in self._up if n not in md.up or md.up[n] != self._up[n]]
+        self._up = dict(md.up)
+        for qname, qdef in md.queues.items():
+            here = qdef["leader"] == me or me in qdef.get("mirrors", ())
+            qp = self.replicas.get(qname)
+            if not here:
+                continue
+            assign = self._assign(qdef, md)
+            if qp is None:
+                qp = self._start(qname, assign)
+            else:
+                qp.deliver(assign)
+            for node in gone:
+                qp.deliver(rp.NodeGone(node, True))
+        for qname, qp in list(self.replicas.items()):
+            qdef = md.queues.get(qname)
+            if qdef is None:
+                qp.deliver(rp.Stop(f"queue '{qname}' in vhost '/' was deleted", True))
+                del self.replicas[qname]
+            elif qdef["leader"] != me and me not in qdef.get("mirrors", ()):
+                qp.deliver(rp.Stop("queue moved", False))
+                del self.replicas[qname]
+
+    def _start(self, qname: str, assign: rp.Assign) -> QueueProcess:
+        replica = rp.Replica(qname, self._config(), assign, trio.current_time())
+        qp = QueueProcess(self, replica)
+        self.replicas[qname] = qp
+        self.node.app.start_soon(qp.run)
+        for msg in self._early.pop(qname, ()):
+            qp.deliver(msg)
+        return qp
+
+    def replica_ended(self, qp: QueueProcess) -> None:
+        if self.replicas.get(qp.name) is qp:
+            del self.replicas[qp.name]
+
+    def stop_all(self) -> None:
+        for qp in self.replicas.values():
+            qp.scope.cancel()
+        self.replicas.clear()
+        self._early.clear()
+        self._up = {}
+
+    def leaders(self) -> list[QueueProcess]:
+        return [qp for qp in self.replicas.values() if qp.replica.state in rp.LEADING]
+
+    # --- sending -------------------------------------------------------------------------------
+    def to_node(self, node: str, msg) -> None:
+        """Replication (or any queue traffic) for the replica on `node`; dropped if it is
+        unreachable (the protocol notices: a missing batch, a mirror dropped)."""
+        if node == self.name:
+            self._local(msg)
+            return
+        link = self.cluster.links.get(node)
+        if link is not None:
+            link.send(msg)
+
+    def leader_of(self, qname: str) -> str | None:
+        qdef = self.cluster.md.queues.get(qname)
+        return None if qdef is None else qdef["leader"]
+
+    def to_leader(self, qname: str, msg) -> bool:
+        """A client operation for the queue's leader; False if it cannot be sent now (the
+        session resends when the route comes back or moves)."""
+        leader = self.leader_of(qname)
+        if leader is None:
+            return False
+        if leader == self.name:
+            self._local(msg)
+            return True
+        link = self.cluster.links.get(leader)
+        if link is None:
+            return False
+        link.send(msg)
+        return True
+
+    async def wait_link_room(self, qname: str) -> None:
+        """Back-pressure for publishes to a remote leader: wait while that link's writer is full."""
+        leader = self.leader_of(qname)
+        link = self.cluster.links.get(leader) if leader not in (None, self.name) else None
+        if link is not None:
+            await link.outbox.wait_below_watermark()
+
+    def to_session(self, node: str, sid: int, events: list) -> None:
+        if node == self.name:
+            s = self.node.sessions.get(sid)
+            if s is not None:
+                s.queue_events(events)
+            return
+        link = self.cluster.links.get(node)
+        if link is not None:
+            link.send(m.ToSession(sid, events))
+
+    def _local(self, msg) -> None:
+        qp = self.replicas.get(msg.queue)
+        if qp is not None:
+            qp.deliver(msg)
+            return
+        if type(msg) in QUEUE_OPS or type(msg) in REPLICA_MSGS:
+            # the sender's metadata is ahead of ours: keep it (in order) until ours catches up
+            early = self._early.get(msg.queue)
+            if early is None:
+                early = self._early[msg.queue] = []
+                self.node.spawn(self._expire_early, msg.queue)
+            early.append(msg)
+
+    async def _expire_early(self, qname: str) -> None:
+        await trio.sleep(EARLY_OP_WAIT)
+        for msg in self._early.pop(qname, ()):
+            if isinstance(msg, _REQUESTS) and msg.rid:
+                owner = msg.owner
+                self.to_session(owner[0], owner[1], [m.EvFail(msg.rid, owner[2], NOT_FOUND,
+                                                              f"no queue '{qname}' in vhost '/'")])
+
+    # --- receiving -----------------------------------------------------------------------------
+    def peer_message(self, link, msg) -> None:
+        t = type(msg)
+        if t is m.ToSession:
+            s = self.node.sessions.get(msg.sid)
+            if s is not None:
+                s.queue_events(msg.events)
+        elif t in QUEUE_OPS or t in REPLICA_MSGS:
+            self._local(msg)
+        else:
+            link.close(f"unexpected message {msg.KIND!r} on a peer link")
+
+    def link_down(self, node: str) -> None:
+        for qp in self.replicas.values():
+            qp.deliver(rp.LinkDown(node))
+        for s in list(self.node.sessions.values()):
+            s.route_changed(node)
+
+    def link_up(self, node: str) -> None:
+        for s in list(self.node.sessions.values()):
+            s.route_changed(node)
+
+    # --- what replicas ask the node for --------------------------------------------------------
+    def propose(self, change: list) -> None:
+        self.cluster.propose_soon(change)
+
+    def delete_for_client(self, qname: str, owner: tuple, rid: int, count: int) -> None:
+        async def go():
+            try:
+                await self.cluster.propose(["queue.delete", qname])
+            except (ProtocolError, trio.TooSlowError) as exc:
+                self.to_session(owner[0], owner[1], [m.EvFail(rid, owner[2], INTERNAL_ERROR, str(exc))])
+                return
+            self.log.info("queue deleted", queue=qname)
+            self.to_session(owner[0], owner[1], [m.EvReply(rid, count)])
+        self.node.spawn(go)
+
+    def auto_delete(self, qname: str) -> None:
+        async def go():
+            try:
+                await self.cluster.propose(["queue.delete", qname, self.name])
+            except (ProtocolError, trio.TooSlowError):
+                return
+            self.log.info("auto-delete queue deleted after its last consumer left", queue=qname)
+        self.node.spawn(go)
+
+    async def ask(self, qname: str, fn):
+        """Run `fn(replica, now)` inside the replica's task and return its value."""
+        qp = self.replicas.get(qname)
+        if qp is None:
+            raise ProtocolError(NOT_FOUND, f"no queue '{qname}' in vhost '/' on {self.name}")
+        done = trio.Event()
+        box: list = []
+
+        def call(replica, now):
+            box.append(fn(replica, now))
+            done.set()
+
+        qp.deliver(call)
+        with trio.fail_after(10):
+            await done.wait()
+        return box[0]
