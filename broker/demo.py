@@ -42,6 +42,11 @@ def queue_row(cluster, node: str, queue: str, *columns: str) -> dict:
     raise RuntimeError(f"node {node} lists no queue {queue!r}")
 
 
+def show(text: str) -> None:
+    """Print a warrenctl listing, with one blank line after it."""
+    print(text.rstrip("\n") + "\n")
+
+
 def running_nodes(cluster, node: str) -> list[str]:
     return sorted(cluster.cluster_status(node)["running_nodes"])
 
@@ -62,7 +67,7 @@ async def basics(cluster, count: int = 10_000) -> None:
         t1 = time.perf_counter()
         print(f"published {count:,} x 1 KiB to {ORDERS} via {pub_conn.node} with confirms: "
               f"{'all confirmed' if ok else 'some were NACKED'}, {count / (t1 - t0):,.0f} msgs/s")
-    print(cluster.ctl_ok(first, "list_queues", "name", "durable", "leader", "pid", "messages", "consumers"))
+    show(cluster.ctl_ok(first, "list_queues", "name", "durable", "leader", "pid", "messages", "consumers"))
     leader = queue_row(cluster, first, ORDERS, "leader")["leader"]
     via = [n for n in reversed(cluster.names) if n != leader] or [leader]
     async with open_connection([cluster.client_addr(n) for n in via]) as sub_conn:
@@ -81,7 +86,7 @@ async def basics(cluster, count: int = 10_000) -> None:
         print(f"consumed {got:,} via {sub_conn.node} (the queue's leader is {leader}) with manual "
               f"acks: {got / (t2 - t1):,.0f} msgs/s")
         await trio.sleep(0.2)
-        print(cluster.ctl_ok(sub_conn.node, "list_queues", "name", "durable", "policy", "leader", "pid",
+        show(cluster.ctl_ok(sub_conn.node, "list_queues", "name", "durable", "policy", "leader", "pid",
                              "mirror_pids", "synchronised_mirror_pids", "messages",
                              "messages_unacknowledged", "consumers"))
 
@@ -91,7 +96,8 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
     (manual acks) through the two nodes that do not lead it, kill -9 the leader's node at
     `kill_at`, and report what happened to every message. Returns the summary."""
     first = cluster.names[0]
-    print(cluster.ctl_ok(first, "set_policy", "ha-demo", r"^demo\.", '{"ha-mode":"all"}'))
+    cluster.ctl_ok(first, "set_policy", "ha-demo", r"^demo\.", '{"ha-mode":"all"}')
+    print("policy ha-demo: queues matching ^demo\\. are mirrored to every node (ha-mode all)")
     async with open_connection([cluster.client_addr(first)]) as setup:
         ch = await setup.channel()
         await ch.queue_declare(FAILOVER, durable=True, arguments={"x-queue-master-locator": "client-local"})
@@ -110,7 +116,7 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
                 break
             await trio.sleep(0.1)
     leader = row["leader"]
-    print(cluster.ctl_ok(first, "list_queues", "name", "policy", "leader", "pid", "mirror_pids",
+    show(cluster.ctl_ok(first, "list_queues", "name", "policy", "leader", "pid", "mirror_pids",
                          "synchronised_mirror_pids"))
     others = [n for n in running if n != leader]
     if not others:
@@ -214,14 +220,14 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
     else:
         print(f"{FAILOVER} is now led by {after} (a mirror promoted when {leader} went down)")
     stats["leader_before"], stats["leader_after"] = leader, after
-    print(cluster.ctl_ok(survivor, "list_queues", "name", "policy", "leader", "pid", "mirror_pids",
+    show(cluster.ctl_ok(survivor, "list_queues", "name", "policy", "leader", "pid", "mirror_pids",
                          "synchronised_mirror_pids", "messages"))
     return stats
 
 
 def run(cluster) -> None:
     """The whole demo on a started cluster (the caller stops it)."""
-    print(cluster.ctl_ok(cluster.names[0], "cluster_status"))
+    show(cluster.ctl_ok(cluster.names[0], "cluster_status"))
 
     async def main():
         await basics(cluster)
