@@ -163,7 +163,8 @@ class Session:
     """One shell session over the README's blocks, in a copy of the work tree."""
 
     def __init__(self, root: Path):
-        self.clone = root / "clone"
+        # its name is docker-compose's project name: unique, so that two runs do not share one
+        self.clone = root / f"warren-readme-{os.getpid()}"
         self.clone.mkdir()
         _copy_tree(self.clone)
         self.state = root / "state"
