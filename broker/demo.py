@@ -21,6 +21,16 @@ ORDERS = "demo.orders"
 FAILOVER = "demo.failover"
 
 
+class Step:
+    """What a phase of the demo is waiting for right now (named by a deadline that runs out)."""
+
+    def __init__(self, what: str = ""):
+        self.what = what
+
+    def __call__(self) -> str:
+        return self.what
+
+
 @contextlib.contextmanager
 def deadline(seconds: float, what):
     """Fail with TimeoutError("timed out after N s waiting for WHAT") when the block takes longer;
@@ -55,40 +65,48 @@ async def basics(cluster, count: int = 10_000) -> None:
     """Publish `count` x 1 KiB with confirms through n1, then consume them with manual acks
     through a node other than the queue's leader, and show the queue on both sides."""
     first = cluster.names[0]
-    async with open_connection([cluster.client_addr(first)]) as pub_conn:
-        pub = await pub_conn.channel()
-        await pub.queue_declare(ORDERS, durable=True)
-        await pub.confirm_delivery()
-        t0 = time.perf_counter()
-        with deadline(30, f"the confirms of {count:,} publishes to {ORDERS}"):
+    step = Step(f"{first} to accept a client connection")
+    with deadline(45, step):
+        async with open_connection([cluster.client_addr(first)]) as pub_conn:
+            step.what = f"{first} to declare {ORDERS}"
+            pub = await pub_conn.channel()
+            await pub.queue_declare(ORDERS, durable=True)
+            await pub.confirm_delivery()
+            step.what = f"the confirms of {count:,} publishes to {ORDERS}"
+            t0 = time.perf_counter()
             for i in range(count):
                 await pub.basic_publish("", ORDERS, b"order-%d" % i + b"." * 1000)
             ok = await pub.wait_for_confirms()
-        t1 = time.perf_counter()
-        print(f"published {count:,} x 1 KiB to {ORDERS} via {pub_conn.node} with confirms: "
-              f"{'all confirmed' if ok else 'some were NACKED'}, {count / (t1 - t0):,.0f} msgs/s")
+            t1 = time.perf_counter()
+            print(f"published {count:,} x 1 KiB to {ORDERS} via {pub_conn.node} with confirms: "
+                  f"{'all confirmed' if ok else 'some were NACKED'}, {count / (t1 - t0):,.0f} msgs/s")
+            step.what = f"{pub_conn.node} to close the connection"
     show(cluster.ctl_ok(first, "list_queues", "name", "durable", "leader", "pid", "messages", "consumers"))
     leader = queue_row(cluster, first, ORDERS, "leader")["leader"]
     via = [n for n in reversed(cluster.names) if n != leader] or [leader]
-    async with open_connection([cluster.client_addr(n) for n in via]) as sub_conn:
-        sub = await sub_conn.channel()
-        await sub.basic_qos(500)
-        consumer = await sub.basic_consume(ORDERS)
-        got = 0
-        t1 = time.perf_counter()
-        with deadline(30, lambda: f"{count:,} deliveries from {ORDERS} ({got:,} so far)"):
+    got = 0
+    step = Step(f"{' or '.join(via)} to accept a client connection")
+    with deadline(45, lambda: step.what.format(got=got)):
+        async with open_connection([cluster.client_addr(n) for n in via]) as sub_conn:
+            step.what = f"a consumer on {ORDERS}"
+            sub = await sub_conn.channel()
+            await sub.basic_qos(500)
+            consumer = await sub.basic_consume(ORDERS)
+            step.what = f"{count:,} deliveries from {ORDERS} ({{got:,}} so far)"
+            t1 = time.perf_counter()
             async for msg in consumer:
                 got += 1
                 sub.basic_ack(msg.delivery_tag)
                 if got == count:
                     break
-        t2 = time.perf_counter()
-        print(f"consumed {got:,} via {sub_conn.node} (the queue's leader is {leader}) with manual "
-              f"acks: {got / (t2 - t1):,.0f} msgs/s")
-        await trio.sleep(0.2)
-        show(cluster.ctl_ok(sub_conn.node, "list_queues", "name", "durable", "policy", "leader", "pid",
-                             "mirror_pids", "synchronised_mirror_pids", "messages",
-                             "messages_unacknowledged", "consumers"))
+            t2 = time.perf_counter()
+            print(f"consumed {got:,} via {sub_conn.node} (the queue's leader is {leader}) with manual "
+                  f"acks: {got / (t2 - t1):,.0f} msgs/s")
+            await trio.sleep(0.2)
+            step.what = f"{sub_conn.node} to close the connection"
+            show(cluster.ctl_ok(sub_conn.node, "list_queues", "name", "durable", "policy", "leader", "pid",
+                                "mirror_pids", "synchronised_mirror_pids", "messages",
+                                "messages_unacknowledged", "consumers"))
 
 
 async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at: float = 1.5) -> dict:
@@ -98,9 +116,10 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
     first = cluster.names[0]
     cluster.ctl_ok(first, "set_policy", "ha-demo", r"^demo\.", '{"ha-mode":"all"}')
     print("policy ha-demo: queues matching ^demo\\. are mirrored to every node (ha-mode all)")
-    async with open_connection([cluster.client_addr(first)]) as setup:
-        ch = await setup.channel()
-        await ch.queue_declare(FAILOVER, durable=True, arguments={"x-queue-master-locator": "client-local"})
+    with deadline(30, f"{first} to declare {FAILOVER}"):
+        async with open_connection([cluster.client_addr(first)]) as setup:
+            ch = await setup.channel()
+            await ch.queue_declare(FAILOVER, durable=True, arguments={"x-queue-master-locator": "client-local"})
     running = running_nodes(cluster, first)
     want = len(running) - 1
     row: dict = {}
@@ -118,7 +137,10 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
     leader = row["leader"]
     show(cluster.ctl_ok(first, "list_queues", "name", "policy", "leader", "pid", "mirror_pids",
                          "synchronised_mirror_pids"))
-    others = [n for n in running if n != leader]
+    if leader not in cluster.procs or not cluster.alive(leader):
+        raise RuntimeError(f"{FAILOVER} is led by {leader}, which is not a running node this demo "
+                           f"started: it kills only its own nodes")
+    others = [n for n in running if n != leader and n in cluster.procs]
     if not others:
         raise RuntimeError(f"only {leader} runs: a failover needs a second running node")
     pub_nodes = [cluster.client_addr(n) for n in others]
@@ -134,62 +156,65 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
     notes: list[str] = []
     publishing_done = trio.Event()
     killed_at: list[float] = []
-    async with open_connection(pub_nodes) as pconn, open_connection(sub_nodes) as cconn:
-        pub = await pconn.channel()
-        await pub.confirm_delivery()
+    drain = 20.0
+    step = Step(f"connections to {others[0]} (publisher) and {others[-1]} (consumer)")
+    with deadline(seconds + drain + 45, step):
+        async with open_connection(pub_nodes) as pconn, open_connection(sub_nodes) as cconn:
+            step.what = f"a publisher with confirms and a consumer on {FAILOVER}"
+            pub = await pconn.channel()
+            await pub.confirm_delivery()
 
-        def on_confirm(first_tag, last_tag, ok, reason):
-            if ok:
-                confirmed.update(range(first_tag, last_tag + 1))
-            else:
-                stats["nacked"] += last_tag - first_tag + 1
+            def on_confirm(first_tag, last_tag, ok, reason):
+                if ok:
+                    confirmed.update(range(first_tag, last_tag + 1))
+                else:
+                    stats["nacked"] += last_tag - first_tag + 1
 
-        pub.on_confirm = on_confirm
-        sub = await cconn.channel()
-        await sub.basic_qos(200)
-        consumer = await sub.basic_consume(FAILOVER)
-        t0 = time.monotonic()
+            pub.on_confirm = on_confirm
+            sub = await cconn.channel()
+            await sub.basic_qos(200)
+            consumer = await sub.basic_consume(FAILOVER)
+            t0 = time.monotonic()
 
-        async def publisher():
-            n = 0
-            while (elapsed := time.monotonic() - t0) < seconds:
-                due = int(elapsed * rate)
-                while n < due:
-                    n += 1
-                    await pub.basic_publish("", FAILOVER, n.to_bytes(8, "big") + b"." * 1016)
-                await trio.sleep(0.005)
-            stats["published"] = n
-            with trio.move_on_after(10) as waited:
-                await pub.wait_for_confirms()
-            if waited.cancelled_caught:
-                notes.append(f"stopped waiting for confirms after 10 s: "
-                             f"{n - len(confirmed) - stats['nacked']:,} publishes never confirmed")
-            publishing_done.set()
+            async def publisher():
+                n = 0
+                while (elapsed := time.monotonic() - t0) < seconds:
+                    due = int(elapsed * rate)
+                    while n < due:
+                        n += 1
+                        await pub.basic_publish("", FAILOVER, n.to_bytes(8, "big") + b"." * 1016)
+                    await trio.sleep(0.005)
+                stats["published"] = n
+                with trio.move_on_after(10) as waited:
+                    await pub.wait_for_confirms()
+                if waited.cancelled_caught:
+                    notes.append(f"stopped waiting for confirms after 10 s: "
+                                 f"{n - len(confirmed) - stats['nacked']:,} publishes never confirmed")
+                publishing_done.set()
 
-        async def consumer_task():
-            async for msg in consumer:
-                mid = int.from_bytes(msg.body[:8], "big")
-                times.append(time.monotonic())
-                stats["delivered"] += 1
-                if msg.redelivered:
-                    stats["redelivered"] += 1
-                if mid in seen:
-                    stats["duplicates"] += 1
-                seen.add(mid)
-                sub.basic_ack(msg.delivery_tag)
-                if publishing_done.is_set() and confirmed <= seen:
-                    return
+            async def consumer_task():
+                async for msg in consumer:
+                    mid = int.from_bytes(msg.body[:8], "big")
+                    times.append(time.monotonic())
+                    stats["delivered"] += 1
+                    if msg.redelivered:
+                        stats["redelivered"] += 1
+                    if mid in seen:
+                        stats["duplicates"] += 1
+                    seen.add(mid)
+                    sub.basic_ack(msg.delivery_tag)
+                    if publishing_done.is_set() and confirmed <= seen:
+                        return
 
-        async def killer():
-            await trio.sleep(kill_at)
-            pid = cluster.procs[leader].pid
-            cluster.kill9(leader)
-            killed_at.append(time.monotonic())
-            print(f"== killed {leader} (pid {pid}) with SIGKILL at t={killed_at[0] - t0:.1f} s")
+            async def killer():
+                await trio.sleep(kill_at)
+                pid = cluster.procs[leader].pid
+                cluster.kill9(leader)
+                killed_at.append(time.monotonic())
+                print(f"== killed {leader} (pid {pid}) with SIGKILL at t={killed_at[0] - t0:.1f} s")
 
-        drain = 20.0
-        with deadline(seconds + drain + 15, f"the failover run to end ({seconds:g} s of publishing, "
-                                            f"then at most {drain:g} s of deliveries)"):
+            step.what = (f"the failover run to end ({seconds:g} s of publishing, then at most "
+                         f"{drain:g} s of deliveries)")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(publisher)
                 nursery.start_soon(killer)
@@ -200,6 +225,7 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
                                  f"start: {len(confirmed - seen):,} confirmed messages were not "
                                  f"delivered by then")
                 nursery.cancel_scope.cancel()
+            step.what = "the publisher's and the consumer's connections to close"
     stats["confirmed"] = len(confirmed)
     stats["lost"] = len(confirmed - seen)
     if killed_at and times:
