@@ -7,10 +7,13 @@ PIP ?= $(PYTHON) -m pip
 install:
 	$(PIP) install -q -e ".[test,analysis]"
 
-# start a local 3-node cluster, publish and consume through the client, show it, stop it
+# start a local 3-node cluster, publish and consume through the client, kill -9 the leader of a
+# mirrored queue under load and show what happened to every message, stop the cluster
 demo: install
 	$(PYTHON) -m broker.localcluster demo
 
+# The docker cluster test (tests/test_docker_cluster.py) may install docker.io, docker-compose and
+# debootstrap with apt and start dockerd as root; it stops the dockerd it started when it ends.
 test: install
 	$(PYTHON) -m pytest -q -p no:cacheprovider
 
@@ -18,6 +21,8 @@ test: install
 cluster: install
 	$(PYTHON) -m broker.localcluster start
 
+# stops every node of var/warren (or $WARREN_HOME): those `make cluster` started and any started
+# there by hand (a node registers itself under $WARREN_HOME/run)
 stop:
 	$(PYTHON) -m broker.localcluster stop
 
@@ -34,24 +39,30 @@ BENCH_TARGET ?= both
 
 
 # --- Docker cluster: docker/, docker-compose.yml ------------------------------
-# docker-engine  installs docker.io, docker-compose and debootstrap if missing
-#                and starts dockerd as root in the background (pid in
-#                /run/warren-dockerd.pid, log in /tmp/warren-dockerd.log)
-# docker-image   builds warren-base:bookworm (once) and warren:latest
-# docker-up      docker-image, then a three-node cluster n1..n3
-# docker-down    stops and removes that cluster
+# docker-engine       installs docker.io, docker-compose and debootstrap if missing
+#                     and starts dockerd as root in the background (pid in
+#                     /run/warren-dockerd.pid, log in /tmp/warren-dockerd.log)
+# docker-engine-stop  stops the dockerd that docker-engine started
+# docker-image        builds warren-base:bookworm (once) and warren:latest
+# docker-up           docker-image, then a three-node cluster n1..n3, and waits
+#                     (60 s at most) until n1 sees all three running
+# docker-down         stops and removes that cluster
 DOCKER_COMPOSE ?= docker-compose
 
-.PHONY: docker-engine docker-image docker-up docker-down
+.PHONY: docker-engine docker-engine-stop docker-image docker-up docker-down
 
 docker-engine:
 	sh docker/engine.sh
+
+docker-engine-stop:
+	sh docker/engine.sh stop
 
 docker-image:
 	bash docker/build-image.sh
 
 docker-up: docker-image
 	$(DOCKER_COMPOSE) up -d
+	$(DOCKER_COMPOSE) exec -T n1 warrenctl -n 127.0.0.1:25672 -t 60 await_online_nodes 3
 
 docker-down:
 	$(DOCKER_COMPOSE) down --remove-orphans

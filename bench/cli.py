@@ -6,12 +6,16 @@ runs workload files (or shipped suites by name: smoke, throughput, latency, fail
 and writes the logs of bench/LOGS.md under results/RUN_ID/; see bench/README.md.
 
     warren-bench analyse [RESULTS]     the Spark job of bench/analysis over those logs
+                                       (`analyze` works too)
 
     warren-bench throughput [--seconds 10] [--size 1024] [--window 2000] [--prefetch 1000]
 
 starts a one-node cluster of real processes (or uses `--nodes HOST:PORT`), runs one publisher
 with pipelined confirms (at most --window unconfirmed) and one consumer with manual acks on one
 non-mirrored queue, both at once, and prints msgs/s for each.
+
+A problem the user can fix (no node at --nodes, a cluster that does not start, a bad workload)
+is one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -109,15 +113,53 @@ def _run(args) -> int:
         return 1
 
 
+DESCRIPTION = """Benchmarks of warren (and RabbitMQ): run workload suites and write their logs,
+analyse those logs with Spark, or take a quick measure of throughput or batch sync."""
+
+EPILOG = """examples:
+  warren-bench throughput --seconds 10               one node started for the purpose
+  warren-bench run smoke --target warren --out results
+  warren-bench analyse results                       (or analyze; = python -m bench.analysis)
+  warren-bench sync --messages 100000 --batch-sizes 1,100,4096
+See bench/README.md for the workload files and bench/LOGS.md for the logs."""
+
+
+def _throughput(args) -> int:
+    from broker.client.errors import AMQPError
+
+    try:
+        if args.nodes:
+            nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
+            result = trio.run(throughput, nodes, args.seconds, args.size, args.window, args.prefetch)
+        else:
+            home = Path(tempfile.mkdtemp(prefix="warren-bench-"))
+            # Free ports: a `make cluster` (or another engineer's) on 5691.. may be running.
+            with localcluster.LocalCluster(home, 1, free_ports=True) as cluster:
+                result = trio.run(throughput, cluster.all_client_addrs(), args.seconds, args.size,
+                                  args.window, args.prefetch)
+    except BaseException as exc:  # noqa: BLE001 - one line for what the user can fix, else re-raise
+        leaf = exc
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]
+        if isinstance(leaf, (AMQPError, ValueError, RuntimeError, TimeoutError, OSError)):
+            where = f" (--nodes {args.nodes})" if args.nodes else ""
+            print(f"warren-bench throughput: error{where}: {leaf}", file=sys.stderr)
+            return 1
+        raise
+    print(json.dumps(result))
+    return 0
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="warren-bench")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="warren-bench", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     t = sub.add_parser("throughput", help="one non-mirrored queue: publish with confirms, consume with acks")
     t.add_argument("--seconds", type=float, default=10.0)
     t.add_argument("--size", type=int, default=1024)
     t.add_argument("--window", type=int, default=2000, help="max unconfirmed publishes")
     t.add_argument("--prefetch", type=int, default=1000)
-    t.add_argument("--nodes", help="use a running node (HOST:CLIENT_PORT) instead of starting one")
+    t.add_argument("--nodes", help="use running nodes (HOST:CLIENT_PORT,...) instead of starting one")
     r = sub.add_parser("run", help="run workload files against warren and/or RabbitMQ, write results/RUN_ID/")
     r.add_argument("workloads", nargs="+", metavar="WORKLOAD",
                    help="a YAML file, or a shipped suite name (smoke, throughput, latency, failover, scale, sync)")
@@ -142,12 +184,12 @@ def main(argv=None) -> None:
                    help="comma-separated mirroring_sync_max_throughput values in bytes/s (0: no limit)")
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
-    sub.add_parser("analyse", help="the Spark analysis of a results folder (warren-bench analyse --help)",
-                   add_help=False)
+    sub.add_parser("analyse", aliases=["analyze"], add_help=False,
+                   help="the Spark analysis of a results folder (warren-bench analyse --help)")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["analyse"]:
+    if argv[:1] in (["analyse"], ["analyze"]):
         from bench.analysis.cli import main as analyse
-        sys.exit(analyse(argv[1:], prog="warren-bench analyse"))
+        sys.exit(analyse(argv[1:], prog=f"warren-bench {argv[0]}"))
     args = p.parse_args(argv)
     if args.command in ("run", "check"):
         sys.exit(_run(args))
@@ -157,15 +199,7 @@ def main(argv=None) -> None:
                               [int(x) for x in args.max_throughput.split(",")])
         print(json.dumps(rows))
         return
-    if args.nodes:
-        result = trio.run(throughput, args.nodes.split(","), args.seconds, args.size, args.window, args.prefetch)
-    else:
-        home = Path(tempfile.mkdtemp(prefix="warren-bench-"))
-        # Free ports: a `make cluster` (or another engineer's) on 5691.. may be running.
-        with localcluster.LocalCluster(home, 1, free_ports=True) as cluster:
-            result = trio.run(throughput, cluster.all_client_addrs(), args.seconds, args.size,
-                              args.window, args.prefetch)
-    print(json.dumps(result))
+    sys.exit(_throughput(args))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,9 @@ class NodeConfig:
                 raise ConfigError(f"{key} {port} is not a TCP port")
         if self.net_ticktime <= 0:
             raise ConfigError("net_ticktime must be positive")
+        self.log_level = self.log_level.lower()
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log_level must be 'debug', 'info', 'warning' or 'error', not {self.log_level!r}")
         if self.log_format not in ("console", "json"):
             raise ConfigError(f"log_format must be 'console' or 'json', not {self.log_format!r}")
         if self.max_frame < MIN_MAX_FRAME:
@@ -97,7 +100,34 @@ _FIELDS = {
     "queue_leader_locator": ("WARREN_QUEUE_LEADER_LOCATOR", str),
     "mirroring_sync_batch_size": ("WARREN_MIRRORING_SYNC_BATCH_SIZE", int),
     "mirroring_sync_max_throughput": ("WARREN_MIRRORING_SYNC_MAX_THROUGHPUT", int),
+    "users": ("WARREN_USERS", "users"),
+    "loopback_users": ("WARREN_LOOPBACK_USERS", "names"),
 }
+
+
+def parse_users(text: str, what: str = "WARREN_USERS") -> dict:
+    """`NAME:PASSWORD,NAME:PASSWORD` (the flag and environment form of the TOML `users` table)."""
+    users = {}
+    for item in text.split(","):
+        name, sep, password = item.strip().partition(":")
+        if not sep or not name or not password:
+            raise ConfigError(f"{what}: {item.strip()!r} is not NAME:PASSWORD "
+                              "(expected NAME:PASSWORD,NAME:PASSWORD,...)")
+        users[name] = password
+    return users
+
+
+def parse_names(text: str, what: str = "WARREN_LOOPBACK_USERS") -> list:
+    """`NAME,NAME` or `none` (the flag and environment form of the TOML `loopback_users` array)."""
+    if text.strip() == "none":
+        return []
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise ConfigError(f"{what}: {text!r} is not a comma-separated list of user names (or 'none')")
+    return names
+
+
+_PARSERS = {"users": parse_users, "names": parse_names}
 
 
 # TOML key -> the Python types it accepts (bool is an int to Python: never accepted for numbers)
@@ -152,12 +182,18 @@ def load(flags: dict, env: dict | None = None) -> NodeConfig:
     file_secret_file = values.pop("secret_file", None)
     for key, (var, typ) in _FIELDS.items():
         if env.get(var):
+            if typ in _PARSERS:
+                values[key] = _PARSERS[typ](env[var], var)
+                continue
             try:
                 values[key] = typ(env[var])
             except ValueError:
                 raise ConfigError(f"{var}={env[var]!r} is not a valid {typ.__name__}") from None
     for key, value in flags.items():
         if value is not None and key in _FIELDS:
+            typ = _FIELDS[key][1]
+            if typ in _PARSERS and isinstance(value, str):
+                value = _PARSERS[typ](value, "--" + key.replace("_", "-"))
             values[key] = value
     secret = resolve_secret(flags.get("secret"), flags.get("secret_file"), env,
                             file_secret=file_secret, file_secret_file=file_secret_file)
@@ -175,10 +211,12 @@ def _read_secret_file(path: str) -> bytes:
 
 
 def resolve_secret(flag: str | None, file_flag: str | None, env: dict | None = None, *,
-                   file_secret: str | None = None, file_secret_file: str | None = None) -> bytes:
+                   file_secret: str | None = None, file_secret_file: str | None = None,
+                   create: bool = True) -> bytes:
     """The cluster secret, from the first of: --secret, --secret-file, WARREN_SECRET,
     WARREN_SECRET_FILE, the config file's `secret`, its `secret_file`, else the cookie file
-    $WARREN_HOME/cookie (created with a random secret when missing, as Erlang does)."""
+    $WARREN_HOME/cookie (created with a random secret when missing, as Erlang does, unless
+    `create` is false: a client such as warrenctl must not invent a secret no node has)."""
     env = os.environ if env is None else env
     for value, is_file in ((flag, False), (file_flag, True),
                            (env.get("WARREN_SECRET"), False), (env.get("WARREN_SECRET_FILE"), True),
@@ -186,6 +224,10 @@ def resolve_secret(flag: str | None, file_flag: str | None, env: dict | None = N
         if value:
             return _read_secret_file(value) if is_file else value.encode()
     cookie = warren_home() / "cookie"
+    if not cookie.exists() and not create:
+        raise ConfigError(f"no cluster secret: give --secret or --secret-file, or set WARREN_SECRET "
+                          f"or WARREN_SECRET_FILE (there is no cookie file {cookie}; is "
+                          f"WARREN_HOME the nodes' home?)")
     if not cookie.exists():
         cookie.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(cookie, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)

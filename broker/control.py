@@ -120,6 +120,18 @@ async def cmd_stop_app(node, args):
     return f"Stopping rabbit application on node {node.name} ..."
 
 
+async def cmd_stop(node, args):
+    """Stop the node and its process (rabbitmqctl stop): the process that runs the node installs
+    `node.request_shutdown` (warren-server does); the shutdown itself runs there, after this
+    answer has gone out."""
+    hook = getattr(node, "request_shutdown", None)
+    if hook is None:
+        raise ProtocolError(NOT_ALLOWED, f"node {node.name} runs inside another program and cannot "
+                                         "be stopped from warrenctl: stop that program")
+    hook()
+    return f"Stopping and halting node {node.name} ..."
+
+
 async def cmd_start_app(node, args):
     await node.start_app()
     return f"Starting node {node.name} ..."
@@ -283,7 +295,8 @@ COMMANDS = {
     "sync_status": cmd_sync_status,
     "set_policy": cmd_set_policy, "clear_policy": cmd_clear_policy,
     "list_policies": cmd_list_policies,
-    "status": cmd_status, "cluster_status": cmd_cluster_status, "stop_app": cmd_stop_app,
+    "status": cmd_status, "cluster_status": cmd_cluster_status, "stop": cmd_stop,
+    "stop_app": cmd_stop_app,
     "start_app": cmd_start_app, "join_cluster": cmd_join_cluster, "reset": cmd_reset,
     "forget_cluster_node": cmd_forget_cluster_node, "add_member": cmd_add_member,
     "remove_member": cmd_remove_member, "list_queues": cmd_list_queues,

@@ -32,50 +32,90 @@ def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
                    help="node name (local) or HOST:PEER_PORT (default $WARREN_NODE or 'warren')")
     p.add_argument("--secret", default=d(None),
                    help="cluster secret (else WARREN_SECRET, WARREN_SECRET_FILE, $WARREN_HOME/cookie)")
-    p.add_argument("--secret-file", dest="secret_file", default=d(None))
-    p.add_argument("--formatter", choices=["table", "json"], default=d("table"))
+    p.add_argument("--secret-file", dest="secret_file", default=d(None), help="file holding the cluster secret")
+    p.add_argument("--formatter", choices=["table", "json"], default=d("table"), help="output format")
     p.add_argument("-q", "--quiet", action="store_true", default=d(False), help="no header lines")
-    p.add_argument("-t", "--timeout", type=float, default=d(30.0))
+    p.add_argument("-t", "--timeout", type=float, default=d(30.0),
+                   help="seconds to wait for the node (default 30)")
+
+
+# Every command with its one-line description, in the order `warrenctl --help` lists them.
+COMMAND_HELP = {
+    # nodes
+    "status": "node name, ports, app state, metadata version",
+    "await_startup": "wait until the node runs its app (up to --timeout)",
+    "stop": "stop the node cleanly (queues handed over) and exit",
+    "stop_app": "stop the app; the node still answers warrenctl",
+    "start_app": "start the node's app again",
+    # cluster
+    "cluster_status": "cluster name, members and running nodes",
+    "await_online_nodes": "wait until COUNT nodes run (up to --timeout)",
+    "join_cluster": "join TARGET's cluster (stop_app first)",
+    "reset": "leave the cluster, forget it (stop_app first)",
+    "forget_cluster_node": "remove a stopped node from the members",
+    # queues, connections, consumers
+    "list_queues": "queues, with COLUMNs (default: name messages)",
+    "list_connections": "client connections on every running node",
+    "list_consumers": "consumers of every queue",
+    "delete_queue": "delete a queue and its messages",
+    "purge_queue": "drop a queue's ready messages",
+    "sync_queue": "synchronise a queue's mirrors now, with progress",
+    "cancel_sync_queue": "stop a queue's running synchronisation",
+    # policies
+    "set_policy": "set a policy: NAME PATTERN DEFINITION",
+    "clear_policy": "remove a policy",
+    "list_policies": "list the policies, by name",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="warrenctl", description="Manage warren nodes, like rabbitmqctl.")
+    p = argparse.ArgumentParser(
+        prog="warrenctl", description="Manage warren nodes, like rabbitmqctl.",
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=26),
+        epilog="`warrenctl COMMAND --help` shows a command's arguments. Errors go to stderr and "
+               "exit non-zero.")
     _global_options(p, True)
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, False)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=lambda **kw: argparse.ArgumentParser(parents=[common], **kw))
-    sub.add_parser("status")
-    sub.add_parser("cluster_status")
-    sub.add_parser("stop_app")
-    sub.add_parser("start_app")
-    sub.add_parser("reset")
-    j = sub.add_parser("join_cluster")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands",
+                           parser_class=lambda **kw: argparse.ArgumentParser(parents=[common], **kw))
+
+    def command(name: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=COMMAND_HELP[name], description=COMMAND_HELP[name])
+
+    for name in ("status", "await_startup", "stop", "stop_app", "start_app", "cluster_status", "reset"):
+        command(name)
+    a = command("await_online_nodes")
+    a.add_argument("count", type=int, help="how many nodes must be running")
+    j = command("join_cluster")
     j.add_argument("target", help="a node of the cluster to join (NAME or HOST:PEER_PORT)")
-    f = sub.add_parser("forget_cluster_node")
-    f.add_argument("target")
-    lq = sub.add_parser("list_queues")
+    f = command("forget_cluster_node")
+    f.add_argument("target", help="the node to remove (its app must be stopped)")
+    lq = command("list_queues")
     lq.add_argument("-p", "--vhost", default="/")
     lq.add_argument("columns", nargs="*", metavar="COLUMN", help=" ".join(QUEUE_COLUMNS))
-    for name in ("list_connections", "list_consumers"):
-        s = sub.add_parser(name)
+    for name, valid in (("list_connections", CONNECTION_COLUMNS), ("list_consumers", CONSUMER_COLUMNS)):
+        s = command(name)
         s.add_argument("-p", "--vhost", default="/")
-        s.add_argument("columns", nargs="*")
+        s.add_argument("columns", nargs="*", metavar="COLUMN", help=" ".join(valid))
     for name in ("delete_queue", "purge_queue", "sync_queue", "cancel_sync_queue"):
-        s = sub.add_parser(name)
+        s = command(name)
         s.add_argument("-p", "--vhost", default="/")
         s.add_argument("queue")
-    sp = sub.add_parser("set_policy", help="set_policy [--priority N] [--apply-to queues|all] NAME PATTERN DEFINITION")
+    sp = command("set_policy")
     sp.add_argument("-p", "--vhost", default="/")
     sp.add_argument("--priority", default="0")
     sp.add_argument("--apply-to", dest="apply_to", default="all")
     sp.add_argument("name")
-    sp.add_argument("pattern")
+    sp.add_argument("pattern", help="a regular expression matched against queue names")
     sp.add_argument("definition", help="a JSON object, e.g. '{\"ha-mode\":\"all\"}'")
-    cp = sub.add_parser("clear_policy")
+    cp = command("clear_policy")
     cp.add_argument("-p", "--vhost", default="/")
     cp.add_argument("name")
-    lp = sub.add_parser("list_policies")
+    lp = command("list_policies")
     lp.add_argument("-p", "--vhost", default="/")
+    # the subcommand list argparse prints under "commands", in COMMAND_HELP's order
+    sub._choices_actions.sort(key=lambda a: list(COMMAND_HELP).index(a.dest))
     return p
 
 
@@ -96,8 +136,16 @@ def _table(rows: list[dict], columns) -> str:
 def run(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        secret = configmod.resolve_secret(args.secret, args.secret_file, create=False)
+        if args.command == "await_startup":
+            return _await(args, secret, _started, f"node '{args.node}' to start")
+        if args.command == "await_online_nodes":
+            if args.count < 1:
+                print("Error: COUNT must be at least 1", file=sys.stderr)
+                return 2
+            return _await(args, secret, _online(args.count),
+                          f"{args.count} running node(s) in the cluster of '{args.node}'")
         host, port = configmod.lookup(args.node)
-        secret = configmod.resolve_secret(args.secret, args.secret_file)
     except configmod.ConfigError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
@@ -159,6 +207,11 @@ def run(argv=None) -> int:
         return 75
     if cmd == "sync_queue" and args.formatter != "json":
         return _follow_sync(args, host, port, me, secret, value)
+    if cmd == "stop":
+        if not _wait_gone(host, port, me, secret, args.timeout):
+            print(f"Error: node '{args.node}' accepted stop but still answers after {args.timeout:g} s",
+                  file=sys.stderr)
+            return 75
     if args.formatter == "json":
         print(json.dumps(value, indent=None if isinstance(value, list) else 2))
         return 0
@@ -179,6 +232,65 @@ def run(argv=None) -> int:
     elif value is not None:
         print(value)
     return 0
+
+
+def _started(status: dict) -> str | None:
+    return None if status.get("app_running") else "its app is not running"
+
+
+def _online(count: int):
+    def check(status: dict) -> str | None:
+        running = status.get("running_nodes", [])
+        return None if len(running) >= count else f"running: {', '.join(running)}"
+    return check
+
+
+def _await(args, secret: bytes, check, what: str) -> int:
+    """await_startup / await_online_nodes: ask the node again and again (it may not even be
+    registered yet) until `check(answer)` returns None or --timeout runs out."""
+    import time
+
+    command = "status" if check is _started else "cluster_status"
+    deadline = time.monotonic() + args.timeout
+    while True:
+        try:
+            host, port = configmod.lookup(args.node)
+            answer = trio.run(ctl_call, TcpNetwork(), host, port, f"warrenctl-{os.getpid()}", secret,
+                              command, {}, max(0.5, min(5.0, deadline - time.monotonic())))
+            problem = check(answer)
+        except ProtocolError as exc:
+            if "secret" in exc.text:
+                print(f"Error: {exc.text}", file=sys.stderr)
+                return 1
+            problem = exc.text
+        except configmod.ConfigError as exc:
+            problem = str(exc)
+        except (OSError, trio.TooSlowError) as exc:
+            problem = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        if problem is None:
+            if args.command == "await_online_nodes" and args.formatter != "json":
+                print(f"Running nodes: {', '.join(answer['running_nodes'])}")
+            return 0
+        if time.monotonic() >= deadline:
+            print(f"Error: timed out after {args.timeout:g} s waiting for {what}: {problem}",
+                  file=sys.stderr)
+            return 75
+        time.sleep(0.2)
+
+
+def _wait_gone(host: str, port: int, me: str, secret: bytes, timeout: float) -> bool:
+    """After `stop`: wait until the node no longer answers on its peer port (asking it for its
+    status, so that the node logs no half-opened connection)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            trio.run(ctl_call, TcpNetwork(), host, port, me, secret, "status", {}, 2.0)
+        except (OSError, ProtocolError, trio.TooSlowError, trio.BrokenResourceError):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def _follow_sync(args, host, port, me, secret, started: dict) -> int:

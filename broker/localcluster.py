@@ -2,13 +2,15 @@
 and the demo that the README's first command runs.
 
     python -m broker.localcluster start [--nodes 3]   # start n1..nN and join them to n1
-    python -m broker.localcluster stop                # SIGTERM the nodes in the pid file
-    python -m broker.localcluster demo                # start, publish/consume, show, stop
+    python -m broker.localcluster stop                # SIGTERM every node of the home
+    python -m broker.localcluster demo                # start, publish/consume, fail over, stop
 
-The command line keeps its state under ./var/warren (WARREN_HOME): node data, logs/NAME.log and
-pids.json.  Node i gets client port 5690+i and peer port 25690+i unless --client-base /
---peer-base move them.  `stop` signals a saved pid only after checking that the process is still
-warren-server with that node name (the pid may have been reused since).
+The command line keeps its state under ./var/warren (or $WARREN_HOME): node data, logs/NAME.log
+and pids.json.  Node i gets client port 5690+i and peer port 25690+i unless --client-base /
+--peer-base (or $WARREN_CLIENT_BASE / $WARREN_PEER_BASE) move them.  `stop` stops the nodes of
+pids.json and every other node registered under the home's run/ (a node started by hand with
+this WARREN_HOME), and signals a pid only after checking that the process is still warren-server
+with that node name (the pid may have been reused since).
 
 `LocalCluster` is the launcher itself, for the command line, the benchmark and the process tests
 (tests/cluster_procs.py): node count, home directory, ports (fixed bases or free ports), ticktime,
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -95,13 +98,15 @@ class LocalCluster:
             self.dump_logs()
         self.stop(kill=True)
 
-    def start(self, timeout: float = 20.0) -> list[str]:
+    def start(self, timeout: float = 20.0, dump_logs: bool = True) -> list[str]:
         """Start every node, join n2..nN to n1 (unless their saved data already has it), and wait
-        until n1 sees them all running. On failure: print the logs, kill the nodes, raise."""
+        until n1 sees them all running. On failure: print the logs (unless `dump_logs` is
+        false), kill the nodes, raise."""
         try:
             return self._start(timeout)
         except BaseException:
-            self.dump_logs()
+            if dump_logs:
+                self.dump_logs()
             self.stop(kill=True)
             raise
 
@@ -210,6 +215,14 @@ class LocalCluster:
         except FileNotFoundError:
             pass
 
+    def last_log_line(self, name: str) -> str:
+        """The last non-empty line of the node's log (where warren-server says why it exited)."""
+        try:
+            lines = self.log_path(name).read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return next((line.strip() for line in reversed(lines) if line.strip()), "(empty log)")
+
     def dump_logs(self, lines: int = 40) -> None:
         """Print the last `lines` of each node's log to stderr."""
         for name in self.names:
@@ -223,9 +236,14 @@ class LocalCluster:
     # --- control -------------------------------------------------------------------------------
     def ctl(self, name: str, *args: str, timeout: float = 30.0,
             env: dict | None = None) -> subprocess.CompletedProcess:
-        """Run `warrenctl -n NAME ARGS...` with this cluster's WARREN_HOME and secret."""
-        return subprocess.run([executable("warrenctl"), "-n", name, *args], env=env or self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        """Run `warrenctl -n NAME ARGS...` with this cluster's WARREN_HOME and secret; a
+        TimeoutError naming the command when it does not finish within `timeout` seconds."""
+        try:
+            return subprocess.run([executable("warrenctl"), "-n", name, *args], env=env or self.env,
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for "
+                               f"`warrenctl -n {name} {' '.join(args)}`") from None
 
     def ctl_ok(self, name: str, *args: str) -> str:
         """warrenctl's stdout; RuntimeError naming the command when it exits non-zero."""
@@ -248,8 +266,8 @@ class LocalCluster:
         while time.monotonic() < deadline:
             p = self.procs[name]
             if p.poll() is not None:
-                raise RuntimeError(f"node {name} exited with {p.returncode} while starting "
-                                   f"(log: {self.log_path(name)})")
+                raise RuntimeError(f"node {name} exited with {p.returncode} while starting: "
+                                   f"{self.last_log_line(name)} (log: {self.log_path(name)})")
             r = self.ctl(name, "status", "-t", "2")
             if r.returncode == 0:
                 return
@@ -314,13 +332,37 @@ def is_node_process(pid: int, name: str) -> tuple[bool, str]:
     return False, f"pid {pid} is not warren-server {name} now; it runs: {shown}"
 
 
-def stop(home: Path, timeout: float = 10.0) -> list[str]:
-    """SIGTERM the nodes in HOME/pids.json that are still that warren-server, SIGKILL those that
-    outlive `timeout`, and remove the file. Returns one line per node saying what was done."""
+def _registered(home: Path) -> dict[str, int]:
+    """The nodes registered under HOME/run/ (every node started with this WARREN_HOME registers
+    itself there, also one started by hand) and their pids."""
+    found = {}
+    for path in sorted((Path(home) / "run").glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            found[str(data["name"])] = int(data["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def home_nodes(home: Path) -> dict[str, int]:
+    """Every node of HOME and its pid: those of pids.json, then any other registered one."""
     path = Path(home) / PID_FILE
-    if not path.exists():
-        return [f"no {path}: nothing to stop"]
-    pids = json.loads(path.read_text())
+    pids = json.loads(path.read_text()) if path.exists() else {}
+    for name, pid in _registered(home).items():
+        if name not in pids or (not is_node_process(pids[name], name)[0] and is_node_process(pid, name)[0]):
+            pids[name] = pid
+    return pids
+
+
+def stop(home: Path, timeout: float = 10.0) -> list[str]:
+    """SIGTERM every node of HOME (pids.json, and the nodes registered under HOME/run/, such as
+    one started by hand) that is still that warren-server, SIGKILL those that outlive `timeout`,
+    and remove pids.json. Returns one line per node saying what was done."""
+    path = Path(home) / PID_FILE
+    pids = home_nodes(home)
+    if not pids:
+        return [f"no node of {home} to stop (no {path}, nothing registered under {Path(home) / 'run'})"]
     report, signalled = [], {}
     for name, pid in pids.items():
         ok, why = is_node_process(pid, name)
@@ -328,6 +370,7 @@ def stop(home: Path, timeout: float = 10.0) -> list[str]:
             report.append(f"{name}: skipped, {why}")
             continue
         try:
+            os.kill(pid, signal.SIGCONT)  # a stopped process would not act on SIGTERM
             os.kill(pid, signal.SIGTERM)
             signalled[name] = pid
         except ProcessLookupError:
@@ -344,30 +387,29 @@ def stop(home: Path, timeout: float = 10.0) -> list[str]:
             report.append(f"{name}: pid {pid} ignored SIGTERM for {timeout:.0f}s, sent SIGKILL")
         else:
             report.append(f"{name}: stopped (pid {pid})")
-    path.unlink()
+    if path.exists():
+        path.unlink()
     return report
 
 
 def running_pids(home: Path) -> dict[str, int]:
-    """The nodes of HOME/pids.json whose pid is still that warren-server."""
-    path = Path(home) / PID_FILE
-    if not path.exists():
-        return {}
-    pids = json.loads(path.read_text())
-    return {name: pid for name, pid in pids.items() if is_node_process(pid, name)[0]}
+    """The nodes of HOME (pids.json and the run registry) whose pid is still that warren-server."""
+    return {name: pid for name, pid in home_nodes(home).items() if is_node_process(pid, name)[0]}
 
 
 # --- the command line's helpers (also used by the benchmark) -----------------------------------
 
 def start(home: Path, nodes: int = 3, ticktime: float = 10.0, client_base: int = CLIENT_BASE,
-          peer_base: int = PEER_BASE, server_args: list[str] | tuple[str, ...] = ()) -> LocalCluster:
+          peer_base: int = PEER_BASE, server_args: list[str] | tuple[str, ...] = (),
+          dump_logs: bool = True) -> LocalCluster:
     """Start a cluster that outlives this process (stop it with `stop(home)`)."""
     running = running_pids(home)
     if running:
-        raise RuntimeError(f"nodes {sorted(running)} of {home} are already running: stop them first")
+        raise RuntimeError(f"nodes {', '.join(sorted(running))} of {home} are already running: "
+                           f"stop them first (make stop, or python -m broker.localcluster stop)")
     cluster = LocalCluster(home, nodes, client_base=client_base, peer_base=peer_base,
                            net_ticktime=ticktime, server_args=server_args)
-    cluster.start()
+    cluster.start(dump_logs=dump_logs)
     return cluster
 
 
@@ -375,83 +417,70 @@ def client_addr(i: int, client_base: int = CLIENT_BASE) -> str:
     return f"127.0.0.1:{client_base + i}"
 
 
-def demo(home: Path) -> None:
-    import trio
+def demo(home: Path, client_base: int = CLIENT_BASE, peer_base: int = PEER_BASE) -> None:
+    """Start a 3-node cluster under HOME, run broker.demo on it, stop it (also on errors)."""
+    from broker import demo as demomod
 
-    from broker.client.aio import open_connection
-    from broker.demo import failover_demo
-
-    print("== starting a 3-node cluster (logs in", home / "logs", ")")
-    cluster = start(home)
+    print(f"== starting a 3-node cluster (logs in {home / 'logs'})")
+    cluster = start(home, 3, client_base=client_base, peer_base=peer_base, dump_logs=False)
     try:
-        print(cluster.ctl_ok("n1", "cluster_status"))
-
-        async def run():
-            n = 10_000
-            async with open_connection([cluster.client_addr("n1")]) as pub_conn, \
-                    open_connection([cluster.client_addr("n3"), cluster.client_addr("n2")]) as sub_conn:
-                pub = await pub_conn.channel()
-                await pub.queue_declare("demo.orders", durable=True)
-                await pub.confirm_delivery()
-                t0 = time.perf_counter()
-                for i in range(n):
-                    await pub.basic_publish("", "demo.orders", b"order-%d" % i + b"." * 1000)
-                ok = await pub.wait_for_confirms()
-                t1 = time.perf_counter()
-                print(f"published {n} x 1 KiB to demo.orders via n1 with confirms: all confirmed={ok}, "
-                      f"{n / (t1 - t0):,.0f} msgs/s")
-                print(cluster.ctl_ok("n1", "list_queues", "name", "durable", "pid", "messages", "consumers"))
-                sub = await sub_conn.channel()
-                await sub.basic_qos(500)
-                consumer = await sub.basic_consume("demo.orders")
-                got = 0
-                async for msg in consumer:
-                    got += 1
-                    sub.basic_ack(msg.delivery_tag)
-                    if got == n:
-                        break
-                t2 = time.perf_counter()
-                print(f"consumed {got} via n3 (leader is n1) with manual acks: {got / (t2 - t1):,.0f} msgs/s")
-                await trio.sleep(0.2)
-                print(cluster.ctl_ok("n3", "list_queues", "name", "durable", "policy", "pid", "mirror_pids",
-                                     "synchronised_mirror_pids", "messages", "messages_unacknowledged",
-                                     "consumers"))
-            print("== failover: a queue mirrored to all nodes loses its leader under load")
-            await failover_demo(cluster)
-
-        trio.run(run)
+        demomod.run(cluster)
     finally:
         print("== stopping the cluster")
         cluster.stop()
 
 
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise SystemExit(f"error: {name}={value!r} is not a port number") from None
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m broker.localcluster", allow_abbrev=False)
+    from broker.client.errors import AMQPError
+
+    p = argparse.ArgumentParser(
+        prog="python -m broker.localcluster", allow_abbrev=False,
+        description="Local clusters of warren-server processes on 127.0.0.1 (make cluster / stop / demo).")
     p.add_argument("action", choices=["start", "stop", "demo"])
-    p.add_argument("--nodes", type=int, default=3)
-    p.add_argument("--home", type=Path, default=Path(os.environ.get("WARREN_HOME", DEFAULT_HOME)))
-    p.add_argument("--client-base", type=int, default=CLIENT_BASE, help="node i's client port is this + i")
-    p.add_argument("--peer-base", type=int, default=PEER_BASE, help="node i's peer port is this + i")
+    p.add_argument("--nodes", type=int, default=3, help="how many nodes start starts (default 3)")
+    p.add_argument("--home", type=Path, default=Path(os.environ.get("WARREN_HOME") or DEFAULT_HOME),
+                   help="state directory: data, logs, pids (default $WARREN_HOME or var/warren)")
+    p.add_argument("--client-base", type=int, default=_env_int("WARREN_CLIENT_BASE", CLIENT_BASE),
+                   help="node i's client port is this + i (default $WARREN_CLIENT_BASE or 5690)")
+    p.add_argument("--peer-base", type=int, default=_env_int("WARREN_PEER_BASE", PEER_BASE),
+                   help="node i's peer port is this + i (default $WARREN_PEER_BASE or 25690)")
     p.add_argument("--net-ticktime", type=float, default=10.0)
     args, server_args = p.parse_known_args(argv)
     if server_args and args.action != "start":
         p.error(f"unrecognized arguments: {' '.join(server_args)}")
+    home = args.home.resolve()
     try:
         if args.action == "start":
             # Options this command does not know are passed on to every warren-server.
-            cluster = start(args.home, args.nodes, args.net_ticktime, args.client_base,
-                            args.peer_base, server_args)
+            cluster = start(home, args.nodes, args.net_ticktime, args.client_base,
+                            args.peer_base, server_args, dump_logs=False)
+            secret = cluster.env["WARREN_SECRET"]
             print(f"started {', '.join(cluster.names)}; client ports "
-                  f"{', '.join(str(cluster.client_port(n)) for n in cluster.names)}; "
-                  f"use: WARREN_HOME={args.home} warrenctl -n n1 cluster_status")
+                  f"{', '.join(str(cluster.client_port(n)) for n in cluster.names)}; logs in {home / 'logs'}")
+            print(f"use it from any shell: export WARREN_HOME={shlex.quote(str(home))} "
+                  f"WARREN_SECRET={shlex.quote(secret)}; warrenctl -n n1 cluster_status")
         elif args.action == "stop":
-            for line in stop(args.home):
+            for line in stop(home):
                 print(line)
         else:
-            demo(args.home)
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+            demo(home, args.client_base, args.peer_base)
+    except (RuntimeError, TimeoutError, AMQPError) as exc:
+        where = f" (the nodes' logs are in {home / 'logs'})" if args.action == "demo" else ""
+        print(f"error: {exc}{where}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

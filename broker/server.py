@@ -1,9 +1,15 @@
-"""`warren-server`: run one node until SIGINT/SIGTERM."""
+"""`warren-server`: run one node until SIGINT/SIGTERM or `warrenctl stop`.
+
+Start-up problems a user can fix (a port already in use, a `--cluster-seed` that names no known
+node, a bad setting) end the process with one line on stderr and a non-zero exit, not a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
+import socket
 import sys
 
 import trio
@@ -12,6 +18,8 @@ from . import config as configmod
 from . import log as logmod
 from .network import TcpNetwork
 from .node import Node
+
+STOP_REPLY_GRACE = 0.05  # let `warrenctl stop` have its answer before the node starts stopping
 
 
 def parse_args(argv=None) -> dict:
@@ -25,11 +33,19 @@ def parse_args(argv=None) -> dict:
     p.add_argument("--secret-file", dest="secret_file", help="file holding the cluster secret (WARREN_SECRET_FILE)")
     p.add_argument("--net-ticktime", dest="net_ticktime", type=float, help="seconds of silence before a peer is down (default 60)")
     p.add_argument("--log-format", dest="log_format", choices=["console", "json"])
-    p.add_argument("--log-level", dest="log_level")
+    p.add_argument("--log-level", dest="log_level", type=str.lower,
+                   choices=["debug", "info", "warning", "error"],
+                   help="least severe level logged (WARREN_LOG_LEVEL, default info)")
     p.add_argument("--data-dir", dest="data_dir", help="where the node keeps its cluster metadata")
     p.add_argument("--cluster-seed", dest="cluster_seed", help="on first boot, join the cluster of this node (NAME or HOST:PEER_PORT)")
     p.add_argument("--max-frame", dest="max_frame", type=int, help="maximum frame size in bytes")
-    p.add_argument("--queue-leader-locator", dest="queue_leader_locator", choices=["client-local", "balanced"])
+    p.add_argument("--queue-leader-locator", dest="queue_leader_locator", choices=["client-local", "balanced"],
+                   help="where a new queue's leader goes when its declaration does not say "
+                        "(WARREN_QUEUE_LEADER_LOCATOR, default client-local)")
+    p.add_argument("--users", help="client users as NAME:PASSWORD,... (WARREN_USERS, default guest:guest)")
+    p.add_argument("--loopback-users", dest="loopback_users",
+                   help="users allowed to connect from localhost only, NAME,... or 'none' "
+                        "(WARREN_LOOPBACK_USERS, default guest)")
     p.add_argument("--mirroring-sync-batch-size", dest="mirroring_sync_batch_size", type=int,
                    help="messages per batch sync batch when the policy sets no ha-sync-batch-size (default 4096)")
     p.add_argument("--mirroring-sync-max-throughput", dest="mirroring_sync_max_throughput", type=int,
@@ -38,17 +54,70 @@ def parse_args(argv=None) -> dict:
     return vars(p.parse_args(argv))
 
 
-async def serve(cfg: configmod.NodeConfig) -> None:
-    node = Node(cfg, TcpNetwork())
+async def serve(cfg: configmod.NodeConfig, node: Node | None = None) -> None:
+    """Run the node until SIGINT/SIGTERM or a `warrenctl stop` (the `request_shutdown` hook the
+    control plane calls), then stop its app (a controlled shutdown) and unregister it."""
+    node = node or Node(cfg, TcpNetwork())
+    stop = trio.Event()
+    reason: dict = {}
+
+    def request_shutdown(why: str = "warrenctl stop") -> None:
+        reason.setdefault("why", why)
+        stop.set()
+
+    node.request_shutdown = request_shutdown
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for sig in signals:
-                node.log.info("shutting down", signal=signal.Signals(sig).name)
-                await node.stop_app()
-                configmod.unregister(cfg.name)
-                nursery.cancel_scope.cancel()
-                break
+
+        async def on_signals():
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for sig in signals:
+                    request_shutdown(signal.Signals(sig).name)
+                    return
+
+        nursery.start_soon(on_signals)
+        await stop.wait()
+        if reason["why"] == "warrenctl stop":
+            await trio.sleep(STOP_REPLY_GRACE)
+        node.log.info("shutting down", reason=reason["why"])
+        await node.stop_app()
+        configmod.unregister(cfg.name)
+        nursery.cancel_scope.cancel()
+
+
+def _port_problem(host: str, port: int, option: str) -> str | None:
+    """Why the node could not listen on host:port, or None. Binds (with SO_REUSEADDR, as the
+    node's listeners do) and closes at once: a port in use is named before trio starts."""
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return f"cannot listen on {host}:{port} ({option}): {exc.strerror or exc}"
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                what = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+                return (f"cannot listen on {host}:{port} ({option}): {what}; is another node "
+                        f"(or another program) using it?")
+    return None
+
+
+def _first_os_error(exc: BaseException) -> OSError | None:
+    """The OSError inside a (nested) exception group, if that is all there is to it."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _first_os_error(exc.exceptions[0])
+    return None
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"warren-server: {message}", file=sys.stderr)
+    sys.exit(code)
 
 
 def main(argv=None) -> None:
@@ -56,14 +125,25 @@ def main(argv=None) -> None:
     try:
         cfg = configmod.load(flags)
     except configmod.ConfigError as exc:
-        print(f"warren-server: {exc}", file=sys.stderr)
-        sys.exit(2)
+        _fail(str(exc), 2)
     logmod.configure(cfg.log_format, cfg.log_level)
+    node = Node(cfg, TcpNetwork())
+    if cfg.cluster_seed and not node.has_state():
+        try:
+            configmod.lookup(cfg.cluster_seed)
+        except configmod.ConfigError as exc:
+            _fail(f"--cluster-seed {cfg.cluster_seed}: {exc}", 2)
+    for port, option in ((cfg.peer_port, "--peer-port"), (cfg.client_port, "--client-port")):
+        problem = _port_problem(cfg.host, port, option)
+        if problem:
+            _fail(problem, 1)
     try:
-        trio.run(serve, cfg)
-    except OSError as exc:
-        print(f"warren-server: {exc}", file=sys.stderr)
-        sys.exit(1)
+        trio.run(serve, cfg, node)
+    except (OSError, BaseExceptionGroup) as exc:
+        os_error = _first_os_error(exc)
+        if os_error is None:
+            raise
+        _fail(str(os_error), 1)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
 #   - starts dockerd in the background unless `docker info` already works;
 #   - waits (bounded) until `docker info` answers.
 # dockerd keeps its own pid in $WARREN_DOCKERD_PID and logs to $WARREN_DOCKERD_LOG.
+#
+#   sh docker/engine.sh stop   stops the dockerd this script started (the pid in
+#                              $WARREN_DOCKERD_PID), and nothing else.
 set -eu
 
 PIDFILE=${WARREN_DOCKERD_PID:-/run/warren-dockerd.pid}
@@ -15,6 +18,30 @@ WAIT_SECONDS=${WARREN_DOCKERD_WAIT:-60}
 if [ "$(id -u)" != 0 ]; then
     echo "engine.sh: must run as root (it installs packages and starts dockerd)" >&2
     exit 1
+fi
+
+if [ "${1:-}" = stop ]; then
+    if [ ! -s "$PIDFILE" ] || ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+        echo "engine.sh: no dockerd started by this script is running (no live pid in $PIDFILE)"
+        exit 0
+    fi
+    pid=$(cat "$PIDFILE")
+    echo "engine.sh: stopping dockerd (pid $pid)"
+    kill -TERM "$pid"
+    i=0
+    while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 60 ]; do
+        i=$((i + 1))
+        sleep 0.5
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        echo "engine.sh: dockerd (pid $pid) is still running after 30 s" >&2
+        exit 1
+    fi
+    rm -f "$PIDFILE"
+    exit 0
+elif [ -n "${1:-}" ]; then
+    echo "engine.sh: unknown argument '$1' (none starts the engine; 'stop' stops it)" >&2
+    exit 2
 fi
 
 missing=""

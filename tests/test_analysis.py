@@ -347,7 +347,8 @@ def test_report_files_exist_and_name_the_scenarios(analysed, session):
     results, res, dest = analysed
     out = results / "report"
     assert dest == to_uri(str(results)) + "/report"
-    for table in ("summary", "latency", "throughput_timeseries", "faults", "sync", "compare"):
+    for table in ("summary", "latency", "throughput_timeseries", "failover_timeseries", "faults", "sync",
+                  "compare"):
         assert (out / f"{table}.csv").is_file()
         assert list((out / f"{table}.parquet").glob("part-*.parquet")), table
     back = {(r["run_id"], r["scenario"], r["target"]): r.asDict()
@@ -374,7 +375,7 @@ def test_a_run_folder_without_optional_files(bare):
     assert s["lost"] == 1 and s["deliveries"] == 99
     assert s["deliver_per_s"] == pytest.approx(99 / 2.0)  # from the lines: no intervals.jsonl
     assert s["faults"] == 0 and s["max_gap_s"] is None
-    for table in ("faults", "sync", "compare", "throughput_timeseries"):
+    for table in ("faults", "sync", "compare", "throughput_timeseries", "failover_timeseries"):
         assert res.tables[table] == [], table
     assert res.runs == []
     md = (root / "out" / "report.md").read_text()
@@ -392,3 +393,53 @@ def test_cli_defaults_and_paths():
     assert to_uri("s3a://bucket/results/") == "s3a://bucket/results"
     assert to_uri("/tmp/x/") == "file:///tmp/x"
     assert _expand_braces("{*/*/*,*/*}/publish.jsonl") == ["*/*/*/publish.jsonl", "*/*/publish.jsonl"]
+
+
+# --- throughput over time: partial seconds and the fine buckets around faults ----------------------
+
+def test_partial_seconds_are_rates_over_their_part_inside_the_scenario(analysed):
+    results, res, _ = analysed
+    meta = json.loads((results / RUN_A / "steady" / "warren" / "scenario.json").read_text())
+    series = sorted((r for r in res.tables["throughput_timeseries"]
+                     if (r["run_id"], r["scenario"], r["target"], r["role"]) == (RUN_A, "steady", "warren", "deliver")),
+                    key=lambda r: r["t"])
+    last = series[-1]
+    assert last["t"] < meta["t_end"] < last["t"] + 1  # the run ends inside its last second
+    assert last["end_s"] == pytest.approx(meta["t_end"] - meta["t_start"])
+    assert last["per_s"] == pytest.approx(last["n"] / (meta["t_end"] - last["t"]))
+    whole = [r for r in series[1:-1]]
+    assert all(r["per_s"] == r["n"] and r["end_s"] - r["start_s"] == pytest.approx(1.0) for r in whole)
+
+
+@pytest.mark.parametrize("run_id, every", [(RUN_A, 1), (RUN_B, 10)])
+def test_fine_buckets_around_a_fault_show_the_sub_second_outage(analysed, run_id, every):
+    from bench.analysis.job import FINE_AFTER, FINE_BEFORE, FINE_BUCKET
+
+    results, res, _ = analysed
+    folder = results / run_id / "failover" / "warren"
+    meta = json.loads((folder / "scenario.json").read_text())
+    [kill] = [e for e in _lines(folder / "faults.jsonl") if e["action"] == "kill"]
+    dels = np.array([d["t_del"] for d in _lines(folder / "deliver.jsonl")])
+    fine = sorted((r for r in res.tables["failover_timeseries"]
+                   if (r["run_id"], r["scenario"], r["target"], r["role"]) == (run_id, "failover", "warren", "deliver")),
+                  key=lambda r: r["start_s"])
+    ts = meta["t_start"]
+    lo, hi = max(kill["t"] - FINE_BEFORE, ts), min(kill["t"] + FINE_AFTER, meta["t_end"])
+    assert len(fine) == math.ceil((hi - lo) / FINE_BUCKET - 1e-9)
+    assert fine[0]["start_s"] == pytest.approx(lo - ts) and fine[-1]["end_s"] == pytest.approx(hi - ts)
+    assert all(r["fault_s"] == pytest.approx(kill["t"] - ts) for r in fine)
+    for r in fine:  # every bucket, empty ones included, counted from the message lines (x sampling)
+        a, b = ts + r["start_s"], ts + r["end_s"]
+        assert r["n"] == every * int(((dels >= a) & (dels < b)).sum()), r
+        assert r["per_s"] == pytest.approx(r["n"] / (b - a))
+    # the synthetic outage (1 s in run A, 0.8 s in run B) is a run of empty buckets ...
+    empty = [r for r in fine if r["n"] == 0]
+    assert len(empty) >= 7
+    assert all(kill["t"] - ts - FINE_BUCKET <= r["start_s"] <= kill["t"] - ts + 1.0 for r in empty)
+    # ... which the per-second series does not show
+    seconds = [r for r in res.tables["throughput_timeseries"]
+               if (r["run_id"], r["scenario"], r["target"], r["role"]) == (run_id, "failover", "warren", "deliver")]
+    assert min(r["n"] for r in seconds) > 0
+    confirms = [r for r in res.tables["failover_timeseries"]
+                if (r["run_id"], r["scenario"], r["target"], r["role"]) == (run_id, "failover", "warren", "confirm")]
+    assert len(confirms) == len(fine)

@@ -136,3 +136,19 @@ def test_client_ports_published_on_loopback_only(warren_nodes):
         assert ports == [f"127.0.0.1:{HOST_PORTS[name]}:{CLIENT_PORT}"], (
             f"{name} publishes {ports}"
         )
+
+
+def test_a_user_that_works_from_the_host(warren_nodes):
+    """Connections through a published port do not come from the container's loopback, so
+    guest (a loopback user by default) is refused from the host: the nodes define a second user
+    that is not a loopback user, with a password the host environment can set."""
+    from broker.config import parse_names, parse_users
+
+    for name, service in warren_nodes.items():
+        env = _environment(service)
+        users = parse_users(env["WARREN_USERS"])
+        loopback = parse_names(env["WARREN_LOOPBACK_USERS"]) if "WARREN_LOOPBACK_USERS" in env else ["guest"]
+        assert users.get("warren") == "warren", f"{name}: {users}"
+        assert "warren" not in loopback, name
+        raw = str((service.get("environment") or {})["WARREN_USERS"])
+        assert "warren:${WARREN_PASSWORD" in raw, "the password must be overridable from the host"

@@ -187,3 +187,41 @@ def test_server_runs_from_a_toml_file(tmp_path, home):
     lines = (tmp_path / "server.log").read_text().splitlines()
     events = [json.loads(line) for line in lines]   # log_format = "json": every line is JSON
     assert events and all(e["node"] == "toml-node" for e in events)
+
+
+def test_users_and_loopback_users_from_environment_and_flags(tmp_path):
+    env = {"WARREN_SECRET": "s", "WARREN_USERS": "guest:guest,app:pa:ss", "WARREN_LOOPBACK_USERS": "none"}
+    cfg = config.load({}, env=env)
+    assert cfg.users == {"guest": "guest", "app": "pa:ss"}  # the first ':' splits
+    assert cfg.loopback_users == []
+    cfg = config.load({"users": "ops:x", "loopback_users": "ops,guest"}, env=env)
+    assert cfg.users == {"ops": "x"} and cfg.loopback_users == ["ops", "guest"]
+    defaults = config.load({}, env={"WARREN_SECRET": "s"})
+    assert defaults.users == {"guest": "guest"} and defaults.loopback_users == ["guest"]
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"WARREN_USERS": "guest"}, "WARREN_USERS: 'guest' is not NAME:PASSWORD"),
+    ({"WARREN_USERS": "a:b,:c"}, "WARREN_USERS: ':c' is not NAME:PASSWORD"),
+    ({"WARREN_LOOPBACK_USERS": "guest,,x"}, "WARREN_LOOPBACK_USERS: 'guest,,x' is not a comma-separated"),
+    ({"WARREN_LOG_LEVEL": "chatty"}, "log_level must be 'debug', 'info', 'warning' or 'error'"),
+])
+def test_bad_environment_values_are_clear_errors(env, message):
+    with pytest.raises(ConfigError) as info:
+        config.load({}, env={"WARREN_SECRET": "s", **env})
+    assert message in str(info.value)
+
+
+def test_log_level_is_case_insensitive():
+    assert config.load({"log_level": "WARNING"}, env={"WARREN_SECRET": "s"}).log_level == "warning"
+
+
+def test_a_client_never_creates_the_cookie(home):
+    """warrenctl resolves the secret with create=False: no secret anywhere is an error naming
+    where it looked, and no cookie file appears (a stray one would never match a node's)."""
+    with pytest.raises(ConfigError, match=r"no cluster secret: .*WARREN_SECRET.*no cookie file .*cookie"):
+        config.resolve_secret(None, None, env={}, create=False)
+    assert not (home / "cookie").exists()
+    config.resolve_secret(None, None, env={})  # a node creates it
+    assert (home / "cookie").exists()
+    assert config.resolve_secret(None, None, env={}, create=False) == (home / "cookie").read_bytes().strip()

@@ -1,12 +1,17 @@
-"""The docker-compose cluster for real: three containers form one cluster,
-and a killed node drops out of running_nodes but stays a member.
+"""The docker-compose cluster for real: three containers form one cluster, a
+client on the host connects through a published port (as the "warren" user
+the compose file defines; guest is refused there, loopback only), and a
+killed node drops out of running_nodes but stays a member.
 
 This test runs by default.  Under a lock that makes concurrent runs on one
 machine take turns, it gets itself what it needs:
 
 - a Docker engine: when none answers and we are root, docker/engine.sh
   installs docker.io, docker-compose and debootstrap with apt if missing and
-  starts dockerd in the background (it stays up for later runs);
+  starts dockerd in the background; the test stops that dockerd again when
+  it ends (`sh docker/engine.sh stop`), so no root daemon outlives `make
+  test`.  An engine that was already answering is left alone.  The packages
+  stay installed;
 - the image: docker/build-image.sh builds warren-base:bookworm once (about
   90 s, mostly debootstrap) and then an image of this work tree, tagged
   warren:test so that it does not replace a `make docker-up` image (7-12 s
@@ -81,8 +86,9 @@ def _engine_answers() -> bool:
         return False
 
 
-def _engine_or_skip() -> str:
-    """The docker client's path once an engine answers; skips with the reason otherwise."""
+def _engine_or_skip(started: list) -> str:
+    """The docker client's path once an engine answers; skips with the reason otherwise.
+    Appends True to `started` when it started dockerd itself."""
     if not _engine_answers():
         if os.geteuid() != 0:
             pytest.skip(
@@ -96,6 +102,8 @@ def _engine_or_skip() -> str:
         if proc.returncode != 0:
             pytest.skip(f"docker/engine.sh could not get a Docker engine "
                         f"(exit {proc.returncode}): {_tail(proc)}")
+        if "starting dockerd" in proc.stdout:
+            started.append(True)
     if shutil.which("docker-compose") is None:
         pytest.skip("docker-compose is not installed and docker/engine.sh did not install it")
     return shutil.which("docker")
@@ -175,16 +183,59 @@ def _container_state(docker: str, container: str) -> str:
     return proc.stdout.strip() or proc.stderr.strip()
 
 
-def test_cluster_forms_and_notices_a_killed_node():
+def _stop_engine() -> None:
+    proc = _run(["sh", str(ENGINE_SCRIPT), "stop"], timeout=60)
+    print(f"--- {_tail(proc, 2)}")
+    assert proc.returncode == 0, f"could not stop the dockerd this test started: {_tail(proc)}"
+
+
+def test_cluster_forms_a_host_client_connects_and_a_killed_node_is_noticed():
     with _exclusive_run():
-        docker = _engine_or_skip()
-        _build_image()
-        _cluster_scenario(docker)
+        started: list = []
+        try:
+            docker = _engine_or_skip(started)
+            _build_image()
+            _cluster_scenario(docker)
+        finally:
+            if started:
+                _stop_engine()
+
+
+async def _host_client(port: int, password: str) -> str:
+    """From the host: guest is refused (loopback only), warren publishes and gets its message back."""
+    import trio
+
+    from broker.client.aio import open_connection
+    from broker.client.errors import ConnectionClosedByBroker
+
+    addr = f"127.0.0.1:{port}"
+    with trio.fail_after(30):
+        try:
+            async with open_connection([addr]):
+                pass
+        except ConnectionClosedByBroker as exc:
+            refused = exc.reply_text
+        else:
+            raise AssertionError("guest connected from the host: it should be loopback only")
+        async with open_connection([addr], user="warren", password=password) as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("host.check", durable=False)
+            await ch.confirm_delivery()
+            await ch.basic_publish("", "host.check", b"from the host")
+            assert await ch.wait_for_confirms()
+            consumer = await ch.basic_consume("host.check")
+            async for msg in consumer:
+                assert msg.body == b"from the host"
+                ch.basic_ack(msg.delivery_tag)
+                break
+            await ch.queue_delete("host.check")
+    return refused
 
 
 def _cluster_scenario(docker: str) -> None:
     env = dict(os.environ, WARREN_IMAGE=IMAGE)
     env.update({f"WARREN_PORT_{n.upper()}": str(_free_port()) for n in NODES})
+    env["WARREN_PASSWORD"] = "docker-test-password"  # the compose file takes it from the host
     compose = ["docker-compose", "-f", str(COMPOSE_FILE), "-p", PROJECT]
 
     # Leftovers of an interrupted earlier run would confuse the test.
@@ -205,6 +256,10 @@ def _cluster_scenario(docker: str) -> None:
                 FORM_TIMEOUT, "the three nodes did not all run",
             )
             assert sorted(status["members"]) == list(NODES), status
+
+            import trio
+            refused = trio.run(_host_client, int(env["WARREN_PORT_N1"]), env["WARREN_PASSWORD"])
+            assert "loopback" in refused, refused
 
             kill = _run([docker, "kill", ids["n3"]])
             assert kill.returncode == 0, f"docker kill n3 failed: {kill.stderr}"

@@ -1,5 +1,7 @@
-"""The process-cluster launcher (broker.localcluster): `stop` signals only the warren-server a pid
-file names, and a LocalCluster's signal helpers do what the process tests rely on."""
+"""The process-cluster launcher (broker.localcluster): `stop` signals only warren-servers of the
+home (also one started there by hand), `start` prints a hint that works when pasted anywhere,
+`warrenctl stop` stops a node cleanly, and a LocalCluster's signal helpers do what the process
+tests rely on."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.localcluster import PID_FILE, is_node_process
+from broker.localcluster import PID_FILE, executable, free_port, is_node_process
 from cluster_procs import ProcessCluster, running_cluster
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
@@ -78,14 +80,36 @@ def test_stop_skips_pids_that_are_no_longer_the_node(tmp_path):
             stranger.wait()
 
 
+def _plain_env(**extra) -> dict:
+    """The caller's environment without any WARREN_* setting (as in a new shell)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARREN_")}
+    env.update(extra)
+    return env
+
+
+def _wait_gone(pid: int, name: str, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not is_node_process(pid, name)[0]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_cli_start_refuses_while_the_nodes_run_and_stop_stops_them(tmp_path):
+    """Also: the printed hint works when pasted into a new shell in another directory (absolute
+    WARREN_HOME, the secret exported) and leaves no cookie file behind; and `stop` stops a node
+    started by hand with the same WARREN_HOME (found in the home's run registry)."""
     c = ProcessCluster(2, tmpdir=str(tmp_path))
     base_client, base_peer = c.client_port("n1") - 1, c.peer_port("n1") - 1
-    home = tmp_path / "home"
-    args = [sys.executable, "-m", "broker.localcluster", "start", "--home", str(home), "--nodes", "1",
+    cwd = tmp_path / "clone"
+    cwd.mkdir()
+    args = [sys.executable, "-m", "broker.localcluster", "start", "--home", "var/warren", "--nodes", "1",
             "--client-base", str(base_client), "--peer-base", str(base_peer), "--net-ticktime", "5",
             "--log-format", "json"]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=60, env=c.env)
+    home = cwd / "var" / "warren"
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, env=_plain_env(), cwd=cwd)
+    hand = None
     try:
         assert r.returncode == 0, r.stderr
         assert f"client ports {base_client + 1}" in r.stdout
@@ -94,12 +118,63 @@ def test_cli_start_refuses_while_the_nodes_run_and_stop_stops_them(tmp_path):
         # the extra flag went to warren-server: its log is JSON
         first = (home / "logs" / "n1.log").read_text().splitlines()[0]
         assert json.loads(first)["node"] == "n1"
-        again = subprocess.run(args, capture_output=True, text=True, timeout=60, env=c.env)
+        again = subprocess.run(args, capture_output=True, text=True, timeout=60, env=_plain_env(), cwd=cwd)
         assert again.returncode == 1 and "already running" in again.stderr
+        [hint] = [line.split(": ", 1)[1] for line in r.stdout.splitlines() if line.startswith("use it from")]
+        assert f"WARREN_HOME={home}" in hint
+        pasted = subprocess.run(["bash", "-c", hint], capture_output=True, text=True, timeout=60,
+                                env=_plain_env(), cwd="/")
+        assert pasted.returncode == 0, pasted.stderr
+        assert "Running nodes: n1" in pasted.stdout
+        assert not (home / "cookie").exists(), "the hint must not leave a stray cookie"
+        # a node started by hand in the same home, as the README's "one node by hand" block does
+        hand_env = _plain_env(WARREN_HOME=str(home), WARREN_SECRET=c.env["WARREN_SECRET"])
+        hand = subprocess.Popen([executable("warren-server"), "--name", "n4", "--client-port",
+                                 str(c.client_port("n2")), "--peer-port", str(c.peer_port("n2"))],
+                                env=hand_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        up = subprocess.run([executable("warrenctl"), "-n", "n4", "-t", "20", "await_startup"],
+                            capture_output=True, text=True, timeout=60, env=hand_env)
+        assert up.returncode == 0, up.stderr
     finally:
         stopped = _stop_cli(home)
-    assert stopped.returncode == 0 and stopped.stdout.startswith("n1: stopped"), stopped
+        if hand is not None and hand.poll() is None:
+            hand.wait(15)
+    lines = stopped.stdout.splitlines()
+    assert stopped.returncode == 0, stopped
+    assert f"n1: stopped (pid {pid})" in lines and f"n4: stopped (pid {hand.pid})" in lines, lines
+    assert hand.returncode == 0, "SIGTERM: a graceful exit"
     assert not is_node_process(pid, "n1")[0]
+    assert _stop_cli(home).stdout.startswith("no node of")
+
+
+def test_warrenctl_stop_stops_the_node_and_its_process(tmp_path):
+    home = tmp_path / "home"
+    env = _plain_env(WARREN_HOME=str(home), WARREN_SECRET="stop-test")
+    log = tmp_path / "node.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([executable("warren-server"), "--name", "solo", "--client-port",
+                                 str(free_port()), "--peer-port", str(free_port())],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        ctl = [executable("warrenctl"), "-n", "solo", "-t", "20"]
+        up = subprocess.run([*ctl, "await_startup"], capture_output=True, text=True, timeout=60, env=env)
+        assert up.returncode == 0, up.stderr
+        r = subprocess.run([*ctl, "stop"], capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "Stopping and halting node solo ..."
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not (home / "run" / "solo.json").exists(), "a stopped node unregisters"
+    text = log.read_text()
+    assert "shutting down" in text and "reason='warrenctl stop'" in text
+    assert "Traceback" not in text and "peer connection refused" not in text
+    gone = subprocess.run([executable("warrenctl"), "-n", "solo", "status"], capture_output=True,
+                          text=True, timeout=30, env=env)
+    assert gone.returncode == 2 and "unknown node 'solo'" in gone.stderr
 
 
 @pytest.fixture(scope="module")

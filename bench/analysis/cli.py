@@ -1,17 +1,30 @@
 """The analysis command line: `python -m bench.analysis [INPUT] [--out DIR] [--master local[*]]`
-(`warren-bench analyse` can hand its arguments to `main(argv)`).
+(`warren-bench analyse`, or `analyze`, hands its arguments to `main(argv)`).
 
 Reads the benchmark logs under INPUT (default `results/`: every run under it; or one run's folder;
 or any URI Spark reads, e.g. hdfs://... or s3a://...) and writes into OUT (default INPUT/report/):
-summary/latency/throughput_timeseries/faults/sync/compare as CSV files and Parquet datasets, PNG
-charts, and report.md / report.html. Prints the report's path and the headline table.
+summary/latency/throughput_timeseries/failover_timeseries/faults/sync/compare as CSV files and
+Parquet datasets, PNG charts, and report.md / report.html. Prints the report's path and the
+headline table.
+
+An INPUT without logs is an error (exit 2) that writes nothing: a local INPUT is checked before
+Spark starts (missing, or no publish.jsonl where a run's scenarios keep them); any other URI
+once Spark has looked.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
+from pathlib import Path
+
+LAYOUT = "RUN_ID/SCENARIO/TARGET/publish.jsonl under a results folder, SCENARIO/TARGET/publish.jsonl under a run folder"
+
+
+class NoLogs(Exception):
+    """INPUT holds no benchmark logs: nothing to analyse, nothing written."""
 
 
 def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.analysis") -> argparse.Namespace:
@@ -23,6 +36,24 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.analy
     ap.add_argument("--master", default="local[*]", help="Spark master (default: local[*])")
     ap.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     return ap.parse_args(argv)
+
+
+def check_local_input(input_path: str) -> None:
+    """Raise NoLogs when INPUT is a local path (no URI scheme) without logs to analyse."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", input_path) and not input_path.startswith("file:"):
+        return  # hdfs://, s3a://, ...: Spark finds out
+    from bench.analysis.job import _expand_braces, _relative, to_uri
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    path = Path(url2pathname(urlparse(to_uri(input_path)).path))
+    if not path.exists():
+        raise NoLogs(f"{input_path}: no such file or directory")
+    if not path.is_dir():
+        raise NoLogs(f"{input_path} is not a folder: give a results folder or one run's folder")
+    if not any(next(path.glob(p), None) for p in _expand_braces(_relative("publish.jsonl"))):
+        raise NoLogs(f"no benchmark logs under {input_path} (expected {LAYOUT}); "
+                     "`warren-bench run` writes them, `python -m bench.analysis.synth DIR` makes a synthetic run")
 
 
 def output_of(input_uri: str, out: str | None) -> str:
@@ -42,6 +73,8 @@ def run(input_path: str, out: str | None = None, master: str = "local[*]", chart
         spark = job.spark_session(master)
     try:
         res = job.analyse(spark, input_path)
+        if not res.tables["summary"]:
+            raise NoLogs(f"no benchmark logs under {input_path} (expected {LAYOUT})")
         dest = output_of(res.input, out)
         for name, data in report.render(res, with_charts=charts).items():
             job.put_file(spark, f"{dest}/{name}", data)
@@ -55,13 +88,22 @@ def run(input_path: str, out: str | None = None, master: str = "local[*]", chart
 def main(argv: list[str] | None = None, prog: str = "python -m bench.analysis") -> int:
     args = parse_args(argv, prog)
     try:
+        check_local_input(args.input)
+    except NoLogs as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         import pyspark  # noqa: F401
     except ImportError:
-        print("bench.analysis needs PySpark: pip install 'warren[analysis]' (or pip install pyspark "
-              "matplotlib); Spark also needs Java 17 on PATH", file=sys.stderr)
+        print(f"{prog}: error: the analysis needs PySpark: pip install 'warren[analysis]' (or pip "
+              "install pyspark matplotlib); Spark also needs Java 17 on PATH", file=sys.stderr)
         return 2
     started = time.monotonic()
-    res, dest = run(args.input, args.out, args.master, charts=not args.no_charts)
+    try:
+        res, dest = run(args.input, args.out, args.master, charts=not args.no_charts)
+    except NoLogs as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     from bench.analysis.report import fmt
 
     summary = res.tables["summary"]

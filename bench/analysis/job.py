@@ -24,6 +24,11 @@ Definitions (see also bench/LOGS.md):
   delivery to the end of the scenario count (``gap_open`` true); a quiet end after deliveries
   resumed is not a failover gap. Every action other than
   sync_progress/sync_done gets a row.
+- throughput over time: per-second counts from intervals.jsonl (throughput_timeseries), as a rate
+  over the part of each second that lies inside the scenario ([t_start, t_end]), so the first
+  and last, partial, seconds do not look like drops; and around each fault (FINE_BEFORE before
+  to FINE_AFTER after it) deliveries and confirms from the message lines in FINE_BUCKET buckets
+  (failover_timeseries), where a sub-second outage shows.
 - sync rate of a queue: the highest ``messages`` reported by sync_progress/sync_done divided by
   sync_done's ``seconds`` when it has them, else by the time from the sync's start (its
   sync_queue action, else the first progress line) to sync_done; also the mean and peak of the
@@ -33,6 +38,7 @@ Definitions (see also bench/LOGS.md):
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import statistics
@@ -47,6 +53,7 @@ KEY = ["run_id", "scenario", "target"]
 KEY_TYPES = [(k, "STRING") for k in KEY]
 PERCENTILES = [("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999)]
 WINDOW_BEFORE, WINDOW_AFTER = 1.0, 30.0
+FINE_BUCKET, FINE_BEFORE, FINE_AFTER = 0.1, 2.0, 5.0  # seconds: the buckets around each fault
 NOT_FAULTS = ("sync_progress", "sync_done")
 
 PUBLISH_SCHEMA = "id LONG, p LONG, q STRING, size LONG, t_pub DOUBLE, t_conf DOUBLE, conf STRING"
@@ -80,6 +87,12 @@ TABLES: dict[str, list[tuple[str, str]]] = {
     "throughput_timeseries": [
         ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("role", "STRING"),
         ("t", "DOUBLE"), ("second", "DOUBLE"), ("n", "LONG"), ("bytes", "LONG"),
+        ("start_s", "DOUBLE"), ("end_s", "DOUBLE"), ("per_s", "DOUBLE"),
+    ],
+    "failover_timeseries": [
+        ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("fault_s", "DOUBLE"),
+        ("role", "STRING"), ("start_s", "DOUBLE"), ("end_s", "DOUBLE"), ("n", "LONG"),
+        ("per_s", "DOUBLE"),
     ],
     "faults": [
         ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("t", "DOUBLE"),
@@ -366,6 +379,54 @@ def _gaps(spark, dlv, faults_rows: list[dict], metas: dict):
     return out
 
 
+def _fine_windows(faults_rows: list[dict], metas: dict, t_start: dict) -> list[tuple]:
+    """(key, fid, lo, hi) of the fine buckets around each fault, clipped to the scenario."""
+    wins = []
+    for i, f in enumerate(faults_rows):
+        m = metas.get(_key(f), {})
+        lo, hi = f["t"] - FINE_BEFORE, f["t"] + FINE_AFTER
+        start = m.get("t_start") if m.get("t_start") is not None else t_start.get(_key(f))
+        if start is not None:
+            lo = max(lo, start)
+        if m.get("t_end") is not None:
+            hi = min(hi, m["t_end"])
+        if hi > lo:
+            wins.append((_key(f), i, lo, hi))
+    return wins
+
+
+def _fine_counts(spark, pub, dlv, wins: list[tuple]):
+    """Deliveries and confirms per FINE_BUCKET of each window: a frame of (fid, role, k, n)."""
+    from pyspark.sql import functions as F
+
+    win_df = _literal_frame(spark, [*KEY_TYPES, ("fid", "LONG"), ("lo", "DOUBLE"), ("hi", "DOUBLE")],
+                            [(*k, fid, lo, hi) for k, fid, lo, hi in wins])
+    events = dlv.select(*KEY, F.lit("deliver").alias("role"), F.col("t_del").alias("t")).unionByName(
+        pub.where(F.col("t_conf").isNotNull()).select(*KEY, F.lit("confirm").alias("role"),
+                                                      F.col("t_conf").alias("t")))
+    inside = events.join(F.broadcast(win_df), KEY).where((F.col("t") >= F.col("lo")) & (F.col("t") < F.col("hi")))
+    return inside.groupBy("fid", "role", F.floor((F.col("t") - F.col("lo")) / FINE_BUCKET).alias("k")).agg(
+        F.count(F.lit(1)).alias("n"))
+
+
+def _fine_rows(wins: list[tuple], counts: list[dict], roles: dict, scale: dict, t_start: dict) -> list[dict]:
+    """Every bucket of every window (empty ones too: they are the outage), as rates."""
+    got = {(r["fid"], r["role"], r["k"]): r["n"] for r in counts}
+    out = []
+    for key, fid, lo, hi in wins:
+        ts = t_start.get(key)
+        if ts is None:
+            continue
+        buckets = max(1, math.ceil((hi - lo) / FINE_BUCKET - 1e-9))
+        for role in roles.get(key, ()):
+            for k in range(buckets):
+                a, b = lo + k * FINE_BUCKET, min(lo + (k + 1) * FINE_BUCKET, hi)
+                n = got.get((fid, role, k), 0) * scale.get(key, 1)
+                out.append({**dict(zip(KEY, key)), "fault_id": fid, "role": role,
+                            "start_s": a - ts, "end_s": b - ts, "n": n, "per_s": n / (b - a)})
+    return out
+
+
 def _sync(events: list[dict]) -> list[dict]:
     """Sync rates per scenario and queue from the (few) sync_queue/sync_progress/sync_done lines."""
     groups: dict[tuple, list[dict]] = {}
@@ -444,7 +505,25 @@ def analyse(spark, input_path: str) -> Results:
         t_start[k] = m.get("t_start") or (min(firsts) if firsts else c.get("first_pub"))
 
     for r in series_rows:
-        r["second"] = r["t"] - t_start[_key(r)] if t_start[_key(r)] is not None else None
+        ts = t_start[_key(r)]
+        r["second"] = r["t"] - ts if ts is not None else None
+        if ts is not None:
+            # the part of this second inside the scenario: the first and last are partial
+            t_end = metas.get(_key(r), {}).get("t_end")
+            a, b = max(r["t"], ts), r["t"] + 1.0 if t_end is None else min(r["t"] + 1.0, t_end)
+            if b > a:
+                r.update(start_s=a - ts, end_s=b - ts, per_s=r["n"] / (b - a))
+    roles = {}
+    for k, c in count_rows.items():
+        roles[k] = [role for role, n in (("deliver", c.get("deliveries")),
+                                         ("confirm", (c.get("confirmed") or 0) + (c.get("nacked") or 0)))
+                    if n]
+    wins = _fine_windows(fault_rows, metas, t_start)
+    fine_counts = _rows(_fine_counts(spark, pub, dlv, wins)) if wins else []
+    fine = _fine_rows(wins, fine_counts, roles, {k: metas.get(k, {}).get("sample_every", 1) for k in keys},
+                      t_start)
+    for r in fine:
+        r["fault_s"] = fault_rows[r.pop("fault_id")]["t"] - t_start[_key(r)]
     faults_out = []
     for i, f in enumerate(fault_rows):
         g = gap_rows.get(i, {})
@@ -532,7 +611,7 @@ def analyse(spark, input_path: str) -> Results:
     if any(s["drain"] is not True for s in summary):
         notes.append("lost is empty where the workload does not drain its queues (or scenario.json is missing).")
     tables = {"summary": summary, "latency": latency_rows, "throughput_timeseries": series_rows,
-              "faults": faults_out, "sync": sync_out, "compare": compare}
+              "failover_timeseries": fine, "faults": faults_out, "sync": sync_out, "compare": compare}
     return Results(tables={name: [_shape(name, row) for row in rows] for name, rows in tables.items()},
                    runs=_runs(spark, base), input=base, notes=notes)
 

@@ -15,7 +15,7 @@ import io
 import re
 import time
 
-from bench.analysis.job import TABLES, Results
+from bench.analysis.job import FINE_BUCKET, TABLES, Results
 
 ROLE_STYLE = {"deliver": "-", "confirm": "--", "publish": ":"}
 TARGET_COLOR = {"warren": "tab:blue", "rabbitmq": "tab:orange"}
@@ -72,34 +72,105 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def throughput_chart(run_id: str, scenario: str, series: list[dict], faults: list[dict]) -> bytes:
-    """Messages per second over the scenario, one panel per target (deliveries and confirms as
-    steps: each value counts one second), its faults as labelled vertical lines."""
+def rate_segments(coarse: list[dict], fine: list[dict]) -> list[tuple[float, float, float]]:
+    """One role's rate over time as (start_s, end_s, msgs/s) segments, in order: the fine buckets
+    around faults where there are some, the per-second rates elsewhere (cut where a fine window
+    begins or ends), and 0 where no bucket says anything (a second without a line had no events).
+    A bucket only partly inside the scenario keeps its true rate over that part."""
+    windows: list[tuple[float, float]] = []
+    segs: list[tuple[float, float, float]] = []
+    by_fault: dict = {}
+    for r in fine:
+        if r.get("start_s") is not None:
+            by_fault.setdefault(r.get("fault_s"), []).append(r)
+    for _, rows in sorted(by_fault.items(), key=lambda kv: min(r["start_s"] for r in kv[1])):
+        # two faults close together: the earlier one's buckets keep the time they share
+        kept = [r for r in rows if all(r["end_s"] <= lo or r["start_s"] >= hi for lo, hi in windows)]
+        if kept:
+            windows.append((min(r["start_s"] for r in kept), max(r["end_s"] for r in kept)))
+            segs += [(r["start_s"], r["end_s"], r["per_s"]) for r in kept]
+    for r in coarse:
+        if r.get("start_s") is None or r.get("per_s") is None:
+            continue
+        parts = [(r["start_s"], r["end_s"])]
+        for w_lo, w_hi in windows:
+            parts = [p for a, b in parts for p in ((a, min(b, w_lo)), (max(a, w_hi), b)) if p[1] > p[0]]
+        segs += [(a, b, r["per_s"]) for a, b in parts]
+    segs.sort()
+    out: list[tuple[float, float, float]] = []
+    for a, b, v in segs:
+        if out and a > out[-1][1] + 1e-9:
+            out.append((out[-1][1], a, 0.0))
+        out.append((a, b, v))
+    # a sliver of a bucket at either end (the scenario began or ended just after a bucket
+    # boundary) holds a handful of events: its rate is noise, so it joins its neighbour
+    for end in (-1, 0):
+        if len(out) >= 2:
+            i, j = (len(out) - 1, len(out) - 2) if end == -1 else (0, 1)
+            (a1, b1, v1), (a2, b2, v2) = out[i], out[j]
+            if b1 - a1 < (b2 - a2) / 2:
+                merged = (min(a1, a2), max(b1, b2),
+                          (v1 * (b1 - a1) + v2 * (b2 - a2)) / ((b1 - a1) + (b2 - a2)))
+                out[min(i, j):max(i, j) + 1] = [merged]
+    return out
+
+
+def _steps(segs: list[tuple[float, float, float]]) -> tuple[list[float], list[float]]:
+    """x and y for drawstyle steps-post: each segment's value holds until its end."""
+    xs = [a for a, _, _ in segs] + [segs[-1][1]]
+    ys = [v for _, _, v in segs] + [segs[-1][2]]
+    return xs, ys
+
+
+def throughput_figure(run_id: str, scenario: str, series: list[dict], faults: list[dict],
+                      fine: list[dict] | None = None):
+    """Messages per second over the scenario, one panel per target: deliveries and confirms as
+    steps, per second, and per FINE_BUCKET around each fault (shaded); each fault a red line
+    labelled in a band kept free above the curves."""
     plt = _plt()
-    targets = sorted({r["target"] for r in series})
+    fine = fine or []
+    targets = sorted({r["target"] for r in series} | {r["target"] for r in fine})
     fig, axes = plt.subplots(len(targets), 1, figsize=(9, 1.2 + 2.4 * len(targets)), sharex=True,
                              squeeze=False)
     for ax, target in zip(axes[:, 0], targets):
+        top = 0.0
         for role in ("deliver", "confirm"):
-            pts = sorted((r["second"], r["n"]) for r in series
-                         if r["target"] == target and r["role"] == role and r["second"] is not None)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], ROLE_STYLE[role], drawstyle="steps-post",
-                        color=TARGET_COLOR.get(target), label=role)
+            segs = rate_segments([r for r in series if r["target"] == target and r["role"] == role],
+                                 [r for r in fine if r["target"] == target and r["role"] == role])
+            if segs:
+                xs, ys = _steps(segs)
+                ax.plot(xs, ys, ROLE_STYLE[role], drawstyle="steps-post", color=TARGET_COLOR.get(target),
+                        label=role)
+                top = max(top, max(ys))
+        spans = {}
+        for r in fine:
+            if r["target"] == target:
+                lo, hi = spans.get(r["fault_s"], (r["start_s"], r["end_s"]))
+                spans[r["fault_s"]] = (min(lo, r["start_s"]), max(hi, r["end_s"]))
+        for i, (lo, hi) in enumerate(sorted(spans.values())):
+            ax.axvspan(lo, hi, color="grey", alpha=0.12, lw=0,
+                       label=f"{FINE_BUCKET:g} s buckets" if i == 0 else None)
+        # the curves stay below 80% of the height; the fault labels go in the band above
+        ax.set_ylim(0, (top or 1.0) * 1.25)
         for f in faults:
             if f["target"] != target or f["second"] is None:
                 continue
             ax.axvline(f["second"], color="tab:red", alpha=0.7, lw=1)
-            ax.annotate(f" {f['action']} {f['node'] or ''}", (f["second"], 0.97),
-                        xycoords=("data", "axes fraction"), va="top", ha="left", fontsize=7, color="tab:red")
+            ax.annotate(f" {f['action']} {f['node'] or ''}", (f["second"], 0.98),
+                        xycoords=("data", "axes fraction"), va="top", ha="left", fontsize=7,
+                        color="tab:red")
         ax.set_ylabel(f"{target}\nmessages / s")
-        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         if ax.lines:
-            ax.legend(fontsize=8, loc="lower right")
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     axes[-1, 0].set_xlabel("seconds since scenario start")
     axes[0, 0].set_title(f"{scenario}: throughput ({run_id})")
-    return _png(fig)
+    return fig
+
+
+def throughput_chart(run_id: str, scenario: str, series: list[dict], faults: list[dict],
+                     fine: list[dict] | None = None) -> bytes:
+    return _png(throughput_figure(run_id, scenario, series, faults, fine))
 
 
 def latency_chart(run_id: str, latency: list[dict]) -> bytes:
@@ -230,8 +301,10 @@ def blocks(res: Results, charts: dict[str, list[tuple[str, str]]]) -> list[tuple
     out.append(("h2", "Notes"))
     for n in res.notes:
         out.append(("p", n))
-    out.append(("p", ("Tables: summary, latency, throughput_timeseries, faults, sync, compare, each "
-                      "as NAME.csv and NAME.parquet beside this report.")))
+    out.append(("p", (f"Throughput charts: messages per second in 1 s buckets, and in {FINE_BUCKET:g} s "
+                      "buckets (shaded) around each fault, where a sub-second outage shows.")))
+    out.append(("p", ("Tables: summary, latency, throughput_timeseries, failover_timeseries, faults, "
+                      "sync, compare, each as NAME.csv and NAME.parquet beside this report.")))
     return out
 
 
@@ -308,8 +381,10 @@ def render(res: Results, with_charts: bool = True) -> dict[str, bytes]:
                 if not ser:
                     continue
                 flt = [f for f in t["faults"] if f["run_id"] == run_id and f["scenario"] == scenario]
+                fine = [r for r in t["failover_timeseries"]
+                        if r["run_id"] == run_id and r["scenario"] == scenario]
                 name = f"throughput-{slug(run_id, scenario)}.png"
-                files[name] = throughput_chart(run_id, scenario, ser, flt)
+                files[name] = throughput_chart(run_id, scenario, ser, flt, fine)
                 items.append((name, f"Throughput over time, {scenario}, run {run_id}"))
     bs = blocks(res, charts)
     files["report.md"] = to_markdown(bs).encode()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -375,6 +376,19 @@ class Channel:
                 c._cancelled("channel closed")
 
 
+def _why(exc) -> str:
+    """A connection error in a few words: trio's "all attempts to connect to H:P failed" hides the
+    reason (e.g. Connection refused) in its cause."""
+    cause = getattr(exc, "__cause__", None)
+    while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+        cause = cause.exceptions[0]
+    if isinstance(exc, OSError) and isinstance(cause, OSError) and (cause.errno or cause.strerror):
+        return os.strerror(cause.errno) if cause.errno else cause.strerror
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
 class Connection:
     def __init__(self, nodes, user: str, password: str, client_name: str, network,
                  reconnect: bool, on_reconnect, max_retry_delay: float, connect_attempts: int):
@@ -501,7 +515,9 @@ class Connection:
                 self._node_index += 1
             attempts += 1
             if first and attempts >= self.connect_attempts:
-                raise AMQPConnectionError(f"could not connect to any of {self.nodes}: {last_error}")
+                nodes = ", ".join(f"{h}:{p}" for h, p in self.nodes)
+                raise AMQPConnectionError(f"could not connect to {'any of ' if len(self.nodes) > 1 else ''}"
+                                          f"{nodes}: {_why(last_error)}")
             await trio.sleep(delay)
             delay = min(delay * 2, self.max_retry_delay)
 
