@@ -215,7 +215,10 @@ class Cluster:
 
     def spawn(self, fn, *args) -> None:
         if self._nursery is not None:
-            self._nursery.start_soon(fn, *args)
+            try:
+                self._nursery.start_soon(fn, *args)
+            except RuntimeError:  # the app's nursery closed a moment ago
+                pass
 
     # --- the log driver ----------------------------------------------------------------------
     def _poke(self) -> None:

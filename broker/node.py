@@ -81,9 +81,12 @@ class Node:
         return ((self.cluster.incarnation & 0x7FFFFFFF) << 32) | next(self._sids)
 
     def spawn(self, fn, *args) -> None:
-        """Run a helper task in the app (dies with the app)."""
-        if self.app is not None:
-            self.app.start_soon(fn, *args)
+        """Run a helper task in the app (dies with the app); nothing once the app is stopping."""
+        if self.app is not None and not (self._app_scope and self._app_scope.cancel_called):
+            try:
+                self.app.start_soon(fn, *args)
+            except RuntimeError:  # the app's nursery closed a moment ago
+                pass
 
     def has_state(self) -> bool:
         return self.cluster.has_state()

@@ -104,14 +104,12 @@ class PeerLink:
                         self.last_heard = trio.current_time()
                         await on_messages(self, batch)
                     nursery.cancel_scope.cancel()
-            except Exception as exc:  # trio wraps task errors in an ExceptionGroup
-                leaf = _leaf(exc)
-                if isinstance(leaf, ProtocolError):
-                    reason = f"protocol error: {leaf}"
-                elif isinstance(leaf, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
-                    reason = f"connection broken ({type(leaf).__name__})"
-                else:
-                    raise
+            # trio groups the tasks' errors, possibly with the Cancelled of a closing link: take
+            # the reasons out and let the Cancelled go on to the scope that caused it
+            except* ProtocolError as group:
+                reason = f"protocol error: {_leaf(group)}"
+            except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+                reason = f"connection broken ({type(_leaf(group)).__name__})"
         if self.cancel_scope.cancelled_caught and reason == "closed":
             reason = getattr(self, "_close_reason", "closed")
         self.outbox.close()

@@ -95,7 +95,7 @@ class Router:
         replica = rp.Replica(qname, self._config(), assign, trio.current_time())
         qp = QueueProcess(self, replica)
         self.replicas[qname] = qp
-        self.node.app.start_soon(qp.run)
+        self.node.spawn(qp.run)
         for msg in self._early.pop(qname, ()):
             qp.deliver(msg)
         return qp
