@@ -1,6 +1,10 @@
 """`warren-bench`: benchmark commands (not tests). This module owns the command line only.
 
-    warren-bench run WORKLOAD... [--target warren|rabbitmq|both] [--nodes n1,n2,n3] [--out results]
+    warren-bench run WORKLOAD... [--target TARGET[,TARGET...]] [--nodes n1,n2,n3] [--out results]
+
+targets: warren-native (warren's own client), warren-amqp (warren's AMQP 0-9-1 port), rabbitmq,
+null (the null AMQP broker: what the generator alone can do); warren = warren-native,
+both = warren-native,rabbitmq, all = warren-native,warren-amqp,rabbitmq.
 
 runs workload files (or shipped suites by name: smoke, throughput, latency, failover, scale, sync)
 and writes the logs of bench/LOGS.md under results/RUN_ID/; see bench/README.md.
@@ -98,11 +102,17 @@ def _run(args) -> int:
                           f"{sc.message_size} B, rate {sc.producer_rate:g}, policy {json.dumps(sc.effective_policy)}, "
                           f"{len(sc.faults)} fault(s)")
             return 0
-        targets = ["warren", "rabbitmq"] if args.target == "both" else [args.target]
+        from bench.runner import parse_targets
+        try:
+            targets = parse_targets(args.target)
+        except ValueError as exc:
+            print(f"error: --target: {exc}", file=sys.stderr)
+            return 2
         progress = Progress(enabled=False if args.quiet else (True if args.progress else None))
         runner = Runner(args.out, procs=args.procs, progress=progress)
         folder = runner.run(args.workloads, targets, args.nodes.split(",") if args.nodes else None,
-                            args.rabbitmq_dir, args.run_id)
+                            args.rabbitmq_dir, args.run_id,
+                            amqp_addresses=args.amqp_addresses.split(",") if args.amqp_addresses else None)
         print(f"results in {folder}")
         return 130 if runner.interrupted else 0
     except WorkloadError as exc:
@@ -163,7 +173,12 @@ def main(argv=None) -> None:
     r = sub.add_parser("run", help="run workload files against warren and/or RabbitMQ, write results/RUN_ID/")
     r.add_argument("workloads", nargs="+", metavar="WORKLOAD",
                    help="a YAML file, or a shipped suite name (smoke, throughput, latency, failover, scale, sync)")
-    r.add_argument("--target", choices=["warren", "rabbitmq", "both"], default="warren")
+    r.add_argument("--target", default="warren-native",
+                   help="comma-separated: warren-native, warren-amqp, rabbitmq, null; or warren "
+                        "(= warren-native), both (= warren-native,rabbitmq), all (= warren-native,"
+                        "warren-amqp,rabbitmq). Default warren-native")
+    r.add_argument("--amqp-addresses", help="warren-amqp with --nodes: the nodes' AMQP ports, "
+                                            "HOST:PORT,... in the order of --nodes")
     r.add_argument("--nodes", help="use these running warren nodes (names under $WARREN_HOME) instead of "
                                    "starting a local 3-node cluster")
     r.add_argument("--rabbitmq-dir", type=Path,

@@ -1,10 +1,13 @@
-"""The warren load: producers and consumers as trio tasks on warren's own async client.
+"""The warren-native load: producers and consumers as trio tasks on warren's own async client.
 
-This module owns how a worker process drives warren: one connection and channel per producer
-or consumer, publishes pipelined under the confirm window and the rate, consumes through the
-client's delivery callback (no per-message task switch), acks through the client's coalescing
-writer. Per-message work is: build the body, one `publish_nowait`, two array appends; on the
-consumer side, decode the 8-byte id, four appends and one ack.
+This module owns how a worker process drives warren through `broker.client.aio` (target
+`warren-native`): one connection and channel per producer or consumer, publishes pipelined under
+the confirm window and, with a rate, on the open-loop schedule of `bench.schedule` (`t_int`
+recorded); consumes through the client's delivery callback (no per-message task switch), acks
+through the client's coalescing writer (`ack: multiple`: one multiple ack per MULTIPLE_EVERY
+deliveries, and whatever is left every 5 ms). Per-message work is: build the body, one
+`publish_nowait`, two or three array appends; on the consumer side, decode the 8-byte id, four
+appends and one ack.
 """
 
 from __future__ import annotations
@@ -23,19 +26,23 @@ from bench.records import (
     PublishRecord,
     make_id,
 )
+from bench.schedule import OpenLoop
 from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared, rotate
 from broker.client.aio import open_connection
 from broker.client.errors import AMQPError
 
 BATCH = 200  # publishes between yields to the scheduler
+MULTIPLE_EVERY = 100  # ack: multiple acks this many deliveries at once
 
 
-def declare(addresses: list[str], queues: list[str], durable: bool, delete: bool = False) -> None:
-    """Declare (or delete) the scenario's queues from the runner process."""
-    async def go():
-        async with open_connection(addresses, client_name="bench-setup") as conn:
+def declare(addresses: list[str], queues: list[str], durable: bool, delete: bool = False,
+            qnodes: list[int] | None = None) -> None:
+    """Declare (or delete) the scenario's queues from the runner process; queue i through node
+    qnodes[i] (warren's default locator, client-local, puts its leader there)."""
+    async def one(k: int, names: list[str]):
+        async with open_connection(rotate(addresses, k), client_name="bench-setup") as conn:
             ch = await conn.channel()
-            for q in queues:
+            for q in names:
                 if delete:
                     try:
                         await ch.queue_delete(q)
@@ -43,6 +50,14 @@ def declare(addresses: list[str], queues: list[str], durable: bool, delete: bool
                         ch = await conn.channel()
                 else:
                     await ch.queue_declare(q, durable=durable)
+
+    async def go():
+        by_node: dict[int, list[str]] = {}
+        for i, q in enumerate(queues):
+            by_node.setdefault(qnodes[i] if qnodes else 0, []).append(q)
+        async with trio.open_nursery() as n:
+            for k, names in by_node.items():
+                n.start_soon(one, k, names)
     trio.run(go)
 
 
@@ -107,12 +122,18 @@ async def _run_role(spec: dict, shared: Shared, records: list, task) -> list:
 
 async def _producers(spec: dict, shared: Shared) -> list[PublishRecord]:
     sc = spec["scenario"]
-    records = [PublishRecord(p, spec["queues"], sc["message_size"]) for p in spec["indices"]]
+    records = [PublishRecord(p, spec["queues"], sc["message_size"], paced=spec["rate"] > 0)
+               for p in spec["indices"]]
     return await _run_role(spec, shared, records, _producer)
 
 
+def _node_of(spec: dict, key: str, index: int, default: int) -> int:
+    table = spec.get(key) or {}
+    return table.get(index, table.get(str(index), default))
+
+
 async def _producer(spec, shared, rec: PublishRecord, gate: _Gate, totals) -> None:
-    async with open_connection(rotate(spec["nodes"], rec.producer),
+    async with open_connection(rotate(spec["nodes"], _node_of(spec, "pnode", rec.producer, rec.producer)),
                                client_name=f"bench-producer-{rec.producer}") as conn:
         ch = await conn.channel()
         if spec["scenario"]["confirms"]:
@@ -125,10 +146,13 @@ async def _producer(spec, shared, rec: PublishRecord, gate: _Gate, totals) -> No
 async def _publish(spec, shared, conn, ch, rec: PublishRecord, t0: float, totals: list[int]) -> None:
     sc = spec["scenario"]
     queues = spec["queues"]
-    nq = len(queues)
     p = rec.producer
+    own = (spec.get("pqueues") or {}).get(p) or (spec.get("pqueues") or {}).get(str(p)) or list(range(len(queues)))
+    nown = len(own)
     pad = b"\0" * (sc["message_size"] - 8)
     rate = spec["rate"]  # this producer's msgs/s, 0 = unlimited
+    pacer = OpenLoop.for_producer(spec["rate_total"], spec["producers"], p, t0) if rate else None
+    t_int = rec.t_int
     limit = spec["limits"][p] or math.inf
     t_end = t0 + sc["warmup"] + sc["duration"] if not sc["messages"] else math.inf
     confirms = sc["confirms"]
@@ -173,13 +197,13 @@ async def _publish(spec, shared, conn, ch, rec: PublishRecord, t0: float, totals
         n = BATCH
         if sent + n > limit:
             n = int(limit - sent)
-        if rate:
-            n = min(n, int((now - t0) * rate) - sent)
+        if pacer is not None:
+            n = min(n, pacer.due(now) - sent)
         if confirms:
             n = min(n, window - (sent - state["resolved"]))
         if n <= 0:
-            if rate and int((now - t0) * rate) <= sent:
-                await trio.sleep(max(0.0005, (sent + 1) / rate - (now - t0)))
+            if pacer is not None and pacer.due(now) <= sent:
+                await trio.sleep(pacer.wait(sent, now))
             else:
                 state["room"] = trio.Event()
                 with trio.move_on_after(0.05):
@@ -195,19 +219,23 @@ async def _publish(spec, shared, conn, ch, rec: PublishRecord, t0: float, totals
                 spec["errors"].append(f"producer {p}: {exc}")
             continue
         # the first of the batch waits if the client's send buffer is full; the rest do not
-        qi = (p + sent) % nq
+        qi = own[sent % nown]
         try:
             await ch.basic_publish("", queues[qi], make_id(p, sent).to_bytes(8, "big") + pad)
         except AMQPError:
             continue  # closed while waiting for room: the next turn reopens
         t_pub.append(now_f())
         rq.append(qi)
+        if pacer is not None:
+            t_int.append(pacer.intended(sent))
         sent += 1
         for _ in range(n - 1):
-            qi = (p + sent) % nq
+            qi = own[sent % nown]
             ch.publish_nowait(queues[qi], make_id(p, sent).to_bytes(8, "big") + pad)
             t_pub.append(now_f())
             rq.append(qi)
+            if pacer is not None:
+                t_int.append(pacer.intended(sent))
             sent += 1
         totals[PUBLISHED] += n
         await trio.lowlevel.checkpoint()
@@ -228,24 +256,36 @@ async def _consumer(spec, shared, rec: DeliverRecord, gate: _Gate, totals) -> No
     sc = spec["scenario"]
     queues = spec["queues"]
     c = rec.consumer
-    async with open_connection(rotate(spec["nodes"], c + 1), client_name=f"bench-consumer-{c}") as conn:
+    async with open_connection(rotate(spec["nodes"], _node_of(spec, "cnode", c, c + 1)),
+                               client_name=f"bench-consumer-{c}") as conn:
         ch = await conn.channel()
         if sc["prefetch"]:
             await ch.basic_qos(sc["prefetch"])
         gate.ready()
         await gate.started.wait()
         await _wait_event(shared.consume)
-        auto = sc["ack"] == "auto"
-        for qi in spec["assign"][c]:
-            await ch.basic_consume(queues[qi], on_message_callback=_on_message(conn, rec, qi, auto, totals),
-                                   auto_ack=auto)
-        await _wait_event(shared.stop, 0.05)
+        mode = sc["ack"]
+        assign = spec["assign"].get(c, spec["assign"].get(str(c), []))
+        last = {"tag": 0, "acked": 0}
+        for qi in assign:
+            await ch.basic_consume(queues[qi], on_message_callback=_on_message(conn, rec, qi, mode, totals, last),
+                                   auto_ack=mode == "auto")
+        if mode != "multiple":
+            await _wait_event(shared.stop, 0.05)
+            return
+        while not shared.stop.is_set():  # the rest of a multiple ack's batch, within 5 ms
+            await trio.sleep(0.005)
+            if last["tag"] > last["acked"]:
+                ch.basic_ack(last["tag"], multiple=True)
+                last["acked"] = last["tag"]
 
 
-def _on_message(conn, rec: DeliverRecord, qi: int, auto: bool, totals: list[int]):
+def _on_message(conn, rec: DeliverRecord, qi: int, mode: str, totals: list[int], last: dict):
     ids, t_del, rq, red, node = rec.ids, rec.t_del, rec.q, rec.red, rec.node
     now_f = time.time
     cache = {"name": None, "index": 0}
+    auto = mode == "auto"
+    multiple = mode == "multiple"
 
     def on_message(ch, msg):
         t_del.append(now_f())
@@ -260,7 +300,71 @@ def _on_message(conn, rec: DeliverRecord, qi: int, auto: bool, totals: list[int]
         totals[DELIVERED] += 1
         if not r:
             totals[FIRST] += 1
-        if not auto:
+        if multiple:
+            tag = msg.delivery_tag
+            last["tag"] = tag
+            if tag - last["acked"] >= MULTIPLE_EVERY:
+                ch.basic_ack(tag, multiple=True)
+                last["acked"] = tag
+        elif not auto:
             ch.basic_ack(msg.delivery_tag)
 
     return on_message
+
+
+# --- idle connections ---------------------------------------------------------------------------
+
+def run_idle(spec: dict, shared: Shared) -> dict:
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return trio.run(_idle, spec, shared)
+
+
+async def _idle(spec: dict, shared: Shared) -> dict:
+    """Open spec['connections'] connections of warren's client (one channel each) to one node,
+    hold them until the runner says stop, close them."""
+    address = spec["nodes"][spec["idle_node"]]
+    opened: list = []
+    errors: list[str] = []
+    failed = [0]
+    gate = trio.Semaphore(64)
+    stop = trio.Event()
+    t = time.time()
+
+    async def hold(i: int, task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            async with gate:
+                cm = open_connection([address], client_name=f"bench-idle-{spec['part']}-{i}")
+                conn = await cm.__aenter__()
+                await conn.channel()
+        except Exception as exc:  # noqa: BLE001 - record and go on: the count says how many held
+            failed[0] += 1
+            if len(errors) < 20:
+                errors.append(f"idle connection {i}: {exc!r}")
+            task_status.started()
+            return
+        opened.append(conn)
+        task_status.started()
+        try:
+            await stop.wait()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await cm.__aexit__(None, None, None)
+
+    async with trio.open_nursery() as n:
+        for i in range(spec["connections"]):
+            if i % 64 == 63:
+                await n.start(hold, i)  # now and then, let the connections catch up
+            else:
+                n.start_soon(hold, i)
+        while len(opened) + failed[0] < spec["connections"] and time.time() - t < 600:
+            await trio.sleep(0.05)
+        opened_s = time.time() - t
+        with shared.ready.get_lock():
+            shared.ready.value += 1
+        await _wait_event(shared.stop, 0.1)
+        alive = len(opened)
+        stop.set()
+    return {"opened": len(opened), "alive_at_end": alive, "open_s": round(opened_s, 2), "errors": errors}

@@ -30,11 +30,13 @@ def _num(x: float) -> str:
 class PublishRecord:
     """One producer's messages, indexed by sequence number (0, 1, 2, ...)."""
 
-    def __init__(self, producer: int, queues: list[str], size: int):
+    def __init__(self, producer: int, queues: list[str], size: int, paced: bool = False):
         self.producer = producer
         self.queues = queues
         self.size = size
         self.t_pub = array("d")
+        # intended send times (open loop, see bench.schedule); empty for a closed loop
+        self.t_int = array("d") if paced else None
         self.q = array("I")
         self.t_conf = array("d")
         self.conf = bytearray()
@@ -78,12 +80,13 @@ class PublishRecord:
         p, size, queues = self.producer, self.size, self.queues
         qnames = [json.dumps(q) for q in queues]
         base = p << ID_SHIFT
-        t_pub, t_conf, conf, qs = self.t_pub, self.t_conf, self.conf, self.q
+        t_pub, t_conf, conf, qs, t_int = self.t_pub, self.t_conf, self.conf, self.q, self.t_int
         for s in range(0, len(t_pub), sample_every):
             tc = t_conf[s]
             c = conf[s]
+            ti = f',"t_int":{_num(t_int[s])}' if t_int is not None and s < len(t_int) else ""
             yield (f'{{"id":{base | s},"p":{p},"q":{qnames[qs[s]]},"size":{size},'
-                   f'"t_pub":{_num(t_pub[s])},"t_conf":{"null" if c == CONF_NONE else _num(tc)},'
+                   f'"t_pub":{_num(t_pub[s])}{ti},"t_conf":{"null" if c == CONF_NONE else _num(tc)},'
                    f'"conf":{_CONF_TEXT[c]}}}\n')
 
 

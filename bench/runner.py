@@ -26,15 +26,36 @@ from pathlib import Path
 
 from bench import worker as workermod
 from bench.targets import (
+    NullTarget,
     RabbitTarget,
     Target,
     TargetError,
     Unsupported,
     WarrenTarget,
+    amqp_client_available,
     rabbitmq_available,
 )
 from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
 from bench.workload import Scenario, load, resolve
+
+TARGETS = ("warren-native", "warren-amqp", "rabbitmq", "null")
+ALIASES = {"warren": ["warren-native"], "both": ["warren-native", "rabbitmq"],
+           "all": ["warren-native", "warren-amqp", "rabbitmq"]}
+AMQP_TARGETS = ("warren-amqp", "rabbitmq", "null")
+
+
+def parse_targets(text: str) -> list[str]:
+    """`--target`: comma-separated names of TARGETS or ALIASES, in order, without repeats."""
+    out: list[str] = []
+    for part in (x.strip() for x in text.split(",")):
+        names = ALIASES.get(part, [part])
+        for n in names:
+            if n not in TARGETS:
+                raise ValueError(f"unknown target {part!r} (known: {', '.join(TARGETS)}; "
+                                 f"or {', '.join(ALIASES)})")
+            if n not in out:
+                out.append(n)
+    return out
 
 
 def _git_commit() -> str | None:
@@ -223,11 +244,7 @@ def _split(items: list[int], parts: int) -> list[list[int]]:
 def _assign(sc: Scenario) -> dict[int, list[int]]:
     """Queues of each consumer: queue q goes to consumer q % consumers; with fewer queues than
     consumers, consumer c shares queue c % queues."""
-    if sc.consumers == 0:
-        return {}
-    if sc.queues >= sc.consumers:
-        return {c: [q for q in range(sc.queues) if q % sc.consumers == c] for c in range(sc.consumers)}
-    return {c: [c % sc.queues] for c in range(sc.consumers)}
+    return {c: sc.consumer_queues(c) for c in range(sc.consumers)}
 
 
 def _merge(folder: Path, stem: str) -> int:
@@ -266,8 +283,20 @@ class Runner:
         self.interrupted = False
 
     # --- the run ------------------------------------------------------------------------------
+    def make_target(self, tname: str, warren_nodes, rabbit_dir, amqp_addresses) -> Target:
+        if tname == "warren-native":
+            return WarrenTarget(warren_nodes, protocol="native")
+        if tname == "warren-amqp":
+            return WarrenTarget(warren_nodes, protocol="amqp", amqp_addresses=amqp_addresses)
+        if tname == "rabbitmq":
+            return RabbitTarget(dir=rabbit_dir)
+        if tname == "null":
+            return NullTarget()
+        raise ValueError(tname)
+
     def run(self, workload_args: list[str], targets: list[str], warren_nodes: list[str] | None = None,
-            rabbit_dir: Path | None = None, run_id: str | None = None) -> Path:
+            rabbit_dir: Path | None = None, run_id: str | None = None,
+            amqp_addresses: list[str] | None = None) -> Path:
         files = [resolve(a) for a in workload_args]
         scenarios = [s for f in files for s in load(f)]  # every file is checked before anything starts
         run_id = run_id or new_run_id()
@@ -277,24 +306,32 @@ class Runner:
                 "python": sys.version.split()[0], "warren_version": None, "rabbitmq_version": None,
                 "machine": _machine(), "workloads": [str(f) for f in files], "targets": [],
                 "skipped": [], "notes": "2-core shared machine: numbers are noisy" if (os.cpu_count() or 0) <= 2 else ""}
-        if "rabbitmq" in targets:
-            why = rabbitmq_available()
+        targets = [ALIASES["warren"][0] if t == "warren" else t for t in targets]
+        for tname in list(targets):
+            why = rabbitmq_available() if tname == "rabbitmq" else (
+                amqp_client_available() if tname in AMQP_TARGETS else None)
             if why:
-                self.say(f"RabbitMQ target skipped: {why}; running warren alone")
-                meta["skipped"].append({"target": "rabbitmq", "reason": why})
-                targets = [t for t in targets if t != "rabbitmq"] or ["warren"]
+                self.say(f"{tname} target skipped: {why}")
+                meta["skipped"].append({"target": tname, "reason": why})
+                targets.remove(tname)
         meta["targets"] = targets
         self._write_meta(folder, meta)
         try:
             for tname in targets:
-                target: Target = WarrenTarget(warren_nodes) if tname == "warren" else RabbitTarget(dir=rabbit_dir)
-                if tname == "warren" and warren_nodes:
-                    self.say(f"[warren] using {', '.join(warren_nodes)}")
+                target: Target = self.make_target(tname, warren_nodes, rabbit_dir, amqp_addresses)
+                if tname.startswith("warren") and warren_nodes:
+                    self.say(f"[{tname}] using {', '.join(warren_nodes)}")
                 elif tname == "rabbitmq" and rabbit_dir:
                     self.say(f"[rabbitmq] using the cluster in {rabbit_dir}")
                 else:
                     self.say(f"[{tname}] starting a 3-node cluster ...")
-                target.start()
+                try:
+                    target.start()
+                except Unsupported as exc:
+                    self.say(f"{tname} target skipped: {exc}")
+                    meta["skipped"].append({"target": tname, "reason": str(exc)})
+                    self._write_meta(folder, meta)
+                    continue
                 meta[f"{tname}_version"] = target.version()
                 self._write_meta(folder, meta)
                 try:
@@ -345,6 +382,8 @@ class Runner:
     # --- one scenario on one target ---------------------------------------------------------------
     def run_scenario(self, folder: Path, run_id: str, target: Target, sc: Scenario, meta: dict) -> bool:
         """Returns True when the cluster may be left damaged (faults ran)."""
+        if sc.idle:
+            return self.run_idle(folder, run_id, target, sc, meta)
         tname = target.name
         policy = sc.effective_policy
         policy_name = f"bench-{sc.name}"
@@ -352,7 +391,7 @@ class Runner:
         addresses = target.addresses()
         gen = _gen_module(tname)
         try:
-            if sc.needs == "sync" and tname == "warren":
+            if sc.needs == "sync" and tname.startswith("warren"):
                 _probe_sync(target)  # before the policy, so a skipped scenario leaves nothing behind
             if policy is not None:
                 target.set_policy(policy_name, "^" + re.escape(f"bench.{sc.name}."), policy)
@@ -362,19 +401,32 @@ class Runner:
             return False
         sdir = folder / sc.name / tname
         sdir.mkdir(parents=True, exist_ok=True)
-        gen.declare(addresses, queues, sc.durable, delete=True)
-        gen.declare(addresses, queues, sc.durable)
+        nn = len(addresses)
+        qnodes = [sc.queue_node(q, nn) for q in range(sc.queues)]
+        gen.declare(addresses, queues, sc.durable, delete=True, qnodes=qnodes)
+        gen.declare(addresses, queues, sc.durable, qnodes=qnodes)
         mirror_wait = self._wait_mirrors(target, sc, queues) if policy is not None else None
 
         shared = Shared(self.ctx)
-        prod_groups = _split(list(range(sc.producers)), self.procs)
-        cons_groups = _split(list(range(sc.consumers)), self.procs)
+        procs = sc.procs or self.procs
+        prod_groups = _split(list(range(sc.producers)), procs)
+        cons_groups = _split(list(range(sc.consumers)), procs)
         per = sc.messages // sc.producers
         limits = {p: (per + (1 if p < sc.messages % sc.producers else 0)) if sc.messages else 0
                   for p in range(sc.producers)}
+        pqueues = {p: sc.producer_queues(p) for p in range(sc.producers)}
+        assign = _assign(sc)
+        spread = sc.leaders == "spread"
+        # which node each connection goes to: its first queue's node when leaders are spread,
+        # else producer p on node p, consumer c on node c + 1 (round the nodes)
+        pnode = {p: qnodes[pqueues[p][0]] if spread else p % nn for p in range(sc.producers)}
+        cnode = {c: (qnodes[assign[c][0]] if spread and assign[c] else (c + 1) % nn)
+                 for c in range(sc.consumers)}
         base = {"target": tname, "nodes": addresses, "node_names": dict(zip(addresses, target.nodes)),
                 "queues": queues, "scenario": sc.as_dict(), "out_dir": str(sdir), "limits": limits,
-                "rate": sc.producer_rate / sc.producers, "assign": _assign(sc), "confirm_timeout": 15.0}
+                "rate": sc.producer_rate / sc.producers, "rate_total": sc.producer_rate,
+                "producers": sc.producers, "pqueues": pqueues, "pnode": pnode, "cnode": cnode,
+                "assign": assign, "confirm_timeout": 15.0}
         procs = []
         for k, idx in enumerate(prod_groups):
             procs.append(self.ctx.Process(target=workermod.main, daemon=True,
@@ -386,11 +438,13 @@ class Runner:
         cpu_before = target.cpu()
         for p in procs:
             p.start()
-        deadline = time.time() + 120
+        deadline = time.time() + 120 + (sc.producers + sc.consumers) / 20
         while shared.ready.value < len(procs):
             if any(p.exitcode not in (None, 0) for p in procs) or time.time() > deadline:
                 for p in procs:
                     p.kill()
+                shared.stop_publish.set()
+                shared.stop.set()
                 raise TargetError(f"{sc.name}: a worker failed to connect (see its error above)")
             time.sleep(0.02)
         t0 = time.time() + 0.2
@@ -479,21 +533,104 @@ class Runner:
                 + [e for u in usage for e in u.get("errors", [])]}
         (sdir / "scenario.json").write_text(json.dumps(info, indent=2) + "\n")
         summary = _summary(info, counts, wall)
+        summary["latency"] = latency_summary(sdir, info["t_measure"])
+        info["latency"] = summary["latency"]
+        (sdir / "scenario.json").write_text(json.dumps(info, indent=2) + "\n")
         self.summaries.append(summary)
         self.say(_summary_line(summary))
         for e in info["errors"]:
             self.say(f"  error: {e}")
         # leave the cluster as we found it
         try:
-            gen.declare(target.addresses() if not target.down else
-                        [a for a, n in zip(target.addresses(), target.nodes) if n not in target.down],
-                        queues, sc.durable, delete=True)
+            alive = [a for a, n in zip(target.addresses(), target.nodes) if n not in target.down]
+            gen.declare(alive, queues, sc.durable, delete=True)
             if policy is not None:
                 target.clear_policy(policy_name)
         except Exception as exc:  # noqa: BLE001 - any client's error; a damaged cluster is restarted by the caller anyway
             self.say(f"  cleanup: {exc}")
             dirty = True
         return dirty
+
+    # --- an idle-connection scenario -------------------------------------------------------------
+    def run_idle(self, folder: Path, run_id: str, target: Target, sc: Scenario, meta: dict) -> bool:
+        """Open sc.idle_connections connections to one node, hold them, read the node's memory."""
+        tname = target.name
+        sdir = folder / sc.name / tname
+        sdir.mkdir(parents=True, exist_ok=True)
+        addresses = target.addresses()
+        k = sc.idle_node % len(addresses)
+        node = target.nodes[k]
+        procs = sc.procs or max(1, -(-sc.idle_connections // 5000))
+        counts = [sc.idle_connections // procs + (1 if i < sc.idle_connections % procs else 0)
+                  for i in range(procs)]
+        shared = Shared(self.ctx)
+        base = {"target": tname, "nodes": addresses, "scenario": sc.as_dict(), "out_dir": str(sdir),
+                "idle_node": k, "role": "idle"}
+        rss_before = target.rss()
+        cpu_before = target.cpu()
+        t0 = time.time()
+        workers = [self.ctx.Process(target=workermod.main, daemon=True,
+                                    args=(base | {"part": i, "connections": n, "indices": []}, shared))
+                   for i, n in enumerate(counts)]
+        for w in workers:
+            w.start()
+        deadline = time.time() + 120 + sc.idle_connections / 50
+        while shared.ready.value < len(workers) and time.time() < deadline:
+            if all(w.exitcode is not None for w in workers):
+                break
+            self.progress.show(f"[{tname}] {sc.name} opening {sc.idle_connections:,} connections "
+                               f"{time.time() - t0:5.1f}s  {node} RSS {target.rss().get(node)} MiB")
+            time.sleep(0.5)
+        t_open = time.time()
+        samples = []
+        while time.time() < t_open + sc.idle_seconds and not self.interrupted:
+            samples.append({"t": round(time.time(), 3), "rss_mib": target.rss().get(node)})
+            self.progress.show(f"[{tname}] {sc.name} holding {time.time() - t_open:4.1f}/{sc.idle_seconds:g}s  "
+                               f"{node} RSS {samples[-1]['rss_mib']} MiB")
+            time.sleep(1.0)
+        rss_held = target.rss()
+        cpu_held = target.cpu()
+        shared.stop.set()
+        for w in workers:
+            w.join(120)
+            if w.exitcode is None:
+                w.kill()
+        self.progress.done()
+        time.sleep(2)
+        rss_after = target.rss()
+        t_end = time.time()
+        usage = []
+        for p in sorted(sdir.glob("usage.*.part*")):
+            usage.append(json.loads(p.read_text()))
+            p.unlink()
+        opened = sum(u.get("idle", {}).get("opened", 0) for u in usage)
+        before, held = rss_before.get(node), rss_held.get(node)
+        idle = {"node": node, "connections": sc.idle_connections, "opened": opened,
+                "alive_at_end": sum(u.get("idle", {}).get("alive_at_end", 0) for u in usage),
+                "open_s": max((u.get("idle", {}).get("open_s", 0) for u in usage), default=None),
+                "rss_before_mib": before, "rss_held_mib": held, "rss_after_mib": rss_after.get(node),
+                "kib_per_connection": round((held - before) * 1024 / opened, 1)
+                if opened and held is not None and before is not None else None,
+                "rss_all_nodes_held_mib": rss_held, "node_cpu_s_while_held": {
+                    n: round(cpu_held[n] - cpu_before[n], 2) for n in cpu_held
+                    if cpu_held.get(n) is not None and cpu_before.get(n) is not None},
+                "samples": samples}
+        errors = [e for u in usage for e in u.get("errors", [])] + [
+            f"worker {w.name} exit code {w.exitcode}" for w in workers if w.exitcode != 0]
+        info = {"run_id": run_id, "scenario": sc.name, "target": tname, "workload": sc.as_dict(),
+                "t_start": t0, "t_end": t_end, "nodes": list(target.nodes), "sampled": False,
+                "t_measure": t_open, "t_publish_end": None, "policy": None, "generator": usage,
+                "idle": idle, "errors": errors}
+        (sdir / "scenario.json").write_text(json.dumps(info, indent=2) + "\n")
+        summary = {"target": tname, "scenario": sc.name, "idle": {k2: v for k2, v in idle.items()
+                                                                   if k2 != "samples"}}
+        self.summaries.append(summary)
+        self.say(f"[{tname}] {sc.name}: {opened:,} of {sc.idle_connections:,} connections open on {node} "
+                 f"(in {idle['open_s']} s); {node} RSS {before} MiB before, {held} MiB held, "
+                 f"{idle['rss_after_mib']} MiB after closing; {idle['kib_per_connection']} KiB per connection")
+        for e in errors[:5]:
+            self.say(f"  error: {e}")
+        return False
 
     def _wait_mirrors(self, target: Target, sc: Scenario, queues: list[str], timeout: float = 30) -> dict:
         pol = sc.effective_policy or {}
@@ -506,7 +643,7 @@ class Runner:
                 rows = target.queues()
             except TargetError:
                 rows = {}
-            ok = all(len(rows.get(q, {}).get("synchronised_mirror_pids" if target.name == "warren"
+            ok = all(len(rows.get(q, {}).get("synchronised_mirror_pids" if target.name.startswith("warren")
                                               else "synchronised_slave_pids") or []) >= want for q in queues)
             if ok and rows:
                 return {"mirrors": want, "seconds": round(time.time() - t, 2)}
@@ -516,11 +653,7 @@ class Runner:
 
 
 def _gen_module(tname: str):
-    if tname == "warren":
-        from bench import gen_warren as gen
-    else:
-        from bench import gen_rabbitmq as gen
-    return gen
+    return workermod.gen_module(tname)
 
 
 def _probe_sync(target: Target) -> None:
@@ -560,14 +693,72 @@ def _summary(info: dict, counts: dict, wall: float) -> dict:
             "busiest_node_us_per_msg": round(node_us, 1) if node_us is not None else None}
 
 
+def _percentiles(values: list[float]) -> dict:
+    """p50/p99/p99.9/max (ms) with the interpolation of numpy's default and of Spark's percentile."""
+    if not values:
+        return {"n": 0}
+    values.sort()
+
+    def pct(q: float) -> float:
+        k = (len(values) - 1) * q
+        lo = int(k)
+        hi = min(lo + 1, len(values) - 1)
+        return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+    return {"n": len(values), "p50_ms": round(pct(0.5), 3), "p99_ms": round(pct(0.99), 3),
+            "p999_ms": round(pct(0.999), 3), "max_ms": round(values[-1], 3)}
+
+
+def latency_summary(sdir: Path, t_measure: float, max_lines: int = 3_000_000) -> dict:
+    """Latency percentiles over the measured window for the summary line, from the merged logs:
+    publish->confirm and publish->first delivery measured from the intended send time when the
+    lines carry one (open loop: coordinated omission corrected), else from t_pub; and the
+    generator's own lag (t_pub - t_int). The Spark job computes the same from the same lines."""
+    pub: dict[int, float] = {}
+    conf, lag = [], []
+    try:
+        with open(sdir / "publish.jsonl") as f:
+            for i, line in enumerate(f):
+                if i >= max_lines:
+                    return {"skipped": f"more than {max_lines:,} lines"}
+                d = json.loads(line)
+                t0 = d.get("t_int") or d["t_pub"]
+                if t0 < t_measure:
+                    continue
+                pub[d["id"]] = t0
+                if d.get("t_int"):
+                    lag.append((d["t_pub"] - d["t_int"]) * 1000)
+                if d.get("conf") == "ack" and d.get("t_conf"):
+                    conf.append((d["t_conf"] - t0) * 1000)
+        first: dict[int, float] = {}
+        with open(sdir / "deliver.jsonl") as f:
+            for line in f:
+                d = json.loads(line)
+                if d["id"] in pub and (d["id"] not in first or d["t_del"] < first[d["id"]]):
+                    first[d["id"]] = d["t_del"]
+    except OSError:
+        return {}
+    out = {"confirm": _percentiles(conf),
+           "delivery": _percentiles([(t - pub[i]) * 1000 for i, t in first.items()])}
+    if lag:
+        out["send_lag"] = _percentiles(lag)
+    return out
+
+
 def _summary_line(s: dict) -> str:
+    lat = s.get("latency") or {}
+    extra = ""
+    for kind in ("confirm", "delivery", "send_lag"):
+        v = lat.get(kind) or {}
+        if v.get("n"):
+            extra += f"; {kind} p50/p99/p99.9 {v['p50_ms']:g}/{v['p99_ms']:g}/{v['p999_ms']:g} ms"
     return (f"[{s['target']}] {s['scenario']}: publish {s['publish']:,}/s  confirm {s['confirm']:,}/s  "
             f"deliver {s['deliver']:,}/s  (totals {s['publish_total']:,}/{s['confirm_total']:,}/"
             f"{s['deliver_total']:,}; CPU per message: generator "
             f"{', '.join(f'{k} {v:g} us' for k, v in s['generator_us_per_msg'].items()) or '?'}, "
             f"busiest node {s['busiest_node_us_per_msg'] if s['busiest_node_us_per_msg'] is not None else '?'} us; "
             f"busiest generator process {_pct(s['generator_cpu_max'])} of a core, "
-            f"busiest node {_pct(s['node_cpu_max'])})")
+            f"busiest node {_pct(s['node_cpu_max'])}){extra}")
 
 
 def _pct(x) -> str:

@@ -31,6 +31,17 @@ class Unsupported(TargetError):
     """The broker cannot do what the scenario needs (e.g. no set_policy yet)."""
 
 
+def proc_rss_mib(pid: int) -> float | None:
+    """Resident memory of `pid` in MiB (VmRSS), or None."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
 def _proc_cpu(pid: int) -> float | None:
     """CPU seconds (user + system) used so far by `pid` and its waited-for children, or None."""
     try:
@@ -67,6 +78,15 @@ class Target:
                 out[n] = _proc_cpu(pid)
         return out
 
+    def rss(self) -> dict:
+        """Resident memory (MiB) of each node's OS process."""
+        out = {}
+        for n in self.nodes:
+            pid = self.pid(n)
+            if pid:
+                out[n] = proc_rss_mib(pid)
+        return out
+
     def signal(self, node: str, sig: int) -> dict:
         pid = self.pid(node)
         if not pid:
@@ -90,13 +110,51 @@ class Target:
 
 # --- warren ---------------------------------------------------------------------------------
 
+def warren_amqp_support() -> str | None:
+    """None when this warren's nodes take --amqp-port (the AMQP 0-9-1 listener), else why not."""
+    try:
+        out = subprocess.run(["warren-server", "--help"], check=False, capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"warren-server --help failed: {exc}"
+    if "--amqp-port" not in out.stdout:
+        return "this warren has no AMQP 0-9-1 port yet (warren-server takes no --amqp-port)"
+    return None
+
+
+class _AmqpCluster:
+    """A LocalCluster whose every node also listens for AMQP 0-9-1 on a free port of its own."""
+
+    @staticmethod
+    def make(home: Path, size: int):
+        from broker import localcluster
+
+        class Cluster(localcluster.LocalCluster):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, **kw)
+                self.amqp_ports = {n: localcluster.free_port() for n in self.names}
+
+            def spawn(self, name, extra_args=()):
+                if name not in self.amqp_ports:
+                    self.amqp_ports[name] = localcluster.free_port()
+                return super().spawn(name, [*extra_args, "--amqp-port", str(self.amqp_ports[name])])
+
+        return Cluster(home, size, free_ports=True)
+
+
 class WarrenTarget(Target):
     """warren nodes: a local cluster started here (`broker.localcluster.LocalCluster` on free
-    ports), or named nodes already running under $WARREN_HOME."""
+    ports), or named nodes already running under $WARREN_HOME. protocol "native" drives them
+    through warren's own client (target `warren-native`), "amqp" through their AMQP 0-9-1 port
+    (target `warren-amqp`; given nodes then need `amqp_addresses`)."""
 
-    name = "warren"
-
-    def __init__(self, nodes: list[str] | None = None, size: int = 3, home: Path | None = None):
+    def __init__(self, nodes: list[str] | None = None, size: int = 3, home: Path | None = None,
+                 protocol: str = "native", amqp_addresses: list[str] | None = None):
+        if protocol not in ("native", "amqp"):
+            raise ValueError(f"protocol must be native or amqp, got {protocol!r}")
+        self.protocol = protocol
+        self.name = f"warren-{protocol}"
+        self.amqp_given = amqp_addresses
         self.given = nodes
         self.size = size
         self.home = (home or Path(os.environ.get("WARREN_HOME", "var/warren")).resolve()) if nodes else home
@@ -109,9 +167,16 @@ class WarrenTarget(Target):
         from broker import localcluster
         if self.given:
             return
+        if self.protocol == "amqp":
+            why = warren_amqp_support()
+            if why:
+                raise Unsupported(why)
         self.home = Path(tempfile.mkdtemp(prefix="warren-bench-"))
         # free ports: the benchmark must not collide with a demo cluster or a test on 5691..
-        self.cluster = localcluster.LocalCluster(self.home, self.size, free_ports=True)
+        if self.protocol == "amqp":
+            self.cluster = _AmqpCluster.make(self.home, self.size)
+        else:
+            self.cluster = localcluster.LocalCluster(self.home, self.size, free_ports=True)
         try:
             self.nodes = list(self.cluster.start())
         except BaseException as exc:  # noqa: BLE001 - LocalCluster.start has killed its nodes; report
@@ -134,6 +199,13 @@ class WarrenTarget(Target):
             return None
 
     def addresses(self) -> list[str]:
+        if self.protocol == "amqp":
+            if self.cluster is not None:
+                return [f"127.0.0.1:{self.cluster.amqp_ports[n]}" for n in self.nodes]
+            if not self.amqp_given or len(self.amqp_given) != len(self.nodes):
+                raise TargetError("warren-amqp on given nodes needs --amqp-addresses HOST:PORT,... "
+                                  "(one per node, in the order of --nodes)")
+            return list(self.amqp_given)
         if self.cluster is not None:
             return [self.cluster.client_addr(n) for n in self.nodes]
         out = []
@@ -283,14 +355,19 @@ def _wait_gone(pid: int, timeout: float) -> None:
 
 # --- RabbitMQ -------------------------------------------------------------------------------
 
+def amqp_client_available() -> str | None:
+    """None when the AMQP load generator can run (it needs pamqp), else why not."""
+    import importlib.util
+    if importlib.util.find_spec("pamqp") is None:
+        return "pamqp (the AMQP codec of the load generator) is not installed (pip install -e '.[bench]')"
+    return None
+
+
 def rabbitmq_available() -> str | None:
     """None when RabbitMQ can run here, else why not."""
     if not Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists():
         return "rabbitmq-server is not installed (Debian: apt-get install -y rabbitmq-server)"
-    import importlib.util
-    if importlib.util.find_spec("pika") is None:
-        return "the pika AMQP client is not installed (pip install pika, or pip install -e '.[bench]')"
-    return None
+    return amqp_client_available()
 
 
 class RabbitTarget(Target):
@@ -424,3 +501,74 @@ class RabbitTarget(Target):
         self.size = len(self.nodes)
         (self.dir / "nodes").write_text(str(self.size))
         return {"pid": self.pid(name), "node": name}
+
+
+# --- the null broker --------------------------------------------------------------------------
+
+class NullTarget(Target):
+    """The null AMQP broker of `bench.nullbroker` (one process, `size` ports as pretend nodes):
+    what the load generator can do when the broker costs next to nothing. Policies are ignored."""
+
+    name = "null"
+
+    def __init__(self, size: int = 3):
+        self.size = size
+        self.proc: subprocess.Popen | None = None
+        self.ports: list[int] = []
+        self.nodes = []
+        self.down: set[str] = set()
+        self.owned = False
+
+    def start(self) -> None:
+        import sys
+
+        from broker.localcluster import free_port
+        self.ports = [free_port() for _ in range(self.size)]
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.nullbroker", "--ports",
+                                      ",".join(map(str, self.ports))],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 20
+        while not all(_port_open("127.0.0.1", p) for p in self.ports):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise TargetError("the null broker did not start (python -m bench.nullbroker)")
+            time.sleep(0.05)
+        self.nodes = [f"null-{i}" for i in range(1, self.size + 1)]
+        self.owned = True
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        self.owned = False
+
+    def addresses(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.ports]
+
+    def pid(self, node: str) -> int | None:
+        # one process plays every node: count its CPU once
+        return self.proc.pid if self.proc is not None and node == self.nodes[0] else None
+
+    def version(self) -> str | None:
+        return "null"
+
+    def ctl(self, node: str, *args: str, timeout: float = 60) -> str:
+        raise Unsupported("the null broker has no control commands")
+
+    def set_policy(self, name, pattern, definition) -> None:
+        pass  # nothing is mirrored: the null broker measures the generator
+
+    def clear_policy(self, name) -> None:
+        pass
+
+    def queues(self, *a) -> dict:
+        return {}
+
+    def leader(self, queue: str) -> str:
+        raise TargetError("the null broker has no leaders")

@@ -3,7 +3,8 @@
 This module owns the contract between the runner (the parent) and its worker processes: the
 `Shared` state (counters, start/stop signals), the worker `spec`, the process entry point, and the
 part files each worker leaves in the scenario folder for the runner to merge. The load itself is
-driven by `bench.gen_warren` (trio, warren's client) or `bench.gen_rabbitmq` (pika).
+driven by `bench.gen_warren` (trio, warren's own client: target warren-native) or `bench.gen_amqp`
+(asyncio and pamqp: targets rabbitmq, warren-amqp and null).
 
 Each worker adds its progress into `Shared.counters` a few times a second (never per message):
 [published, confirmed (ack), delivered, first deliveries (not redelivered)].
@@ -57,15 +58,31 @@ def rotate(nodes: list, k: int) -> list:
     return nodes[k:] + nodes[:k]
 
 
+def gen_module(target: str):
+    """The load module that drives `target`."""
+    if target in ("warren-native", "warren"):
+        from bench import gen_warren as gen
+    else:
+        from bench import gen_amqp as gen
+    return gen
+
+
 def main(spec: dict, shared: Shared) -> None:
     """Entry point of a worker process."""
     t_cpu = os.times()
     spec["errors"] = []
     t_wall = time.time()
-    if spec["target"] == "warren":
-        from bench import gen_warren as gen
-    else:
-        from bench import gen_rabbitmq as gen
+    gen = gen_module(spec["target"])
+    if spec["role"] == "idle":
+        result = gen.run_idle(spec, shared)
+        cpu = os.times()
+        usage = {"role": "idle", "part": spec["part"], "pid": os.getpid(),
+                 "cpu_s": round((cpu.user - t_cpu.user) + (cpu.system - t_cpu.system), 3),
+                 "wall_s": round(time.time() - t_wall, 3),
+                 "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                 "errors": result.pop("errors", [])[:20], "idle": result}
+        (Path(spec["out_dir"]) / f"usage.idle.part{spec['part']}").write_text(json.dumps(usage))
+        return
     if spec["role"] == "producer":
         records = gen.run_producers(spec, shared)
         for r in records:

@@ -147,7 +147,7 @@ FIELDS: dict[str, tuple] = {
     "message_size": (_size, 1024, "body bytes; the body starts with the 8-byte big-endian message id"),
     "producers": (_int(1), 1, "producer connections"),
     "consumers": (_int(0), 1, "consumer connections (0: publish only)"),
-    "queues": (_int(1), 1, "queues; producer p publishes round-robin over all of them"),
+    "queues": (_int(1), 1, "queues; producer p publishes round-robin over the queues q with q % producers == p"),
     "producer_rate": (_number(0), 0, "total msgs/s over all producers; 0 = as fast as it goes"),
     "messages": (_int(0), 0, "stop publishing after this many messages in total (0: use duration)"),
     "duration": (_number(0), 10, "seconds of publishing after warmup"),
@@ -155,7 +155,9 @@ FIELDS: dict[str, tuple] = {
     "confirms": (_bool, True, "publisher confirms"),
     "confirm_window": (_int(1), 1000, "max unconfirmed messages per producer"),
     "prefetch": (_int(0), 1000, "consumer prefetch (basic.qos), 0 = unlimited"),
-    "ack": (_choice("manual", "auto"), "manual", "manual acks or auto-ack"),
+    "ack": (_choice("manual", "multiple", "auto"), "manual",
+            "manual: one basic.ack per message; multiple: one multiple=true ack per read (AMQP) or "
+            "per batch (warren-native); auto: no acks (auto-ack)"),
     "durable": (_bool, False, "declare the queues durable"),
     "replicas": (_replicas, None, ("shorthand for policy {ha-mode: exactly, ha-params: N, "
                                    "ha-sync-mode: automatic}; 1 or null = not mirrored")),
@@ -169,6 +171,17 @@ FIELDS: dict[str, tuple] = {
     "faults": (_faults, [], "list of {at: s after load start, action, target: leader|NODE, queue}"),
     "needs": (lambda v: _choice("sync")(v) if v is not None else None, None,
               "a broker feature the scenario needs (sync: the sync_queue command)"),
+    "leaders": (_choice("first", "spread"), "first",
+                ("first: every queue declared through the first node; spread: queue i declared "
+                 "through node i % nodes (its leader there), and each producer and consumer "
+                 "connected to the node of its first queue")),
+    "procs": (lambda v: _int(1)(v) if v is not None else None, None,
+              "generator processes per role (null: the --procs of the command line)"),
+    "idle_connections": (_int(0), 0, ("an idle-connection scenario: open this many connections "
+                                      "(one channel each) to node idle_node, hold them idle_seconds, "
+                                      "measure the node's memory (no load; 0: a load scenario)")),
+    "idle_node": (_int(0), 0, "index of the node that holds the idle connections (0 = the first)"),
+    "idle_seconds": (_number(0), 10, "how long the idle connections are held before the memory is read"),
 }
 
 
@@ -197,6 +210,11 @@ class Scenario:
     sample_every: int
     faults: list = field(default_factory=list)
     needs: str | None = None
+    leaders: str = "first"
+    procs: int | None = None
+    idle_connections: int = 0
+    idle_node: int = 0
+    idle_seconds: float = 10
     source: str = ""
 
     def as_dict(self) -> dict:
@@ -216,6 +234,28 @@ class Scenario:
 
     def queue_names(self) -> list[str]:
         return [f"bench.{self.name}.{i}" for i in range(self.queues)]
+
+    @property
+    def idle(self) -> bool:
+        return self.idle_connections > 0
+
+    def queue_node(self, q: int, nodes: int) -> int:
+        """Index of the node queue q is declared through (its leader, for client-local brokers)."""
+        return q % nodes if self.leaders == "spread" else 0
+
+    def producer_queues(self, p: int) -> list[int]:
+        """Queues producer p publishes to, round-robin: those q with q % producers == p; with
+        fewer queues than producers, producers share: p publishes to queue p % queues."""
+        if self.queues >= self.producers:
+            return [q for q in range(self.queues) if q % self.producers == p]
+        return [p % self.queues]
+
+    def consumer_queues(self, c: int) -> list[int]:
+        """Queues consumer c reads: q with q % consumers == c; with fewer queues than consumers,
+        consumer c shares queue c % queues."""
+        if self.queues >= self.consumers:
+            return [q for q in range(self.queues) if q % self.consumers == c]
+        return [c % self.queues]
 
 
 def _check_fields(raw, where: str, origin: str, allow_lists: bool = False) -> dict:
@@ -253,6 +293,8 @@ def _finish(fields: dict, where: str, origin: str) -> Scenario:
     full = {k: d for k, (_, d, _) in FIELDS.items()} | fields
     if full["messages"] == 0 and full["duration"] + full["warmup"] <= 0:
         raise WorkloadError(f"{origin}: {where}duration: must be > 0 when messages is 0")
+    if full["idle_connections"] and full["faults"]:
+        raise WorkloadError(f"{origin}: {where}faults: an idle-connection scenario takes no faults")
     if full["consume_after_publish"] and full["consumers"] == 0:
         raise WorkloadError(f"{origin}: {where}consume_after_publish: needs consumers >= 1")
     for i, f in enumerate(full["faults"]):

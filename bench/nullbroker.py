@@ -1,0 +1,294 @@
+"""A null AMQP 0-9-1 broker: the cheapest server the load generator can talk to.
+
+`python -m bench.nullbroker --ports 5801,5802,5803` listens on each port (the "nodes" of the
+`null` target; one process, one set of queues). It does what the generator needs and nothing
+more: the handshake (PLAIN, any user), channels, `confirm.select`, `basic.qos`, `queue.declare`/
+`delete`, `basic.publish` (stored in an in-memory deque per queue and confirmed at once, one
+`multiple` ack per read), `basic.consume` (delivered within the prefetch), `basic.ack`. No
+exchanges beyond the default one, no persistence, no mirroring, no checks.
+
+What it is for: the `gencheck` suite runs the generator against it, so the figures it gives are
+what the generator can do when the broker costs next to nothing. When those are far above what
+a real broker reaches in the same suite, the generator was not the limit (bench/README.md).
+The tests also use it to exercise the AMQP generator where no RabbitMQ is installed.
+
+Frames are split on their headers; methods are decoded by pamqp, except `basic.publish` and
+`basic.ack` on the hot path, read with `struct` (checked against pamqp in the tests); deliveries
+are pamqp-marshalled templates with the delivery tag put in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import struct
+from collections import deque
+
+from pamqp import commands as C
+from pamqp import frame as pframe
+from pamqp import header as pheader
+
+_HEAD = struct.Struct(">BHI")
+_INDEX = struct.Struct(">I")
+_U64_BITS = struct.Struct(">QB")
+PUBLISH = C.Basic.Publish.index
+ACK = C.Basic.Ack.index
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+
+
+class Queue:
+    def __init__(self, name: str):
+        self.name = name
+        self.messages: deque = deque()
+        self.consumers: deque = deque()   # of _Consumer, served round-robin
+
+    def pump(self) -> None:
+        msgs, cons = self.messages, self.consumers
+        while msgs and cons:
+            for _ in range(len(cons)):
+                c = cons[0]
+                cons.rotate(-1)
+                if c.ch.closed:
+                    cons.remove(c)
+                    break
+                if c.prefetch == 0 or c.ch.unacked < c.prefetch:
+                    c.deliver(msgs.popleft())
+                    break
+            else:
+                return  # every consumer is at its prefetch
+
+
+class Broker:
+    def __init__(self):
+        self.queues: dict[str, Queue] = {}
+        self.dirty: set[Queue] = set()
+
+    def queue(self, name: str) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = Queue(name)
+        return q
+
+    def pump(self) -> None:
+        dirty, self.dirty = self.dirty, set()
+        for q in dirty:
+            q.pump()
+
+
+class _Consumer:
+    def __init__(self, ch: "_Channel", queue: Queue, tag: str, no_ack: bool):
+        self.ch, self.queue, self.tag, self.no_ack = ch, queue, tag, no_ack
+        self.prefetch = 0 if no_ack else ch.prefetch
+        deliver = pframe.marshal(C.Basic.Deliver(consumer_tag=tag, delivery_tag=0, redelivered=False,
+                                                 exchange="", routing_key=queue.name), ch.number)
+        # the tag sits after the 7-byte frame header, the 4-byte index and the consumer tag
+        at = 7 + 4 + 1 + len(tag.encode())
+        self.before, self.after = deliver[:at], deliver[at + 8:]
+        self.headers: dict[int, bytes] = {}
+
+    def deliver(self, body: bytes) -> None:
+        ch = self.ch
+        ch.tag += 1
+        if not self.no_ack:
+            ch.unacked += 1
+        hdr = self.headers.get(len(body))
+        if hdr is None:
+            hdr = self.headers[len(body)] = pframe.marshal(
+                pheader.ContentHeader(0, len(body), C.Basic.Properties()), ch.number)
+        _PENDING.add(ch.conn)
+        ch.conn.out.append(self.before + ch.tag.to_bytes(8, "big") + self.after + hdr
+                           + _HEAD.pack(3, ch.number, len(body)) + body + b"\xce")
+
+
+class _Channel:
+    def __init__(self, conn: "_Connection", number: int):
+        self.conn, self.number = conn, number
+        self.confirming = False
+        self.published = 0
+        self.confirmed = 0
+        self.prefetch = 0
+        self.tag = 0
+        self.unacked = 0
+        self.closed = False
+        self.consumers: list[_Consumer] = []
+        self.pending_queue: Queue | None = None
+        self.pending_size = 0
+        self.pending_parts: list = []
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.transport = None
+        self.buf = b""
+        self.started = False
+        self.channels: dict[int, _Channel] = {}
+        self.out: list = []
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        for ch in self.channels.values():
+            ch.closed = True
+
+    def send(self, method, channel: int) -> None:
+        _PENDING.add(self)
+        self.out.append(pframe.marshal(method, channel))
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        off, n = 0, len(buf)
+        if not self.started:
+            if n < 8:
+                self.buf = buf
+                return
+            if buf[:8] != PROTOCOL_HEADER:
+                self.transport.write(PROTOCOL_HEADER)
+                self.transport.close()
+                return
+            self.started = True
+            off = 8
+            self.send(C.Connection.Start(server_properties={"product": "warren-bench null broker",
+                                                            "capabilities": {"publisher_confirms": True,
+                                                                             "basic.nack": True}},
+                                         mechanisms="PLAIN AMQPLAIN", locales="en_US"), 0)
+        broker = self.broker
+        while n - off >= 8:
+            ftype, chn, size = _HEAD.unpack_from(buf, off)
+            end = off + 7 + size
+            if end >= n:
+                break
+            start = off + 7
+            off = end + 1
+            ch = self.channels.get(chn)
+            if ftype == 3:
+                if ch is not None and ch.pending_queue is not None:
+                    ch.pending_parts.append(buf[start:end])
+                    ch.pending_size -= end - start
+                    if ch.pending_size <= 0:
+                        self._stored(ch)
+            elif ftype == 1:
+                index = _INDEX.unpack_from(buf, start)[0]
+                if index == PUBLISH and ch is not None:
+                    p = start + 4 + 2                 # ticket
+                    p += 1 + buf[p]                   # exchange
+                    rk = bytes(buf[p + 1:p + 1 + buf[p]]).decode()
+                    ch.pending_queue = broker.queue(rk)
+                    ch.pending_parts = []
+                elif index == ACK and ch is not None:
+                    tag, bits = _U64_BITS.unpack_from(buf, start + 4)
+                    if bits & 1:
+                        ch.unacked = max(0, ch.unacked - (tag - (ch.tag - ch.unacked)))
+                    else:
+                        ch.unacked = max(0, ch.unacked - 1)
+                    for c in ch.consumers:
+                        broker.dirty.add(c.queue)
+                else:
+                    self._method(chn, ch, pframe.unmarshal(bytes(buf[off - size - 8:off]))[2])
+            elif ftype == 2 and ch is not None and ch.pending_queue is not None:
+                ch.pending_size = struct.unpack_from(">Q", buf, start + 4)[0]
+                if ch.pending_size == 0:
+                    self._stored(ch)
+        self.buf = buf[off:] if off < n else b""
+        for c in self.channels.values():
+            if c.confirming and c.confirmed < c.published:
+                c.confirmed = c.published
+                self.send(C.Basic.Ack(delivery_tag=c.published, multiple=True), c.number)
+        broker.pump()
+        _flush_all()
+
+    def _stored(self, ch: _Channel) -> None:
+        q = ch.pending_queue
+        q.messages.append(b"".join(ch.pending_parts) if len(ch.pending_parts) != 1 else bytes(ch.pending_parts[0]))
+        ch.pending_queue = None
+        ch.pending_parts = []
+        ch.published += 1
+        if q.consumers:
+            self.broker.dirty.add(q)
+
+    def _method(self, chn: int, ch: _Channel | None, m) -> None:
+        if isinstance(m, C.Connection.StartOk):
+            self.send(C.Connection.Tune(channel_max=2047, frame_max=131072, heartbeat=0), 0)
+        elif isinstance(m, C.Connection.Open):
+            self.send(C.Connection.OpenOk(), 0)
+        elif isinstance(m, C.Connection.Close):
+            self.send(C.Connection.CloseOk(), 0)
+            self._flush()
+            self.transport.close()
+        elif isinstance(m, C.Channel.Open):
+            self.channels[chn] = _Channel(self, chn)
+            self.send(C.Channel.OpenOk(), chn)
+        elif isinstance(m, C.Channel.Close):
+            if ch is not None:
+                ch.closed = True
+                self.channels.pop(chn, None)
+            self.send(C.Channel.CloseOk(), chn)
+        elif ch is None:
+            return
+        elif isinstance(m, C.Confirm.Select):
+            ch.confirming = True
+            self.send(C.Confirm.SelectOk(), chn)
+        elif isinstance(m, C.Basic.Qos):
+            ch.prefetch = m.prefetch_count
+            self.send(C.Basic.QosOk(), chn)
+        elif isinstance(m, C.Queue.Declare):
+            q = self.broker.queue(m.queue)
+            self.send(C.Queue.DeclareOk(queue=m.queue, message_count=len(q.messages),
+                                        consumer_count=len(q.consumers)), chn)
+        elif isinstance(m, C.Queue.Delete):
+            q = self.broker.queues.pop(m.queue, None)
+            self.send(C.Queue.DeleteOk(message_count=len(q.messages) if q else 0), chn)
+        elif isinstance(m, C.Basic.Consume):
+            q = self.broker.queue(m.queue)
+            tag = m.consumer_tag or f"null-{id(self):x}-{chn}-{len(ch.consumers)}"
+            self.send(C.Basic.ConsumeOk(consumer_tag=tag), chn)
+            c = _Consumer(ch, q, tag, m.no_ack)
+            ch.consumers.append(c)
+            q.consumers.append(c)
+            self.broker.dirty.add(q)
+
+    def _flush(self) -> None:
+        if self.out:
+            self.transport.write(b"".join(self.out))
+            self.out = []
+
+
+_PENDING: set = set()  # connections with something to send
+
+
+def _flush_all() -> None:
+    while _PENDING:
+        c = _PENDING.pop()
+        if c.out and not c.transport.is_closing():
+            c._flush()
+        c.out = []
+
+
+async def serve(host: str, ports: list[int]) -> None:
+    broker = Broker()
+
+    loop = asyncio.get_running_loop()
+    servers = [await loop.create_server(lambda: _Connection(broker), host, port, backlog=1024)
+               for port in ports]
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"null broker {os.getpid()} on {', '.join(f'{host}:{p}' for p in ports)}", flush=True)
+    await stop.wait()
+    for s in servers:
+        s.close()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.nullbroker", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--ports", required=True, help="comma-separated ports, one per pretend node")
+    args = ap.parse_args(argv)
+    asyncio.run(serve(args.host, [int(p) for p in args.ports.split(",")]))
+
+
+if __name__ == "__main__":
+    main()
