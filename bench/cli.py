@@ -98,6 +98,10 @@ def _run(args) -> int:
         if args.command == "check":
             for w in args.workloads:
                 for sc in load(resolve(w)):
+                    if sc.idle:
+                        print(f"{w}: {sc.name}: {sc.idle_connections:,} idle connections on node "
+                              f"{sc.idle_node}, held {sc.idle_seconds:g} s")
+                        continue
                     print(f"{w}: {sc.name}: {sc.producers}p/{sc.consumers}c x {sc.queues}q, "
                           f"{sc.message_size} B, rate {sc.producer_rate:g}, policy {json.dumps(sc.effective_policy)}, "
                           f"{len(sc.faults)} fault(s)")

@@ -23,7 +23,7 @@ import time
 
 from bench.amqp import AMQPError, Connection, parse_address
 from bench.records import CONF_ACK, CONF_NACK, CONF_NONE, ID_SHIFT, DeliverRecord, PublishRecord
-from bench.schedule import OpenLoop
+from bench.schedule import GRACE, OpenLoop
 from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
 
 BATCH = 250            # publishes per write in a closed loop
@@ -128,6 +128,7 @@ class _Producer:
         self.templates: list = []
         self.pacer: OpenLoop | None = None
         self.t_end = math.inf
+        self.t_stop = math.inf  # past this a paced producer gives up what it still owes
         self.started = False
         self.done = asyncio.Event()
         self.publishing_done = False
@@ -158,8 +159,11 @@ class _Producer:
         sc = self.spec["scenario"]
         if not sc["messages"]:
             self.t_end = t0 + sc["warmup"] + sc["duration"]
+        self.t_stop = self.t_end
         if self.paced:
             self.pacer = OpenLoop.for_producer(self.spec["rate_total"], self.spec["producers"], self.p, t0)
+            self.limit = min(self.limit, self.pacer.count_before(self.t_end))
+            self.t_stop = self.t_end + GRACE
         self.started = True
         self._timer = self.loop.call_later(max(0.0, t0 - time.time()), self._pump)
 
@@ -177,7 +181,10 @@ class _Producer:
             return
         now = time.time()
         sent = self.sent
-        if now >= self.t_end or sent >= self.limit or self.group.stopping:
+        if now >= self.t_stop or sent >= self.limit or self.group.stopping:
+            if self.pacer is not None and sent < self.limit and not self.group.stopping:
+                self.spec["errors"].append(f"producer {self.p}: {self.limit - sent} scheduled messages never "
+                                           f"sent: still held back {GRACE:g} s after the end")
             self._end_publishing()
             return
         ch = self.ch

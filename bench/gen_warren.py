@@ -26,7 +26,7 @@ from bench.records import (
     PublishRecord,
     make_id,
 )
-from bench.schedule import OpenLoop
+from bench.schedule import GRACE, OpenLoop
 from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared, rotate
 from broker.client.aio import open_connection
 from broker.client.errors import AMQPError
@@ -155,6 +155,9 @@ async def _publish(spec, shared, conn, ch, rec: PublishRecord, t0: float, totals
     t_int = rec.t_int
     limit = spec["limits"][p] or math.inf
     t_end = t0 + sc["warmup"] + sc["duration"] if not sc["messages"] else math.inf
+    if pacer is not None:  # a paced producer owes the messages intended before the end
+        limit = min(limit, pacer.count_before(t_end))
+        t_end += GRACE
     confirms = sc["confirms"]
     window = sc["confirm_window"]
     state = {"resolved": 0, "room": trio.Event(), "low": 0}
@@ -193,6 +196,9 @@ async def _publish(spec, shared, conn, ch, rec: PublishRecord, t0: float, totals
     while not shared.stop_publish.is_set():
         now = now_f()
         if now >= t_end or sent >= limit:
+            if pacer is not None and sent < limit:
+                spec["errors"].append(f"producer {p}: {limit - sent} scheduled messages never sent: "
+                                      f"still held back {GRACE:g} s after the end")
             break
         n = BATCH
         if sent + n > limit:
@@ -334,24 +340,24 @@ async def _idle(spec: dict, shared: Shared) -> dict:
     t = time.time()
 
     async def hold(i: int, task_status=trio.TASK_STATUS_IGNORED):
+        await gate.acquire()
+        held = False
         try:
-            async with gate:
-                cm = open_connection([address], client_name=f"bench-idle-{spec['part']}-{i}")
-                conn = await cm.__aenter__()
+            async with open_connection([address], client_name=f"bench-idle-{spec['part']}-{i}") as conn:
                 await conn.channel()
+                gate.release()
+                held = True
+                opened.append(conn)
+                task_status.started()
+                await stop.wait()
         except Exception as exc:  # noqa: BLE001 - record and go on: the count says how many held
             failed[0] += 1
             if len(errors) < 20:
                 errors.append(f"idle connection {i}: {exc!r}")
-            task_status.started()
-            return
-        opened.append(conn)
-        task_status.started()
-        try:
-            await stop.wait()
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await cm.__aexit__(None, None, None)
+            if not held:
+                gate.release()
+                task_status.started()
 
     async with trio.open_nursery() as n:
         for i in range(spec["connections"]):

@@ -8,6 +8,10 @@ window, TCP back-pressure, a blocked connection) cannot hide the wait of the mes
 queued up behind the stall. This is the correction for coordinated omission (Gil Tene; wrk2
 does the same).
 
+A scenario of `duration` owes exactly the messages intended before its end: a producer that is
+behind then keeps sending them (for at most GRACE seconds more), so the messages held up by a
+stall near the end are counted too, not dropped from the statistics.
+
 Producers of one scenario share its total rate: producer k of P sends at rate / P with a phase of
 k / rate, so together they send at evenly spaced times. This module is pure arithmetic; the
 generators (`bench.gen_amqp`, `bench.gen_warren`) call it on their hot path, so it is small.
@@ -16,6 +20,8 @@ generators (`bench.gen_amqp`, `bench.gen_warren`) call it on their hot path, so 
 from __future__ import annotations
 
 import math
+
+GRACE = 30.0  # seconds past the end a late producer may take to send what it still owes
 
 
 class OpenLoop:
@@ -49,6 +55,14 @@ class OpenLoop:
             return 0
         # the small epsilon keeps a message whose time is exactly `now` from being lost to rounding
         return int(math.floor((now - self.start) * self.rate + 1e-9)) + 1
+
+    def count_before(self, t: float) -> int:
+        """How many messages are meant to be sent before `t`: what the schedule owes by then."""
+        if math.isinf(t):
+            return 1 << 62
+        if t <= self.start:
+            return 0
+        return int(math.ceil((t - self.start) * self.rate - 1e-9))
 
     def wait(self, sent: int, now: float) -> float:
         """Seconds from `now` until message `sent` is due (0 if it already is)."""

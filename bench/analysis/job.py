@@ -12,6 +12,11 @@ Rules of this module:
 - Every file except publish.jsonl is optional; a missing one leaves its measures null.
 - Latencies are in milliseconds; percentiles are exact (Spark's `percentile`, linear interpolation
   between closest ranks, the same rule as numpy's default), never approximations.
+- Latency is measured from a message's intended send time `t_int` when its line has one (open
+  loop: a stalled broker cannot hide the wait of the messages queued behind the stall, i.e.
+  coordinated omission corrected), else from `t_pub`; only messages whose start time is inside
+  the measured window (at or after scenario.json's `t_measure`, i.e. after warmup) count. The
+  generator's own lag `t_pub - t_int` is the `send_lag` kind.
 
 Definitions (see also bench/LOGS.md):
 
@@ -56,7 +61,8 @@ WINDOW_BEFORE, WINDOW_AFTER = 1.0, 30.0
 FINE_BUCKET, FINE_BEFORE, FINE_AFTER = 0.1, 2.0, 5.0  # seconds: the buckets around each fault
 NOT_FAULTS = ("sync_progress", "sync_done")
 
-PUBLISH_SCHEMA = "id LONG, p LONG, q STRING, size LONG, t_pub DOUBLE, t_conf DOUBLE, conf STRING"
+PUBLISH_SCHEMA = ("id LONG, p LONG, q STRING, size LONG, t_pub DOUBLE, t_int DOUBLE, t_conf DOUBLE, "
+                  "conf STRING")
 DELIVER_SCHEMA = "id LONG, c LONG, q STRING, t_del DOUBLE, red BOOLEAN, node STRING"
 INTERVAL_SCHEMA = "t DOUBLE, role STRING, n LONG, bytes LONG"
 # detail is read as its raw JSON text (Spark keeps an object's text in a STRING field)
@@ -75,6 +81,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("deliver_mb_per_s", "DOUBLE"),
         ("confirm_p50_ms", "DOUBLE"), ("confirm_p99_ms", "DOUBLE"),
         ("delivery_p50_ms", "DOUBLE"), ("delivery_p99_ms", "DOUBLE"), ("delivery_p999_ms", "DOUBLE"),
+        ("confirm_p999_ms", "DOUBLE"), ("open_loop", "BOOLEAN"), ("send_lag_p99_ms", "DOUBLE"),
         ("redelivered", "LONG"), ("dup_ids", "LONG"), ("dup_extra", "LONG"), ("lost", "LONG"),
         ("unknown_ids", "LONG"), ("faults", "LONG"), ("max_gap_s", "DOUBLE"),
         ("sync_msgs_per_s", "DOUBLE"),
@@ -106,8 +113,13 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("msgs_per_s", "DOUBLE"), ("bytes_per_s", "DOUBLE"), ("reported_rate_mean", "DOUBLE"),
         ("reported_rate_peak", "DOUBLE"), ("progress_lines", "LONG"),
     ],
+    "idle": [
+        ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("node", "STRING"),
+        ("connections", "LONG"), ("opened", "LONG"), ("rss_before_mib", "DOUBLE"),
+        ("rss_held_mib", "DOUBLE"), ("rss_after_mib", "DOUBLE"), ("kib_per_connection", "DOUBLE"),
+    ],
     "compare": [
-        ("run_id", "STRING"), ("scenario", "STRING"),
+        ("run_id", "STRING"), ("scenario", "STRING"), ("warren_target", "STRING"),
         ("warren_deliver_per_s", "DOUBLE"), ("rabbitmq_deliver_per_s", "DOUBLE"),
         ("throughput_ratio", "DOUBLE"),
         ("warren_delivery_p99_ms", "DOUBLE"), ("rabbitmq_delivery_p99_ms", "DOUBLE"),
@@ -239,9 +251,10 @@ def _scenario_meta(spark, base: str) -> dict[tuple, dict]:
         wl = doc.get("workload") or {}
         sample_every = int(wl.get("sample_every") or 1) if doc.get("sampled") else 1
         metas[key] = {"t_start": doc.get("t_start"), "t_end": doc.get("t_end"),
+                      "t_measure": doc.get("t_measure"),
                       "sampled": bool(doc.get("sampled")), "sample_every": sample_every,
                       "drain": wl.get("drain"), "message_size": wl.get("message_size"),
-                      "nodes": doc.get("nodes")}
+                      "nodes": doc.get("nodes"), "idle": doc.get("idle")}
     return metas
 
 
@@ -272,22 +285,31 @@ def _key(row: dict) -> tuple:
     return tuple(row[k] for k in KEY)
 
 
-def _per_scenario(pub, dlv):
+def _per_scenario(spark, pub, dlv, metas: dict):
     """One aggregation per scenario over the per-id join of publishes with deliveries: the counts
-    and both latency distributions (one Spark job for all of it)."""
+    and the latency distributions (one Spark job for all of it)."""
     from pyspark.sql import functions as F
 
     per_id = dlv.groupBy(*KEY, "id").agg(
         F.min("t_del").alias("t_first"), F.count(F.lit(1)).alias("n_del"),
         F.sum(F.col("red").cast("long")).alias("n_red"))
     joined = pub.withColumn("_pub", F.lit(True)).join(per_id, KEY + ["id"], "full_outer")
+    measure = [(*k, m["t_measure"]) for k, m in metas.items() if m.get("t_measure") is not None]
+    if measure:
+        joined = joined.join(F.broadcast(_literal_frame(spark, [*KEY_TYPES, ("t_measure", "DOUBLE")], measure)),
+                             KEY, "left")
+    else:
+        joined = joined.withColumn("t_measure", F.lit(None).cast("double"))
     is_pub = F.col("_pub").isNotNull()
     ack = F.col("conf") == "ack"
-    conf_ms = (F.col("t_conf") - F.col("t_pub")) * 1000.0  # null when either is null
-    del_ms = (F.col("t_first") - F.col("t_pub")) * 1000.0
+    start = F.coalesce(F.col("t_int"), F.col("t_pub"))  # intended send time when there is one
+    inside = F.col("t_measure").isNull() | (start >= F.col("t_measure"))
+    conf_ms = F.when(inside, (F.col("t_conf") - start) * 1000.0)  # null when either is null
+    del_ms = F.when(inside, (F.col("t_first") - start) * 1000.0)
+    lag_ms = F.when(inside, (F.col("t_pub") - F.col("t_int")) * 1000.0)
     fractions = [p for _, p in PERCENTILES]
-    lat = []
-    for kind, ms in (("confirm", conf_ms), ("delivery", del_ms)):
+    lat = [F.max(F.col("t_int").isNotNull()).alias("open_loop")]
+    for kind, ms in (("confirm", conf_ms), ("delivery", del_ms), ("send_lag", lag_ms)):
         lat += [F.count(ms).alias(f"{kind}_n"), F.min(ms).alias(f"{kind}_min"),
                 F.avg(ms).alias(f"{kind}_mean"), F.percentile(ms, fractions).alias(f"{kind}_pct"),
                 F.max(ms).alias(f"{kind}_max")]
@@ -310,7 +332,7 @@ def _per_scenario(pub, dlv):
 def _latency_rows(count_rows: dict) -> list[dict]:
     out = []
     for k, c in sorted(count_rows.items()):
-        for kind in ("confirm", "delivery"):
+        for kind in ("confirm", "delivery", "send_lag"):
             if not c.get(f"{kind}_n"):
                 continue
             pct = c[f"{kind}_pct"]
@@ -477,7 +499,7 @@ def analyse(spark, input_path: str) -> Results:
 
     series = inter.groupBy(*KEY, "role", "t").agg(F.sum("n").alias("n"), F.sum("bytes").alias("bytes"))
     # independent Spark jobs run side by side: on small inputs each is mostly waiting
-    counts, series, events = _collect_all(_per_scenario(pub, dlv), series, faults)
+    counts, series, events = _collect_all(_per_scenario(spark, pub, dlv, metas), series, faults)
     count_rows = {_key(r): r for r in counts}
     latency_rows = _latency_rows(count_rows)
     series_rows = sorted(series, key=lambda r: (*_key(r), r["role"], r["t"]))
@@ -560,6 +582,7 @@ def analyse(spark, input_path: str) -> Results:
             return n / duration if n is not None and duration else None
 
         lat_c, lat_d = latency.get((*k, "confirm"), {}), latency.get((*k, "delivery"), {})
+        lat_l = latency.get((*k, "send_lag"), {})
         kf = [f for f in faults_out if _key(f) == k]
         gaps = [f["gap_s"] for f in kf if f["gap_s"] is not None]
         rates = [s["msgs_per_s"] for s in sync_out if _key(s) == k and s["msgs_per_s"] is not None]
@@ -578,7 +601,8 @@ def analyse(spark, input_path: str) -> Results:
             "deliver_mb_per_s": dbytes / duration / 1e6 if duration and dbytes else None,
             "confirm_p50_ms": lat_c.get("p50_ms"), "confirm_p99_ms": lat_c.get("p99_ms"),
             "delivery_p50_ms": lat_d.get("p50_ms"), "delivery_p99_ms": lat_d.get("p99_ms"),
-            "delivery_p999_ms": lat_d.get("p999_ms"),
+            "delivery_p999_ms": lat_d.get("p999_ms"), "confirm_p999_ms": lat_c.get("p999_ms"),
+            "open_loop": c.get("open_loop") if c else None, "send_lag_p99_ms": lat_l.get("p99_ms"),
             "lost": c.get("lost") if drain is True and c else None,
             "faults": len(kf), "max_gap_s": max(gaps) if gaps else None,
             "sync_msgs_per_s": max(rates) if rates else None,
@@ -586,8 +610,11 @@ def analyse(spark, input_path: str) -> Results:
 
     compare = []
     by_key = {_key(s): s for s in summary}
-    for run_id, scenario in sorted({(s["run_id"], s["scenario"]) for s in summary}):
-        w, r = by_key.get((run_id, scenario, "warren")), by_key.get((run_id, scenario, "rabbitmq"))
+    warren_targets = sorted({s["target"] for s in summary if str(s["target"]).startswith("warren")})
+    pairs = [(run_id, scenario, wt) for run_id, scenario in sorted({(s["run_id"], s["scenario"]) for s in summary})
+             for wt in warren_targets]  # one row per warren target beside RabbitMQ
+    for run_id, scenario, wt in pairs:
+        w, r = by_key.get((run_id, scenario, wt)), by_key.get((run_id, scenario, "rabbitmq"))
         if not (w and r):
             continue
 
@@ -595,7 +622,7 @@ def analyse(spark, input_path: str) -> Results:
             return a / b if a is not None and b else None
 
         compare.append({
-            "run_id": run_id, "scenario": scenario,
+            "run_id": run_id, "scenario": scenario, "warren_target": wt,
             "warren_deliver_per_s": w["deliver_per_s"], "rabbitmq_deliver_per_s": r["deliver_per_s"],
             "throughput_ratio": ratio(w["deliver_per_s"], r["deliver_per_s"]),
             "warren_delivery_p99_ms": w["delivery_p99_ms"], "rabbitmq_delivery_p99_ms": r["delivery_p99_ms"],
@@ -610,8 +637,11 @@ def analyse(spark, input_path: str) -> Results:
                      "duplicate, lost and gap figures come from the 1-in-N sample of message lines.")
     if any(s["drain"] is not True for s in summary):
         notes.append("lost is empty where the workload does not drain its queues (or scenario.json is missing).")
+    idle = [{**dict(zip(KEY, k)), **{c: (m["idle"] or {}).get(c) for c, _ in TABLES["idle"][3:]}}
+            for k, m in sorted(metas.items()) if m.get("idle")]
     tables = {"summary": summary, "latency": latency_rows, "throughput_timeseries": series_rows,
-              "failover_timeseries": fine, "faults": faults_out, "sync": sync_out, "compare": compare}
+              "failover_timeseries": fine, "faults": faults_out, "sync": sync_out, "idle": idle,
+              "compare": compare}
     return Results(tables={name: [_shape(name, row) for row in rows] for name, rows in tables.items()},
                    runs=_runs(spark, base), input=base, notes=notes)
 

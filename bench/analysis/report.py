@@ -18,7 +18,8 @@ import time
 from bench.analysis.job import FINE_BUCKET, TABLES, Results
 
 ROLE_STYLE = {"deliver": "-", "confirm": "--", "publish": ":"}
-TARGET_COLOR = {"warren": "tab:blue", "rabbitmq": "tab:orange"}
+TARGET_COLOR = {"warren": "tab:blue", "warren-native": "tab:blue", "warren-amqp": "tab:green",
+                "rabbitmq": "tab:orange", "null": "tab:gray"}
 
 
 # --- formatting ---------------------------------------------------------------------------------
@@ -204,7 +205,7 @@ def compare_chart(run_id: str, compare: list[dict]) -> bytes:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     panels = [("deliver_per_s", "throughput_ratio", "delivered msgs/s (higher is better)"),
               ("delivery_p99_ms", "p99_ratio", "delivery p99 ms (lower is better)")]
-    names = [c["scenario"] for c in compare]
+    names = [c["scenario"] + (f"\n{c['warren_target']}" if c.get("warren_target") else "") for c in compare]
     for ax, (col, ratio, title) in zip(axes, panels):
         xs = range(len(names))
         w = [c[f"warren_{col}"] or 0 for c in compare]
@@ -252,20 +253,26 @@ def blocks(res: Results, charts: dict[str, list[tuple[str, str]]]) -> list[tuple
     out.append(("h2", "Headline"))
     out.append(_table(
         ["run", "scenario", "target", "delivered/s", "confirmed/s", "confirm p50", "confirm p99",
-         "delivery p50", "delivery p99", "delivery p99.9", "redelivered", "dup ids", "lost", "max gap s"],
+         "confirm p99.9", "delivery p50", "delivery p99", "delivery p99.9", "open loop",
+         "send lag p99", "redelivered", "dup ids", "lost", "max gap s"],
         [[s["run_id"], s["scenario"], s["target"], s["deliver_per_s"], s["confirm_per_s"],
-          s["confirm_p50_ms"], s["confirm_p99_ms"], s["delivery_p50_ms"], s["delivery_p99_ms"],
-          s["delivery_p999_ms"], s["redelivered"], s["dup_ids"], s["lost"], s["max_gap_s"]]
+          s["confirm_p50_ms"], s["confirm_p99_ms"], s["confirm_p999_ms"], s["delivery_p50_ms"],
+          s["delivery_p99_ms"], s["delivery_p999_ms"], s["open_loop"], s["send_lag_p99_ms"],
+          s["redelivered"], s["dup_ids"], s["lost"], s["max_gap_s"]]
          for s in t["summary"]]))
+    out.append(("p", ("Latency is measured from each message's intended send time where the scenario has "
+                      "a rate (open loop: coordinated omission corrected), else from when it was "
+                      "published, over the measured window (after warmup); send lag is how late the "
+                      "generator itself sent (t_pub - t_int).")))
 
     out.append(("h2", "warren / RabbitMQ"))
     if t["compare"]:
         out.append(("p", ("Ratios are warren divided by RabbitMQ: above 1 means warren delivers more "
                           "per second (throughput) or waits longer (p99).")))
         out.append(_table(
-            ["run", "scenario", "warren/s", "RabbitMQ/s", "throughput ratio", "warren p99",
+            ["run", "scenario", "warren target", "warren/s", "RabbitMQ/s", "throughput ratio", "warren p99",
              "RabbitMQ p99", "p99 ratio", "confirm p99 ratio"],
-            [[c["run_id"], c["scenario"], c["warren_deliver_per_s"], c["rabbitmq_deliver_per_s"],
+            [[c["run_id"], c["scenario"], c.get("warren_target"), c["warren_deliver_per_s"], c["rabbitmq_deliver_per_s"],
               c["throughput_ratio"], c["warren_delivery_p99_ms"], c["rabbitmq_delivery_p99_ms"],
               c["p99_ratio"], c["confirm_p99_ratio"]] for c in t["compare"]]))
     else:
@@ -293,6 +300,15 @@ def blocks(res: Results, charts: dict[str, list[tuple[str, str]]]) -> list[tuple
               s["bytes_per_s"] / 1e6 if s["bytes_per_s"] is not None else None,
               s["reported_rate_mean"], s["reported_rate_peak"]] for s in t["sync"]]))
 
+    if t.get("idle"):
+        out.append(("h2", "Idle connections"))
+        out.append(_table(
+            ["run", "scenario", "target", "node", "connections", "opened", "RSS before MiB",
+             "RSS held MiB", "RSS after MiB", "KiB per connection"],
+            [[r["run_id"], r["scenario"], r["target"], r["node"], r["connections"], r["opened"],
+              r["rss_before_mib"], r["rss_held_mib"], r["rss_after_mib"], r["kib_per_connection"]]
+             for r in t["idle"]]))
+
     out.append(("h2", "Charts"))
     for run_id, items in sorted(charts.items()):
         for name, caption in items:
@@ -304,7 +320,7 @@ def blocks(res: Results, charts: dict[str, list[tuple[str, str]]]) -> list[tuple
     out.append(("p", (f"Throughput charts: messages per second in 1 s buckets, and in {FINE_BUCKET:g} s "
                       "buckets (shaded) around each fault, where a sub-second outage shows.")))
     out.append(("p", ("Tables: summary, latency, throughput_timeseries, failover_timeseries, faults, "
-                      "sync, compare, each as NAME.csv and NAME.parquet beside this report.")))
+                      "sync, idle, compare, each as NAME.csv and NAME.parquet beside this report.")))
     return out
 
 
