@@ -71,23 +71,24 @@ scenarios:
     log: interval
     sample_every: 10
     ack: auto
+  - {name: tiny-idle, idle_connections: 40, idle_node: 1, idle_seconds: 0.3}
 """)
     said = []
     runner = Runner(tmp_path / "results", progress=Progress(enabled=False), say=said.append)
-    folder = runner.run([str(workload)], ["warren"], run_id="r1")
+    folder = runner.run([str(workload)], ["warren"], run_id="r1")  # "warren" is warren-native
     assert folder == tmp_path / "results" / "r1"
 
     run = json.loads((folder / "run.json").read_text())
     for key in ("run_id", "started_at", "finished_at", "git_commit", "python", "warren_version",
                 "rabbitmq_version", "machine", "workloads", "targets"):
         assert key in run, key
-    assert run["run_id"] == "r1" and run["targets"] == ["warren"]
+    assert run["run_id"] == "r1" and run["targets"] == ["warren-native"]
     assert run["finished_at"] >= run["started_at"]
     assert set(run["machine"]) >= {"cpus", "mem_gib", "platform"}
 
-    d = folder / "tiny" / "warren"
+    d = folder / "tiny" / "warren-native"
     sc = json.loads((d / "scenario.json").read_text())
-    assert sc["scenario"] == "tiny" and sc["target"] == "warren" and sc["sampled"] is False
+    assert sc["scenario"] == "tiny" and sc["target"] == "warren-native" and sc["sampled"] is False
     assert sc["nodes"] == ["n1", "n2", "n3"] and sc["t_end"] > sc["t_start"]
     assert sc["workload"]["producer_rate"] == 1500 and sc["errors"] == []
 
@@ -95,7 +96,8 @@ scenarios:
     dels = read_jsonl(d / "deliver.jsonl")
     for p in pubs:
         check_types(p, PUBLISH_KEYS)
-        assert p["size"] == 64 and p["q"] in ("bench.tiny.0", "bench.tiny.1")
+        assert p["size"] == 64 and p["q"] == f"bench.tiny.{p['p']}"  # producer p: queue p
+        assert isinstance(p["t_int"], float) and p["t_pub"] >= p["t_int"] - 1e-6  # open loop
         assert p["conf"] == "ack" and isinstance(p["t_conf"], float) and p["t_conf"] >= p["t_pub"]
     for x in dels:
         check_types(x, DELIVER_KEYS)
@@ -103,7 +105,7 @@ scenarios:
     ids = [p["id"] for p in pubs]
     assert len(ids) == len(set(ids))
     assert {p["id"] >> 40 for p in pubs} == {0, 1}  # ids carry the producer index
-    assert 1500 <= len(pubs) <= 2400  # 1500 msgs/s for 1.5 s, give or take the start
+    assert len(pubs) == 2250  # 1500 msgs/s for 1.5 s: exactly what the schedule owed
     assert sorted(x["id"] for x in dels) == sorted(ids)  # drained: every id delivered once
 
     intervals = read_jsonl(d / "intervals.jsonl")
@@ -117,7 +119,7 @@ scenarios:
     assert faults[0]["node"] == faults[1]["node"] in ("n1", "n2", "n3")
     assert faults[0]["t"] < faults[1]["t"]
 
-    d2 = folder / "tiny-sampled" / "warren"
+    d2 = folder / "tiny-sampled" / "warren-native"
     sc2 = json.loads((d2 / "scenario.json").read_text())
     assert sc2["sampled"] is True
     pubs2 = read_jsonl(d2 / "publish.jsonl")
@@ -125,3 +127,7 @@ scenarios:
     assert total >= 900 and len(pubs2) == math.ceil(total / 10)
     assert sorted(x["id"] for x in read_jsonl(d2 / "deliver.jsonl")) == sorted(p["id"] for p in pubs2)
     assert any("tiny:" in line for line in said)
+
+    idle = json.loads((folder / "tiny-idle" / "warren-native" / "scenario.json").read_text())
+    assert idle["idle"]["opened"] == 40 and idle["idle"]["node"] == "n2" and idle["errors"] == []
+    assert idle["idle"]["rss_held_mib"] > 0

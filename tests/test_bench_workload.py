@@ -19,7 +19,7 @@ def test_negative_producers_named_with_file_and_index():
 @pytest.mark.parametrize("field, value, expect", [
     ("message_size", 4, "scenarios[0].message_size: must be"),
     ("message_size", "1 GB", "scenarios[0].message_size: must be a size"),
-    ("ack", "sometimes", "scenarios[0].ack: must be one of manual, auto, got 'sometimes'"),
+    ("ack", "sometimes", "scenarios[0].ack: must be one of manual, multiple, auto, got 'sometimes'"),
     ("confirms", "yes", "scenarios[0].confirms: must be true or false"),
     ("producer_rate", -5, "scenarios[0].producer_rate: must be a number >= 0"),
     ("policy", {"ha-params": 2}, "scenarios[0].policy: needs an 'ha-mode' key"),

@@ -1,0 +1,147 @@
+"""The AMQP load generator's client (bench/amqp.py) and the null broker (bench/nullbroker.py):
+the hot-path shortcuts give exactly pamqp's bytes and values, and a real exchange over TCP works
+(confirms, deliveries, acks, a frame-split body, a broker-closed channel)."""
+
+import asyncio
+import struct
+
+import pytest
+
+pamqp = pytest.importorskip("pamqp")
+
+from pamqp import body as pbody  # noqa: E402
+from pamqp import commands as C  # noqa: E402
+from pamqp import frame as pframe  # noqa: E402
+from pamqp import header as pheader  # noqa: E402
+
+from bench import amqp  # noqa: E402
+from bench.nullbroker import serve  # noqa: E402
+
+
+def _pamqp_publish(channel, queue, body, frame_max):
+    out = pframe.marshal(C.Basic.Publish(exchange="", routing_key=queue), channel)
+    out += pframe.marshal(pheader.ContentHeader(0, len(body), C.Basic.Properties()), channel)
+    room = frame_max - 8
+    for k in range(0, len(body), room):
+        out += pframe.marshal(pbody.ContentBody(body[k:k + room]), channel)
+    return out
+
+
+@pytest.mark.parametrize("size,frame_max", [(8, 131072), (1024, 131072), (300_000, 131072), (5000, 4096)])
+def test_publish_template_is_pamqps_publish(size, frame_max):
+    head, tail = amqp.publish_frames(3, "bench.q.7", size, frame_max)
+    ident = (0x1234 << 40 | 99).to_bytes(8, "big")
+    body = ident + bytes(size - 8)
+    assert head + ident + tail == _pamqp_publish(3, "bench.q.7", body, frame_max)
+
+
+def test_ack_frame_is_pamqps_ack():
+    for tag, multiple in ((1, False), (2 ** 40 + 5, True)):
+        assert amqp.ack_frame(amqp.ack_prefix(2), tag, multiple) == pframe.marshal(
+            C.Basic.Ack(delivery_tag=tag, multiple=multiple), 2)
+
+
+def test_received_deliveries_and_confirms_decode_like_pamqp():
+    async def go():
+        conn = amqp.Connection()
+        ch = amqp.Channel(conn, 1)
+        ch.is_open = True
+        conn.channels[1] = ch
+        got, confirms = [], []
+        ch.on_delivery = lambda tag, red, body: got.append((tag, red, bytes(body)))
+        ch.on_confirm = lambda tag, multiple, ok: confirms.append((tag, multiple, ok))
+        big = bytes(range(256)) * 40  # 10,240 bytes in three body frames
+        stream = b"".join([
+            pframe.marshal(C.Basic.Deliver(consumer_tag="ctag-1", delivery_tag=7, redelivered=True,
+                                           exchange="", routing_key="q"), 1),
+            pframe.marshal(pheader.ContentHeader(0, 5, C.Basic.Properties(headers={"x": 1})), 1),
+            pframe.marshal(pbody.ContentBody(b"hello"), 1),
+            pframe.marshal(C.Basic.Ack(delivery_tag=40, multiple=True), 1),
+            pframe.marshal(C.Basic.Nack(delivery_tag=41, multiple=False, requeue=False), 1),
+            pframe.marshal(C.Basic.Deliver(consumer_tag="c", delivery_tag=2 ** 33, redelivered=False,
+                                           exchange="ex", routing_key="rk"), 1),
+            pframe.marshal(pheader.ContentHeader(0, len(big), C.Basic.Properties()), 1),
+            pframe.marshal(pbody.ContentBody(big[:4000]), 1),
+            pframe.marshal(pbody.ContentBody(big[4000:8000]), 1),
+            pframe.marshal(pbody.ContentBody(big[8000:]), 1),
+        ])
+        # byte by byte: frames split anywhere across reads
+        for k in range(0, len(stream), 13):
+            conn.data_received(stream[k:k + 13])
+        assert got == [(7, True, b"hello"), (2 ** 33, False, big)]
+        assert confirms == [(40, True, True), (41, False, False)]
+
+    asyncio.run(go())
+
+
+def test_a_real_exchange_with_the_null_broker():
+    async def go():
+        from broker.localcluster import free_port
+        port = free_port()
+        server = asyncio.create_task(serve("127.0.0.1", [port]))
+        for _ in range(100):
+            try:
+                conn = await amqp.Connection.connect("127.0.0.1", port, name="test")
+                break
+            except OSError:
+                await asyncio.sleep(0.02)
+        pub = await conn.channel()
+        await pub.confirm_select()
+        await pub.queue_declare("t.q")
+        confirmed = []
+        pub.on_confirm = lambda tag, multiple, ok: confirmed.append((tag, multiple, ok))
+        head, tail = pub.publish_template("t.q", 200_000)  # spans two body frames
+        conn.send_many([head + i.to_bytes(8, "big") + tail for i in range(50)])
+        cons = await conn.channel()
+        await cons.basic_qos(10)
+        ids = []
+
+        def on_delivery(tag, red, body):
+            ids.append(int.from_bytes(body[:8], "big"))
+            assert len(body) == 200_000
+            cons.ack_later(tag)  # one multiple ack per read
+
+        cons.on_delivery = on_delivery
+        await cons.basic_consume("t.q")
+        for _ in range(500):
+            if len(ids) == 50 and confirmed and confirmed[-1][0] == 50:
+                break
+            await asyncio.sleep(0.01)
+        assert ids == list(range(50))
+        assert confirmed[-1] == (50, True, True)
+        await conn.close()
+        assert conn.is_closed
+        server.cancel()
+
+    asyncio.run(go())
+
+
+def test_a_channel_closed_by_the_broker_fails_its_waiter():
+    async def go():
+        conn = amqp.Connection()
+        ch = amqp.Channel(conn, 1)
+        ch.is_open = True
+        conn.channels[1] = ch
+        sent = []
+
+        class T:
+            def write(self, data):
+                sent.append(data)
+
+            def is_closing(self):
+                return False
+
+        conn.transport = T()
+        reasons = []
+        ch.on_close = reasons.append
+        waiter = asyncio.ensure_future(ch.queue_declare("nope"))
+        await asyncio.sleep(0)
+        conn.data_received(pframe.marshal(C.Channel.Close(reply_code=404, reply_text="NOT_FOUND - no queue",
+                                                          class_id=50, method_id=10), 1))
+        with pytest.raises(amqp.AMQPError, match="404"):
+            await waiter
+        assert not ch.is_open and reasons == ["404 NOT_FOUND - no queue"]
+        # it answered close-ok
+        assert any(struct.unpack(">I", d[7:11])[0] == C.Channel.CloseOk.index for d in sent)
+
+    asyncio.run(go())
