@@ -390,7 +390,7 @@ class Replica:
         owner = msg.owner
         q = self.q
         if not q.seen(owner, msg.pseq):
-            q.publish(msg.bodies, msg.props, owner, msg.pseq)
+            q.publish(msg.bodies, msg.props, owner, msg.pseq, msg.resent)
         self.accepted[(owner[0], owner[1])] = msg.pseq
 
     def _op_settle(self, msg: m.QSettle, now: float) -> None:
