@@ -652,12 +652,22 @@ class Cluster:
             return await self.call_node(leader, "admit", {"name": name, "peer": peer, "client": client})
         if name in raft.voters and self.md.members.get(name, {}).get("peer") == list(peer):
             return self._state_for_joiner()
-        try:
-            raft.propose(["member.add", name, list(peer), list(client)])
-        except ChangeInProgress as exc:
-            raise ProtocolError(PRECONDITION_FAILED, f"cannot add {name} now ({exc}); try again") from None
-        except NotLeader:
-            raise ProtocolError(NOT_ALLOWED, "the cluster's leader changed; try again") from None
+        deadline = trio.current_time() + 10
+        while True:
+            try:
+                raft.propose(["member.add", name, list(peer), list(client)])
+                break
+            except ChangeInProgress as exc:
+                # one membership change at a time: wait for the one under way to commit
+                if trio.current_time() > deadline:
+                    raise ProtocolError(PRECONDITION_FAILED, f"cannot add {name} now ({exc}); try again") from None
+                with trio.move_on_after(0.1):
+                    await self.wait_changed()
+                raft = self.raft
+                if raft is None or raft.role is not Role.LEADER:
+                    raise ProtocolError(NOT_ALLOWED, "the cluster's leader changed; try again") from None
+            except NotLeader:
+                raise ProtocolError(NOT_ALLOWED, "the cluster's leader changed; try again") from None
         self._after_raft(trio.current_time())
         self.log.info("node joins the cluster", joining=name)
         return self._state_for_joiner()

@@ -295,7 +295,7 @@ class Session:
         self.inflight_msgs += n
         self.inflight_bytes += size
         await self.router.wait_link_room(qname)
-        self._send(qname, m.QPublish(qname, self._owner(ch), pseq, msg.bodies, msg.props))
+        self._send(qname, m.QPublish(qname, self._owner(ch), pseq, msg.bodies, msg.props, False))
 
     # --- routing to the queue's leader, and resends ------------------------------------------
     def _send(self, qname: str, op) -> None:
@@ -339,7 +339,8 @@ class Session:
 
     def _resend(self, qname: str, qdef: dict) -> None:
         me, sid = self.me, self.sid
-        ops = [m.QPublish(qname, (me, sid, e[1]), e[0], e[5], e[6]) for e in self.inflight.get(qname, ())]
+        ops = [m.QPublish(qname, (me, sid, e[1]), e[0], e[5], e[6], True)
+               for e in self.inflight.get(qname, ())]
         ops += [op for q, op in self.rpcs.values() if q == qname]
         ops += [c for ch in self.channels.values() for c in ch.consumers.values()
                 if c.queue == qname and c.arguments.get("x-cancel-on-ha-failover") is not True]

@@ -96,20 +96,23 @@ class QueueState:
 
     # --- publishing ------------------------------------------------------------------------
     def publish(self, bodies: list, props: list | None, origin: list | None = None,
-                pseq: int = 0) -> tuple[int, int]:
+                pseq: int = 0, redelivered: bool = False) -> tuple[int, int]:
         """Enqueue a batch; returns the first and last id given. `origin`/`pseq` identify the
-        publishing session's batch so a resend after a failover is recognised (`seen`)."""
+        publishing session's batch so a resend after a failover is recognised (`seen`).
+        `redelivered`: a batch resent after a failover that this replica did not have; the old
+        leader may have delivered it already, so it goes out flagged."""
         first = self.next_id
         if origin is not None:
             origin = (origin[0], origin[1])
             self.last_pseq[origin] = pseq
         if self.effects is not None:
-            self.effects.append(EEnqueue(first, bodies, props, origin, pseq))
+            self.effects.append(EEnqueue(first, bodies, props, origin, pseq, redelivered))
         n = len(bodies)
+        flags = [redelivered] * n
         if props is None:
-            self.ready.extend(zip(range(first, first + n), bodies, [None] * n, [False] * n))
+            self.ready.extend(zip(range(first, first + n), bodies, [None] * n, flags))
         else:
-            self.ready.extend(zip(range(first, first + n), bodies, props, [False] * n))
+            self.ready.extend(zip(range(first, first + n), bodies, props, flags))
         self.next_id = first + n
         self.ready_bytes += sum(map(len, bodies))
         return first, first + n - 1
@@ -409,7 +412,7 @@ class QueueState:
 
     def _apply_enqueue(self, eff: EEnqueue) -> None:
         self.next_id = eff.first
-        self.publish(eff.bodies, eff.props, eff.origin, eff.pseq)
+        self.publish(eff.bodies, eff.props, eff.origin, eff.pseq, eff.redelivered)
 
     def _apply_get(self, eff: EGet) -> None:
         m = None

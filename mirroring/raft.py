@@ -135,6 +135,7 @@ class Raft:
         self._acked_at: dict[str, float] = {}
         self._heartbeat_at = now
         self._transferring = False
+        self._now = now
 
     # --- the log -----------------------------------------------------------------------------
     @property
@@ -233,6 +234,7 @@ class Raft:
         return self._election_at
 
     def tick(self, now: float) -> None:
+        self._now = now
         if self.role is Role.LEADER:
             if not self._quorum_heard(now):
                 self._become_follower(self.term, None, now)
@@ -387,6 +389,9 @@ class Raft:
             if change[0] == "member.add" and change[1] not in self.voters:
                 self._next[change[1]] = self.last_index + 1
                 self._match[change[1]] = 0
+                # a joining node is counted as heard from now: check-quorum gives it an election
+                # timeout to start (with two members, its acknowledgement is the majority)
+                self._acked_at[change[1]] = self._now
         index = self._append(change)
         for p in self.voters:
             if p != self.me:
@@ -533,6 +538,7 @@ class Raft:
     # --- input -------------------------------------------------------------------------------
     def receive(self, now: float, peer: str, msg) -> None:
         """A Raft message from `peer` (a member we have a link with)."""
+        self._now = now
         handler = _HANDLERS.get(type(msg))
         if handler is None:
             raise ValueError(f"not a raft message: {msg!r}")

@@ -52,6 +52,7 @@ ROUND_BYTES = 2 << 20  # publish bytes applied per round: a replication batch st
 SYNC_PROGRESS_EVERY = 1.0  # seconds between sync progress log lines
 SYNCED_CHECK_EVERY = 0.05  # seconds between natural-sync checks (they cost O(unacked))
 RETRY_PROPOSAL_AFTER = 1.0
+MIRROR_START_RETRY = 1.0  # seconds a new mirror may take to answer its start before another
 
 
 class State(enum.Enum):
@@ -118,6 +119,12 @@ class NodeGone:
 @dataclass(slots=True)
 class LinkDown:
     """This node lost its link to `node` (it may come back)."""
+    node: str
+
+
+@dataclass(slots=True)
+class LinkUp:
+    """This node has a link to `node` (again)."""
     node: str
 
 
@@ -323,6 +330,21 @@ class Replica:
         if ev.node in self.rep.mirrors:
             self._drop_mirror(ev.node, "lost the link to its node", now)
 
+    def link_up(self, ev: LinkUp, now: float) -> None:
+        """A mirror there that never answered its start (it went nowhere): start it again."""
+        track = self.rep.mirrors.get(ev.node) if self.state in LEADING else None
+        if track is not None and not track.ready:
+            self._restart_mirror(ev.node, now)
+
+    def _restart_mirror(self, node: str, now: float) -> None:
+        """Send a mirror that has not answered a fresh start. It holds nothing yet, so it is
+        not synchronised: what waited for its acknowledgement waits no longer."""
+        self._ship(now)
+        self._release(self.rep.remove(node))
+        self.rep.add(node, self.q.next_id, now)
+        self._send(node, m.RMirrorStart(self.name, self.epoch, self.me, self.q.mirror_snapshot(),
+                                        None, self.rep.seq))
+
     def _drop_mirror(self, node: str, why: str, now: float) -> None:
         self._log(f"{self.qlog}: asking to drop the mirror on node {node}", reason=why)
         self._propose_once(("drop", node, self.epoch),
@@ -346,6 +368,9 @@ class Replica:
             return
         for node in self.rep.stalled(now, self.cfg.stall_after):
             self._drop_mirror(node, f"no acknowledgement for {self.cfg.stall_after:g} s", now)
+        for t in list(self.rep.mirrors.values()):
+            if not t.ready and now - t.progress_at > MIRROR_START_RETRY:
+                self._restart_mirror(t.node, now)
         self._report_synced(now)
 
     def next_deadline(self, now: float) -> float | None:
@@ -365,7 +390,7 @@ class Replica:
         owner = msg.owner
         q = self.q
         if not q.seen(owner, msg.pseq):
-            q.publish(msg.bodies, msg.props, owner, msg.pseq)
+            q.publish(msg.bodies, msg.props, owner, msg.pseq, msg.resent)
         self.accepted[(owner[0], owner[1])] = msg.pseq
 
     def _op_settle(self, msg: m.QSettle, now: float) -> None:

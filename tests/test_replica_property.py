@@ -104,7 +104,7 @@ class World:
         if kind == "publish":
             owner, n = args
             self.pseq[owner[:2]] += 1
-            L.handle(m.QPublish("q", owner, self.pseq[owner[:2]], [b"m%d" % i for i in range(n)], None), self.now)
+            L.handle(m.QPublish("q", owner, self.pseq[owner[:2]], [b"m%d" % i for i in range(n)], None, False), self.now)
         elif kind == "consume":
             owner, prefetch = args
             L.handle(m.QConsume("q", owner, 1, "t", False, prefetch, False, {}), self.now)
