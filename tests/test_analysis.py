@@ -443,3 +443,65 @@ def test_fine_buckets_around_a_fault_show_the_sub_second_outage(analysed, run_id
     confirms = [r for r in res.tables["failover_timeseries"]
                 if (r["run_id"], r["scenario"], r["target"], r["role"]) == (run_id, "failover", "warren", "confirm")]
     assert len(confirms) == len(fine)
+
+
+@pytest.fixture(scope="module")
+def openloop(tmp_path_factory, session):
+    """An open-loop run (t_int on every publish line, a warmup) on warren-native and RabbitMQ,
+    and an idle-connection scenario (scenario.json alone)."""
+    from bench.analysis.cli import run
+
+    root = tmp_path_factory.mktemp("openloop")
+    run_dir = root / "20260103-000000-dddddd"
+    expect = {}
+    for target, stall in (("warren-native", 0.2), ("rabbitmq", 0.05)):
+        meta = {**_meta("paced", True, T0, T0 + 2), "run_id": run_dir.name, "target": target,
+                "t_measure": T0 + 0.1}
+        pubs, dels = [], []
+        for i in range(100):
+            t_int = T0 + i * 0.01
+            t_pub = t_int + (stall if 50 <= i < 60 else 0.0005)  # ten messages held back
+            pubs.append({**_pub(i, t_pub), "t_int": t_int})
+            dels.append(_del(i, t_pub + 0.003))
+        synth.write_scenario(run_dir / "paced" / target, meta, pubs, dels)
+        inside = [p for p in pubs if p["t_int"] >= T0 + 0.1]  # the first 10 are warmup
+        expect[target] = {
+            "confirm": np.array([(p["t_conf"] - p["t_int"]) * 1000 for p in inside]),
+            "delivery": np.array([(p["t_pub"] + 0.003 - p["t_int"]) * 1000 for p in inside]),
+            "send_lag": np.array([(p["t_pub"] - p["t_int"]) * 1000 for p in inside])}
+    idle = {**_meta("idle-10k", False, T0, T0 + 12), "run_id": run_dir.name, "target": "rabbitmq",
+            "idle": {"node": "rabbit-1@localhost", "connections": 10000, "opened": 10000,
+                     "rss_before_mib": 100.0, "rss_held_mib": 1000.0, "rss_after_mib": 200.0,
+                     "kib_per_connection": 92.2}}
+    (run_dir / "idle-10k" / "rabbitmq").mkdir(parents=True)
+    (run_dir / "idle-10k" / "rabbitmq" / "scenario.json").write_text(json.dumps(idle))
+    res, _ = run(str(run_dir), out=str(root / "out"), spark=session)
+    return res, expect
+
+
+def test_open_loop_latency_is_measured_from_the_intended_time_after_warmup(openloop):
+    res, expect = openloop
+    for target, kinds in expect.items():
+        for kind, values in kinds.items():
+            [row] = [r for r in res.tables["latency"] if (r["scenario"], r["target"], r["kind"]) ==
+                     ("paced", target, kind)]
+            assert row["n"] == 90
+            for name, q in (("p50_ms", 50), ("p99_ms", 99), ("p999_ms", 99.9)):
+                assert row[name] == pytest.approx(np.percentile(values, q), rel=1e-6), (target, kind, name)
+        [s] = [s for s in res.tables["summary"] if (s["scenario"], s["target"]) == ("paced", target)]
+        assert s["open_loop"] is True and s["published"] == 100
+        assert s["confirm_p999_ms"] == pytest.approx(np.percentile(kinds["confirm"], 99.9), rel=1e-6)
+        assert s["send_lag_p99_ms"] == pytest.approx(np.percentile(kinds["send_lag"], 99), rel=1e-6)
+    # the held-back messages count from when they were meant to go: p99 sees the 200 ms stall
+    assert [r for r in res.tables["latency"] if r["target"] == "warren-native" and r["kind"] == "confirm"][0][
+        "p99_ms"] > 200
+
+
+def test_compare_names_the_warren_target_and_idle_rows_come_through(openloop):
+    res, _ = openloop
+    [c] = res.tables["compare"]
+    assert (c["scenario"], c["warren_target"]) == ("paced", "warren-native")
+    assert c["confirm_p99_ratio"] > 1
+    [idle] = res.tables["idle"]
+    assert (idle["target"], idle["node"], idle["opened"], idle["kib_per_connection"]) == (
+        "rabbitmq", "rabbit-1@localhost", 10000, 92.2)
