@@ -24,6 +24,7 @@ and redelivered False are shared objects and cost nothing.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import time
@@ -93,6 +94,14 @@ def _wait_messages(c: LocalCluster, expected: int, timeout: float = 60.0) -> Non
 def run_memory_bench(messages: int = 200_000, size: int = 1024, rounds: int = 2,
                      warmup: int = 2_000, settle: float = 2.0, out=sys.stdout) -> dict:
     home = Path(tempfile.mkdtemp(prefix="warren-membench-"))
+    try:
+        return _measure(home, messages, size, rounds, warmup, settle, out)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _measure(home: Path, messages: int, size: int, rounds: int, warmup: int, settle: float,
+             out) -> dict:
     with LocalCluster(home, 2, free_ports=True, net_ticktime=30,
                       server_args=["--memory-high-watermark", "1"]) as c:
         c.ctl_ok("n1", "set_policy", "mem-all", f"^{QUEUE}$", '{"ha-mode":"all"}')
