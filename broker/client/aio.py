@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.framed import FramedStream, encode_many, until_idle
+from broker.framed import FramedStream, encode_many
 from broker.network import TcpNetwork
 from wire import messages as m
 from wire.errors import ProtocolError
@@ -662,8 +662,7 @@ class Connection:
             while True:
                 if not w.items:
                     await w.wake.wait()
-                await until_idle()  # let the application queue what it is about to publish
-                batch = w.take()
+                batch = w.take()  # what the application put meanwhile: one write
                 await self._stream.send_all(encode_many(batch, framed.max_frame))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._loss = ConnectionLost(f"connection to {self.node} broke: {exc!r}")
