@@ -59,14 +59,16 @@ MUTANTS = [
     Mutant("no-dedup", "mirroring/replica.py",
            "        if not q.seen(owner, msg.pseq):\n            q.publish(",
            "        if True:\n            q.publish(",
-           SIM + ["tests/test_process_faults.py"],
+           ["tests/test_sim_mirroring.py::test_publishes_resent_to_a_new_leader_are_not_enqueued_twice",
+            "tests/test_process_faults.py"],
            "a publish batch resent to a new leader is enqueued again"),
     Mutant("client-no-nack-on-loss", "broker/client/aio.py",
            "                ch.nacked.append((s, s, \"connection lost\"))\n"
            "                if ch.on_confirm is not None:\n"
            "                    ch.on_confirm(s, s, False, \"connection lost\")",
            "                pass",
-           ["tests/test_client_reconnect.py", "tests/test_process_faults.py"],
+           ["tests/test_sim_cluster.py::test_publishes_lost_with_their_connection_are_nacked_by_the_client",
+            "tests/test_process_faults.py"],
            "publishes lost with a connection are neither confirmed nor nacked"),
     Mutant("sync-limit-ignored", "mirroring/sync.py",
            "        if not self.max_rate:\n            return self.started\n"
@@ -79,13 +81,8 @@ MUTANTS = [
            "        if ev.node in self.rep.mirrors:",
            "        self.q.node_gone(ev.node, False)\n        self._maybe_auto_delete()\n"
            "        self._release(self.rep.remove(ev.node))\n        if ev.node in self.rep.mirrors:",
-           ["tests/test_sim_mirroring.py", "tests/test_sim_partitions.py"],
+           ["tests/test_replica_property.py", "tests/test_sim_partitions.py"],
            "a leader that loses touch with a mirror confirms without it, before the metadata drops it"),
-    Mutant("stale-leader-accepted", "mirroring/replica.py",
-           "        if msg.epoch < self.follow.epoch or msg.epoch < self.assign.epoch:",
-           "        if False:",
-           ["tests/test_sim_partitions.py"] + PROPERTY,
-           "a mirror follows a leader the metadata has replaced"),
     Mutant("no-consumer-reregistration", "broker/session.py",
            "        ops += [c for ch in self.channels.values() for c in ch.consumers.values()\n"
            "                if c.queue == qname and c.arguments.get(\"x-cancel-on-ha-failover\") is not True]",
