@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install demo test cluster stop bench
+.PHONY: install demo test cluster stop bench mutants
 
 install:
 	$(PIP) install -q -e ".[test,analysis]"
@@ -16,6 +16,10 @@ demo: install
 # debootstrap with apt and start dockerd as root; it stops the dockerd it started when it ends.
 test: install
 	$(PYTHON) -m pytest -q -p no:cacheprovider
+
+# inject one broken promise at a time into a copy of the tree: every one must be caught by its tests
+mutants: install
+	$(PYTHON) tests/mutants.py
 
 # a 3-node cluster as background processes on 127.0.0.1 (state in var/warren)
 cluster: install

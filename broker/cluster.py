@@ -508,8 +508,15 @@ class Cluster:
                     if other != name:
                         await stream.aclose()
                         raise ProtocolError(NOT_ALLOWED, f"expected node {name}, reached {other}")
+                    started = trio.current_time()
                     await self.run_link(name, framed, dialer=self.name)
-                    delay = 0.05
+                    # a link that ended at once (a duplicate, a refusal) is dialed again only
+                    # after the usual back-off; one that lived a while, at once
+                    if trio.current_time() - started < 1.0:
+                        await trio.sleep(delay)
+                        delay = min(delay * 2, cap)
+                    else:
+                        delay = 0.05
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError,
                         trio.ClosedResourceError, ProtocolError) as exc:
                     self.log.debug("dial failed", peer=name, error=str(exc))

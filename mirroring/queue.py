@@ -30,7 +30,7 @@ ready messages from its start id on.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from heapq import merge
@@ -393,6 +393,21 @@ class QueueState:
                 merged = list(merge(back, ready))
                 ready.clear()
                 ready.extend(merged)
+
+    def ready_between(self, lo: int, hi: int, limit: int) -> list:
+        """Up to `limit` ready messages with lo < id < hi, in id order, without walking the
+        queue from its head (a bisection over the sorted deque, then indexed reads)."""
+        ready = self.ready
+        k = bisect_right(ready, lo, key=_msg_id)
+        out = []
+        n = len(ready)
+        while k < n and len(out) < limit:
+            m = ready[k]
+            if m[0] >= hi:
+                break
+            out.append(m)
+            k += 1
+        return out
 
     def oldest_id(self) -> int | None:
         """The smallest message id this replica holds (ready or unacknowledged)."""

@@ -242,8 +242,11 @@ class Raft:
             if now >= self._heartbeat_at:
                 self._broadcast_append(now)
             return
-        if now >= self._election_at and self.me in self.voters:
-            self._start_pre_vote(now)
+        if now >= self._election_at:
+            if self.me in self.voters:
+                self._start_pre_vote(now)
+            else:  # not (or no longer) a voter: nothing to do but wait to hear from a leader
+                self._election_at = now + self._timeout()
 
     def _quorum_heard(self, now: float) -> bool:
         heard = sum(1 for p in self.voters

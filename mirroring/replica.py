@@ -52,7 +52,8 @@ ROUND_BYTES = 2 << 20  # publish bytes applied per round: a replication batch st
 SYNC_PROGRESS_EVERY = 1.0  # seconds between sync progress log lines
 SYNCED_CHECK_EVERY = 0.05  # seconds between natural-sync checks (they cost O(unacked))
 RETRY_PROPOSAL_AFTER = 1.0
-MIRROR_START_RETRY = 1.0  # seconds a new mirror may take to answer its start before another
+MIRROR_START_RETRY = 1.0
+LIVE_SYNC_BATCH_BYTES = 128 << 10  # a background sync's batches are small (see _SyncJob)  # seconds a new mirror may take to answer its start before another
 
 
 class State(enum.Enum):
@@ -199,10 +200,18 @@ class _SyncJob:
         total, size = replica.old_messages_count(self.cursor, self.low)
         cfg = replica.cfg
         batch_size = replica.assign.ha.sync_batch_size or cfg.sync_batch_size
-        # about 8192 messages unacknowledged at most, in at least 4 batches
-        window = max(4, min(4096, 8192 // batch_size))
+        max_bytes = cfg.max_sync_bytes
+        if blocking:
+            # about 8192 messages unacknowledged at most, in at least 4 batches
+            window = max(4, min(4096, 8192 // batch_size))
+        else:
+            # the live stream shares the link and the mirror: keep little sync data ahead of it
+            # (what the mirror must acknowledge before a confirm), so confirms stay prompt
+            window = 2
+            max_bytes = min(max_bytes, LIVE_SYNC_BATCH_BYTES)
         self.replica = replica
-        self.pacer = BatchSync(self, total, size, batch_size, cfg.max_sync_bytes,
+        self.progress_at = now  # when a target last acknowledged a batch
+        self.pacer = BatchSync(self, total, size, batch_size, max_bytes,
                                cfg.sync_max_throughput, now, window)
         self.next_report = now + SYNC_PROGRESS_EVERY
 
@@ -371,6 +380,15 @@ class Replica:
         for t in list(self.rep.mirrors.values()):
             if not t.ready and now - t.progress_at > MIRROR_START_RETRY:
                 self._restart_mirror(t.node, now)
+        job = self.sync
+        if job is not None and job.pacer.sent_batches > job.pacer.acked_batches \
+                and now - job.progress_at > self.cfg.stall_after:
+            # a target that stopped answering the sync: end it (the queue must not stay blocked)
+            # and have the silent mirrors dropped
+            silent = [n for n, k in job.acks.items() if k < job.pacer.sent_batches]
+            self._end_sync(False, now, f"no answer from {', '.join(silent)}")
+            for node in silent:
+                self._drop_mirror(node, "it stopped answering a sync", now)
         self._report_synced(now)
 
     def next_deadline(self, now: float) -> float | None:
@@ -574,13 +592,7 @@ class Replica:
     def holds_between(self, lo: int, hi: int) -> bool:
         """Does this replica hold a message with lo < id < hi?"""
         q = self.q
-        for msg in q.ready:  # sorted by id: only the head can matter
-            if msg[0] <= lo:
-                continue
-            if msg[0] < hi:
-                return True
-            break
-        return any(lo < mid < hi for mid in q.unacked)
+        return bool(q.ready_between(lo, hi, 1)) or any(lo < mid < hi for mid in q.unacked)
 
     def _report_synced(self, now: float) -> None:
         if now - self._synced_check_at < SYNCED_CHECK_EVERY and self._synced_check_at:
@@ -631,12 +643,7 @@ class Replica:
         """The next messages with lo < id < hi, oldest first, as the queue holds them now
         (ready ones with their redelivered flag, unacknowledged ones too)."""
         q = self.q
-        cands = []
-        for msg in q.ready:
-            if msg[0] >= hi or len(cands) >= max_msgs:
-                break
-            if msg[0] > lo:
-                cands.append(msg)
+        cands = q.ready_between(lo, hi, max_msgs)
         if q.unacked:
             cands.extend(e[2] for mid, e in q.unacked.items()
                          if lo < mid < hi and e[2] is not None)
@@ -693,6 +700,7 @@ class Replica:
         if job is None or msg.node not in job.acks:
             return
         job.acks[msg.node] = max(job.acks[msg.node], msg.n)
+        job.progress_at = now
         low = min(job.acks.values())
         job.pacer.acked(low - job.pacer.acked_batches)
 

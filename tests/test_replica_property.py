@@ -162,6 +162,7 @@ op = st.one_of(
     st.tuples(st.just("cancel"), st.sampled_from(OWNERS)),
     st.tuples(st.just("settle"), st.sampled_from(OWNERS), st.sampled_from([m.ACK, m.REQUEUE, m.DISCARD]),
               st.integers(0, 3)),
+    st.tuples(st.just("settle"), st.sampled_from(OWNERS), st.just(m.ACK), st.integers(1, 5)),
     st.tuples(st.just("get"), st.sampled_from(OWNERS), st.booleans()),
     st.tuples(st.just("owner_gone"), st.sampled_from(OWNERS)),
     st.tuples(st.just("purge")),
@@ -257,3 +258,25 @@ def test_sync_request_is_a_noop_without_unsynchronised_mirrors():
     assert w.leader.rep.synced() == ["M1"]
     assert not w.leader.request_sync("x", w.now)
     assert not w.leader.cancel_sync(w.now)
+
+
+def test_losing_touch_with_a_mirror_confirms_nothing_until_the_metadata_drops_it():
+    """A leader that loses its link to a mirror (the mirror may be fine and the leader the one
+    cut off) asks the metadata to drop it, and confirms what waited for that mirror only once the
+    metadata has dropped it."""
+    from mirroring.replica import LinkDown, Propose
+    w = World(random.Random(5), "manual", 4)
+    w.op("add_mirror")
+    w.settle_all()
+    w.op("publish", OWNERS[0], 3)  # reaches the leader; the mirror's ack is still to come
+    w.leader.link_down(LinkDown("M1"), w.now)
+    out, _ = w.leader.take_output()
+    assert ["queue.drop_mirror", "q", 1, "M1"] in [o.change for o in out if isinstance(o, Propose)]
+    w.links[("L", "M1")] = []  # what the leader sent the mirror is lost with the link
+    w.settle_all()
+    assert w.accepted.get(OWNERS[0][:2], 0) == 0, "confirmed without the mirror"
+    # the metadata drops the mirror (what the leader asked for): now it is confirmed
+    w.mirrors.remove("M1")
+    w.leader.assign_now(w.assign(), w.now)
+    w.pump("L")
+    assert w.accepted.get(OWNERS[0][:2]) == 1

@@ -21,8 +21,9 @@ op = st.one_of(
     st.tuples(st.just("cancel"), st.sampled_from(OWNERS), st.sampled_from(["a", "b"])),
     st.tuples(st.just("dispatch")),
     st.tuples(st.just("get"), st.sampled_from(OWNERS), st.booleans()),
-    st.tuples(st.sampled_from(["ack", "requeue", "discard"]), st.sampled_from(OWNERS),
+    st.tuples(st.sampled_from(["ack", "requeue", "discard"]), st.integers(0, 3),
               st.integers(0, 6)),
+    st.tuples(st.just("ack"), st.integers(0, 3), st.integers(1, 6)),  # acks are the common case
     st.tuples(st.just("owner_gone"), st.sampled_from(OWNERS)),
     st.tuples(st.just("session_gone"), st.sampled_from(OWNERS)),
     st.tuples(st.just("node_gone"), st.sampled_from(["n2", "n3"]), st.booleans()),
@@ -51,8 +52,11 @@ def run_op(leader: QueueState, o, pseqs: dict) -> None:
     elif kind == "get":
         leader.get(o[1], o[2])
     elif kind in ("ack", "requeue", "discard"):
-        mine = [mid for mid, (ow, _, _) in leader.unacked.items() if ow == o[1]][: o[2]]
-        getattr(leader, kind)(o[1], mine + [10_000])  # an unknown id is ignored
+        # settle for an owner that has something to settle, when one has
+        holders = sorted({ow for ow, _, _ in leader.unacked.values()}) or OWNERS
+        owner = holders[o[1] % len(holders)]
+        mine = [mid for mid, (ow, _, _) in leader.unacked.items() if ow == owner][: o[2]]
+        getattr(leader, kind)(owner, mine + [10_000])  # an unknown id is ignored
     elif kind == "owner_gone":
         leader.owner_gone(o[1])
     elif kind == "session_gone":

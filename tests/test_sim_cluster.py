@@ -210,3 +210,26 @@ async def test_killed_node_restarts_and_rejoins(tmp_path, autojump_clock):
 async def test_join_without_persistence_is_kept(tmp_path, autojump_clock):
     async with sim_cluster(tmp_path) as c:
         assert all(list(n.md.members) == ["n1", "n2", "n3"] for n in c.nodes.values())
+
+
+async def test_publishes_lost_with_their_connection_are_nacked_by_the_client(tmp_path, autojump_clock):
+    """The node a confirming publisher is connected to dies with its publishes in flight: the
+    client answers every one of them (a nack "connection lost" for those the broker never
+    confirmed), so the application can publish them again; none is left hanging."""
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n2") as conn:
+            await (await conn.channel()).queue_declare("q", durable=True)
+        c.net.delay("n1", "n2", 0.5)  # what n1's session forwards to the leader is slow
+        async with c.client("p", ["n1", "n3"]) as conn:
+            ch = await conn.channel()
+            await ch.confirm_delivery()
+            outcome: dict[int, tuple[bool, str]] = {}
+            ch.on_confirm = lambda a, b, ok, why: outcome.update((s, (ok, why)) for s in range(a, b + 1))
+            for i in range(50):
+                ch.publish_nowait("q", b"%d" % i)
+            await trio.sleep(0.2)
+            c.kill("n1")
+            with trio.fail_after(TICKTIME * 3):
+                assert await ch.wait_for_confirms() is False
+        assert sorted(outcome) == list(range(1, 51)), "a publish got no answer"
+        assert {why for ok, why in outcome.values() if not ok} == {"connection lost"}
