@@ -116,8 +116,8 @@ def test_the_first_delivery_may_carry_redelivered():
 def test_messages_first_delivered_in_the_second_drain_are_stranded():
     pubs, dels = steady(50)
     phases = [Phase(0.5, "load"), Phase(2.0, "publish_end"), Phase(2.0, "drain1"),
-              Phase(8.0, "drain2"), Phase(9.0, "end")]
-    subs = [Subscription(0, Q, 0.5, 8.0), Subscription(1, Q, 8.0, 9.0)]
+              Phase(7.5, "drain1_end"), Phase(8.0, "drain2"), Phase(9.0, "end")]
+    subs = [Subscription(0, Q, 0.5, 7.6), Subscription(1, Q, 8.0, 9.0)]
     ok = check(history(pubs, dels, subs=subs, phases=phases))
     assert ok.ok, ok.reasons
     late = [d for d in dels if d.id < 45] + [dlv(i, 8.2 + i / 100, c=1) for i in range(45, 50)]
@@ -126,6 +126,10 @@ def test_messages_first_delivered_in_the_second_drain_are_stranded():
     assert v.stranded == 5 and v.stranded_ids == [45, 46, 47, 48, 49]
     assert v.lost == 0
     assert any("stranded" in r and "consumer(s) [0]" in r for r in v.reasons)
+    # a consumer that left before the first drain ended did not run through it
+    subs[0].t_end = 5.0
+    v = check(history(pubs, late, subs=subs, phases=phases), stranded_after=100)
+    assert v.stranded == 5 and any("no consumer stayed subscribed" in r for r in v.reasons)
 
 
 def test_a_consumer_quiet_while_messages_wait_is_stranded_unless_a_fault_excuses_it():

@@ -19,7 +19,8 @@ The history
   messages confirmed before `t_end` (see `spec_allows_loss`).
 - `Phase`: markers "load" (clients start), "heal" (every fault undone), "publish_end" (the
   publishers stopped), "drain1" (the consumers that ran through the faults drain what is left),
-  "drain2" (a second, fresh consumer looks for anything the first drain did not get), "end".
+  "drain1_end" (they stop), "drain2" (a second, fresh consumer looks for anything the first
+  drain did not get), "end".
 - `Disconnect`: a client connection broke (publishes in flight on it may be unanswered for good).
 - `anomalies`: what the driver saw the cluster do wrong that the messages cannot show (a wait
   for recovery that ran out, a queue left without a leader); each one fails the verdict.
@@ -326,9 +327,10 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
         stranded_ids = sorted(i for i, d in first.items() if d.t >= t_d2 and i in pubs)
         if stranded_ids:
             start = t_d1 if t_d1 is not None else t_d2
+            stop = h.phase("drain1_end") or t_d2
             queues = {pubs[i].queue for i in stranded_ids}
             through = [s for s in h.subscriptions if s.queue in queues and s.t_start <= start
-                       and (s.t_end is None or s.t_end >= t_d2)]
+                       and (s.t_end is None or s.t_end >= stop)]
             who = (f"consumer(s) {sorted({s.consumer for s in through})} were subscribed through the "
                    f"first drain" if through else "no consumer stayed subscribed through the first drain")
             reasons.append(f"{len(stranded_ids)} message(s) stranded: first delivered in the second "
@@ -395,8 +397,7 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
     all_waiting = _merge([iv for v in waiting.values() for iv in v])
     aw_starts = [a for a, _ in all_waiting]
     t_load = h.phase("load")
-    t_stop = t_d2 if t_d2 is not None else end
-    times = [d.t for d in deliveries if (t_load is None or d.t >= t_load) and d.t <= t_stop]
+    times = [d.t for d in deliveries if t_load is None or d.t >= t_load]
     gap, gap_at = None, None
     for a, b in zip(times, times[1:]):
         if gap is not None and b - a <= gap:
