@@ -40,8 +40,9 @@ The rules
 - stuck publishes = no ack and no nack by the end although the publisher's connection never
   broke after the publish: a bug.
 - phantom deliveries = ids nobody published: a bug.
-- measures (not judged): the longest pause between deliveries while messages waited, and for
-  every fault the time from it to the first delivery after it.
+- measures (not judged): the longest time without a delivery while published messages waited
+  (published, not yet delivered), and for every fault the time from it to the first delivery
+  after it.
 """
 
 from __future__ import annotations
@@ -393,8 +394,9 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
         reasons.append(f"{stuck} publish(es) never confirmed nor nacked while the connection stayed "
                        f"up (by publisher: {dict(sorted(stuck_by.items()))})")
 
-    # measures: longest pause while messages waited, and recovery after each fault
-    all_waiting = _merge([iv for v in waiting.values() for iv in v])
+    # measures: longest pause while messages waited (here from their publish: during a
+    # failover the confirms are late too), and recovery after each fault
+    all_waiting = _merge([(pubs[i].t_pub, d.t) for i, d in first.items() if i in pubs])
     aw_starts = [a for a, _ in all_waiting]
     t_load = h.phase("load")
     times = [d.t for d in deliveries if t_load is None or d.t >= t_load]
@@ -402,8 +404,9 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
     for a, b in zip(times, times[1:]):
         if gap is not None and b - a <= gap:
             continue
-        if _clip(all_waiting, aw_starts, a, b):
-            gap, gap_at = b - a, a
+        for x, y in _clip(all_waiting, aw_starts, a, b):
+            if gap is None or y - x > gap:
+                gap, gap_at = y - x, x
     all_times = [d.t for d in deliveries]
     recovery = []
     for k, f in enumerate(h.faults):
