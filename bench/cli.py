@@ -96,6 +96,9 @@ def _run(args) -> int:
         if args.command == "check":
             for w in args.workloads:
                 for sc in load(resolve(w)):
+                    if sc.chaos is not None:
+                        print(f"{w}: {sc.name}: chaos {json.dumps(sc.chaos)}")
+                        continue
                     print(f"{w}: {sc.name}: {sc.producers}p/{sc.consumers}c x {sc.queues}q, "
                           f"{sc.message_size} B, rate {sc.producer_rate:g}, policy {json.dumps(sc.effective_policy)}, "
                           f"{len(sc.faults)} fault(s)")

@@ -844,31 +844,31 @@ def run_one(schedule: Schedule, opts: Options, ns, skip_reason, folder: Path, ru
     return verdict
 
 
-def run_campaign(schedules: list[Schedule], opts: Options) -> tuple[Path, list[tuple[Schedule, Verdict]]]:
-    """Run every schedule (one fresh cluster each) and print one verdict per schedule."""
-    from bench.runner import Runner, _git_commit, _machine, new_run_id
+def summary(s: Schedule, v: Verdict) -> dict:
+    """The line run.json keeps per schedule."""
+    return {"scenario": f"chaos-{s.seed}", "seed": s.seed, "kinds": s.fault_kinds(), "ok": v.ok,
+            "lost": v.lost, "lost_allowed": sum(v.lost_allowed.values()), "stranded": v.stranded,
+            "stuck": v.stuck, "duplicates_unflagged": v.duplicates_unflagged,
+            "longest_gap_s": v.longest_gap_s, "replay": s.replay_command()}
+
+
+def run_schedules(schedules: list[Schedule], opts: Options, folder: Path, run_id: str,
+                  skipped: list) -> list[tuple[Schedule, Verdict]]:
+    """Run the schedules one after the other into `folder` (in network namespaces when they can
+    be made: this process then lives in the client namespace until the end)."""
     say = opts.say
-    run_id = opts.run_id or new_run_id()
-    folder = opts.out / run_id
-    folder.mkdir(parents=True, exist_ok=True)
-    meta = {"run_id": run_id, "started_at": time.time(), "finished_at": None, "git_commit": _git_commit(),
-            "python": sys.version.split()[0], "warren_version": None, "rabbitmq_version": None,
-            "machine": _machine(), "workloads": ["chaos"], "targets": ["warren"], "skipped": [],
-            "chaos": {"seeds": [s.seed for s in schedules], "net_ticktime": opts.net_ticktime}}
-    Runner._write_meta(folder, meta)
     ns = None
     skip = netnsmod.unavailable() if opts.netns is not False else "disabled (--no-netns)"
-    if opts.netns is None and skip is None and not any("partition" in s.fault_kinds() for s in schedules):
-        pass  # namespaces also serve schedules without partitions: every schedule runs alike
     if skip is None:
-        ns = netnsmod.Namespaces(f"wc{os.getpid() % 100000}", [f"n{i}" for i in range(1, 1 + max(s.nodes for s in schedules))])
+        ns = netnsmod.Namespaces(f"wc{os.getpid() % 100000}",
+                                 [f"n{i}" for i in range(1, 1 + max(s.nodes for s in schedules))])
         ns.create()
         ns.enter()
     else:
         say(f"network namespaces not used: {skip}; partition faults are skipped")
-        meta["skipped"].append({"target": "warren", "reason": f"partitions: {skip}"})
+        skipped.append({"target": "warren", "reason": f"chaos partitions: {skip}"})
     results = []
-    old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    old = signal.signal(signal.SIGTERM, _interrupt)
     try:
         for s in schedules:
             say(f"[chaos] seed {s.seed}: {', '.join(s.fault_kinds()) or 'no faults'}")
@@ -887,15 +887,65 @@ def run_campaign(schedules: list[Schedule], opts: Options) -> tuple[Path, list[t
         signal.signal(signal.SIGTERM, old)
         if ns is not None:
             ns.destroy()
-        meta["finished_at"] = time.time()
-        meta["summaries"] = [{"seed": s.seed, "kinds": s.fault_kinds(), "ok": v.ok, "lost": v.lost,
-                              "lost_allowed": sum(v.lost_allowed.values()), "stranded": v.stranded,
-                              "stuck": v.stuck, "duplicates_unflagged": v.duplicates_unflagged,
-                              "replay": s.replay_command()} for s, v in results]
-        Runner._write_meta(folder, meta)
     bad = [s for s, v in results if not v.ok]
     say(f"[chaos] {len(results)} schedule(s), {len(results) - len(bad)} OK, {len(bad)} FAIL; results in {folder}")
+    return results
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt()
+
+
+def run_campaign(schedules: list[Schedule], opts: Options) -> tuple[Path, list[tuple[Schedule, Verdict]]]:
+    """`warren-bench chaos`: a run folder of its own with its run.json, the schedules in it."""
+    from bench.runner import Runner, _git_commit, _machine, new_run_id
+    run_id = opts.run_id or new_run_id()
+    folder = opts.out / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"run_id": run_id, "started_at": time.time(), "finished_at": None, "git_commit": _git_commit(),
+            "python": sys.version.split()[0], "warren_version": None, "rabbitmq_version": None,
+            "machine": _machine(), "workloads": ["chaos"], "targets": ["warren"], "skipped": [],
+            "chaos": {"seeds": [s.seed for s in schedules], "net_ticktime": opts.net_ticktime}}
+    Runner._write_meta(folder, meta)
+    results = []
+    try:
+        results = run_schedules(schedules, opts, folder, run_id, meta["skipped"])
+    finally:
+        meta["finished_at"] = time.time()
+        meta["summaries"] = [summary(s, v) for s, v in results]
+        Runner._write_meta(folder, meta)
     return folder, results
+
+
+def _child(schedules: list[dict], opts: dict, folder: str, run_id: str, result: str) -> None:
+    options = Options(**{k: v for k, v in opts.items() if k != "say"})
+    options.out = Path(options.out)
+    skipped: list = []
+    results = run_schedules([Schedule.from_dict(s) for s in schedules], options, Path(folder), run_id, skipped)
+    Path(result).write_text(json.dumps({"summaries": [summary(s, v) for s, v in results], "skipped": skipped}))
+
+
+def run_in_child(schedules: list[Schedule], opts: Options, folder: Path, run_id: str) -> dict:
+    """The schedules in a child process (used by `warren-bench run`: the namespaces and the
+    threads that live in them stay out of the runner's process); {summaries, skipped}."""
+    import multiprocessing
+    result = folder / f".chaos-{os.getpid()}.json"
+    fields = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items() if k != "say"}
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=_child, args=([s.as_dict() for s in schedules], fields, str(folder), run_id, str(result)))
+    p.start()
+    try:
+        p.join()
+    except KeyboardInterrupt:
+        p.terminate()
+        p.join(30)
+        raise
+    try:
+        out = json.loads(result.read_text())
+        result.unlink()
+    except (OSError, ValueError):
+        out = {"summaries": [], "skipped": [{"target": "warren", "reason": f"the chaos process exited with {p.exitcode}"}]}
+    return out
 
 
 def schedules_for(seed: int, count: int, kinds=None, faults=(1, 3), scale: float = 1.0) -> list[Schedule]:
