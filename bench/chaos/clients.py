@@ -5,7 +5,11 @@ This module owns how a chaos client behaves, which is how a careful user's clien
 
 - A `Publisher` connects through a list of nodes (its own first) and reconnects, publishes
   message ids (publisher index << 40 | number) at a fixed rate with confirms and at most
-  `window` unanswered, and publishes only while connected. It records a `Publish` per message,
+  `window` unanswered, and publishes only while connected. A `careful` publisher also waits,
+  after a reconnection, until the client says it has recovered its channels (`on_reconnect`):
+  publishes sent while the client re-opens the channel and re-selects confirm mode are never
+  confirmed, or shift every later confirm (a client bug the process tests show), and the
+  campaign keeps that apart from what the broker does. It records a `Publish` per message,
   its outcome from the confirm (a nack from the broker, or the client's own "connection lost"),
   and a `Disconnect` whenever its connection breaks or the broker closes its channel (then it
   opens a new channel: publishes of the closed one get no answer, and that is not "stuck").
@@ -41,7 +45,7 @@ def rotate(nodes: list[str], first: str) -> list[str]:
 
 class Publisher:
     def __init__(self, history: History, index: int, addresses: list[str], queue: str, *,
-                 rate: float, window: int, size: int = 256, node_names: dict | None = None,
+                 rate: float, window: int, size: int = 256, careful: bool = False,
                  user: str = "guest", password: str = "guest", clock=time.time):
         self.h = history
         self.index = index
@@ -52,6 +56,8 @@ class Publisher:
         self.pad = b"\0" * max(0, size - 8)
         self.user, self.password = user, password
         self.clock = clock
+        self.careful = careful
+        self.recovering = False  # disconnected, and the client has not said it recovered yet
         self.pubs: list[Publish] = []  # by number (the low bits of the id)
         self.resolved = 0
         self.stop = trio.Event()  # stop publishing (the connection stays open for late confirms)
@@ -90,8 +96,12 @@ class Publisher:
         return on_confirm
 
     def _on_disconnect(self, error) -> None:
+        self.recovering = True
         self.h.disconnects.append(Disconnect(self.clock(), "publisher", self.index,
                                              self.conn.node if self.conn else None, str(error)[:200]))
+
+    def _on_reconnect(self, node) -> None:
+        self.recovering = False
 
     async def _open_channel(self):
         ch = await self.conn.channel()
@@ -103,7 +113,7 @@ class Publisher:
         try:
             async with open_connection(self.addresses, user=self.user, password=self.password,
                                        client_name=f"chaos-publisher-{self.index}",
-                                       connect_attempts=20) as conn:
+                                       connect_attempts=20, on_reconnect=self._on_reconnect) as conn:
                 self.conn = conn
                 conn.on_disconnect = self._on_disconnect
                 self.ch = await self._open_channel()
@@ -128,9 +138,10 @@ class Publisher:
                 with trio.move_on_after(0.005 if room > 0 else 0.05):
                     await self._room.wait()
                 continue
-            if not conn.connected.is_set():
+            if not conn.connected.is_set() or (self.careful and self.recovering):
                 with trio.move_on_after(0.05):
                     await conn.connected.wait()
+                await trio.sleep(0.005)
                 continue
             ch = self.ch
             if not ch.is_open:

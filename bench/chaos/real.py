@@ -70,6 +70,10 @@ class Options:
     drain2_quiet: float = 3.0
     drain_timeout: float = 60.0
     schedule_limit: float = 300.0
+    server_args: tuple = ()  # extra warren-server flags (e.g. --log-level debug)
+    # publishers wait for the client's own recovery after a reconnection before publishing
+    # again (see bench/chaos/clients.py): the client's race there is a test of its own
+    careful_publishers: bool = True
     say: object = print
 
 
@@ -98,8 +102,10 @@ class ChaosCluster(LocalCluster):
     namespace's address and every node uses the same ports), with a config file that adds a
     non-guest user (guest is loopback-only). A node can be started again on a fresh data dir."""
 
-    def __init__(self, home: Path, names: int, net_ticktime: float, ns: netnsmod.Namespaces | None):
-        super().__init__(home, names, free_ports=ns is None, net_ticktime=net_ticktime, secret=SECRET)
+    def __init__(self, home: Path, names: int, net_ticktime: float, ns: netnsmod.Namespaces | None,
+                 server_args: list[str] | tuple[str, ...] = ()):
+        super().__init__(home, names, free_ports=ns is None, net_ticktime=net_ticktime, secret=SECRET,
+                         server_args=server_args)
         self.ns = ns
         if ns is not None:
             self.ports = {n: (5672, 25672) for n in self.names}
@@ -120,7 +126,7 @@ class ChaosCluster(LocalCluster):
         self._logs[name] = log
         cmd = [executable("warren-server"), "--name", name, "--client-port", str(client),
                "--peer-port", str(peer), "--net-ticktime", str(self.net_ticktime),
-               "--config", str(self.config_file)]
+               "--config", str(self.config_file), *self.server_args]
         if self.ns is not None:
             addr = self.ns.addr(name)
             cmd = self.ns.prefix(name) + cmd + ["--host", addr, "--advertise-host", addr]
@@ -160,10 +166,11 @@ class ScheduleRun:
         self.opts = opts
         self.ns = ns
         self.skip_partitions = skip_partitions
-        self.h = History(meta={"seed": schedule.seed, "netns": ns is not None})
+        self.h = History(meta={"seed": schedule.seed, "netns": ns is not None,
+                               "careful_publishers": opts.careful_publishers})
         self.home = Path(tempfile.mkdtemp(prefix=f"warren-chaos-{schedule.seed}-"))
         names = schedule.nodes
-        self.c = ChaosCluster(self.home / "home", names, opts.net_ticktime, ns)
+        self.c = ChaosCluster(self.home / "home", names, opts.net_ticktime, ns, opts.server_args)
         self.names = list(self.c.names)
         self.policy = dict(schedule.policy)
         self.pattern = "^" + re.escape(schedule.queue) + "$"
@@ -657,7 +664,8 @@ class ScheduleRun:
                     await clients.start(cons.run)
             for i, node in enumerate(s.publishers):
                 pub = Publisher(self.h, i, rotate(all_addrs, addrs[node]), s.queue, rate=rate,
-                                window=s.confirm_window, size=s.message_size, user=USER, password=PASSWORD)
+                                window=s.confirm_window, size=s.message_size, user=USER, password=PASSWORD,
+                                careful=self.opts.careful_publishers)
                 self.publishers.append(pub)
                 with trio.fail_after(20):
                     await clients.start(pub.run)
@@ -818,6 +826,17 @@ class ScheduleRun:
 
 # --- the campaign ----------------------------------------------------------------------------
 
+def replay_of(s: Schedule, opts: Options) -> str:
+    """The command that replays `s` with these options."""
+    cmd = s.replay_command()
+    extra = []
+    if not opts.careful_publishers:
+        extra.append("--eager-publishers")
+    if opts.net_ticktime != Options.net_ticktime:
+        extra.append(f"--net-ticktime {opts.net_ticktime:g}")
+    return cmd.replace(" --replay", "".join(" " + e for e in extra) + " --replay")
+
+
 def _checker_options(opts: Options) -> dict:
     return {"stranded_after": opts.stranded_after,
             "recovery_grace": max(5.0, 2 * opts.net_ticktime + 3.0)}
@@ -834,7 +853,7 @@ def run_one(schedule: Schedule, opts: Options, ns, skip_reason, folder: Path, ru
     sdir = folder / f"chaos-{schedule.seed}" / "warren"
     logs.write(sdir, run_id=run_id, scenario=f"chaos-{schedule.seed}", schedule=schedule.as_dict(),
                history=history, verdict=verdict, t_start=t_start, t_end=time.time(),
-               nodes=run.names, replay=schedule.replay_command(),
+               nodes=run.names, replay=replay_of(schedule, opts),
                extra={"net_ticktime": opts.net_ticktime, "netns": ns is not None})
     if not verdict.ok or opts.keep_logs:
         run.keep_logs(sdir)
@@ -844,12 +863,12 @@ def run_one(schedule: Schedule, opts: Options, ns, skip_reason, folder: Path, ru
     return verdict
 
 
-def summary(s: Schedule, v: Verdict) -> dict:
+def summary(s: Schedule, v: Verdict, opts: Options) -> dict:
     """The line run.json keeps per schedule."""
     return {"scenario": f"chaos-{s.seed}", "seed": s.seed, "kinds": s.fault_kinds(), "ok": v.ok,
             "lost": v.lost, "lost_allowed": sum(v.lost_allowed.values()), "stranded": v.stranded,
             "stuck": v.stuck, "duplicates_unflagged": v.duplicates_unflagged,
-            "longest_gap_s": v.longest_gap_s, "replay": s.replay_command()}
+            "longest_gap_s": v.longest_gap_s, "replay": replay_of(s, opts)}
 
 
 def run_schedules(schedules: list[Schedule], opts: Options, folder: Path, run_id: str,
@@ -880,7 +899,7 @@ def run_schedules(schedules: list[Schedule], opts: Options, folder: Path, run_id
             say(f"[chaos] seed {s.seed} ({time.time() - t:.0f} s) {verdict.line()}")
             for r in verdict.reasons:
                 say(f"    - {r}")
-            say(f"    replay: {s.replay_command()}")
+            say(f"    replay: {replay_of(s, opts)}")
     except KeyboardInterrupt:
         say("interrupted")
     finally:
@@ -912,7 +931,7 @@ def run_campaign(schedules: list[Schedule], opts: Options) -> tuple[Path, list[t
         results = run_schedules(schedules, opts, folder, run_id, meta["skipped"])
     finally:
         meta["finished_at"] = time.time()
-        meta["summaries"] = [summary(s, v) for s, v in results]
+        meta["summaries"] = [summary(s, v, opts) for s, v in results]
         Runner._write_meta(folder, meta)
     return folder, results
 
@@ -922,7 +941,8 @@ def _child(schedules: list[dict], opts: dict, folder: str, run_id: str, result: 
     options.out = Path(options.out)
     skipped: list = []
     results = run_schedules([Schedule.from_dict(s) for s in schedules], options, Path(folder), run_id, skipped)
-    Path(result).write_text(json.dumps({"summaries": [summary(s, v) for s, v in results], "skipped": skipped}))
+    Path(result).write_text(json.dumps({"summaries": [summary(s, v, options) for s, v in results],
+                                        "skipped": skipped}))
 
 
 def run_in_child(schedules: list[Schedule], opts: Options, folder: Path, run_id: str) -> dict:
