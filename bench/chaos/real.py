@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -432,14 +433,14 @@ class ScheduleRun:
             await self.thread(c.kill9, node)
             self.down[node] = "crash"
             self.say(f"kill -9 {node}")
-            self.later(nursery, a, rec, self._restart(node))
+            self.later(nursery, a, rec, partial(self._restart, node))
         elif kind == "sigterm":
             rec.loss_allowed = self.allowance(obs, {node}, "shutdown")
             rec.t = time.time()
             self.down[node] = "shutdown"
             rec.detail["stop"] = await self.stop_node(node)
             self.say(f"SIGTERM {node}: {rec.detail['stop']}")
-            self.later(nursery, a, rec, self._restart(node))
+            self.later(nursery, a, rec, partial(self._restart, node))
         elif kind == "pause":
             rec.loss_allowed = self.allowance(obs, {node}, "isolated")
             rec.t = time.time()
@@ -450,7 +451,7 @@ class ScheduleRun:
             async def cont():
                 c.sigcont(node)
                 self.down.pop(node, None)
-            self.later(nursery, a, rec, cont())
+            self.later(nursery, a, rec, cont)
         elif kind == "stop_app":
             rec.loss_allowed = self.allowance(obs, {node}, "shutdown")
             rec.t = time.time()
@@ -471,7 +472,7 @@ class ScheduleRun:
                         self.anomaly(f"start_app {node}: {(r.stderr or r.stdout).strip()[-200:]}")
                 if ok:
                     self.down.pop(node, None)
-            self.later(nursery, a, rec, start())
+            self.later(nursery, a, rec, start)
         elif kind == "forget":
             how = a.params.get("how", "kill")
             rec.loss_allowed = self.allowance(obs, {node}, "crash" if how == "kill" else "shutdown")
@@ -485,7 +486,7 @@ class ScheduleRun:
             others = [n for n in self.up_nodes() if n != node]
             if not others:
                 rec.detail["skipped"] = "no running node left to forget it"
-                self.later(nursery, a, rec, self._restart(node) if how == "kill" else self._start_app(node))
+                self.later(nursery, a, rec, partial(self._restart if how == "kill" else self._start_app, node))
                 return
             via = others[0]
 
@@ -512,7 +513,7 @@ class ScheduleRun:
                                      f"{(r.stderr or r.stdout).strip()[-200:]}")
                         break
                 self.down.pop(node, None)
-            self.later(nursery, a, rec, rejoin())
+            self.later(nursery, a, rec, rejoin)
         elif kind == "partition":
             rec.target = node
             if self.ns is None:
@@ -529,7 +530,7 @@ class ScheduleRun:
             async def heal():
                 await self.thread(self.ns.heal)
                 self.down.pop(node, None)
-            self.later(nursery, a, rec, heal())
+            self.later(nursery, a, rec, heal)
         elif kind == "policy":
             rec.target = "queue"
             new = a.params["definition"]
@@ -584,7 +585,7 @@ class ScheduleRun:
                     ok = await self.start_node(n) and ok
                 for n in self.names:
                     self.down.pop(n, None)
-            self.later(nursery, a, rec, all_up())
+            self.later(nursery, a, rec, all_up)
         else:
             raise RuntimeError(f"unknown fault kind {kind}")
 
@@ -625,7 +626,7 @@ class ScheduleRun:
         return False
 
     def later(self, nursery, a, rec: Fault, undo) -> None:
-        """Run `undo` `a.duration` s after the fault, or when the heal starts; undos that the
+        """Run `await undo()` `a.duration` s after the fault, or when the heal starts; undos that the
         heal runs go one at a time in the order of their faults (a later fault on the same node,
         such as a full restart after a stop_app, is undone after the earlier one)."""
         due = trio.current_time() + a.duration
@@ -641,7 +642,7 @@ class ScheduleRun:
                 if self.heal_now.is_set():
                     for ev in before:
                         await ev.wait()
-                await undo
+                await undo()
             finally:
                 done.set()
                 rec.t_end = time.time()
@@ -652,12 +653,17 @@ class ScheduleRun:
     # --- the run ---------------------------------------------------------------------------
     async def run(self) -> History:
         with trio.move_on_after(self.opts.schedule_limit) as limit:
+            _RUNNING["stop"] = (trio.lowlevel.current_trio_token(), limit.cancel)
             try:
                 await self._run()
             except Exception as exc:  # noqa: BLE001 - any failure must still end in a verdict
                 import traceback
                 traceback.print_exc()
                 self.anomaly(f"the driver stopped at '{self.step}': {exc!r}"[:400])
+            finally:
+                _RUNNING["stop"] = None
+        if _RUNNING["interrupted"]:
+            return self.h
         if limit.cancelled_caught:
             self.anomaly(f"the schedule did not finish within {self.opts.schedule_limit:g} s "
                          f"(it was {self.step})")
@@ -871,8 +877,13 @@ def run_one(schedule: Schedule, opts: Options, ns, skip_reason, folder: Path, ru
     t_start = time.time()
     try:
         history = trio.run(run.run)
-    finally:
+        if _RUNNING["interrupted"]:
+            raise KeyboardInterrupt()
+    except BaseException:
         run.stop_cluster()
+        run.cleanup()
+        raise
+    run.stop_cluster()
     verdict = check(history, **_checker_options(opts))
     sdir = folder / f"chaos-{schedule.seed}" / "warren"
     logs.write(sdir, run_id=run_id, scenario=f"chaos-{schedule.seed}", schedule=schedule.as_dict(),
@@ -911,7 +922,9 @@ def run_schedules(schedules: list[Schedule], opts: Options, folder: Path, run_id
         say(f"network namespaces not used: {skip}; partition faults are skipped")
         skipped.append({"target": "warren", "reason": f"chaos partitions: {skip}"})
     results = []
+    _RUNNING["interrupted"] = False
     old = signal.signal(signal.SIGTERM, _interrupt)
+    old_int = signal.signal(signal.SIGINT, _interrupt)
     try:
         for s in schedules:
             say(f"[chaos] seed {s.seed}: {', '.join(s.fault_kinds()) or 'no faults'}")
@@ -928,6 +941,7 @@ def run_schedules(schedules: list[Schedule], opts: Options, folder: Path, run_id
         say("interrupted")
     finally:
         signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGINT, old_int)
         if ns is not None:
             ns.destroy()
     bad = [s for s, v in results if not v.ok]
@@ -935,8 +949,19 @@ def run_schedules(schedules: list[Schedule], opts: Options, folder: Path, run_id
     return results
 
 
+_RUNNING: dict = {"stop": None, "interrupted": False}
+
+
 def _interrupt(*_):
-    raise KeyboardInterrupt()
+    """SIGTERM or Ctrl-C: cancel the running schedule (TrioToken.run_sync_soon is safe to call
+    from a signal handler); the campaign then stops its cluster, removes its namespaces and ends."""
+    _RUNNING["interrupted"] = True
+    stop = _RUNNING["stop"]
+    if stop is not None:
+        token, cancel = stop
+        token.run_sync_soon(cancel)
+    else:
+        raise KeyboardInterrupt()
 
 
 def run_campaign(schedules: list[Schedule], opts: Options) -> tuple[Path, list[tuple[Schedule, Verdict]]]:
