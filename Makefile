@@ -36,6 +36,17 @@ bench: install
 	warren-bench run $(BENCH_SUITE) --target $(BENCH_TARGET) --out results
 	$(PYTHON) -m bench.analysis
 
+# the chaos campaign (bench/chaos): CHAOS_SCHEDULES seeded fault schedules from CHAOS_SEED,
+# each judged by the total-queue checker; `make chaos-smoke` runs one short schedule per kind
+CHAOS_SCHEDULES ?= 40
+CHAOS_SEED ?= 1000
+.PHONY: chaos chaos-smoke
+chaos: install
+	warren-bench chaos --schedules $(CHAOS_SCHEDULES) --seed $(CHAOS_SEED) --out results
+
+chaos-smoke: install
+	warren-bench chaos --smoke --out results
+
 # `make bench` runs the smoke suite on warren and (when rabbitmq-server is installed) RabbitMQ,
 # then the Spark analysis over ./results; e.g. `make bench BENCH_SUITE="throughput latency failover"`
 BENCH_SUITE ?= smoke

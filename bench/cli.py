@@ -12,6 +12,12 @@ and writes the logs of bench/LOGS.md under results/RUN_ID/; see bench/README.md.
     warren-bench analyse [RESULTS]     the Spark job of bench/analysis over those logs
                                        (`analyze` works too)
 
+    warren-bench chaos [--schedules N] [--seed S] [--kinds k1,k2] [--replay] [--out results]
+
+runs seeded fault schedules (bench/chaos) against fresh local clusters and prints, per schedule,
+the checker's verdict and the one command that replays it; `--smoke` runs one short schedule
+per fault kind, `--check FOLDER` recomputes the verdict of a chaos folder from its logs.
+
     warren-bench throughput [--seconds 10] [--size 1024] [--window 2000] [--prefetch 1000]
 
 starts a one-node cluster of real processes (or uses `--nodes HOST:PORT`), runs one publisher
@@ -102,6 +108,9 @@ def _run(args) -> int:
                         print(f"{w}: {sc.name}: {sc.idle_connections:,} idle connections on node "
                               f"{sc.idle_node}, held {sc.idle_seconds:g} s")
                         continue
+                    if sc.chaos is not None:
+                        print(f"{w}: {sc.name}: chaos {json.dumps(sc.chaos)}")
+                        continue
                     print(f"{w}: {sc.name}: {sc.producers}p/{sc.consumers}c x {sc.queues}q, "
                           f"{sc.message_size} B, rate {sc.producer_rate:g}, policy {json.dumps(sc.effective_policy)}, "
                           f"{len(sc.faults)} fault(s)")
@@ -138,6 +147,8 @@ EPILOG = """examples:
   warren-bench sync --messages 100000 --batch-sizes 1,100,4096
   warren-bench sync-load --messages 100000 --rate 2000
   warren-bench memory --messages 200000              memory per queued 1 KiB message
+  warren-bench chaos --schedules 20                  seeded faults on real processes, judged
+  warren-bench chaos --seed 1234 --replay            one schedule again, verbosely
 See bench/README.md for the workload files and bench/LOGS.md for the logs."""
 
 
@@ -165,6 +176,76 @@ def _throughput(args) -> int:
         raise
     print(json.dumps(result))
     return 0
+
+def add_chaos_arguments(p: argparse.ArgumentParser) -> None:
+    from bench.chaos.schedule import KINDS
+    p.add_argument("--schedules", type=int, default=10, help="how many schedules (seeds S, S+1, ...)")
+    p.add_argument("--seed", type=int, help="the first schedule's seed (default: random, printed)")
+    p.add_argument("--kinds", help=f"fault kinds to draw from, comma-separated (default all: {','.join(KINDS)})")
+    p.add_argument("--faults", default="1-3", help="faults per schedule, N or MIN-MAX (default 1-3)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every fault duration and gap")
+    p.add_argument("--rate", type=int, help="msgs/s over all publishers (default: the schedule's, 2000)")
+    p.add_argument("--replay", action="store_true",
+                   help="run exactly the schedule of --seed, verbosely, keeping the node logs")
+    p.add_argument("--smoke", action="store_true", help="one short schedule per fault kind")
+    p.add_argument("--out", type=Path, default=Path("results"), help="results folder (default ./results)")
+    p.add_argument("--run-id", help="name of the run folder (default YYYYmmdd-HHMMSS-hex)")
+    p.add_argument("--net-ticktime", type=float, default=3.0, help="every node's net_ticktime (default 3)")
+    p.add_argument("--no-netns", action="store_true",
+                   help="run on 127.0.0.1 without network namespaces (partition faults are skipped)")
+    p.add_argument("--keep-logs", action="store_true", help="copy the node logs even for OK schedules")
+    p.add_argument("--log-level", help="the nodes' log level (warren-server --log-level), e.g. debug")
+    p.add_argument("--eager-publishers", action="store_true",
+                   help="publish at once after a reconnection, before the client has recovered its "
+                        "channels (default: wait for it; the client's race there is tested apart)")
+    p.add_argument("-v", "--verbose", action="store_true", help="say what the driver does")
+    p.add_argument("--check", type=Path, metavar="FOLDER",
+                   help="recompute the verdict of RUN_ID/chaos-SEED/warren from its logs and print it")
+
+
+def chaos(args) -> int:
+    """`warren-bench chaos`: exit 0 when every schedule's verdict is OK, 1 otherwise."""
+    import random
+
+    from bench.chaos import real
+    from bench.chaos.schedule import one_of_each
+    if args.check:
+        v = real.check_folder(args.check)
+        print(v.line())
+        for r in v.reasons:
+            print(f"    - {r}")
+        return 0 if v.ok else 1
+    try:
+        lo, _, hi = args.faults.partition("-")
+        faults = (int(lo), int(hi or lo))
+        kinds = args.kinds.split(",") if args.kinds else None
+        seed = args.seed if args.seed is not None else random.randrange(1, 1_000_000)
+        if args.smoke:
+            schedules = one_of_each(seed, scale=args.scale if args.scale != 1.0 else 0.4)
+            if kinds:
+                schedules = [s for s in schedules if s.kinds[0] in kinds]
+        else:
+            count = 1 if args.replay else args.schedules
+            schedules = real.schedules_for(seed, count, kinds, faults, args.scale)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.seed is None and not args.smoke:
+        print(f"[chaos] seeds {seed}..{seed + len(schedules) - 1} (give --seed {seed} to run them again)")
+    opts = real.Options(out=args.out, run_id=args.run_id, net_ticktime=args.net_ticktime,
+                        netns=False if args.no_netns else None, verbose=args.verbose or args.replay,
+                        keep_logs=args.keep_logs or args.replay,
+                        server_args=("--log-level", args.log_level) if args.log_level else (),
+                        careful_publishers=not args.eager_publishers)
+    if args.smoke or (schedules and schedules[0].scale < 1.0):
+        # short schedules: shorter quiet periods end the drains (a healthy broker confirms and
+        # delivers within milliseconds; these still leave it seconds)
+        opts.drain_quiet, opts.drain2_quiet, opts.confirm_timeout, opts.heal_timeout = 2.0, 1.5, 5.0, 10.0
+    if args.rate:
+        for s in schedules:
+            s.rate = args.rate
+    _, results = real.run_campaign(schedules, opts)
+    return 0 if results and all(v.ok for _, v in results) and len(results) == len(schedules) else 1
 
 
 def main(argv=None) -> None:
@@ -219,6 +300,9 @@ def main(argv=None) -> None:
     mem.add_argument("--rounds", type=int, default=2, help="rounds of --messages, each measured")
     mem.add_argument("--warmup", type=int, default=2_000,
                      help="messages published and consumed before the baseline")
+    ch = sub.add_parser("chaos", help="seeded fault schedules on real processes, judged by the "
+                                      "total-queue checker (bench/chaos)")
+    add_chaos_arguments(ch)
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
     sub.add_parser("analyse", aliases=["analyze"], add_help=False,
@@ -240,6 +324,8 @@ def main(argv=None) -> None:
         from bench.memory_bench import run_memory_bench
         print(json.dumps(run_memory_bench(args.messages, args.size, args.rounds, args.warmup)))
         return
+    if args.command == "chaos":
+        sys.exit(chaos(args))
     if args.command == "sync":
         from bench.sync_bench import run_sync_bench
         rows = run_sync_bench(args.messages, args.size, [int(x) for x in args.batch_sizes.split(",")],

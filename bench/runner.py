@@ -316,8 +316,14 @@ class Runner:
                 targets.remove(tname)
         meta["targets"] = targets
         self._write_meta(folder, meta)
+        chaos = [s for s in scenarios if s.chaos is not None]
+        scenarios = [s for s in scenarios if s.chaos is None]
         try:
-            for tname in targets:
+            for sc in chaos:
+                if self.interrupted:
+                    break
+                self.run_chaos(folder, run_id, sc, targets, meta)
+            for tname in (targets if scenarios else []):
                 target: Target = self.make_target(tname, warren_nodes, rabbit_dir, amqp_addresses)
                 if tname.startswith("warren") and warren_nodes:
                     self.say(f"[{tname}] using {', '.join(warren_nodes)}")
@@ -351,6 +357,38 @@ class Runner:
             meta["summaries"] = self.summaries
             self._write_meta(folder, meta)
         return folder
+
+    def run_chaos(self, folder: Path, run_id: str, sc: Scenario, targets: list[str], meta: dict) -> None:
+        """A chaos scenario: its seeded schedules (bench/chaos), each on a fresh local warren
+        cluster, in a child process; folders chaos-SEED/warren/ with a verdict.json each."""
+        if not any(t.startswith("warren") for t in targets):
+            meta["skipped"].append({"target": ",".join(targets), "scenario": sc.name,
+                                    "reason": "chaos schedules run on warren only"})
+            self.say(f"[rabbitmq] {sc.name}: skipped (chaos schedules run on warren only)")
+            return
+        from bench.chaos import real
+        cfg = sc.chaos
+        schedules = real.schedules_for(cfg["seed"], cfg["schedules"], cfg["kinds"], tuple(cfg["faults"]),
+                                       cfg["scale"])
+        if cfg["rate"]:
+            for s in schedules:
+                s.rate = cfg["rate"]
+        opts = real.Options(out=self.out, run_id=run_id, net_ticktime=cfg["net_ticktime"])
+        if cfg["scale"] < 1.0:
+            opts.drain_quiet, opts.drain2_quiet, opts.confirm_timeout, opts.heal_timeout = 2.0, 1.5, 5.0, 10.0
+        self.say(f"[warren] {sc.name}: {len(schedules)} chaos schedule(s) from seed {cfg['seed']}")
+        try:
+            out = real.run_in_child(schedules, opts, folder, run_id)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            return
+        meta["skipped"].extend(out["skipped"])
+        for line in out["summaries"]:
+            self.summaries.append({"target": "warren", **line, "workload": sc.name})
+            self.say(f"[warren] {line['scenario']} ({', '.join(line['kinds'])}): "
+                     f"{'OK' if line['ok'] else 'FAIL'} lost {line['lost']} stranded {line['stranded']} "
+                     f"stuck {line['stuck']}; replay: {line['replay']}")
+        self._write_meta(folder, meta)
 
     def _heal(self, target: Target, sc: Scenario) -> None:
         """After faults: a cluster we started is started afresh; a given one gets its nodes back."""

@@ -141,6 +141,53 @@ def _faults(v):
     return sorted(out, key=lambda f: f["at"])
 
 
+CHAOS_KEYS = {"schedules", "seed", "kinds", "faults", "scale", "net_ticktime", "rate"}
+
+
+def _chaos(v):
+    """A chaos campaign (bench/chaos) instead of a load: {schedules, seed, kinds, faults, scale,
+    net_ticktime, rate}; every key optional."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise _Bad(f"must be a mapping like {{schedules: 10, seed: 1}}, got {v!r}")
+    unknown = set(v) - CHAOS_KEYS
+    if unknown:
+        raise _Bad(f"unknown key {min(unknown)!r} (known: {', '.join(sorted(CHAOS_KEYS))})")
+    out = {"schedules": 10, "seed": 1, "kinds": None, "faults": [1, 3], "scale": 1.0,
+           "net_ticktime": 3.0, "rate": None}
+    for key in ("schedules", "seed"):
+        if key in v:
+            try:
+                out[key] = _int(1 if key == "schedules" else 0)(v[key])
+            except _Bad as exc:
+                raise _Bad(f".{key}: {exc}") from None
+    if v.get("kinds") is not None:
+        from bench.chaos.schedule import KINDS
+        kinds = v["kinds"] if isinstance(v["kinds"], list) else str(v["kinds"]).split(",")
+        bad = [k for k in kinds if k not in KINDS]
+        if bad or not kinds:
+            raise _Bad(f".kinds: must be fault kinds among {', '.join(KINDS)}, got {v['kinds']!r}")
+        out["kinds"] = list(kinds)
+    if "faults" in v:
+        f = v["faults"]
+        lo, _, hi = str(f).partition("-")
+        if not (lo.isdigit() and (not hi or hi.isdigit())) or int(lo) < 1 or int(hi or lo) < int(lo):
+            raise _Bad(f".faults: must be N or MIN-MAX (at least 1), got {f!r}")
+        out["faults"] = [int(lo), int(hi or lo)]
+    for key in ("scale", "net_ticktime"):
+        if key in v:
+            if isinstance(v[key], bool) or not isinstance(v[key], (int, float)) or v[key] <= 0:
+                raise _Bad(f".{key}: must be a number > 0, got {v[key]!r}")
+            out[key] = float(v[key])
+    if v.get("rate") is not None:
+        try:
+            out["rate"] = _int(1)(v["rate"])
+        except _Bad as exc:
+            raise _Bad(f".rate: {exc}") from None
+    return out
+
+
 # name -> (checker, default, help). The order is the order of `warren-bench describe`.
 FIELDS: dict[str, tuple] = {
     "name": (_name, None, "scenario name (folder name in the results)"),
@@ -182,6 +229,8 @@ FIELDS: dict[str, tuple] = {
                                       "measure the node's memory (no load; 0: a load scenario)")),
     "idle_node": (_int(0), 0, "index of the node that holds the idle connections (0 = the first)"),
     "idle_seconds": (_number(0), 10, "how long the idle connections are held before the memory is read"),
+    "chaos": (_chaos, None, ("a chaos campaign instead of a load: {schedules, seed, kinds, faults, "
+                             "scale, net_ticktime, rate} (bench/chaos); warren only")),
 }
 
 
@@ -215,6 +264,7 @@ class Scenario:
     idle_connections: int = 0
     idle_node: int = 0
     idle_seconds: float = 10
+    chaos: dict | None = None
     source: str = ""
 
     def as_dict(self) -> dict:
@@ -279,8 +329,8 @@ def _check_fields(raw, where: str, origin: str, allow_lists: bool = False) -> di
             except _Bad as exc:
                 sub = f"{path}[{i}]" if allow_lists else path
                 msg = str(exc)
-                # fault errors already carry their own [index].key prefix
-                sep = "" if msg.startswith("[") else ": "
+                # fault and chaos errors already carry their own [index].key / .key prefix
+                sep = "" if msg.startswith(("[", ".")) else ": "
                 raise WorkloadError(f"{origin}: {sub}{sep}{msg}") from None
         out[key] = checked if allow_lists else checked[0]
     return out

@@ -95,6 +95,32 @@ def write_crafted(run_dir: Path) -> None:
                          _meta("crafted-open", False, T0, T0 + 12), pubs, dels, None, events)
 
 
+def write_chaos(run_dir: Path) -> dict:
+    """A chaos schedule's folder as `warren-bench chaos` writes it (bench/chaos/logs.py), from a
+    crafted history: 40 confirmed messages, 3 never delivered (2 confirmed before a kill whose
+    loss the spec allows, 1 after), one stranded, 5 unanswered on a live connection."""
+    from bench.chaos import checker as ck
+    from bench.chaos import logs
+    from bench.chaos.schedule import generate
+
+    pubs = [ck.Publish(i, 0, "n1", T0 + i * 0.1, "ack", T0 + i * 0.1 + 0.01, "", "chaos.q") for i in range(40)]
+    pubs += [ck.Publish(100 + i, 0, "n1", T0 + 4.5, None, None, "", "chaos.q") for i in range(5)]
+    dels = [ck.Delivery(i, 0, "n2", T0 + i * 0.1 + 0.02, False, "chaos.q") for i in range(40) if i not in (3, 4, 30, 35)]
+    dels.append(ck.Delivery(35, 1, "n3", T0 + 9.0, False, "chaos.q"))  # in the second drain: stranded
+    h = ck.History(publishes=pubs, deliveries=dels,
+                   subscriptions=[ck.Subscription(0, "chaos.q", T0 - 0.5, T0 + 8.0),
+                                  ck.Subscription(1, "chaos.q", T0 + 8.5, T0 + 9.5)],
+                   faults=[ck.Fault(T0 + 1.0, "kill", "n1", {}, T0 + 2.0, "every replica of the queue was killed")],
+                   phases=[ck.Phase(T0 - 0.5, "load"), ck.Phase(T0 + 5, "drain1"), ck.Phase(T0 + 8.0, "drain1_end"),
+                           ck.Phase(T0 + 8.5, "drain2"), ck.Phase(T0 + 10, "end")])
+    v = ck.check(h)
+    sched = generate(4242, ["kill"], min_faults=1, max_faults=1)
+    logs.write(run_dir / "chaos-4242" / "warren", run_id=RUN_A, scenario="chaos-4242",
+               schedule=sched.as_dict(), history=h, verdict=v, t_start=T0 - 0.5, t_end=T0 + 10,
+               nodes=["n1", "n2", "n3"], replay=sched.replay_command())
+    return v.as_dict() | {"replay": sched.replay_command()}
+
+
 @pytest.fixture(scope="module")
 def session():
     """The file's one Spark session."""
@@ -114,9 +140,11 @@ def analysed(tmp_path_factory, session):
     results = tmp_path_factory.mktemp("results")
     synth.make_run(results, seed=3, messages=1500, rate=600.0, outage=1.0, run_id=RUN_A, t0=T0 + 1000)
     write_crafted(results / RUN_A)
+    chaos = write_chaos(results / RUN_A)
     synth.make_run(results, seed=4, messages=1200, rate=600.0, run_id=RUN_B, t0=T0 + 5000,
                    targets=("warren",), sampled_every=10)
     res, dest = run(str(results), spark=session)
+    res.crafted_chaos = chaos
     return results, res, dest
 
 
@@ -348,14 +376,14 @@ def test_report_files_exist_and_name_the_scenarios(analysed, session):
     out = results / "report"
     assert dest == to_uri(str(results)) + "/report"
     for table in ("summary", "latency", "throughput_timeseries", "failover_timeseries", "faults", "sync",
-                  "compare"):
+                  "compare", "chaos"):
         assert (out / f"{table}.csv").is_file()
         assert list((out / f"{table}.parquet").glob("part-*.parquet")), table
     back = {(r["run_id"], r["scenario"], r["target"]): r.asDict()
             for r in session.read.parquet(str(out / "summary.parquet")).collect()}
     assert back == {(s["run_id"], s["scenario"], s["target"]): s for s in res.tables["summary"]}
     header, *rows = (out / "summary.csv").read_text().splitlines()
-    assert header.startswith("run_id,scenario,target,") and len(rows) == len(res.tables["summary"]) == 8
+    assert header.startswith("run_id,scenario,target,") and len(rows) == len(res.tables["summary"]) == 9
     for png in (f"latency-{RUN_A}.png", f"compare-{RUN_A}.png", f"throughput-{RUN_A}-failover.png",
                 f"throughput-{RUN_B}-steady.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
@@ -367,6 +395,29 @@ def test_report_files_exist_and_name_the_scenarios(analysed, session):
     assert f"](throughput-{RUN_A}-failover.png)" in md and f'src="compare-{RUN_A}.png"' in page
 
 
+def test_chaos_section_from_the_verdicts(analysed):
+    """The chaos table holds the checker's verdict of each schedule, next to this job's own lost
+    count from the message lines (the checker's lost plus what the spec allowed)."""
+    results, res, _ = analysed
+    v = res.crafted_chaos
+    assert (v["lost"], sum(v["lost_allowed"].values()), v["stranded"], v["stuck"]) == (1, 2, 1, 5)
+    [row] = res.tables["chaos"]
+    assert (row["run_id"], row["scenario"], row["target"], row["seed"], row["kinds"]) == \
+        (RUN_A, "chaos-4242", "warren", 4242, "kill")
+    assert row["ok"] is False
+    assert (row["lost"], row["lost_allowed"], row["stranded"], row["stuck"]) == (1, 2, 1, 5)
+    assert row["lost_in_logs"] == 3 == row["lost"] + row["lost_allowed"]
+    assert row["published"] == 45 and row["confirmed"] == 40
+    assert row["longest_gap_s"] == pytest.approx(v["longest_gap_s"])
+    assert row["recovery_s"] == pytest.approx(max(r["first_delivery_after_s"] for r in v["recovery"]))
+    assert row["replay"] == v["replay"] == "warren-bench chaos --seed 4242 --kinds kill --faults 1 --replay"
+    md = (results / "report" / "report.md").read_text()
+    assert "## Chaos" in md and "1 chaos schedule(s), 1 with a failed verdict" in md and v["replay"] in md
+    assert md.index("## Failover") < md.index("## Chaos") < md.index("## Charts")
+    chaos_csv = (results / "report" / "chaos.csv").read_text().splitlines()
+    assert chaos_csv[0].startswith("run_id,scenario,target,seed,kinds,ok,") and len(chaos_csv) == 2
+
+
 def test_a_run_folder_without_optional_files(bare):
     root, res, dest = bare
     assert dest == to_uri(str(root / "out"))
@@ -375,7 +426,7 @@ def test_a_run_folder_without_optional_files(bare):
     assert s["lost"] == 1 and s["deliveries"] == 99
     assert s["deliver_per_s"] == pytest.approx(99 / 2.0)  # from the lines: no intervals.jsonl
     assert s["faults"] == 0 and s["max_gap_s"] is None
-    for table in ("faults", "sync", "compare", "throughput_timeseries", "failover_timeseries"):
+    for table in ("faults", "sync", "compare", "throughput_timeseries", "failover_timeseries", "chaos"):
         assert res.tables[table] == [], table
     assert res.runs == []
     md = (root / "out" / "report.md").read_text()

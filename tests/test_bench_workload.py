@@ -79,3 +79,14 @@ def test_bad_yaml_names_the_file(tmp_path):
 @pytest.mark.parametrize("path", sorted(WORKLOAD_DIR.glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_workloads_load(path):
     assert load(path)
+
+
+def test_chaos_field_defaults_checks_and_the_shipped_suite():
+    [sc] = parse({"name": "c", "chaos": {"schedules": 3, "kinds": ["kill", "pause"], "faults": "2-3"}})
+    assert sc.chaos == {"schedules": 3, "seed": 1, "kinds": ["kill", "pause"], "faults": [2, 3],
+                        "scale": 1.0, "net_ticktime": 3.0, "rate": None}
+    assert "chaos.kinds: must be fault kinds" in error_of({"name": "c", "chaos": {"kinds": ["meteor"]}})
+    assert "chaos: unknown key 'when'" in error_of({"name": "c", "chaos": {"when": 1}})
+    assert "chaos.faults: must be N or MIN-MAX" in error_of({"name": "c", "chaos": {"faults": "3-1"}})
+    [shipped] = load(WORKLOAD_DIR / "chaos.yaml")
+    assert shipped.chaos["schedules"] == 10 and shipped.chaos["seed"] == 1

@@ -3,8 +3,10 @@
 Each test starts its own 3-node cluster (n1 leads every queue: it is declared by a client on n1,
 client-local placement) with a short net_ticktime, runs a publisher with confirms and a consumer
 with manual acks, and then breaks a node for real: `kill -9`, SIGSTOP/SIGCONT or `stop_app`.
-Every body starts with an 8-byte big-endian id; afterwards every confirmed id must have been
-delivered (duplicates and redeliveries are allowed and counted).
+Every body starts with an 8-byte big-endian id; afterwards the chaos checker
+(bench/chaos/checker.py) judges by id: every confirmed id delivered, every repeat flagged
+`redelivered`, repeats only for what was unacknowledged when the node failed, and the ids the
+consumer held back unacknowledged redelivered after a failover.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 import trio
 from cluster_procs import ProcessCluster
 
+from bench.chaos.checker import Delivery, History, Publish, check
 from broker.client import aio
 from broker.client.errors import ChannelClosedByBroker
 
@@ -28,6 +31,8 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
 TICK = 3.0  # net_ticktime of every node, seconds
 PAD = b"x" * 120
+GAP_LIMIT = 0.2  # s: README measures 69 ms for kill -9 of the leader; issue 10 asks < 100 ms p99
+HOLD = frozenset(range(1, 6))  # ids the consumers leave unacknowledged until they come back
 
 
 @pytest.fixture
@@ -83,12 +88,6 @@ def wait_row(c: ProcessCluster, on: str, q: str, pred, timeout: float = 10.0) ->
     raise AssertionError(f"list_queues on {on} never satisfied the condition; last row {row}")
 
 
-def drop(conn: aio.Connection) -> None:
-    """Drop the connection without the graceful close (see test_client_reconnect.drop)."""
-    conn.closing = True
-    conn._nursery.cancel_scope.cancel()
-
-
 async def ctl(c: ProcessCluster, fn, *args):
     return await trio.to_thread.run_sync(fn, *args)
 
@@ -96,8 +95,10 @@ async def ctl(c: ProcessCluster, fn, *args):
 class Publisher:
     """Publishes ids 1, 2, ... at about `rate` msgs/s with confirms; records every confirm."""
 
-    def __init__(self, c: ProcessCluster, node: str, queue: str, rate: int = 2000):
+    def __init__(self, c: ProcessCluster, node: str, queue: str, rate: int = 2000,
+                 reconnect_to: tuple[str, ...] = ()):
         self.c, self.node, self.queue, self.rate = c, node, queue, rate
+        self.reconnect_to = reconnect_to  # other nodes to reconnect to (none: no reconnection)
         self.next_id = 1
         self.confirmed: set[int] = set()
         self.confirm_times: list[tuple[float, int]] = []  # (time, how many ids confirmed)
@@ -114,7 +115,8 @@ class Publisher:
             self.nacked.append((first, last, reason))
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with aio.open_connection([self.c.client_addr(self.node)], reconnect=False) as conn:
+        nodes = [self.c.client_addr(n) for n in (self.node, *self.reconnect_to)]
+        async with aio.open_connection(nodes, reconnect=bool(self.reconnect_to)) as conn:
             self.conn = conn
             ch = await conn.channel()
             await ch.confirm_delivery()
@@ -123,14 +125,17 @@ class Publisher:
             task_status.started()
             burst = max(1, self.rate // 200)
             while not self.stop.is_set():
+                if not conn.connected.is_set():  # publish only while connected
+                    await trio.sleep(0.01)
+                    continue
                 for _ in range(burst):
                     seq = await ch.basic_publish("", self.queue, body(self.next_id))
                     assert seq == self.next_id
                     self.next_id += 1
                 await trio.sleep(0.005)
-            await ch.wait_for_confirms(timeout=15)
+            with trio.move_on_after(15):
+                await ch.wait_for_confirms()
             self.done.set()
-            drop(conn)
 
     @property
     def published(self) -> int:
@@ -141,13 +146,14 @@ class Publisher:
 
 
 class Consumer:
-    """Consumes with manual acks (one per message, or `multiple` every `ack_every` messages, so
-    that some deliveries are unacknowledged when a node fails); records (time, id, redelivered)."""
+    """Consumes with manual acks, one per message, except the ids in `hold`: those stay
+    unacknowledged until they come back redelivered (after a failover), so a failover always
+    has unacknowledged messages to requeue; records (time, id, redelivered)."""
 
     def __init__(self, c: ProcessCluster, node: str, queue: str, prefetch: int = 200,
-                 ack_every: int = 1):
+                 hold: frozenset = frozenset()):
         self.c, self.node, self.queue, self.prefetch = c, node, queue, prefetch
-        self.ack_every = ack_every
+        self.hold = hold
         self.deliveries: list[tuple[float, int, bool]] = []
         self.ids: set[int] = set()
         self.changed = trio.Event()
@@ -163,8 +169,8 @@ class Consumer:
                 i = msg_id(msg.body)
                 self.deliveries.append((trio.current_time(), i, msg.redelivered))
                 self.ids.add(i)
-                if len(self.deliveries) % self.ack_every == 0:
-                    ch.basic_ack(msg.delivery_tag, multiple=self.ack_every > 1)
+                if i not in self.hold or msg.redelivered:
+                    ch.basic_ack(msg.delivery_tag)
                 if len(self.deliveries) % 64 == 0:
                     self.changed.set()
                     self.changed = trio.Event()
@@ -193,11 +199,33 @@ class Consumer:
         return best, resume
 
 
+def judge(pub: Publisher, con: Consumer, unacked: int, what: str) -> str:
+    """The checker's verdict on one publisher and one consumer, by id, plus the failover's own
+    rules: repeats only for what could be unacknowledged when the node failed (`unacked`: the
+    held ids and the prefetch window), and the held ids back with `redelivered`. Returns the
+    summary line; fails with the checker's reasons."""
+    nacked = {i for a, b, _ in pub.nacked for i in range(a, b + 1)}
+    h = History(
+        publishes=[Publish(i, 0, pub.node, 0.0, "ack" if i in pub.confirmed else "nack" if i in nacked else None,
+                           0.0 if i in pub.confirmed or i in nacked else None, queue=pub.queue)
+                   for i in range(1, pub.next_id)],
+        deliveries=[Delivery(i, 0, con.node, t, red, pub.queue) for t, i, red in con.deliveries])
+    v = check(h)
+    line = f"{what}: {v.line()}"
+    print(line)
+    assert v.lost == 0, f"{line}\nconfirmed but never delivered: {v.lost_ids}"
+    assert v.duplicates_unflagged == 0, f"{line}\nrepeated without redelivered: {v.duplicate_ids_unflagged}"
+    assert v.stuck == 0 and v.phantom == 0, f"{line}\n{v.reasons}"
+    assert v.duplicates <= unacked, f"{line}\n{v.duplicates} ids repeated; at most {unacked} were unacknowledged"
+    back = {i for _, i, red in con.deliveries if red}
+    assert con.hold <= back, f"{line}\nheld back unacknowledged but never redelivered: {sorted(con.hold - back)}"
+    return line
+
+
 async def declare(c: ProcessCluster, node: str, q: str) -> None:
     async with aio.open_connection([c.client_addr(node)], reconnect=False) as conn:
         ch = await conn.channel()
         await ch.queue_declare(q, durable=True)
-        drop(conn)
 
 
 def mirrored_all_synced(c: ProcessCluster, q: str, definition: str) -> dict:
@@ -219,7 +247,7 @@ def test_kill9_of_leader_under_load_promotes_oldest_mirror_and_loses_no_confirme
         row = await ctl(c, mirrored_all_synced, c, q, '{"ha-mode":"all"}')
         oldest = pid_node(row["mirror_pids"][0])
 
-        pub, con = Publisher(c, "n2", q), Consumer(c, "n3", q, ack_every=50)
+        pub, con = Publisher(c, "n2", q), Consumer(c, "n3", q, hold=HOLD)
         async with trio.open_nursery() as n:
             await n.start(con.run)
             await n.start(pub.run)
@@ -253,8 +281,9 @@ def test_kill9_of_leader_under_load_promotes_oldest_mirror_and_loses_no_confirme
         assert con.conn.reconnects == 0 and pub.conn.reconnects == 0
         assert pub.nacked == []
         assert len(pub.confirmed) == pub.published > 1000
-        assert s["lost"] == 0, sorted(pub.confirmed - con.ids)[:20]
-        assert gap < 0.5, f"delivery gap {gap:.3f} s around the kill"
+        judge(pub, con, len(HOLD) + con.prefetch, "kill -9 of leader n1")
+        assert gap < GAP_LIMIT, (f"delivery gap {gap * 1000:.0f} ms around the kill (README: 69 ms; "
+                                 f"limit {GAP_LIMIT * 1000:.0f} ms)")
 
     trio.run(main)
 
@@ -271,11 +300,12 @@ def test_sigstop_of_mirror_holds_confirms_until_net_ticktime_then_it_rejoins_uns
             await n.start(pub.run)
             await trio.sleep(0.7)
             t_stop = trio.current_time()
+            at_stop = pub.next_id
             c.sigstop("n3")
             await trio.sleep(TICK * 1.25 + 1.5)
             resumed = [t for t, _ in pub.confirm_times if t > t_stop + 0.3]
             held = pub.confirms_between(t_stop + 0.3, t_stop + 0.8 * TICK)
-            during = pub.next_id
+            during = pub.next_id - at_stop
             row_down = await ctl(c, queue_row, c, "n1", q)
             pub.stop.set()
             with trio.fail_after(15):
@@ -293,7 +323,9 @@ def test_sigstop_of_mirror_holds_confirms_until_net_ticktime_then_it_rejoins_uns
         assert len(pub.confirmed) == pub.published
         assert pid_node(row_down["pid"]) == "n1"
         assert [pid_node(p) for p in row_down["mirror_pids"]] == ["n2"], row_down
-        assert during > 1  # the publisher was not blocked from sending, only its confirms held
+        # the publisher was not blocked from sending, only its confirms held: it went on at
+        # about its 2,000 msgs/s (far below the 20,000 messages of credit) for TICK * 1.25 + 1.5 s
+        assert during > 0.5 * pub.rate * (TICK * 1.25 + 1.5), during
 
         # SIGCONT: n3 rejoins and becomes a new mirror, unsynchronised while the queue holds
         # messages it never received
@@ -327,7 +359,7 @@ def test_stop_app_of_leader_under_load_promotes_a_synchronised_mirror(cluster):
                         '{"ha-mode":"all","ha-promote-on-shutdown":"when-synced"}')
         oldest = pid_node(row["mirror_pids"][0])
 
-        pub, con = Publisher(c, "n2", q), Consumer(c, "n3", q)
+        pub, con = Publisher(c, "n2", q), Consumer(c, "n3", q, hold=HOLD)
         async with trio.open_nursery() as n:
             await n.start(con.run)
             await n.start(pub.run)
@@ -353,7 +385,50 @@ def test_stop_app_of_leader_under_load_promotes_a_synchronised_mirror(cluster):
         assert con.conn.reconnects == 0 and pub.conn.reconnects == 0
         assert pub.nacked == []
         assert len(pub.confirmed) == pub.published > 1000
-        assert s["lost"] == 0, sorted(pub.confirmed - con.ids)[:20]
+        judge(pub, con, len(HOLD) + con.prefetch, "stop_app of leader n1")
+        # a controlled stop hands the queue over before the node goes: no longer a pause than a
+        # crash's failover
+        assert gap < GAP_LIMIT, f"delivery gap {gap * 1000:.0f} ms around stop_app (limit {GAP_LIMIT * 1000:.0f} ms)"
+
+    trio.run(main)
+
+
+def test_kill9_of_the_leader_the_publisher_is_connected_to_with_confirms_in_flight(cluster):
+    """The publisher's own node is the leader that dies: the publishes in flight are reported
+    as nacks ("connection lost") by the client, which reconnects to another node and goes on;
+    every publish is answered, nothing confirmed is lost, and the consumer's unacknowledged
+    messages come back redelivered."""
+    c, q = cluster, "ha-pubdies"
+
+    async def main():
+        await declare(c, "n1", q)
+        await ctl(c, mirrored_all_synced, c, q, '{"ha-mode":"all"}')
+        pub = Publisher(c, "n1", q, reconnect_to=("n2", "n3"))
+        con = Consumer(c, "n3", q, hold=HOLD)
+        async with trio.open_nursery() as n:
+            await n.start(con.run)
+            await n.start(pub.run)
+            await trio.sleep(1.0)
+            before = pub.next_id
+            await ctl(c, c.kill9, "n1")
+            await trio.sleep(2.0)
+            pub.stop.set()
+            with trio.fail_after(30):
+                await pub.done.wait()
+            await con.wait_for(pub.confirmed, 10)
+            n.cancel_scope.cancel()
+
+        lost_with_conn = sorted(i for a, b, r in pub.nacked if r == "connection lost" for i in range(a, b + 1))
+        print(f"\npublisher on the killed leader: published={pub.published} confirmed={len(pub.confirmed)} "
+              f"nacked with the connection={len(lost_with_conn)} reconnects={pub.conn.reconnects}")
+        assert pub.conn.reconnects >= 1
+        assert lost_with_conn and all(i < before + 2000 for i in lost_with_conn)
+        after_kill = [i for i in pub.confirmed if i > (lost_with_conn[-1] if lost_with_conn else before)]
+        assert len(after_kill) > 1000, "confirms did not resume after the reconnection"
+        answered = pub.confirmed | set(lost_with_conn) | {i for a, b, _ in pub.nacked for i in range(a, b + 1)}
+        unanswered = sorted(set(range(1, pub.next_id)) - answered)
+        assert not unanswered, f"{len(unanswered)} publishes never answered, e.g. {unanswered[:10]}"
+        judge(pub, con, len(HOLD) + con.prefetch, "kill -9 of the publisher's node (the leader)")
 
     trio.run(main)
 
@@ -370,7 +445,6 @@ def test_kill9_of_leader_with_only_unsynchronised_mirrors_and_promote_on_failure
             for i in range(1, 101):
                 await ch.basic_publish("", q, body(i))
             assert await ch.wait_for_confirms(timeout=10)
-            drop(conn)
         # the mirrors start empty: unsynchronised while the 100 messages sit in the queue
         await ctl(c, c.ctl_ok, "n1", "set_policy", "ha-nopromo", f"^{q}$",
                   '{"ha-mode":"all","ha-promote-on-failure":"when-synced"}')
@@ -409,7 +483,6 @@ def test_kill9_of_leader_with_only_unsynchronised_mirrors_and_promote_on_failure
             await ch.basic_publish("", q, body(1000))
             with trio.move_on_after(5):
                 await ch.wait_for_confirms()
-            drop(conn)
         print(f"\noperations on {q} with its leader killed and no synchronised mirror: {errors}; "
               f"publish: {reasons}")
         for op, code, text in errors:

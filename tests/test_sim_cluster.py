@@ -208,8 +208,23 @@ async def test_killed_node_restarts_and_rejoins(tmp_path, autojump_clock):
 
 
 async def test_join_without_persistence_is_kept(tmp_path, autojump_clock):
+    """Nodes without a data dir (persist=False) keep what join_cluster took: one cluster of three
+    with one metadata, and a queue declared on one node is known and served on the others."""
     async with sim_cluster(tmp_path) as c:
-        assert all(list(n.md.members) == ["n1", "n2", "n3"] for n in c.nodes.values())
+        for name, node in c.nodes.items():
+            assert node.running == {"n1", "n2", "n3"}, name
+            assert list(node.md.members) == ["n1", "n2", "n3"], name
+            assert not node.persist and not node.cluster._path.exists(), name
+        assert len({(n.md.version, n.md.digest(), n.md.cluster_name) for n in c.nodes.values()}) == 1
+        async with c.connect("n1") as c1, c.connect("n3") as c3:
+            ch1, ch3 = await c1.channel(), await c3.channel()
+            await ch1.queue_declare("kept", durable=True)
+            await c.wait_for(lambda: all("kept" in n.md.queues for n in c.nodes.values()), timeout=10)
+            await ch1.confirm_delivery()
+            ch1.publish_nowait("kept", b"m")
+            assert await ch1.wait_for_confirms(timeout=10)
+            got = await ch3.basic_get("kept", auto_ack=True)
+            assert got is not None and got.body == b"m"
 
 
 async def test_publishes_lost_with_their_connection_are_nacked_by_the_client(tmp_path, autojump_clock):

@@ -38,6 +38,9 @@ Definitions (see also bench/LOGS.md):
   sync_done's ``seconds`` when it has them, else by the time from the sync's start (its
   sync_queue action, else the first progress line) to sync_done; also the mean and peak of the
   reported ``rate_msgs`` (null rates, before every mirror is synchronised, are left out).
+- chaos (scenarios written by `warren-bench chaos`, bench/chaos): one row per schedule from its
+  verdict.json (the checker's lost, lost_allowed, duplicates, stranded, stuck, longest gap and
+  recovery), with this job's own lost count from the message lines beside it.
 """
 
 from __future__ import annotations
@@ -117,6 +120,14 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("node", "STRING"),
         ("connections", "LONG"), ("opened", "LONG"), ("rss_before_mib", "DOUBLE"),
         ("rss_held_mib", "DOUBLE"), ("rss_after_mib", "DOUBLE"), ("kib_per_connection", "DOUBLE"),
+    ],
+    "chaos": [
+        ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("seed", "LONG"),
+        ("kinds", "STRING"), ("ok", "BOOLEAN"), ("published", "LONG"), ("confirmed", "LONG"),
+        ("lost", "LONG"), ("lost_allowed", "LONG"), ("lost_in_logs", "LONG"), ("duplicates", "LONG"),
+        ("duplicates_unflagged", "LONG"), ("stranded", "LONG"), ("stranded_consumers", "LONG"),
+        ("stuck", "LONG"), ("anomalies", "LONG"), ("longest_gap_s", "DOUBLE"), ("recovery_s", "DOUBLE"),
+        ("replay", "STRING"),
     ],
     "compare": [
         ("run_id", "STRING"), ("scenario", "STRING"), ("warren_target", "STRING"),
@@ -631,6 +642,8 @@ def analyse(spark, input_path: str) -> Results:
             "confirm_p99_ratio": ratio(w["confirm_p99_ms"], r["confirm_p99_ms"]),
         })
 
+    chaos = _chaos(spark, base, by_key)
+
     notes = []
     if any(s["sampled"] for s in summary):
         notes.append("Sampled scenarios: throughput comes from intervals.jsonl (every message); latency, "
@@ -641,9 +654,35 @@ def analyse(spark, input_path: str) -> Results:
             for k, m in sorted(metas.items()) if m.get("idle")]
     tables = {"summary": summary, "latency": latency_rows, "throughput_timeseries": series_rows,
               "failover_timeseries": fine, "faults": faults_out, "sync": sync_out, "idle": idle,
-              "compare": compare}
+              "compare": compare, "chaos": chaos}
     return Results(tables={name: [_shape(name, row) for row in rows] for name, rows in tables.items()},
                    runs=_runs(spark, base), input=base, notes=notes)
+
+
+def _chaos(spark, base: str, summary_by_key: dict) -> list[dict]:
+    """One row per chaos schedule from its verdict.json (bench/chaos wrote the checker's
+    verdict there); `lost_in_logs` is this job's own count from the message lines (confirmed,
+    never delivered: the checker's lost plus lost_allowed)."""
+    out = []
+    for path, text in _read_whole(spark, base, _relative("verdict.json")):
+        key = tuple(path.rstrip("/").split("/")[-4:-1])
+        try:
+            v = json.loads(text)
+        except ValueError:
+            continue
+        rec = [r.get("first_delivery_after_s") for r in v.get("recovery") or []]
+        rec = [x for x in rec if x is not None]
+        out.append({"run_id": key[0], "scenario": key[1], "target": key[2], "seed": v.get("seed"),
+                    "kinds": ",".join(v.get("kinds") or []), "ok": v.get("ok"),
+                    "published": v.get("published"), "confirmed": v.get("confirmed"),
+                    "lost": v.get("lost"), "lost_allowed": sum((v.get("lost_allowed") or {}).values()),
+                    "lost_in_logs": (summary_by_key.get(key) or {}).get("lost"),
+                    "duplicates": v.get("duplicates"), "duplicates_unflagged": v.get("duplicates_unflagged"),
+                    "stranded": v.get("stranded"), "stranded_consumers": len(v.get("stranded_consumers") or []),
+                    "stuck": v.get("stuck"), "anomalies": len(v.get("anomalies") or []),
+                    "longest_gap_s": v.get("longest_gap_s"), "recovery_s": max(rec) if rec else None,
+                    "replay": v.get("replay")})
+    return sorted(out, key=lambda r: (r["run_id"], r["seed"] if r["seed"] is not None else -1, r["scenario"]))
 
 
 def _shape(table: str, row: dict) -> dict:

@@ -291,6 +291,25 @@ def blocks(res: Results, charts: dict[str, list[tuple[str, str]]]) -> list[tuple
     else:
         out.append(("p", "No fault actions in these logs."))
 
+    if t.get("chaos"):
+        bad = [c for c in t["chaos"] if not c["ok"]]
+        out.append(("h2", "Chaos"))
+        out.append(("p", (f"{len(t['chaos'])} chaos schedule(s), {len(bad)} with a failed verdict. "
+                          "lost: confirmed and never delivered where the spec does not allow it "
+                          "(lost allowed: where it does); stranded: first delivered to a second, "
+                          "fresh consumer; stuck: publishes never confirmed nor nacked on a live "
+                          "connection; gap: longest time without a delivery while messages waited; "
+                          "recovery: longest time from a fault to the next delivery. Each row's "
+                          "replay command runs the schedule again.")))
+        out.append(_table(
+            ["run", "seed", "kinds", "verdict", "published", "confirmed", "lost", "lost allowed",
+             "lost (logs)", "dup unflagged", "stranded", "stuck", "anomalies", "gap s", "recovery s",
+             "replay"],
+            [[c["run_id"], str(c["seed"]), c["kinds"], "OK" if c["ok"] else "FAIL", c["published"],
+              c["confirmed"], c["lost"], c["lost_allowed"], c["lost_in_logs"],
+              c["duplicates_unflagged"], c["stranded"], c["stuck"], c["anomalies"],
+              c["longest_gap_s"], c["recovery_s"], c["replay"]] for c in t["chaos"]]))
+
     if t["sync"]:
         out.append(("h2", "Sync"))
         out.append(_table(
@@ -320,7 +339,7 @@ def blocks(res: Results, charts: dict[str, list[tuple[str, str]]]) -> list[tuple
     out.append(("p", (f"Throughput charts: messages per second in 1 s buckets, and in {FINE_BUCKET:g} s "
                       "buckets (shaded) around each fault, where a sub-second outage shows.")))
     out.append(("p", ("Tables: summary, latency, throughput_timeseries, failover_timeseries, faults, "
-                      "sync, idle, compare, each as NAME.csv and NAME.parquet beside this report.")))
+                      "sync, idle, compare, chaos, each as NAME.csv and NAME.parquet beside this report.")))
     return out
 
 

@@ -1,0 +1,453 @@
+"""A Jepsen-style checker for a total queue: what happened to every message of one chaos run.
+
+This module owns the *history* (what a driver records while clients run and faults happen) and
+the *verdict* (what the checker concludes from it). It is pure: no I/O, no clock, no trio, so the
+real-process driver (bench/chaos/real.py) and a deterministic simulation driver can both record
+the same plain dataclasses and reuse `check` unchanged. Times are floats in any one clock.
+
+The history
+-----------
+- `Publish`: one per message a publisher handed to the client: id, publisher index, the node its
+  connection was on, `t_pub`, the outcome ("ack", "nack" or None when no answer came), `t_conf`
+  and the nack reason (the client reports publishes lost with a connection as nacks with reason
+  "connection lost").
+- `Delivery`: one per delivery received by a consumer (a redelivery is another one): id,
+  consumer index, node, time, the `redelivered` flag.
+- `Subscription`: when a consumer was subscribed to a queue (`t_end` None: until the end).
+- `Fault`: one per fault action: time, kind, target, detail, `t_end` (when it was undone: the
+  node back, the partition healed) and `loss_allowed`: None, or why the spec allows losing the
+  messages confirmed before `t_end` (see `spec_allows_loss`).
+- `Phase`: markers "load" (clients start), "heal" (every fault undone), "publish_end" (the
+  publishers stopped), "drain1" (the consumers that ran through the faults drain what is left),
+  "drain1_end" (they stop), "drain2" (a second, fresh consumer looks for anything the first
+  drain did not get), "end".
+- `Disconnect`: a client connection broke (publishes in flight on it may be unanswered for good).
+- `anomalies`: what the driver saw the cluster do wrong that the messages cannot show (a wait
+  for recovery that ran out, a queue left without a leader); each one fails the verdict.
+
+The rules
+---------
+- lost = confirmed (ack) and never delivered. Lost is allowed only where a fault says the spec
+  allows it and the message was confirmed before that fault ended (`lost_allowed`, by reason);
+  every other lost message is a bug. Unconfirmed and nacked publishes may be lost: counted apart.
+- duplicates = ids delivered more than once; fine when every delivery after the first carried
+  `redelivered`, a bug otherwise.
+- stranded messages = first delivered during the second drain although the first drain had a
+  consumer subscribed to their queue the whole time: a bug even though nothing is lost.
+- stranded consumers = a subscribed consumer received nothing for longer than `stranded_after`
+  while confirmed messages of its queue waited (published and not yet delivered to anyone),
+  not counting the time from each fault until `recovery_grace` after it ended.
+- stuck publishes = no ack and no nack by the end although the publisher's connection never
+  broke after the publish: a bug.
+- phantom deliveries = ids nobody published: a bug.
+- measures (not judged): the longest time without a delivery while published messages waited
+  (published, not yet delivered), and for every fault the time from it to the first delivery
+  after it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import asdict, dataclass, field
+
+# --- the history -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Publish:
+    id: int
+    publisher: int
+    node: str | None
+    t_pub: float
+    outcome: str | None = None  # "ack" | "nack" | None (no answer)
+    t_conf: float | None = None
+    reason: str = ""  # the nack's reason
+    queue: str = ""
+
+
+@dataclass(slots=True)
+class Delivery:
+    id: int
+    consumer: int
+    node: str | None
+    t: float
+    redelivered: bool
+    queue: str = ""
+
+
+@dataclass(slots=True)
+class Subscription:
+    consumer: int
+    queue: str
+    t_start: float
+    t_end: float | None = None  # None: subscribed until the end of the history
+
+
+@dataclass
+class Fault:
+    t: float
+    kind: str
+    target: str | None = None
+    detail: dict = field(default_factory=dict)
+    t_end: float | None = None  # when the fault was undone (None: an instant action)
+    loss_allowed: str | None = None  # why the spec allows losing what was confirmed before t_end
+
+
+@dataclass(slots=True)
+class Phase:
+    t: float
+    name: str  # load | heal | publish_end | drain1 | drain2 | end
+
+
+@dataclass(slots=True)
+class Disconnect:
+    t: float
+    role: str  # "publisher" | "consumer"
+    index: int
+    node: str | None = None
+    reason: str = ""
+
+
+@dataclass
+class History:
+    publishes: list[Publish] = field(default_factory=list)
+    deliveries: list[Delivery] = field(default_factory=list)
+    subscriptions: list[Subscription] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)
+    disconnects: list[Disconnect] = field(default_factory=list)
+    anomalies: list[str] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def phase(self, name: str) -> float | None:
+        """The time of the first marker called `name`, or None."""
+        for p in self.phases:
+            if p.name == name:
+                return p.t
+        return None
+
+    @property
+    def end(self) -> float:
+        t = self.phase("end")
+        if t is not None:
+            return t
+        times = [p.t for p in self.phases] + [d.t for d in self.deliveries] + \
+                [p.t_pub for p in self.publishes]
+        return max(times, default=0.0)
+
+
+# --- the spec's loss rule ----------------------------------------------------------------------
+
+def spec_allows_loss(leader: str | None, mirrors: list[str], synced: list[str] | set[str],
+                     down: set[str], how: str, promote_on_failure: str = "always",
+                     promote_on_shutdown: str = "when-synced") -> str | None:
+    """Whether the spec allows a queue to lose confirmed messages when the nodes in `down` go
+    away, and why; None when it does not.
+
+    `leader`, `mirrors` (oldest first) and `synced` are the queue's replicas just before the
+    fault; `how` is how the leader's node goes away: "crash" (kill -9: its replica is gone),
+    "shutdown" (stop_app, SIGTERM: a controlled stop, its replica is gone too, the broker is
+    in-memory) or "isolated" (SIGSTOP, a partition: it comes back with its contents).
+
+    The spec promotes the oldest surviving mirror allowed by the promote keys (an unsynchronised
+    one only with ha-promote-on-failure "always" and, on a controlled stop, also
+    ha-promote-on-shutdown "always"). Loss is allowed when that mirror is unsynchronised, or when
+    no mirror may be promoted and the leader's replica does not come back with its contents.
+    """
+    if leader is None or leader not in down:
+        return None  # the leader survives: nothing may be lost
+    synced = set(synced)
+    survivors = [m for m in mirrors if m not in down and m != leader]
+    unsynced_ok = promote_on_failure == "always" and (how != "shutdown" or promote_on_shutdown == "always")
+    chosen = next((m for m in survivors if unsynced_ok or m in synced), None)
+    if chosen is not None:
+        if chosen in synced:
+            return None
+        return (f"unsynchronised mirror on {chosen} promoted (ha-promote-on-failure "
+                f"{promote_on_failure}, ha-promote-on-shutdown {promote_on_shutdown})")
+    if how == "isolated":
+        return None  # nobody promoted: the leader comes back with its messages
+    if not survivors:
+        return "every replica of the queue was killed or stopped (in-memory: their contents are gone)"
+    return (f"no synchronised mirror survived and none may be promoted; the leader's node restarts "
+            f"empty (in-memory) after {'a controlled stop' if how == 'shutdown' else 'a crash'}")
+
+
+# --- the verdict -------------------------------------------------------------------------------
+
+@dataclass
+class Verdict:
+    ok: bool
+    reasons: list[str]
+    published: int
+    confirmed: int
+    nacked: int
+    unconfirmed: int
+    deliveries: int
+    delivered: int
+    lost: int
+    lost_ids: list[int]
+    lost_allowed: dict[str, int]
+    lost_unconfirmed: int  # nacked or unanswered publishes never delivered (allowed)
+    duplicates: int
+    duplicates_redelivered: int
+    duplicates_unflagged: int
+    duplicate_ids_unflagged: list[int]
+    redelivered: int
+    stranded: int
+    stranded_ids: list[int]
+    stranded_consumers: list[dict]
+    stuck: int
+    stuck_by_publisher: dict[int, int]
+    phantom: int
+    longest_gap_s: float | None
+    longest_gap_at: float | None
+    recovery: list[dict]
+    anomalies: list[str]
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["stuck_by_publisher"] = {str(k): v for k, v in self.stuck_by_publisher.items()}
+        return d
+
+    def line(self) -> str:
+        """One line: OK/FAIL and the numbers that matter."""
+        allowed = sum(self.lost_allowed.values())
+        gap = "-" if self.longest_gap_s is None else f"{self.longest_gap_s * 1000:.0f} ms"
+        rec = [r["first_delivery_after_s"] for r in self.recovery if r["first_delivery_after_s"] is not None]
+        return (f"{'OK  ' if self.ok else 'FAIL'} published {self.published:,} confirmed {self.confirmed:,} "
+                f"nacked {self.nacked:,} unconfirmed {self.unconfirmed:,} delivered {self.delivered:,} | "
+                f"lost {self.lost:,} (allowed {allowed:,}) dup {self.duplicates:,} "
+                f"(unflagged {self.duplicates_unflagged:,}) stranded {self.stranded:,}"
+                f"{'+' + str(len(self.stranded_consumers)) + ' consumer(s)' if self.stranded_consumers else ''} "
+                f"stuck {self.stuck:,} | longest gap {gap}, recovery "
+                f"{'-' if not rec else f'{max(rec):.2f} s'}")
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _clip(merged: list[tuple[float, float]], starts: list[float], a: float, b: float) -> list[tuple[float, float]]:
+    """The parts of the merged intervals inside (a, b)."""
+    out = []
+    i = max(0, bisect.bisect_right(starts, a) - 1)
+    while i < len(merged) and merged[i][0] < b:
+        x, y = merged[i]
+        lo, hi = max(a, x), min(b, y)
+        if hi > lo:
+            out.append((lo, hi))
+        i += 1
+    return out
+
+
+def _subtract(parts: list[tuple[float, float]], holes: list[tuple[float, float]],
+              hole_starts: list[float]) -> list[tuple[float, float]]:
+    out = []
+    for a, b in parts:
+        cur = a
+        for x, y in _clip(holes, hole_starts, a, b):
+            if x > cur:
+                out.append((cur, x))
+            cur = max(cur, y)
+        if b > cur:
+            out.append((cur, b))
+    return out
+
+
+def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.0,
+          sample: int = 20) -> Verdict:
+    """Judge one history (see the module's docstring for the rules)."""
+    reasons: list[str] = []
+    end = h.end
+    pubs: dict[int, Publish] = {}
+    for p in h.publishes:
+        pubs[p.id] = p
+    published = len(pubs)
+    confirmed_ids = [i for i, p in pubs.items() if p.outcome == "ack"]
+    nacked = sum(1 for p in pubs.values() if p.outcome == "nack")
+    unanswered = [p for p in pubs.values() if p.outcome is None]
+
+    # first delivery time of each id, repeats, phantoms
+    deliveries = sorted(h.deliveries, key=lambda d: d.t)
+    first: dict[int, Delivery] = {}
+    repeats: dict[int, list[Delivery]] = {}
+    phantom = 0
+    for d in deliveries:
+        if d.id not in pubs:
+            phantom += 1
+        if d.id in first:
+            repeats.setdefault(d.id, []).append(d)
+        else:
+            first[d.id] = d
+    redelivered = sum(1 for d in deliveries if d.redelivered)
+
+    # lost, and which losses the spec allows
+    allowing = [f for f in h.faults if f.loss_allowed]
+    lost_allowed: dict[str, int] = {}
+    lost_bug: list[int] = []
+    for i in confirmed_ids:
+        if i in first:
+            continue
+        t_conf = pubs[i].t_conf
+        why = None
+        for f in allowing:
+            limit = f.t_end if f.t_end is not None else f.t
+            if t_conf is None or t_conf <= limit:
+                why = f"{f.kind}{' of ' + f.target if f.target else ''}: {f.loss_allowed}"
+                break
+        if why is None:
+            lost_bug.append(i)
+        else:
+            lost_allowed[why] = lost_allowed.get(why, 0) + 1
+    lost_bug.sort()
+    lost_unconfirmed = sum(1 for i, p in pubs.items() if p.outcome != "ack" and i not in first)
+    if lost_bug:
+        reasons.append(f"{len(lost_bug)} confirmed message(s) never delivered, e.g. ids {lost_bug[:5]}")
+
+    # duplicates
+    unflagged = sorted(i for i, reps in repeats.items() if not all(d.redelivered for d in reps))
+    if unflagged:
+        reasons.append(f"{len(unflagged)} id(s) delivered again without the redelivered flag, "
+                       f"e.g. {unflagged[:5]}")
+    if phantom:
+        reasons.append(f"{phantom} deliveries of ids nobody published")
+
+    # stranded messages: first seen in the second drain though a consumer ran through the first
+    t_d1, t_d2 = h.phase("drain1"), h.phase("drain2")
+    stranded_ids: list[int] = []
+    if t_d2 is not None:
+        stranded_ids = sorted(i for i, d in first.items() if d.t >= t_d2 and i in pubs)
+        if stranded_ids:
+            start = t_d1 if t_d1 is not None else t_d2
+            stop = h.phase("drain1_end") or t_d2
+            queues = {pubs[i].queue for i in stranded_ids}
+            through = [s for s in h.subscriptions if s.queue in queues and s.t_start <= start
+                       and (s.t_end is None or s.t_end >= stop)]
+            who = (f"consumer(s) {sorted({s.consumer for s in through})} were subscribed through the "
+                   f"first drain" if through else "no consumer stayed subscribed through the first drain")
+            reasons.append(f"{len(stranded_ids)} message(s) stranded: first delivered in the second "
+                           f"drain, though {who}; e.g. ids {stranded_ids[:5]}")
+
+    # stranded consumers: quiet while confirmed messages of their queue waited
+    waiting_by_queue: dict[str, list[tuple[float, float]]] = {}
+    for i, d in first.items():
+        p = pubs.get(i)
+        if p is None or p.outcome != "ack" or p.t_conf is None:
+            continue
+        waiting_by_queue.setdefault(p.queue, []).append((p.t_conf, d.t))
+    waiting = {q: _merge(v) for q, v in waiting_by_queue.items()}
+    excused = _merge([(f.t, (f.t_end if f.t_end is not None else f.t) + recovery_grace) for f in h.faults])
+    excused_starts = [a for a, _ in excused]
+    by_consumer: dict[int, list[float]] = {}
+    for d in deliveries:
+        by_consumer.setdefault(d.consumer, []).append(d.t)
+    stranded_consumers = []
+    for s in h.subscriptions:
+        w = waiting.get(s.queue)
+        if not w:
+            continue
+        w_starts = [a for a, _ in w]
+        s_end = s.t_end if s.t_end is not None else end
+        times = by_consumer.get(s.consumer, [])
+        lo = bisect.bisect_left(times, s.t_start)
+        hi = bisect.bisect_right(times, s_end)
+        marks = [s.t_start, *times[lo:hi], s_end]
+        worst = None
+        for a, b in zip(marks, marks[1:]):
+            if b - a <= stranded_after:
+                continue
+            for x, y in _subtract(_clip(w, w_starts, a, b), excused, excused_starts):
+                if y - x > stranded_after and (worst is None or y - x > worst[1] - worst[0]):
+                    worst = (x, y)
+        if worst is not None:
+            stranded_consumers.append({"consumer": s.consumer, "queue": s.queue, "from": worst[0],
+                                       "to": worst[1], "seconds": round(worst[1] - worst[0], 3)})
+    for sc in stranded_consumers:
+        reasons.append(f"consumer {sc['consumer']} received nothing for {sc['seconds']:.1f} s while "
+                       f"confirmed messages of {sc['queue'] or 'its queue'} waited")
+
+    # stuck publishes: unanswered though the connection never broke after the publish
+    breaks: dict[int, list[float]] = {}
+    for d in h.disconnects:
+        if d.role == "publisher":
+            breaks.setdefault(d.index, []).append(d.t)
+    for v in breaks.values():
+        v.sort()
+    stuck_by: dict[int, int] = {}
+    for p in unanswered:
+        b = breaks.get(p.publisher, [])
+        k = bisect.bisect_left(b, p.t_pub)
+        if k < len(b) and b[k] <= end:
+            continue  # its connection broke afterwards: the client gave up on it
+        stuck_by[p.publisher] = stuck_by.get(p.publisher, 0) + 1
+    stuck = sum(stuck_by.values())
+    if stuck:
+        reasons.append(f"{stuck} publish(es) never confirmed nor nacked while the connection stayed "
+                       f"up (by publisher: {dict(sorted(stuck_by.items()))})")
+
+    # measures: longest pause while messages waited (here from their publish: during a
+    # failover the confirms are late too), and recovery after each fault
+    all_waiting = _merge([(pubs[i].t_pub, d.t) for i, d in first.items() if i in pubs])
+    aw_starts = [a for a, _ in all_waiting]
+    t_load = h.phase("load")
+    times = [d.t for d in deliveries if t_load is None or d.t >= t_load]
+    gap, gap_at = None, None
+    for a, b in zip(times, times[1:]):
+        if gap is not None and b - a <= gap:
+            continue
+        for x, y in _clip(all_waiting, aw_starts, a, b):
+            if gap is None or y - x > gap:
+                gap, gap_at = y - x, x
+    all_times = [d.t for d in deliveries]
+    recovery = []
+    for k, f in enumerate(h.faults):
+        j = bisect.bisect_right(all_times, f.t)
+        after = all_times[j] - f.t if j < len(all_times) else None
+        recovery.append({"fault": k, "kind": f.kind, "target": f.target, "t": f.t,
+                         "first_delivery_after_s": None if after is None else round(after, 4)})
+
+    for a in h.anomalies:
+        reasons.append(f"anomaly: {a}")
+
+    ok = not reasons
+    return Verdict(
+        ok=ok, reasons=reasons, published=published, confirmed=len(confirmed_ids), nacked=nacked,
+        unconfirmed=len(unanswered), deliveries=len(deliveries), delivered=len(first),
+        lost=len(lost_bug), lost_ids=lost_bug[:sample], lost_allowed=lost_allowed,
+        lost_unconfirmed=lost_unconfirmed, duplicates=len(repeats),
+        duplicates_redelivered=len(repeats) - len(unflagged), duplicates_unflagged=len(unflagged),
+        duplicate_ids_unflagged=unflagged[:sample], redelivered=redelivered,
+        stranded=len(stranded_ids), stranded_ids=stranded_ids[:sample],
+        stranded_consumers=stranded_consumers, stuck=stuck, stuck_by_publisher=stuck_by,
+        phantom=phantom, longest_gap_s=None if gap is None else round(gap, 4),
+        longest_gap_at=gap_at, recovery=recovery, anomalies=list(h.anomalies))
+
+
+# --- plain data round trip (JSON lines, the simulation driver) ----------------------------------
+
+def history_to_dict(h: History) -> dict:
+    return {"publishes": [asdict(p) for p in h.publishes],
+            "deliveries": [asdict(d) for d in h.deliveries],
+            "subscriptions": [asdict(s) for s in h.subscriptions],
+            "faults": [asdict(f) for f in h.faults], "phases": [asdict(p) for p in h.phases],
+            "disconnects": [asdict(d) for d in h.disconnects], "anomalies": list(h.anomalies),
+            "meta": dict(h.meta)}
+
+
+def history_from_dict(d: dict) -> History:
+    return History(publishes=[Publish(**x) for x in d.get("publishes", ())],
+                   deliveries=[Delivery(**x) for x in d.get("deliveries", ())],
+                   subscriptions=[Subscription(**x) for x in d.get("subscriptions", ())],
+                   faults=[Fault(**x) for x in d.get("faults", ())],
+                   phases=[Phase(**x) for x in d.get("phases", ())],
+                   disconnects=[Disconnect(**x) for x in d.get("disconnects", ())],
+                   anomalies=list(d.get("anomalies", ())), meta=dict(d.get("meta", {})))

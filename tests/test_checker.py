@@ -1,0 +1,230 @@
+"""The chaos checker (bench/chaos/checker.py) on crafted histories: one test per rule, each
+built so that breaking the rule makes it fail (a clean history next to a broken one)."""
+
+from __future__ import annotations
+
+import json
+
+from bench.chaos.checker import (Delivery, Disconnect, Fault, History, Phase, Publish, Subscription,
+                                 check, history_from_dict, history_to_dict, spec_allows_loss)
+
+Q = "q"
+
+
+def pub(i, t, outcome="ack", t_conf=None, p=0, reason="", node="n1"):
+    return Publish(id=i, publisher=p, node=node, t_pub=t, outcome=outcome,
+                   t_conf=(t + 0.01 if t_conf is None and outcome else t_conf), reason=reason, queue=Q)
+
+
+def dlv(i, t, red=False, c=0, node="n2"):
+    return Delivery(id=i, consumer=c, node=node, t=t, redelivered=red, queue=Q)
+
+
+def steady(n=100, rate=100.0, start=1.0, lag=0.05):
+    """n messages published at `rate`/s from `start`, each delivered `lag` later."""
+    pubs = [pub(i, start + i / rate) for i in range(n)]
+    dels = [dlv(i, start + i / rate + lag) for i in range(n)]
+    return pubs, dels
+
+
+def history(pubs, dels, faults=(), end=None, subs=None, phases=None, disconnects=(), anomalies=()):
+    last = max([d.t for d in dels] + [p.t_pub for p in pubs] + [0.0])
+    end = end if end is not None else last + 1.0
+    return History(
+        publishes=list(pubs), deliveries=list(dels),
+        subscriptions=subs if subs is not None else [Subscription(0, Q, 0.5, end)],
+        faults=list(faults),
+        phases=phases if phases is not None else [Phase(0.5, "load"), Phase(end, "end")],
+        disconnects=list(disconnects), anomalies=list(anomalies))
+
+
+def test_clean_history_is_ok_and_counts_are_right():
+    pubs, dels = steady()
+    pubs.append(pub(100, 2.5, outcome="nack", reason="queue down"))
+    pubs.append(pub(101, 2.6, outcome=None))
+    v = check(history(pubs, dels, disconnects=[Disconnect(2.7, "publisher", 0, "n1", "killed")]))
+    assert v.ok, v.reasons
+    assert (v.published, v.confirmed, v.nacked, v.unconfirmed) == (102, 100, 1, 1)
+    assert (v.deliveries, v.delivered, v.lost, v.duplicates, v.stranded, v.stuck) == (100, 100, 0, 0, 0, 0)
+    assert v.lost_unconfirmed == 2  # the nacked and the unanswered one: allowed to be missing
+    assert v.longest_gap_s is not None and abs(v.longest_gap_s - 0.01) < 1e-6
+    assert "OK" in v.line()
+
+
+def test_a_confirmed_message_never_delivered_is_lost():
+    pubs, dels = steady()
+    del dels[40]
+    v = check(history(pubs, dels))
+    assert not v.ok
+    assert v.lost == 1 and v.lost_ids == [40]
+    assert v.lost_allowed == {}
+    assert any("never delivered" in r for r in v.reasons)
+
+
+def test_loss_is_allowed_only_for_messages_confirmed_before_an_allowing_fault_ended():
+    pubs, dels = steady()
+    fault = Fault(t=1.45, kind="kill", target="n1", t_end=1.5,
+                  loss_allowed="unsynchronised mirror on n2 promoted")
+    early = [d for d in dels if d.id not in (10, 30)]  # 10 confirmed at 1.11 (before), 30 at 1.31
+    v = check(history(pubs, early, faults=[fault]))
+    assert v.ok, v.reasons
+    assert v.lost == 0 and sum(v.lost_allowed.values()) == 2
+    (why,) = v.lost_allowed
+    assert why.startswith("kill of n1: unsynchronised mirror")
+    # a message confirmed after the fault ended is a bug even with the allowance
+    late = [d for d in dels if d.id not in (10, 70)]  # 70 confirmed at 1.71 > 1.5
+    v = check(history(pubs, late, faults=[fault]))
+    assert not v.ok and v.lost == 1 and v.lost_ids == [70] and sum(v.lost_allowed.values()) == 1
+    # a fault without an allowance excuses nothing
+    v = check(history(pubs, early, faults=[Fault(t=1.45, kind="kill", target="n3", t_end=1.5)]))
+    assert not v.ok and v.lost == 2
+
+
+def test_unconfirmed_and_nacked_publishes_may_be_lost():
+    pubs, dels = steady(10)
+    pubs[3] = pub(3, pubs[3].t_pub, outcome="nack", reason="connection lost")
+    pubs[4] = pub(4, pubs[4].t_pub, outcome=None)
+    dels = [d for d in dels if d.id not in (3, 4)]
+    v = check(history(pubs, dels, disconnects=[Disconnect(1.5, "publisher", 0)]))
+    assert v.ok, v.reasons
+    assert v.lost == 0 and v.lost_unconfirmed == 2
+
+
+def test_duplicates_with_redelivered_are_fine_without_are_a_bug():
+    pubs, dels = steady(20)
+    fine = dels + [dlv(5, 2.0, red=True), dlv(5, 2.1, red=True)]
+    v = check(history(pubs, fine))
+    assert v.ok, v.reasons
+    assert (v.duplicates, v.duplicates_redelivered, v.duplicates_unflagged) == (1, 1, 0)
+    assert v.redelivered == 2
+    bad = dels + [dlv(5, 2.0, red=True), dlv(6, 2.1, red=False)]
+    v = check(history(pubs, bad))
+    assert not v.ok
+    assert (v.duplicates, v.duplicates_unflagged, v.duplicate_ids_unflagged) == (2, 1, [6])
+    assert any("without the redelivered flag" in r for r in v.reasons)
+
+
+def test_the_first_delivery_may_carry_redelivered():
+    """After a failover, messages in flight to a consumer are requeued with the flag even if the
+    consumer never saw them: a flagged first delivery is not a duplicate."""
+    pubs, dels = steady(10)
+    dels[2] = dlv(2, dels[2].t, red=True)
+    v = check(history(pubs, dels))
+    assert v.ok and v.duplicates == 0 and v.redelivered == 1
+
+
+def test_messages_first_delivered_in_the_second_drain_are_stranded():
+    pubs, dels = steady(50)
+    phases = [Phase(0.5, "load"), Phase(2.0, "publish_end"), Phase(2.0, "drain1"),
+              Phase(7.5, "drain1_end"), Phase(8.0, "drain2"), Phase(9.0, "end")]
+    subs = [Subscription(0, Q, 0.5, 7.6), Subscription(1, Q, 8.0, 9.0)]
+    ok = check(history(pubs, dels, subs=subs, phases=phases))
+    assert ok.ok, ok.reasons
+    late = [d for d in dels if d.id < 45] + [dlv(i, 8.2 + i / 100, c=1) for i in range(45, 50)]
+    v = check(history(pubs, late, subs=subs, phases=phases), stranded_after=100)
+    assert not v.ok
+    assert v.stranded == 5 and v.stranded_ids == [45, 46, 47, 48, 49]
+    assert v.lost == 0
+    assert any("stranded" in r and "consumer(s) [0]" in r for r in v.reasons)
+    # a consumer that left before the first drain ended did not run through it
+    subs[0].t_end = 5.0
+    v = check(history(pubs, late, subs=subs, phases=phases), stranded_after=100)
+    assert v.stranded == 5 and any("no consumer stayed subscribed" in r for r in v.reasons)
+
+
+def test_a_consumer_quiet_while_messages_wait_is_stranded_unless_a_fault_excuses_it():
+    # deliveries stop at t=1.5 for 10 s although messages keep being confirmed
+    pubs = [pub(i, 1.0 + i * 0.01) for i in range(300)]  # confirmed until ~4.0
+    dels = [dlv(i, 1.0 + i * 0.01 + 0.02) for i in range(50)] + \
+           [dlv(i, 11.5 + i * 0.001) for i in range(50, 300)]
+    h = history(pubs, dels, end=13.0)
+    v = check(h, stranded_after=5.0, recovery_grace=2.0)
+    assert not v.ok
+    (sc,) = v.stranded_consumers
+    assert sc["consumer"] == 0 and 9.5 < sc["seconds"] < 10.1
+    # a fault at 1.5 lasting until 6.0 excuses [1.5, 8.0]: 3.5 s left, under the threshold
+    h.faults = [Fault(t=1.5, kind="pause", target="n1", t_end=6.0)]
+    v = check(h, stranded_after=5.0, recovery_grace=2.0)
+    assert v.ok, v.reasons
+    # nothing waiting (an empty queue) is no reason to deliver
+    idle = history(pubs[:50], dels[:50], end=30.0)
+    assert check(idle, stranded_after=5.0).ok
+
+
+def test_unanswered_publish_on_a_connection_that_stayed_up_is_stuck():
+    pubs, dels = steady(10)
+    pubs += [pub(100 + i, 3.0 + i * 0.01, outcome=None, p=1) for i in range(7)]
+    v = check(history(pubs, dels, end=10.0))
+    assert not v.ok
+    assert v.stuck == 7 and v.stuck_by_publisher == {1: 7}
+    assert any("never confirmed nor nacked" in r for r in v.reasons)
+    # a disconnect *before* the publishes does not excuse them; one after does
+    v = check(history(pubs, dels, end=10.0, disconnects=[Disconnect(2.0, "publisher", 1)]))
+    assert v.stuck == 7
+    v = check(history(pubs, dels, end=10.0, disconnects=[Disconnect(4.0, "publisher", 1)]))
+    assert v.stuck == 0 and v.ok
+    # another publisher's disconnect excuses nothing
+    v = check(history(pubs, dels, end=10.0, disconnects=[Disconnect(4.0, "publisher", 0)]))
+    assert v.stuck == 7
+
+
+def test_phantom_deliveries_are_a_bug():
+    pubs, dels = steady(10)
+    v = check(history(pubs, dels + [dlv(999, 3.0)]))
+    assert not v.ok and v.phantom == 1
+
+
+def test_anomalies_fail_the_verdict():
+    pubs, dels = steady(10)
+    v = check(history(pubs, dels, anomalies=["no leader for q 20 s after the heal"]))
+    assert not v.ok and v.reasons == ["anomaly: no leader for q 20 s after the heal"]
+
+
+def test_longest_gap_counts_only_while_messages_wait_and_recovery_per_fault():
+    pubs = [pub(i, 1.0 + i * 0.01) for i in range(100)]
+    dels = [dlv(i, 1.0 + i * 0.01 + 0.02) for i in range(40)] + \
+           [dlv(i, 2.2 + (i - 40) * 0.005) for i in range(40, 100)]
+    # an idle stretch after everything was delivered is not a gap
+    later = [pub(1000, 20.0)]
+    later_d = [dlv(1000, 20.01)]
+    f = Fault(t=1.415, kind="kill", target="n1", t_end=1.5)
+    v = check(history(pubs + later, dels + later_d, faults=[f]))
+    assert v.ok, v.reasons
+    assert abs(v.longest_gap_s - (2.2 - (1.0 + 39 * 0.01 + 0.02))) < 1e-3
+    (r,) = v.recovery
+    assert r["kind"] == "kill" and abs(r["first_delivery_after_s"] - (2.2 - 1.415)) < 1e-3
+
+
+def test_spec_allows_loss_rules():
+    # a synchronised mirror survives: never
+    assert spec_allows_loss("n1", ["n2", "n3"], ["n2", "n3"], {"n1"}, "crash") is None
+    # the leader survives: never
+    assert spec_allows_loss("n1", ["n2", "n3"], [], {"n2", "n3"}, "crash") is None
+    # the oldest surviving mirror is unsynchronised and promote-on-failure is always
+    why = spec_allows_loss("n1", ["n2", "n3"], ["n3"], {"n1"}, "crash")
+    assert why and "unsynchronised mirror on n2" in why
+    # ... but not when it is when-synced: the synchronised n3 is promoted
+    assert spec_allows_loss("n1", ["n2", "n3"], ["n3"], {"n1"}, "crash",
+                            promote_on_failure="when-synced") is None
+    # controlled stop: unsynchronised mirrors are not promoted by default; the leader restarts empty
+    why = spec_allows_loss("n1", ["n2"], [], {"n1"}, "shutdown")
+    assert why and "restarts empty" in why
+    why = spec_allows_loss("n1", ["n2"], [], {"n1"}, "shutdown", promote_on_shutdown="always")
+    assert why and "unsynchronised mirror on n2" in why
+    # isolation (SIGSTOP, partition) with no promotable mirror: the leader comes back with its messages
+    assert spec_allows_loss("n1", ["n2"], [], {"n1"}, "isolated", promote_on_failure="when-synced") is None
+    assert spec_allows_loss("n1", [], [], {"n1"}, "isolated") is None
+    # every replica gone
+    why = spec_allows_loss("n1", ["n2"], ["n2"], {"n1", "n2"}, "crash")
+    assert why and "every replica" in why
+    assert spec_allows_loss("n1", [], [], {"n1"}, "shutdown").startswith("every replica")
+
+
+def test_history_round_trips_through_json():
+    pubs, dels = steady(5)
+    h = history(pubs, dels, faults=[Fault(1.0, "kill", "n1", {"pid": 3}, 2.0, "why")],
+                disconnects=[Disconnect(1.0, "consumer", 0, "n1", "broke")], anomalies=["x"])
+    h.meta = {"seed": 7}
+    back = history_from_dict(json.loads(json.dumps(history_to_dict(h))))
+    assert back == h
+    assert check(back).as_dict() == check(h).as_dict()
