@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install demo test cluster stop bench mutants
+.PHONY: install demo test cluster stop bench mutants dst
 
 install:
 	$(PIP) install -q -e ".[test,analysis]"
@@ -16,6 +16,12 @@ demo: install
 # debootstrap with apt and start dockerd as root; it stops the dockerd it started when it ends.
 test: install
 	$(PYTHON) -m pytest -q -p no:cacheprovider
+
+# the fault explorer on the deterministic simulation: SEEDS seeded chaos schedules (a failure
+# prints the one command that replays it)
+SEEDS ?= 1000
+dst: install
+	warren-bench dst --seeds $(SEEDS) --procs 2
 
 # inject one broken promise at a time into a copy of the tree: every one must be caught by its tests
 mutants: install

@@ -149,6 +149,7 @@ EPILOG = """examples:
   warren-bench memory --messages 200000              memory per queued 1 KiB message
   warren-bench chaos --schedules 20                  seeded faults on real processes, judged
   warren-bench chaos --seed 1234 --replay            one schedule again, verbosely
+  warren-bench dst --seeds 1000 --procs 2            the same schedules on the simulation
 See bench/README.md for the workload files and bench/LOGS.md for the logs."""
 
 
@@ -248,6 +249,37 @@ def chaos(args) -> int:
     return 0 if results and all(v.ok for _, v in results) and len(results) == len(schedules) else 1
 
 
+def dst(args, argv) -> int:
+    """`warren-bench dst`: exit 0 when every schedule's verdict is OK, 1 otherwise."""
+    from bench.chaos import sim
+    sim.ensure_fixed_hashing([sys.argv[0], *argv])
+    try:
+        lo, _, hi = args.faults.partition("-")
+        faults = (int(lo), int(hi or lo))
+        kinds = args.kinds.split(",") if args.kinds else None
+        bad = [k for k in kinds or () if k not in sim.SIM_KINDS]
+        if bad:
+            raise ValueError(f"unknown fault kind(s) {bad}; known: {', '.join(sim.SIM_KINDS)}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    scale = args.scale if args.scale is not None else sim.DEFAULT_SCALE
+    rate = args.rate or sim.SIM_RATE
+    if args.replay:
+        r = sim.run_seed(args.seed, kinds, faults, scale, rate, keep_trace=args.trace,
+                         say=lambda text: print(f"  {text}"))
+        print(r.schedule.describe())
+        print(r.line())
+        for reason in r.verdict.reasons:
+            print(f"    - {reason}")
+        print(f"trace digest {r.digest} ({len(r.trace) if args.trace else 'run with --trace for the'} events)")
+        for t, event, fields in r.trace:
+            print(f"{t:10.4f} {event} {dict(fields)}")
+        return 0 if r.verdict.ok else 1
+    results = sim.explore(args.seed, args.seeds, kinds, faults, scale, rate, args.procs)
+    return 0 if all(r["ok"] for r in results) else 1
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="warren-bench", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -303,6 +335,18 @@ def main(argv=None) -> None:
     ch = sub.add_parser("chaos", help="seeded fault schedules on real processes, judged by the "
                                       "total-queue checker (bench/chaos)")
     add_chaos_arguments(ch)
+    d = sub.add_parser("dst", help="the fault explorer: chaos schedules on the deterministic simulation, "
+                                   "replayable from one seed (bench/chaos/sim.py)")
+    d.add_argument("--seeds", type=int, default=100, help="how many schedules (seeds S, S+1, ...)")
+    d.add_argument("--seed", type=int, default=1, help="the first seed (default 1)")
+    d.add_argument("--kinds", help="fault kinds to draw from, comma-separated (default all)")
+    d.add_argument("--faults", default="1-3", help="faults per schedule, N or MIN-MAX (default 1-3)")
+    d.add_argument("--scale", type=float, help="multiply every fault duration and gap (default 0.4)")
+    d.add_argument("--rate", type=int, help="msgs/s over all publishers (default 150)")
+    d.add_argument("--procs", type=int, default=1, help="worker processes")
+    d.add_argument("--replay", action="store_true",
+                   help="run the schedule of --seed alone and say what happened, with its trace digest")
+    d.add_argument("--trace", action="store_true", help="with --replay: print every event of the run")
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
     sub.add_parser("analyse", aliases=["analyze"], add_help=False,
@@ -326,6 +370,8 @@ def main(argv=None) -> None:
         return
     if args.command == "chaos":
         sys.exit(chaos(args))
+    if args.command == "dst":
+        sys.exit(dst(args, argv))
     if args.command == "sync":
         from bench.sync_bench import run_sync_bench
         rows = run_sync_bench(args.messages, args.size, [int(x) for x in args.batch_sizes.split(",")],

@@ -46,8 +46,10 @@ def rotate(nodes: list[str], first: str) -> list[str]:
 class Publisher:
     def __init__(self, history: History, index: int, addresses: list[str], queue: str, *,
                  rate: float, window: int, size: int = 256, careful: bool = False,
-                 user: str = "guest", password: str = "guest", clock=time.time):
+                 user: str = "guest", password: str = "guest", clock=time.time, network=None,
+                 tick: float = 0.005):
         self.h = history
+        self.tick = tick  # how often it publishes what is due (the simulation takes bigger steps)
         self.index = index
         self.addresses = addresses
         self.queue = queue
@@ -56,6 +58,7 @@ class Publisher:
         self.pad = b"\0" * max(0, size - 8)
         self.user, self.password = user, password
         self.clock = clock
+        self.network = network  # None: real TCP; a SimNetwork host in the simulation
         self.careful = careful
         self.recovering = False  # disconnected, and the client has not said it recovered yet
         self.pubs: list[Publish] = []  # by number (the low bits of the id)
@@ -111,7 +114,7 @@ class Publisher:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
-            async with open_connection(self.addresses, user=self.user, password=self.password,
+            async with open_connection(self.addresses, user=self.user, password=self.password, network=self.network,
                                        client_name=f"chaos-publisher-{self.index}",
                                        connect_attempts=20, on_reconnect=self._on_reconnect) as conn:
                 self.conn = conn
@@ -135,13 +138,13 @@ class Publisher:
             n = min(due, room, 500)
             if n <= 0:
                 self._room = trio.Event()
-                with trio.move_on_after(0.005 if room > 0 else 0.05):
+                with trio.move_on_after(self.tick if room > 0 else 0.05):
                     await self._room.wait()
                 continue
             if not conn.connected.is_set() or (self.careful and self.recovering):
                 with trio.move_on_after(0.05):
                     await conn.connected.wait()
-                await trio.sleep(0.005)
+                await trio.sleep(self.tick)
                 continue
             ch = self.ch
             if not ch.is_open:
@@ -161,7 +164,7 @@ class Publisher:
                     pubs.append(Publish(base_id | num, self.index, node, clock(), queue=queue))
             except AMQPError as exc:
                 self.errors.append(f"publish: {exc}")
-            await trio.sleep(0.005)
+            await trio.sleep(self.tick)
 
     def records(self) -> list[Publish]:
         return self.pubs
@@ -169,7 +172,8 @@ class Publisher:
 
 class Consumer:
     def __init__(self, history: History, index: int, addresses: list[str], queue: str, *,
-                 prefetch: int, user: str = "guest", password: str = "guest", clock=time.time):
+                 prefetch: int, user: str = "guest", password: str = "guest", clock=time.time,
+                 network=None):
         self.h = history
         self.index = index
         self.addresses = addresses
@@ -177,6 +181,7 @@ class Consumer:
         self.prefetch = prefetch
         self.user, self.password = user, password
         self.clock = clock
+        self.network = network  # None: real TCP; a SimNetwork host in the simulation
         self.count = 0
         self.last_delivery = 0.0
         self.ids: set[int] = set()
@@ -226,7 +231,7 @@ class Consumer:
         self.h.subscriptions.append(self.sub)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with open_connection(self.addresses, user=self.user, password=self.password,
+        async with open_connection(self.addresses, user=self.user, password=self.password, network=self.network,
                                    client_name=f"chaos-consumer-{self.index}",
                                    connect_attempts=20) as conn:
             self.conn = conn
