@@ -413,11 +413,22 @@ class Effect(Message):
 
 
 class EEnqueue(Effect, tag="enq"):
+    """`ttl`: the queue's message TTL in seconds (x-message-ttl), or None: each replica
+    expires the batch that long after it applied it (its own clock)."""
     first: int
     bodies: list[bytes]
     props: list | None
     origin: tuple[str, int] | None
     pseq: int
+    ttl: float | None = None
+
+
+class EDrop(Effect, tag="drop"):
+    """The leader dropped every ready message with an id up to `upto`: they `expired`
+    (x-message-ttl: every id up to it has, so a requeued one is dropped too), or the queue was
+    over its length limit (x-overflow drop-head)."""
+    upto: int
+    expired: bool
 
 
 class EDeliver(Effect, tag="dlv"):
@@ -479,7 +490,7 @@ class EFailover(Effect, tag="fo"):
 
 
 AnyEffect = EEnqueue | EDeliver | EGet | ESettle | EConsume | ECancel | EOwnerGone | \
-    ESessionGone | ENodeGone | EPurge | EFailover
+    ESessionGone | ENodeGone | EPurge | EFailover | EDrop
 
 
 @register
@@ -587,6 +598,14 @@ class EvAccepted(Event, tag="accepted"):
     pseq: int
 
 
+class EvRejected(Event, tag="rejected"):
+    """Messages of publish batch `pseq` (their indexes in the batch) that the queue refused
+    (x-overflow reject-publish on a full queue): nack them, whatever the rest of the batch."""
+    queue: str
+    pseq: int
+    indexes: list[int]
+
+
 class EvReply(Event, tag="reply"):
     rid: int
     value: Any
@@ -623,7 +642,8 @@ class EvCancelled(Event, tag="cancelled"):
     reason: str
 
 
-AnyEvent = EvDeliver | EvAccepted | EvReply | EvFail | EvConsumeOk | EvGetOk | EvCancelled
+AnyEvent = EvDeliver | EvAccepted | EvReply | EvFail | EvConsumeOk | EvGetOk | EvCancelled | \
+    EvRejected
 
 
 @register
