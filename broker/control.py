@@ -101,7 +101,8 @@ def _md(node):
 async def cmd_status(node, args):
     md = _md(node)
     return {"node": node.name, "app_running": node.app_running, "peer_port": node.peer_port,
-            "client_port": node.client_port, "cluster_name": md.cluster_name,
+            "client_port": node.client_port, "amqp_port": node.amqp_port,
+            "cluster_name": md.cluster_name,
             "metadata_version": md.version, "net_ticktime": node.config.net_ticktime,
             "paused": node.cluster.paused}
 
@@ -313,7 +314,8 @@ async def node_rpc(node, name: str, args: dict):
         return {qname: qp.replica.stats(now) for qname, qp in node.router.replicas.items()}
     if name == "connections":
         return [{"node": node.name, "name": s.conn_id, "peer": s.peer, "user": s.user,
-                 "client_name": s.client_name, "channels": len(s.channels)}
+                 "client_name": s.client_name, "channels": len(s.channels),
+                 "protocol": s.protocol}
                 for s in node.sessions.values()]
     if name == "consumers":
         return [{"queue_name": qname, "consumer_tag": c.tag,

@@ -250,6 +250,92 @@ class Nack(Message, tag="nack"):
     requeue: bool
 
 
+# --- commands the session core takes beyond warren's own client (AMQP 0-9-1 needs them; they
+# are registered kinds, so a msgpack client could send them too) ----------------------------
+
+
+@register
+class PublishTo(Message, tag="publish.to"):
+    """A batch of messages to an exchange with one routing key: routed on the node that
+    received it (mirroring/exchanges.py) to every queue bound to match. `mandatory`: an
+    unroutable message comes back as `Returned`. props is nil or parallel to bodies."""
+    ch: int
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    bodies: list[bytes]
+    props: list | None
+
+
+@register
+class Returned(Message, tag="returned"):
+    """Mandatory messages no queue took (basic.return), sent before their confirm."""
+    ch: int
+    code: int
+    text: str
+    exchange: str
+    routing_key: str
+    bodies: list[bytes]
+    props: list | None
+
+
+@register
+class ExchangeDeclare(Message, tag="exchange.declare"):
+    rid: int
+    ch: int
+    exchange: str
+    kind: str  # direct, fanout, topic or headers
+    passive: bool
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict
+
+
+@register
+class ExchangeDelete(Message, tag="exchange.delete"):
+    rid: int
+    ch: int
+    exchange: str
+    if_unused: bool
+
+
+@register
+class QueueBind(Message, tag="queue.bind"):
+    rid: int
+    ch: int
+    queue: str
+    exchange: str
+    routing_key: str
+    arguments: dict
+
+
+@register
+class QueueUnbind(Message, tag="queue.unbind"):
+    rid: int
+    ch: int
+    queue: str
+    exchange: str
+    routing_key: str
+    arguments: dict
+
+
+@register
+class BasicRecover(Message, tag="basic.recover"):
+    """Requeue every message delivered on the channel and not yet acknowledged."""
+    rid: int
+    ch: int
+    requeue: bool
+
+
+@register
+class ChannelFlow(Message, tag="channel.flow"):
+    """Pause (active=false) or resume deliveries to the channel's consumers."""
+    rid: int
+    ch: int
+    active: bool
+
+
 @register
 class ConnectionClose(Message, tag="connection.close"):
     """The client says goodbye; the server answers with Reply(rid) and closes."""
