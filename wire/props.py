@@ -82,6 +82,21 @@ def raw_to_dict(raw: bytes) -> dict | None:
     return out or None
 
 
+def _amqp_value(value):
+    """A msgpack value as pamqp encodes it in a table (bytes as a byte array); None when it has
+    no AMQP form."""
+    if isinstance(value, dict):
+        return {str(k): v for k, v in ((k, _amqp_value(v)) for k, v in value.items())
+                if v is not None or value[k] is None}
+    if isinstance(value, (list, tuple)):
+        return [_amqp_value(v) for v in value]
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if value is None or isinstance(value, (bool, int, float, str, bytearray, datetime.datetime)):
+        return value
+    return None
+
+
 def dict_to_raw(d: dict | None) -> bytes:
     """warren's client form -> AMQP property bytes (unknown names and values with no AMQP form
     are left out)."""
@@ -94,17 +109,22 @@ def dict_to_raw(d: dict | None) -> bytes:
             continue
         if name == "timestamp" and isinstance(v, (int, float)) and not isinstance(v, bool):
             v = datetime.datetime.fromtimestamp(v, datetime.timezone.utc)
-        kwargs[name] = v
-    for _ in range(len(kwargs) + 1):
+        elif name == "headers":
+            v = _amqp_value(v) if isinstance(v, dict) else None
+        if v is not None:
+            kwargs[name] = v
+    try:
+        return commands.Basic.Properties(**kwargs).marshal()
+    except (TypeError, ValueError, struct.error, OverflowError):
+        pass
+    good = {}
+    for name, v in kwargs.items():  # keep what encodes on its own
         try:
-            return commands.Basic.Properties(**kwargs).marshal()
-        except (TypeError, ValueError, struct.error, OverflowError) as exc:
-            # drop the property the encoder choked on (the text names it when it can)
-            bad = next((k for k in kwargs if k in str(exc)), None) or next(iter(kwargs), None)
-            if bad is None:
-                break
-            kwargs.pop(bad)
-    return NO_PROPS
+            commands.Basic.Properties(**{name: v}).marshal()
+        except (TypeError, ValueError, struct.error, OverflowError):
+            continue
+        good[name] = v
+    return commands.Basic.Properties(**good).marshal()
 
 
 def to_native(item):
