@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import trio
 
-from wire.errors import CONNECTION_FORCED, ProtocolError
+from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
 
 from ..framed import until_idle
 from ..native import check_login
@@ -112,7 +112,13 @@ class AmqpConnection:
                 data = await stream.receive_some(READ_SIZE)
                 if not data:
                     return  # the client went away
-                for ev in p.receive_data(data, trio.current_time()):
+                try:
+                    events = p.receive_data(data, trio.current_time())
+                except Exception as exc:  # a bug must cost this connection only, with a reason
+                    self.log.exception("AMQP connection failed", peer=self.peer)
+                    p.close(INTERNAL_ERROR, f"internal error: {exc!r}"[:200], trio.current_time())
+                    events = []
+                for ev in events:
                     await self._event(ev)
                 self._kick()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
