@@ -123,3 +123,42 @@ class RawClient:
             _, part, _ = self.next(timeout)
             body += part.value
         return ok, payload[12:], body
+
+
+# --- exact property bytes -------------------------------------------------------------------
+
+def _short(s: str) -> bytes:
+    b = s.encode()
+    return bytes([len(b)]) + b
+
+
+def _long(b: bytes) -> bytes:
+    return struct.pack(">I", len(b)) + b
+
+
+def every_field_type_table() -> bytes:
+    """A headers table with one value of each AMQP field type RabbitMQ knows, written by hand so
+    the exact type tags are on the wire (no client library writes all of them)."""
+    items = [
+        ("bool", b"t\x01"), ("int8", b"b" + struct.pack(">b", -5)), ("uint8", b"B\xfa"),
+        ("int16", b"s" + struct.pack(">h", -300)), ("uint16", b"u" + struct.pack(">H", 60000)),
+        ("int32", b"I" + struct.pack(">i", -70000)), ("uint32", b"i" + struct.pack(">I", 4000000000)),
+        ("int64", b"l" + struct.pack(">q", -(2 ** 40))),
+        ("float32", b"f" + struct.pack(">f", 1.5)), ("float64", b"d" + struct.pack(">d", 0.1)),
+        ("decimal", b"D\x02" + struct.pack(">i", 12345)), ("string", b"S" + _long("héllo".encode())),
+        ("array", b"A" + _long(b"I" + struct.pack(">i", 1) + b"S" + _long(b"two"))),
+        ("timestamp", b"T" + struct.pack(">Q", 1700000000)),
+        ("table", b"F" + _long(_short("inner") + b"t\x00")), ("void", b"V"),
+        ("bytes", b"x" + _long(b"\x00\xff\x10")),
+    ]
+    body = b"".join(_short(k) + v for k, v in items)
+    return _long(body)
+
+
+def all_properties(user="guest") -> bytes:
+    """All 14 basic properties set (flags 0xFFFC), in the spec's order."""
+    return b"".join([
+        struct.pack(">H", 0xFFFC), _short("application/json"), _short("gzip"), every_field_type_table(),
+        b"\x02", b"\x07", _short("corr-1"), _short("reply-here"), _short("600000"), _short("msg-1"),
+        struct.pack(">Q", 1700000001), _short("kind"), _short(user), _short("app"), _short("cluster-x"),
+    ])

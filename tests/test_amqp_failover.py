@@ -4,6 +4,9 @@ leader):
 * the spec's tutorial (../shared/spec/000_*.txt), its publisher and consumer run as written with
   `import pika`, only the port changed: the consumer, connected to another node, carries on
   after the leader is killed;
+* the properties of a message (all 14, a headers table of every field type) come back byte for
+  byte from the promoted mirror, and a durable queue that was not mirrored answers with
+  RabbitMQ's "home node ... is down or inaccessible";
 * aio-pika's `connect_robust` over a list of nodes, under load: the publisher (connected to the
   leader's node) reconnects to the next node and publishes again what was not confirmed; the
   consumer resumes; every confirmed message arrives.
@@ -17,8 +20,11 @@ import subprocess
 import sys
 import time
 
+import pika
 import pytest
+from pamqp import commands as C
 
+from amqp_raw import RawClient, all_properties
 from cluster_procs import running_cluster
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
@@ -96,6 +102,21 @@ def test_spec_tutorial_with_pika_carries_on_after_the_leader_is_killed(cluster, 
              and len(queue_row(cluster, "n2", "my_mirrored_queue")["synchronised_mirror_pids"]) == 2,
              20, "both mirrors to be synchronised")
     assert queue_row(cluster, "n2", "my_mirrored_queue")["leader"] == "n1"
+    raw = RawClient(cluster.amqp_port("n1"))
+    raw.open_channel()
+    raw.method(1, C.Queue.Declare(0, "ha.props", False, True))
+    raw.expect(C.Queue.DeclareOk)
+    raw.method(1, C.Queue.Declare(0, "solo.durable", False, True))  # no policy: not mirrored
+    raw.expect(C.Queue.DeclareOk)
+    raw.close()
+    props = all_properties()
+    raw = RawClient(cluster.amqp_port("n2"))
+    raw.open_channel()
+    raw.method(1, C.Confirm.Select())
+    raw.expect(C.Confirm.SelectOk)
+    raw.publish(1, "", "ha.props", b"kept", props)
+    raw.expect(C.Basic.Ack)  # on every mirror
+    raw.close()
     out_path = tmp_path / "consumer.out"
     with open(out_path, "w") as out:
         p = subprocess.Popen([sys.executable, str(con)], stdout=out, stderr=subprocess.STDOUT, env=ENV)
@@ -111,6 +132,18 @@ def test_spec_tutorial_with_pika_carries_on_after_the_leader_is_killed(cluster, 
             wait_for(lambda: out_path.read_text().count(LINE) >= 2 or p.poll() is not None, 20,
                      "the consumer to print the message published after the failover")
             assert p.poll() is None, f"the consumer died: {out_path.read_text()}"
+            raw = RawClient(cluster.amqp_port("n3"))
+            raw.open_channel()
+            _, got_props, body = raw.get(1, "ha.props")
+            assert body == b"kept" and got_props == props
+            raw.close()
+            conn = pika.BlockingConnection(pika.ConnectionParameters("localhost", cluster.amqp_port("n2")))
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+                conn.channel().queue_declare("solo.durable", passive=True)
+            assert e.value.reply_code == 404
+            assert e.value.reply_text == ("NOT_FOUND - home node 'n1' of durable queue 'solo.durable' "
+                                          "in vhost '/' is down or inaccessible")
+            conn.close()
         finally:
             p.kill()
             p.wait(10)
