@@ -105,6 +105,11 @@ def check_arguments(name: str, arguments: dict) -> None:
             raise ProtocolError(PRECONDITION_FAILED,
                                 f"invalid arg 'x-overflow' {where}: {{unacceptable_value,{v!r}}} "
                                 f"(warren supports {' and '.join(OVERFLOW)})")
+    qtype = arguments.get("x-queue-type")
+    if qtype is not None and qtype not in ("classic", b"classic"):
+        raise ProtocolError(PRECONDITION_FAILED,
+                            f"invalid arg 'x-queue-type' {where}: {{unacceptable_value,{qtype!r}}} "
+                            "(warren has classic queues only)")
     if "x-cancel-on-ha-failover" in arguments and not isinstance(arguments["x-cancel-on-ha-failover"], bool):
         raise ProtocolError(PRECONDITION_FAILED, f"invalid arg 'x-cancel-on-ha-failover' {where}: "
                                                  f"{{unacceptable_type,{_amqp_type(arguments['x-cancel-on-ha-failover'])}}}")
