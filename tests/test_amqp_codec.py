@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import body as pbody
 from pamqp import commands, frame, header
+from pamqp import commands as C
 
 from broker.amqp import codec
 from wire import props as propsmod
@@ -19,19 +20,28 @@ SHORT = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
 NAME = st.from_regex(r"[a-zA-Z0-9_.:-]{0,40}", fullmatch=True)  # what pamqp accepts as an exchange
 
 
+ITEMS = st.one_of(st.none(), st.builds(lambda ex, key, ct: [ex, key, C.Basic.Properties(content_type=ct).marshal()],
+                                         NAME, SHORT, st.sampled_from([None, "text/plain"])),
+                  st.just({"content_type": "a/b", "headers": {"k": 1}}))
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.integers(1, 65535), SHORT, st.integers(1, 2**63 - 1), st.booleans(), NAME, SHORT,
-       st.binary(max_size=300), st.sampled_from([4096, 4104, 131072]))
-def test_deliver_frames_are_pamqps(ch, ctag, tag, redelivered, exchange, key, body, frame_max):
-    props = commands.Basic.Properties(content_type="text/plain", delivery_mode=2,
-                                      headers={"x": 1, "y": "z"})
-    raw = props.marshal()
+@given(st.integers(1, 65535), SHORT, st.integers(1, 2**62), st.lists(st.tuples(st.binary(max_size=300), ITEMS),
+       min_size=1, max_size=4), st.sets(st.integers(0, 3)), SHORT, st.sampled_from([4096, 4104, 131072]))
+def test_deliveries_are_pamqps(ch, ctag, first, messages, redelivered, queue, frame_max):
+    bodies = [b for b, _ in messages]
+    props = [p for _, p in messages]
     out: list = []
-    codec.deliver_frames(ch, ctag, tag, redelivered, exchange, key, body, raw, frame_max, out)
-    want = [frame.marshal(commands.Basic.Deliver(ctag, tag, redelivered, exchange, key), ch),
-            frame.marshal(header.ContentHeader(0, len(body), props), ch)]
+    codec.deliver_batch(ch, ctag, first, bodies, redelivered, props, queue, propsmod.to_raw,
+                        frame_max, out)
+    want = []
     room = frame_max - 8
-    want += [frame.marshal(pbody.ContentBody(body[i:i + room]), ch) for i in range(0, len(body), room)]
+    for i, (body, item) in enumerate(messages):
+        ex, key = propsmod.routing_of(item, queue)
+        raw = propsmod.to_raw(item)
+        want += [frame.marshal(C.Basic.Deliver(ctag, first + i, i in redelivered, ex, key), ch),
+                 frame.marshal(header.ContentHeader(0, len(body), propsmod.decode_raw(raw)), ch)]
+        want += [frame.marshal(pbody.ContentBody(body[j:j + room]), ch) for j in range(0, len(body), room)]
     assert b"".join(out) == b"".join(want)
 
 

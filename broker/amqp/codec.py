@@ -9,8 +9,9 @@ about 12 microseconds, its `marshal` of a delivery about 13):
   decoded by pamqp once per distinct value (bounded caches);
 * `basic.ack` / `basic.nack` / `basic.reject` arguments are read with pamqp's field decoders;
 * a delivery's method frame is assembled from fields pamqp encoded (the consumer tag, exchange
-  and routing key once per value), its header frame carries the publisher's property bytes as
-  they came, and a body is split into frames of the negotiated size.
+  and routing key once per value, the delivery tag with pamqp's struct), its header frame
+  carries the publisher's property bytes as they came, and a body is split into frames of the
+  negotiated size; a batch of deliveries is one loop and one byte string per message.
 tests/test_amqp_codec.py checks these byte for byte against pamqp's own `frame.marshal` and
 `frame.unmarshal`.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import struct
 
-from pamqp import commands, constants, decode, encode, exceptions, frame
+from pamqp import commands, common, constants, decode, encode, exceptions, frame
 
 from wire.props import NO_PROPS
 
@@ -34,7 +35,7 @@ PROTOCOL_HEADER = constants.AMQP + bytes((0, *constants.VERSION))
 FRAME_HEAD = struct.Struct(">BHI")  # type, channel, payload size (pamqp.frame.frame_parts)
 OVERHEAD = FRAME_HEAD.size + 1  # header and frame-end octet around every payload
 _INDEX = struct.Struct(">I")
-_CONTENT = struct.Struct(">HHQ")  # class id, weight, body size
+CONTENT = _CONTENT = struct.Struct(">HHQ")  # class id, weight, body size
 CACHE_LIMIT = 1024
 
 PUBLISH = commands.Basic.Publish.index
@@ -144,6 +145,7 @@ def _short(cache: dict, value: str) -> bytes:
 
 _shorts: dict[str, bytes] = {}
 _long_long = encode.long_long_int
+_tag = common.Struct.long_long_int.pack  # pamqp's encoding of a delivery tag (longlong)
 _octet = encode.octet
 _head = FRAME_HEAD.pack
 _content = _CONTENT.pack
@@ -171,17 +173,45 @@ def content_frames(channel: int, body: bytes, raw: bytes, frame_max: int, out: l
         out.append(FRAME_END_CHAR)
 
 
-def deliver_frames(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
-                   exchange: str, routing_key: str, body: bytes, raw: bytes, frame_max: int,
-                   out: list) -> None:
-    """basic.deliver and its content, appended to `out` as byte strings."""
-    args = b"".join((_DELIVER_INDEX, _short(_shorts, consumer_tag), _long_long(delivery_tag),
-                     b"\x01" if redelivered else b"\x00", _short(_shorts, exchange),
-                     _short(_shorts, routing_key)))
-    out.append(_head(METHOD, channel, len(args)))
-    out.append(args)
-    out.append(FRAME_END_CHAR)
-    content_frames(channel, body, raw or NO_PROPS, frame_max, out)
+def deliver_batch(channel: int, consumer_tag: str, first_tag: int, bodies: list, redelivered,
+                  props: list | None, queue: str, to_raw, frame_max: int, out: list) -> None:
+    """The frames of a batch of deliveries to one consumer (tags first_tag, first_tag+1, ...;
+    `redelivered` holds the indexes to flag). A message published over AMQP carries its
+    exchange, routing key and property bytes (`[exchange, key, raw]`); any other is shown as
+    published to the default exchange with the queue's name (`to_raw` gives its properties)."""
+    pre = _DELIVER_INDEX + _short(_shorts, consumer_tag)
+    head = _head
+    content = _content
+    tag = _tag
+    end = FRAME_END_CHAR
+    room = frame_max - OVERHEAD
+    body_head = head(HEADER, channel, 12 + len(NO_PROPS))
+    key = None
+    post = mhead = b""
+    for i, body in enumerate(bodies):
+        item = props[i] if props is not None else None
+        if item is None:
+            ex, rk, raw = "", queue, NO_PROPS
+        elif type(item) is list:
+            ex, rk, raw = item
+        else:
+            ex, rk, raw = "", queue, to_raw(item)
+        if (ex, rk) != key:
+            key = (ex, rk)
+            post = _short(_shorts, ex) + _short(_shorts, rk)
+            mhead = head(METHOD, channel, len(pre) + 9 + len(post))
+        n = len(body)
+        hhead = body_head if raw is NO_PROPS or raw == NO_PROPS else head(HEADER, channel, 12 + len(raw))
+        flag = b"\x01" if i in redelivered else b"\x00"
+        if 0 < n <= room:
+            out.append(b"".join((mhead, pre, tag(first_tag + i), flag, post, end, hhead,
+                                 content(60, 0, n), raw, end, head(BODY, channel, n), body, end)))
+        else:
+            out.append(b"".join((mhead, pre, tag(first_tag + i), flag, post, end, hhead,
+                                 content(60, 0, n), raw, end)))
+            for j in range(0, n, room):
+                part = body[j:j + room]
+                out.append(head(BODY, channel, len(part)) + part + end)
 
 
 def return_frames(channel: int, code: int, text: str, exchange: str, routing_key: str,

@@ -55,6 +55,9 @@ CAPABILITIES = {
 }
 
 
+_PUBLISH_PREFIX = codec.PUBLISH.to_bytes(4, "big")
+
+
 class State(enum.Enum):
     HEADER = "waiting for the protocol header"
     START_OK = "waiting for connection.start-ok"
@@ -144,7 +147,6 @@ class AmqpProtocol:
         self.mechanism = ""
         self.client_properties: dict = {}
         self.capabilities: dict = {}
-        self.reader = codec.FrameReader(frame_max)
         self.channels: dict[int, _Channel] = {}
         self.requests: dict[int, tuple] = {}  # rid -> (channel, kind, nowait, method index)
         self._rids = 0
@@ -154,6 +156,7 @@ class AmqpProtocol:
         self._publish = codec.PublishCache()
         self._props_seen: dict[bytes, str | None] = {}  # property bytes -> their user_id
         self._header = b""
+        self._rest = b""  # the start of a frame whose end has not arrived
         self.last_recv = now
         self.last_sent = now
         self.closing_since = 0.0
@@ -176,22 +179,74 @@ class AmqpProtocol:
             self._header = b""
             if not data:
                 return self._take_events()
-        try:
-            frames = self.reader.feed(data)
-        except codec.CodecError as exc:
-            frames = None
-            error = exc
-        for kind, ch, payload in frames or ():
-            if self.state is State.CLOSED:
-                break
+        buf = self._rest + data if self._rest else data
+        self._rest = b""
+        pos, end = 0, len(buf)
+        limit = self.frame_max - codec.OVERHEAD  # the server's until tune-ok, then the negotiated
+        unpack = codec.FRAME_HEAD.unpack_from
+        channels = self.channels
+        opened = self.state is State.OPENED
+        BODY, HEADER, METHOD, END = codec.BODY, codec.HEADER, codec.METHOD, codec.FRAME_END
+        while end - pos >= 7:
+            kind, ch, size = unpack(buf, pos)
+            if size > limit:
+                self._connection_error(FRAME_ERROR, f"frame of {size + codec.OVERHEAD} bytes (type "
+                                                    f"{kind}, channel {ch}) is larger than frame_max "
+                                                    f"{limit + codec.OVERHEAD}")
+                return self._closing_events()
+            stop = pos + 7 + size
+            if stop >= end:
+                break  # the rest of this frame is still on its way
+            if buf[stop] != END:
+                self._connection_error(FRAME_ERROR, f"frame (type {kind}, channel {ch}) does not "
+                                                    f"end with 0xCE but 0x{buf[stop]:02X}")
+                return self._closing_events()
             try:
+                if opened and ch:
+                    c = channels.get(ch)
+                    if c is not None and not c.closing:
+                        if c.method is None:
+                            if kind == METHOD and buf[pos + 7:pos + 11] == _PUBLISH_PREFIX:
+                                # the hot path: method, header and body of a publish, whole
+                                nxt = self._whole_publish(c, buf, pos + 7, stop, end, limit)
+                                if nxt:
+                                    pos = nxt
+                                    continue
+                                self._on_publish(c, buf[pos + 7:stop])
+                                pos = stop + 1
+                                continue
+                        elif kind == BODY and c.size >= 0:
+                            c.parts.append(buf[pos + 7:stop])
+                            c.got += size
+                            pos = stop + 1
+                            if c.got >= c.size:
+                                if c.got > c.size:
+                                    raise ProtocolError(FRAME_ERROR, f"content body on channel {ch} is "
+                                                                     f"longer than the {c.size} bytes its "
+                                                                     "header gave")
+                                self._complete(c)
+                            continue
+                        elif kind == HEADER and c.size < 0:
+                            pos = stop + 1
+                            self._on_header(c, buf[pos - 1 - size:stop])
+                            continue
+                payload = buf[pos + 7:stop]
+                pos = stop + 1
+                if self.state is State.CLOSED:
+                    break
                 self._frame(kind, ch, payload, now)
-            except codec.CodecError as exc:
+                opened = self.state is State.OPENED
+            except (codec.CodecError, ProtocolError) as exc:
                 self._connection_error(exc.code, exc.text)
-            except ProtocolError as exc:
-                self._connection_error(exc.code, exc.text)
-        if frames is None:
-            self._connection_error(error.code, error.text)
+                opened = False
+        if pos < end and self.state is not State.CLOSED:
+            self._rest = buf[pos:]
+        self._flush_batch()
+        return self._take_events()
+
+    def _closing_events(self) -> list:
+        """A broken frame: nothing after it can be read (the close-ok will not be either)."""
+        self._rest = b""
         self._flush_batch()
         return self._take_events()
 
@@ -370,7 +425,6 @@ class AmqpProtocol:
             raise ProtocolError(NOT_ALLOWED, f"channel_max={channel_max} > "
                                              f"{self.server_channel_max} max channels")
         self.frame_max = frame_max
-        self.reader.frame_max = frame_max
         self.channel_max = channel_max
         self.heartbeat = max(0, method.heartbeat or 0)
         self.last_recv = now
@@ -506,6 +560,55 @@ class AmqpProtocol:
         if class_id != 60:
             raise ProtocolError(UNEXPECTED_FRAME, f"content header for class {class_id} on channel "
                                                   f"{c.id}, expected class 60 (basic)")
+        if not self._check_content(c, raw, size):
+            return
+        c.size = size
+        c.raw = raw
+        if size == 0:
+            self._complete(c)
+
+    def _whole_publish(self, c: _Channel, buf: bytes, mstart: int, mstop: int, end: int,
+                       limit: int) -> int:
+        """A publish whose header and body (one frame) are all in `buf`: handled at once.
+        Returns where the next frame starts, or 0 when it is not that simple (the frame by frame
+        path then takes it, with its errors)."""
+        unpack = codec.FRAME_HEAD.unpack_from
+        h = mstop + 1
+        if end - h < 7:
+            return 0
+        hk, hch, hsize = unpack(buf, h)
+        hstop = h + 7 + hsize
+        if hk != codec.HEADER or hch != c.id or hsize > limit or hsize < 14 or hstop >= end \
+                or buf[hstop] != codec.FRAME_END:
+            return 0
+        class_id, _, size = codec.CONTENT.unpack_from(buf, h + 7)
+        if class_id != 60:
+            return 0
+        if size:
+            b = hstop + 1
+            if end - b < 7:
+                return 0
+            bk, bch, bsize = unpack(buf, b)
+            nxt = b + 8 + bsize
+            if bk != codec.BODY or bch != c.id or bsize != size or bsize > limit or nxt > end \
+                    or buf[nxt - 1] != codec.FRAME_END:
+                return 0
+            body = buf[b + 7:nxt - 1]
+        else:
+            body = b""
+            nxt = hstop + 1
+        exchange, key, mandatory, immediate = self._publish.decode(buf[mstart:mstop])
+        if immediate:
+            raise ProtocolError(NOT_IMPLEMENTED, "immediate=true")
+        raw = buf[h + 19:hstop]
+        if not self._check_content(c, raw, size):
+            return nxt
+        self._add_publish(c.id, exchange, key, mandatory, body, raw)
+        return nxt
+
+    def _check_content(self, c: _Channel, raw: bytes, size: int) -> bool:
+        """The property bytes decode (pamqp, once per distinct value), user_id is the user's,
+        the body is not too large; False when the channel failed."""
         seen = self._props_seen
         if raw in seen:
             user_id = seen[raw]
@@ -521,15 +624,12 @@ class AmqpProtocol:
         if user_id is not None and user_id != self.user:
             self._fail_channel(c, PRECONDITION_FAILED, f"user_id property set to '{user_id}' but "
                                                        f"authenticated user was '{self.user}'")
-            return
+            return False
         if size > self.max_message:
             self._fail_channel(c, PRECONDITION_FAILED, f"message size {size} is larger than "
                                                        f"configured max size {self.max_message}")
-            return
-        c.size = size
-        c.raw = raw
-        if size == 0:
-            self._complete(c)
+            return False
+        return True
 
     def _complete(self, c: _Channel) -> None:
         exchange, key, mandatory = c.method
@@ -539,14 +639,19 @@ class AmqpProtocol:
         c.method = None
         c.size = -1
         c.parts = []
+        self._add_publish(c.id, exchange, key, mandatory, body, raw)
+
+    def _add_publish(self, ch: int, exchange: str, key: str, mandatory: bool, body: bytes,
+                     raw: bytes) -> None:
+        """One whole message into the batch of publishes going to the session."""
         item = None if (raw == propsmod.NO_PROPS and not exchange) else [exchange, key, raw]
         b = self._batch
-        if b is not None and (b[0] != c.id or b[1] != exchange or b[2] != key or b[3] != mandatory
+        if b is not None and (b[0] != ch or b[1] != exchange or b[2] != key or b[3] != mandatory
                               or b[6] >= BATCH_BYTES or len(b[4]) >= BATCH_MSGS or b[7] != "pub"):
             self._flush_batch()
             b = None
         if b is None:
-            self._batch = [c.id, exchange, key, mandatory, [body], [item], len(body), "pub"]
+            self._batch = [ch, exchange, key, mandatory, [body], [item], len(body), "pub"]
         else:
             b[4].append(body)
             b[5].append(item)
@@ -631,22 +736,9 @@ class AmqpProtocol:
         if c is None or c.closing:
             return  # the session requeues what a closed channel had
         tag = msg.consumer_tag
-        queue = c.consumers.get(tag, "")
-        out = self._out
-        props = msg.props
-        red = set(msg.redelivered) if msg.redelivered else ()
-        first = msg.first_tag
-        frame_max = self.frame_max
-        frames = codec.deliver_frames
-        for i, body in enumerate(msg.bodies):
-            item = props[i] if props is not None else None
-            if item is None:
-                frames(ch, tag, first + i, i in red, "", queue, body, propsmod.NO_PROPS, frame_max, out)
-            elif type(item) is list:
-                frames(ch, tag, first + i, i in red, item[0], item[1], body, item[2], frame_max, out)
-            else:
-                frames(ch, tag, first + i, i in red, "", queue, body, propsmod.to_raw(item),
-                       frame_max, out)
+        codec.deliver_batch(ch, tag, msg.first_tag, msg.bodies,
+                            set(msg.redelivered) if msg.redelivered else (), msg.props,
+                            c.consumers.get(tag, ""), propsmod.to_raw, self.frame_max, self._out)
 
     def _confirm(self, msg: m.Confirm) -> None:
         c = self.channels.get(msg.ch)
