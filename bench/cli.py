@@ -121,6 +121,7 @@ EPILOG = """examples:
   warren-bench run smoke --target warren --out results
   warren-bench analyse results                       (or analyze; = python -m bench.analysis)
   warren-bench sync --messages 100000 --batch-sizes 1,100,4096
+  warren-bench sync-load --messages 100000 --rate 2000
 See bench/README.md for the workload files and bench/LOGS.md for the logs."""
 
 
@@ -182,6 +183,14 @@ def main(argv=None) -> None:
     s.add_argument("--batch-sizes", default="1,100,4096", help="comma-separated ha-sync-batch-size values")
     s.add_argument("--max-throughput", default="0",
                    help="comma-separated mirroring_sync_max_throughput values in bytes/s (0: no limit)")
+    sl = sub.add_parser("sync-load", help="a batch sync under a steady publisher: confirm latency "
+                                          "and rate, blocking (the spec) against background")
+    sl.add_argument("--messages", type=int, default=100_000, help="the backlog to synchronise")
+    sl.add_argument("--size", type=int, default=1024)
+    sl.add_argument("--rate", type=int, default=2000, help="publishes per second during the sync")
+    sl.add_argument("--modes", default="blocking,background")
+    sl.add_argument("--max-throughput", type=int, default=0,
+                    help="mirroring_sync_max_throughput in bytes/s (0: no limit)")
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
     sub.add_parser("analyse", aliases=["analyze"], add_help=False,
@@ -193,6 +202,12 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.command in ("run", "check"):
         sys.exit(_run(args))
+    if args.command == "sync-load":
+        from bench.sync_bench import run_sync_under_load
+        rows = run_sync_under_load(args.messages, args.size, args.rate, args.modes.split(","),
+                                   args.max_throughput)
+        print(json.dumps(rows))
+        return
     if args.command == "sync":
         from bench.sync_bench import run_sync_bench
         rows = run_sync_bench(args.messages, args.size, [int(x) for x in args.batch_sizes.split(",")],

@@ -88,3 +88,86 @@ def run_sync_bench(messages: int, size: int, batch_sizes: list[int], limits: lis
                                   c.ctl_json("n1", "list_queues", "name", "mirror_pids")
                                   if r["name"] == QUEUE), 30, "the mirror to go")
     return rows
+
+
+# --- a sync under load: blocking (the spec) against background (ha-sync-mode background) -------
+
+async def _load_during_sync(addr: str, peer_port: int, secret: bytes, mode: str, rate: int,
+                            size: int, settle: float) -> dict:
+    """Publish at `rate` msgs/s with confirms (each message's latency measured from the time it
+    was due, so a blocked queue cannot hide its pause), switch the policy that adds a mirror
+    and syncs it, and return the confirm latencies and rate while the sync ran."""
+    import bisect
+
+    async def ctl(cmd, **args):
+        return await ctl_call(TcpNetwork(), "127.0.0.1", peer_port, "warren-bench", secret, cmd, args)
+
+    due: list[float] = []
+    done: dict[int, float] = {}
+    async with open_connection([addr]) as conn:
+        ch = await conn.channel()
+        await ch.confirm_delivery()
+        ch.on_confirm = lambda a, b, ok, why: done.update((s, time.monotonic()) for s in range(a, b + 1))
+        body = b"L" * size
+        stop = trio.Event()
+        window: dict = {}
+
+        async def publisher():
+            t0 = time.monotonic()
+            n = 0
+            while not stop.is_set():
+                target = int((time.monotonic() - t0) * rate)
+                while n < target:
+                    n += 1
+                    due.append(t0 + n / rate)
+                    ch.publish_nowait(QUEUE, body)
+                await trio.sleep(0.001)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(publisher)
+            await trio.sleep(settle)
+            definition = f'{{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"{mode}"}}'
+            await ctl("set_policy", name="sync-load", pattern=f"^{QUEUE}$", definition=definition)
+            while True:  # until the sync has run and ended
+                st = await ctl("sync_status", queue=QUEUE)
+                if st["last"] is not None and not st["running"]:
+                    break
+                await trio.sleep(0.05)
+            last = st["last"]
+            window["end"] = time.monotonic()
+            window["start"] = window["end"] - last["elapsed"]
+            await trio.sleep(settle)
+            stop.set()
+        await ch.wait_for_confirms(timeout=60)
+    lo = bisect.bisect_left(due, window["start"])
+    hi = bisect.bisect_right(due, window["end"])
+    lat = sorted(done[s + 1] - due[s] for s in range(lo, hi) if s + 1 in done)
+    confirmed_in = sum(1 for t in done.values() if window["start"] <= t <= window["end"])
+
+    def pct(p):
+        return round(1000 * lat[min(len(lat) - 1, int(p / 100 * len(lat)))], 2) if lat else None
+
+    return {"mode": "blocking" if mode == "automatic" else mode, "sync_s": last["elapsed"],
+            "synced_messages": last["messages"], "published_during": hi - lo,
+            "confirms_per_s_during": round(confirmed_in / max(last["elapsed"], 1e-9)),
+            "confirm_p50_ms": pct(50), "confirm_p99_ms": pct(99),
+            "confirm_max_ms": round(1000 * lat[-1], 1) if lat else None}
+
+
+def run_sync_under_load(messages: int, size: int, rate: int, modes: list[str], limit: int = 0,
+                        settle: float = 2.0) -> list[dict]:
+    """For each mode ("blocking" = ha-sync-mode automatic, the spec; "background"): a fresh
+    2-node cluster, a backlog of `messages` on n1, a publisher at `rate` msgs/s, then a policy
+    that adds a mirror on n2 and syncs it that way."""
+    rows = []
+    for mode in modes:
+        policy_mode = "automatic" if mode == "blocking" else mode
+        home = Path(tempfile.mkdtemp(prefix="warren-syncload-"))
+        with LocalCluster(home, 2, free_ports=True, net_ticktime=30,
+                          server_args=["--mirroring-sync-max-throughput", str(limit)]) as c:
+            trio.run(_fill, c.client_addr("n1"), messages, size)
+            row = trio.run(_load_during_sync, c.client_addr("n1"), c.peer_port("n1"),
+                           c.env["WARREN_SECRET"].encode(), policy_mode, rate, size, settle)
+            rows.append(row)
+            print("\t".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    return rows

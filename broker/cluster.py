@@ -508,8 +508,15 @@ class Cluster:
                     if other != name:
                         await stream.aclose()
                         raise ProtocolError(NOT_ALLOWED, f"expected node {name}, reached {other}")
+                    started = trio.current_time()
                     await self.run_link(name, framed, dialer=self.name)
-                    delay = 0.05
+                    # a link that ended at once (a duplicate, a refusal) is dialed again only
+                    # after the usual back-off; one that lived a while, at once
+                    if trio.current_time() - started < 1.0:
+                        await trio.sleep(delay)
+                        delay = min(delay * 2, cap)
+                    else:
+                        delay = 0.05
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError,
                         trio.ClosedResourceError, ProtocolError) as exc:
                     self.log.debug("dial failed", peer=name, error=str(exc))
@@ -652,12 +659,22 @@ class Cluster:
             return await self.call_node(leader, "admit", {"name": name, "peer": peer, "client": client})
         if name in raft.voters and self.md.members.get(name, {}).get("peer") == list(peer):
             return self._state_for_joiner()
-        try:
-            raft.propose(["member.add", name, list(peer), list(client)])
-        except ChangeInProgress as exc:
-            raise ProtocolError(PRECONDITION_FAILED, f"cannot add {name} now ({exc}); try again") from None
-        except NotLeader:
-            raise ProtocolError(NOT_ALLOWED, "the cluster's leader changed; try again") from None
+        deadline = trio.current_time() + 10
+        while True:
+            try:
+                raft.propose(["member.add", name, list(peer), list(client)])
+                break
+            except ChangeInProgress as exc:
+                # one membership change at a time: wait for the one under way to commit
+                if trio.current_time() > deadline:
+                    raise ProtocolError(PRECONDITION_FAILED, f"cannot add {name} now ({exc}); try again") from None
+                with trio.move_on_after(0.1):
+                    await self.wait_changed()
+                raft = self.raft
+                if raft is None or raft.role is not Role.LEADER:
+                    raise ProtocolError(NOT_ALLOWED, "the cluster's leader changed; try again") from None
+            except NotLeader:
+                raise ProtocolError(NOT_ALLOWED, "the cluster's leader changed; try again") from None
         self._after_raft(trio.current_time())
         self.log.info("node joins the cluster", joining=name)
         return self._state_for_joiner()

@@ -203,8 +203,14 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
                         stats["duplicates"] += 1
                     seen.add(mid)
                     sub.basic_ack(msg.delivery_tag)
-                    if publishing_done.is_set() and confirmed <= seen:
-                        return
+
+            async def until_all_delivered(scope):
+                """Every confirmed message delivered: a last half second for late repeats."""
+                await publishing_done.wait()
+                while not confirmed <= seen:
+                    await trio.sleep(0.05)
+                await trio.sleep(0.5)
+                scope.cancel()
 
             async def killer():
                 await trio.sleep(kill_at)
@@ -219,7 +225,9 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
                 nursery.start_soon(publisher)
                 nursery.start_soon(killer)
                 with trio.move_on_after(seconds + drain) as draining:
-                    await consumer_task()
+                    async with trio.open_nursery() as inner:
+                        inner.start_soon(until_all_delivered, inner.cancel_scope)
+                        await consumer_task()
                 if draining.cancelled_caught:
                     notes.append(f"stopped waiting for deliveries {seconds + drain:g} s after the "
                                  f"start: {len(confirmed - seen):,} confirmed messages were not "

@@ -2,7 +2,10 @@
 
 `FramedStream.receive_batch()` returns every message decoded from one read, so a burst of small
 frames costs one wake-up. `Outbox` is a connection's single writer: senders append messages
-without waiting and the writer task encodes everything queued into one `send_all`. Senders on a
+without waiting and the writer task encodes everything queued into one `send_all`. It sends as
+soon as there is something to send; under load, what arrives during a send forms the next batch
+(corking without a timer: measured against waiting up to 2 ms for the process to go idle, it
+gave lower latency at 2,000 msgs/s and higher mirrored throughput). Senders on a
 hot path call `wait_below_watermark()` so a slow reader back-pressures them instead of filling
 memory.
 """
@@ -12,7 +15,6 @@ from __future__ import annotations
 import math
 
 import trio
-from trio.testing import wait_all_tasks_blocked
 
 from wire.errors import UNEXPECTED_FRAME, FrameError, ProtocolError
 from wire.frames import DEFAULT_MAX_FRAME, HEADER, FrameDecoder
@@ -82,18 +84,6 @@ def encode_many(msgs, max_frame: int) -> bytes:
     return b"".join(parts)
 
 
-IDLE_WAIT = 0.002  # seconds a writer waits at most for the other ready tasks
-
-
-async def until_idle(limit: float = IDLE_WAIT) -> None:
-    """Let every other ready task run first, so what they are about to send joins this write
-    (fewer, larger writes and batches is what a busy node needs); never more than `limit`
-    seconds, so a node that is never idle still sends. When nothing else is ready it returns at
-    once: an idle node adds no latency."""
-    with trio.move_on_after(limit):
-        await wait_all_tasks_blocked()
-
-
 class Outbox:
     """The single writer of a connection. `put` never blocks; `run` drains and sends."""
 
@@ -129,7 +119,8 @@ class Outbox:
         recv = self._recv
         try:
             async for first in recv:
-                await until_idle()
+                # no waiting for more: an idle connection sends at once, and what is put while
+                # a send is in flight (send_all yields to the other tasks) forms the next batch
                 batch = [first]
                 while True:
                     try:

@@ -366,6 +366,7 @@ class SimNetwork:
         self._cuts: list[dict[str, int]] = []  # each: host -> group index
         self._delays: dict[frozenset[str], float] = {}
         self._dead: set[str] = set()
+        self._paused: set[str] = set()
         self._next_listen_port: dict[str, int] = {}
         self._next_client_port: dict[str, int] = {}
         self._stats: dict[tuple[str, str], dict[str, int]] = {}
@@ -393,6 +394,16 @@ class SimNetwork:
 
     def heal(self) -> None:
         self._cuts.clear()
+        self._wake_all()
+
+    def pause(self, host: str) -> None:
+        """The host falls silent, as a SIGSTOPped process does to the others: bytes to and
+        from it are held (nothing breaks) until ``resume``; new connections to it fail."""
+        self._deliver_all_due()
+        self._paused.add(host)
+
+    def resume(self, host: str) -> None:
+        self._paused.discard(host)
         self._wake_all()
 
     def drop(self, a: str, b: str) -> None:
@@ -452,6 +463,8 @@ class SimNetwork:
         return sum(1 for _ in self._conns_between(a, b))
 
     def is_partitioned(self, a: str, b: str) -> bool:
+        if a != b and (a in self._paused or b in self._paused):
+            return True
         for cut in self._cuts:
             if a in cut and b in cut and cut[a] != cut[b]:
                 return True

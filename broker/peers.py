@@ -89,34 +89,40 @@ class PeerLink:
         self.outbox.put(msg)
 
     async def run(self, on_messages) -> str:
-        """Serve the link until it breaks; returns why it ended."""
+        """Serve the link until it breaks; returns why it ended. The stream is closed however
+        it ends (cancelled too), so the peer sees the link go at once."""
         reason = "closed"
-        with self.cancel_scope:
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._writer)
-                    nursery.start_soon(self._ticker)
-                    while True:
-                        batch = await self.framed.receive_batch()
-                        if not batch:
-                            reason = "connection closed by peer"
-                            break
-                        self.last_heard = trio.current_time()
-                        await on_messages(self, batch)
-                    nursery.cancel_scope.cancel()
-            # trio groups the tasks' errors, possibly with the Cancelled of a closing link: take
-            # the reasons out and let the Cancelled go on to the scope that caused it
-            except* ProtocolError as group:
-                reason = f"protocol error: {_leaf(group)}"
-            except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
-                reason = f"connection broken ({type(_leaf(group)).__name__})"
-        if self.cancel_scope.cancelled_caught and reason == "closed":
-            reason = getattr(self, "_close_reason", "closed")
-        self.outbox.close()
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(1):
-                await self.framed.stream.aclose()
-        return reason
+        try:
+            with self.cancel_scope:
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._writer)
+                        nursery.start_soon(self._ticker)
+                        while True:
+                            batch = await self.framed.receive_batch()
+                            if not batch:
+                                reason = "connection closed by peer"
+                                break
+                            self.last_heard = trio.current_time()
+                            await on_messages(self, batch)
+                        nursery.cancel_scope.cancel()
+                # trio groups the tasks' errors, possibly with the Cancelled of a closing link:
+                # take the reasons out and let the Cancelled go on to the scope that caused it
+                except* ProtocolError as group:
+                    reason = f"protocol error: {_leaf(group)}"
+                except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+                    reason = f"connection broken ({type(_leaf(group)).__name__})"
+            if self.cancel_scope.cancelled_caught and reason == "closed":
+                reason = getattr(self, "_close_reason", "closed")
+            return reason
+        finally:
+            self.outbox.close()
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(1):
+                    try:
+                        await self.framed.stream.aclose()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        pass
 
     def close(self, reason: str) -> None:
         self._close_reason = reason

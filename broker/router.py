@@ -202,6 +202,8 @@ class Router:
             s.route_changed(node)
 
     def link_up(self, node: str) -> None:
+        for qp in self.replicas.values():
+            qp.deliver(rp.LinkUp(node))
         for s in list(self.node.sessions.values()):
             s.route_changed(node)
 

@@ -575,7 +575,7 @@ class Session:
             self.inflight_msgs += n
             self.inflight_bytes += size
             await router.wait_link_room(qname)
-            self._send(qname, m.QPublish(qname, owner, pseq, bodies, props))
+            self._send(qname, m.QPublish(qname, owner, pseq, bodies, props, False))
 
     # --- routing to the queue's leader, and resends ------------------------------------------
     def _send(self, qname: str, op) -> None:
@@ -619,7 +619,7 @@ class Session:
 
     def _resend(self, qname: str, qdef: dict) -> None:
         me, sid = self.me, self.sid
-        ops = [m.QPublish(qname, (me, sid, b.ch), b.pseq, b.bodies, b.props)
+        ops = [m.QPublish(qname, (me, sid, b.ch), b.pseq, b.bodies, b.props, True)
                for b in self.inflight.get(qname, ())]
         ops += [op for q, op in self.rpcs.values() if q == qname]
         ops += [c for ch in self.channels.values() for c in ch.consumers.values()

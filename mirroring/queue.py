@@ -38,7 +38,7 @@ ready messages from its start id on.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from heapq import merge
@@ -187,23 +187,27 @@ class QueueState:
 
     # --- publishing ------------------------------------------------------------------------
     def publish(self, bodies: list, props: list | None, origin: list | None = None,
-                pseq: int = 0, now: float = 0.0, ttl: float | None = None) -> tuple[int, int]:
+                pseq: int = 0, redelivered: bool = False, now: float = 0.0,
+                ttl: float | None = None) -> tuple[int, int]:
         """Enqueue a batch; returns the first and last id given. `origin`/`pseq` identify the
-        publishing session's batch so a resend after a failover is recognised (`seen`); `ttl`
-        (seconds) makes the batch expire at `now` + ttl."""
+        publishing session's batch so a resend after a failover is recognised (`seen`).
+        `redelivered`: a batch resent after a failover that this replica did not have; the old
+        leader may have delivered it already, so it goes out flagged. `ttl` (seconds) makes the
+        batch expire at `now` + ttl."""
         first = self.next_id
         if origin is not None:
             origin = (origin[0], origin[1])
             self.last_pseq[origin] = pseq
         if self.effects is not None:
-            self.effects.append(EEnqueue(first, bodies, props, origin, pseq, ttl))
+            self.effects.append(EEnqueue(first, bodies, props, origin, pseq, redelivered, ttl))
         n = len(bodies)
         if ttl is not None and n:
             self.expiry.append((first + n - 1, now + ttl))
+        flags = [redelivered] * n
         if props is None:
-            self.ready.extend(zip(range(first, first + n), bodies, [None] * n, [False] * n))
+            self.ready.extend(zip(range(first, first + n), bodies, [None] * n, flags))
         else:
-            self.ready.extend(zip(range(first, first + n), bodies, props, [False] * n))
+            self.ready.extend(zip(range(first, first + n), bodies, props, flags))
         self.next_id = first + n
         self.ready_bytes += sum(map(len, bodies))
         return first, first + n - 1
@@ -568,6 +572,21 @@ class QueueState:
                 ready.clear()
                 ready.extend(merged)
 
+    def ready_between(self, lo: int, hi: int, limit: int) -> list:
+        """Up to `limit` ready messages with lo < id < hi, in id order, without walking the
+        queue from its head (a bisection over the sorted deque, then indexed reads)."""
+        ready = self.ready
+        k = bisect_right(ready, lo, key=_msg_id)
+        out = []
+        n = len(ready)
+        while k < n and len(out) < limit:
+            m = ready[k]
+            if m[0] >= hi:
+                break
+            out.append(m)
+            k += 1
+        return out
+
     def oldest_id(self) -> int | None:
         """The smallest message id this replica holds (ready or unacknowledged)."""
         low = self.ready[0][0] if self.ready else None
@@ -586,7 +605,8 @@ class QueueState:
             t = type(eff)
             if t is EEnqueue:
                 self.next_id = eff.first
-                self.publish(eff.bodies, eff.props, eff.origin, eff.pseq, now, eff.ttl)
+                self.publish(eff.bodies, eff.props, eff.origin, eff.pseq, eff.redelivered, now,
+                             eff.ttl)
             else:
                 _APPLY[t](self, eff)
 

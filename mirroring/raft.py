@@ -135,6 +135,7 @@ class Raft:
         self._acked_at: dict[str, float] = {}
         self._heartbeat_at = now
         self._transferring = False
+        self._now = now
 
     # --- the log -----------------------------------------------------------------------------
     @property
@@ -233,6 +234,7 @@ class Raft:
         return self._election_at
 
     def tick(self, now: float) -> None:
+        self._now = now
         if self.role is Role.LEADER:
             if not self._quorum_heard(now):
                 self._become_follower(self.term, None, now)
@@ -240,8 +242,11 @@ class Raft:
             if now >= self._heartbeat_at:
                 self._broadcast_append(now)
             return
-        if now >= self._election_at and self.me in self.voters:
-            self._start_pre_vote(now)
+        if now >= self._election_at:
+            if self.me in self.voters:
+                self._start_pre_vote(now)
+            else:  # not (or no longer) a voter: nothing to do but wait to hear from a leader
+                self._election_at = now + self._timeout()
 
     def _quorum_heard(self, now: float) -> bool:
         heard = sum(1 for p in self.voters
@@ -387,6 +392,9 @@ class Raft:
             if change[0] == "member.add" and change[1] not in self.voters:
                 self._next[change[1]] = self.last_index + 1
                 self._match[change[1]] = 0
+                # a joining node is counted as heard from now: check-quorum gives it an election
+                # timeout to start (with two members, its acknowledgement is the majority)
+                self._acked_at[change[1]] = self._now
         index = self._append(change)
         for p in self.voters:
             if p != self.me:
@@ -533,6 +541,7 @@ class Raft:
     # --- input -------------------------------------------------------------------------------
     def receive(self, now: float, peer: str, msg) -> None:
         """A Raft message from `peer` (a member we have a link with)."""
+        self._now = now
         handler = _HANDLERS.get(type(msg))
         if handler is None:
             raise ValueError(f"not a raft message: {msg!r}")

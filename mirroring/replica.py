@@ -52,6 +52,8 @@ ROUND_BYTES = 2 << 20  # publish bytes applied per round: a replication batch st
 SYNC_PROGRESS_EVERY = 1.0  # seconds between sync progress log lines
 SYNCED_CHECK_EVERY = 0.05  # seconds between natural-sync checks (they cost O(unacked))
 RETRY_PROPOSAL_AFTER = 1.0
+MIRROR_START_RETRY = 1.0
+LIVE_SYNC_BATCH_BYTES = 128 << 10  # a background sync's batches are small (see _SyncJob)  # seconds a new mirror may take to answer its start before another
 
 
 class State(enum.Enum):
@@ -119,6 +121,12 @@ class NodeGone:
 @dataclass(slots=True)
 class LinkDown:
     """This node lost its link to `node` (it may come back)."""
+    node: str
+
+
+@dataclass(slots=True)
+class LinkUp:
+    """This node has a link to `node` (again)."""
     node: str
 
 
@@ -193,10 +201,17 @@ class _SyncJob:
         total, size = replica.old_messages_count(self.cursor, self.low)
         cfg = replica.cfg
         batch_size = replica.assign.ha.sync_batch_size or cfg.sync_batch_size
-        # about 8192 messages unacknowledged at most, in at least 4 batches
-        window = max(4, min(4096, 8192 // batch_size))
+        max_bytes = cfg.max_sync_bytes
+        if blocking:
+            # about 8192 messages unacknowledged at most, in at least 4 batches
+            window = max(4, min(4096, 8192 // batch_size))
+        else:
+            # the live stream shares the link and the mirror: keep little sync data ahead of it
+            # (what the mirror must acknowledge before a confirm), so confirms stay prompt
+            window = 2
+            max_bytes = min(max_bytes, LIVE_SYNC_BATCH_BYTES)
         self.replica = replica
-        self.pacer = BatchSync(self, total, size, batch_size, cfg.max_sync_bytes,
+        self.pacer = BatchSync(self, total, size, batch_size, max_bytes,
                                cfg.sync_max_throughput, now, window)
         self.next_report = now + SYNC_PROGRESS_EVERY
 
@@ -325,6 +340,21 @@ class Replica:
         if ev.node in self.rep.mirrors:
             self._drop_mirror(ev.node, "lost the link to its node", now)
 
+    def link_up(self, ev: LinkUp, now: float) -> None:
+        """A mirror there that never answered its start (it went nowhere): start it again."""
+        track = self.rep.mirrors.get(ev.node) if self.state in LEADING else None
+        if track is not None and not track.ready:
+            self._restart_mirror(ev.node, now)
+
+    def _restart_mirror(self, node: str, now: float) -> None:
+        """Send a mirror that has not answered a fresh start. It holds nothing yet, so it is
+        not synchronised: what waited for its acknowledgement waits no longer."""
+        self._ship(now)
+        self._release(self.rep.remove(node))
+        self.rep.add(node, self.q.next_id, now)
+        self._send(node, m.RMirrorStart(self.name, self.epoch, self.me,
+                                        self.q.mirror_snapshot(now=now), None, self.rep.seq))
+
     def _drop_mirror(self, node: str, why: str, now: float) -> None:
         self._log(f"{self.qlog}: asking to drop the mirror on node {node}", reason=why)
         self._propose_once(("drop", node, self.epoch),
@@ -348,6 +378,9 @@ class Replica:
             return
         for node in self.rep.stalled(now, self.cfg.stall_after):
             self._drop_mirror(node, f"no acknowledgement for {self.cfg.stall_after:g} s", now)
+        for t in list(self.rep.mirrors.values()):
+            if not t.ready and now - t.progress_at > MIRROR_START_RETRY:
+                self._restart_mirror(t.node, now)
         self._report_synced(now)
         expires = self.assign.limits.expires
         if expires is not None and not self.q.consumers and now - self.last_used >= expires:
@@ -390,7 +423,7 @@ class Replica:
                     bodies = [b for i, b in enumerate(bodies) if i not in drop]
                     if props is not None:
                         props = [p for i, p in enumerate(props) if i not in drop]
-            q.publish(bodies, props, owner, msg.pseq, now, limits.message_ttl)
+            q.publish(bodies, props, owner, msg.pseq, msg.resent, now, limits.message_ttl)
         self.accepted[(owner[0], owner[1])] = msg.pseq
 
     def _op_settle(self, msg: m.QSettle, now: float) -> None:
@@ -581,13 +614,7 @@ class Replica:
     def holds_between(self, lo: int, hi: int) -> bool:
         """Does this replica hold a message with lo < id < hi?"""
         q = self.q
-        for msg in q.ready:  # sorted by id: only the head can matter
-            if msg[0] <= lo:
-                continue
-            if msg[0] < hi:
-                return True
-            break
-        return any(lo < mid < hi for mid in q.unacked)
+        return bool(q.ready_between(lo, hi, 1)) or any(lo < mid < hi for mid in q.unacked)
 
     def _report_synced(self, now: float) -> None:
         if now - self._synced_check_at < SYNCED_CHECK_EVERY and self._synced_check_at:
@@ -638,12 +665,7 @@ class Replica:
         """The next messages with lo < id < hi, oldest first, as the queue holds them now
         (ready ones with their redelivered flag, unacknowledged ones too)."""
         q = self.q
-        cands = []
-        for msg in q.ready:
-            if msg[0] >= hi or len(cands) >= max_msgs:
-                break
-            if msg[0] > lo:
-                cands.append(msg)
+        cands = q.ready_between(lo, hi, max_msgs)
         if q.unacked:
             cands.extend(e[2] for mid, e in q.unacked.items()
                          if lo < mid < hi and e[2] is not None)

@@ -80,7 +80,7 @@ class LeaderReplication:
     def stalled(self, now: float, after: float) -> list[str]:
         """Mirrors that owe acknowledgements and have shown no progress for `after` seconds."""
         return [t.node for t in self.mirrors.values()
-                if t.acked < self.seq and now - t.progress_at > after]
+                if t.ready and t.acked < self.seq and now - t.progress_at > after]
 
     def _release(self) -> dict:
         if not self.pending:

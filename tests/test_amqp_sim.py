@@ -17,7 +17,7 @@ from broker.amqp import codec
 from broker.control import ctl_call
 from broker.session import WINDOW_MSGS
 
-from simcluster import PEER_PORT, sim_cluster
+from broker.simulation import PEER_PORT, sim_cluster
 
 pytestmark = pytest.mark.timeout(60)
 AMQP_PORT = 5673  # the default

@@ -290,3 +290,11 @@ def test_random_operations_keep_invariants(seed):
         run_random(seed)
     except AssertionError as exc:
         raise AssertionError(f"invariant broken with random.Random({seed}): {exc}") from exc
+
+
+def test_ready_between_is_the_ready_run_in_a_window():
+    q = QueueState("q")
+    q.publish([b"m%d" % i for i in range(1, 11)], None)  # ids 1..10
+    assert [m[0] for m in q.ready_between(3, 8, 10)] == [4, 5, 6, 7]
+    assert [m[0] for m in q.ready_between(0, 100, 3)] == [1, 2, 3]
+    assert q.ready_between(10, 100, 5) == [] and q.ready_between(4, 5, 5) == []

@@ -130,7 +130,7 @@ class World:
             owner, n = args
             self.pseq[owner[:2]] += 1
             first = L.q.next_id
-            L.handle(m.QPublish("q", owner, self.pseq[owner[:2]], [b"m%d" % i for i in range(n)], None), self.now)
+            L.handle(m.QPublish("q", owner, self.pseq[owner[:2]], [b"m%d" % i for i in range(n)], None, False), self.now)
             for mid in range(first, L.q.next_id):
                 self.published_at[mid] = self.now
         elif kind == "consume":

@@ -13,7 +13,7 @@ from broker.session import Session
 from wire import messages as m
 from wire.errors import ProtocolError
 
-from simcluster import sim_cluster
+from broker.simulation import sim_cluster
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,7 +7,7 @@ import trio
 
 from broker.client.errors import ChannelClosedByBroker
 
-from simcluster import TICKTIME, sim_cluster
+from broker.simulation import TICKTIME, sim_cluster
 
 pytestmark = pytest.mark.timeout(20)
 

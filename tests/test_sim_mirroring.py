@@ -10,7 +10,7 @@ import trio
 
 from broker.control import ctl_call
 
-from simcluster import PEER_PORT, TICKTIME, sim_cluster
+from broker.simulation import PEER_PORT, TICKTIME, sim_cluster
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -615,7 +615,7 @@ async def test_queue_leader_locator_node_setting_and_policy_override(tmp_path, a
     """"defining the `queue_leader_locator` key in the configuration file": the declaring
     node's setting applies when neither the argument nor the policy sets one; the policy key
     and the argument override it."""
-    from simcluster import SimCluster
+    from broker.simulation import SimCluster
     plain = SimCluster.config
 
     def config(self, name):

@@ -402,12 +402,14 @@ Owner = tuple[str, int, int]
 @register
 class QPublish(Message, tag="q.publish"):
     """A batch of messages; `pseq` numbers the session's batches, so a batch resent to a new
-    leader after a failover is recognised and not enqueued twice."""
+    leader after a failover is recognised and not enqueued twice. `resent`: sent again after
+    the route to the leader changed (the old leader may have delivered it)."""
     queue: str
     owner: Owner
     pseq: int
     bodies: list[bytes]
     props: list | None
+    resent: bool
 
 
 @register
@@ -506,6 +508,7 @@ class EEnqueue(Effect, tag="enq"):
     props: list | None
     origin: tuple[str, int] | None
     pseq: int
+    redelivered: bool
     ttl: float | None = None
 
 

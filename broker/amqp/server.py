@@ -2,8 +2,8 @@
 sans-IO protocol (broker/amqp/protocol.py) and the session (broker/session.py).
 
 One reader (bytes -> protocol -> session commands, awaited in order), one writer (whatever the
-protocol has to send, gathered while other tasks run so a burst of deliveries and confirms
-costs one write), one timer (heartbeats, the handshake deadline, a close-ok that never comes).
+protocol has to send: sent at once, and what comes while a send is in flight goes out together
+in the next one), one timer (heartbeats, the handshake deadline, a close-ok that never comes).
 While the session has no credit (its window of unconfirmed publishes is full: a mirror is
 behind) the reader stops reading and the client is told `connection.blocked` until it has
 room again. Errors close this connection only; the node carries on.
@@ -15,7 +15,6 @@ import trio
 
 from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
 
-from ..framed import until_idle
 from ..native import check_login
 from ..session import Session
 from . import protocol as proto
@@ -167,8 +166,8 @@ class AmqpConnection:
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
-                if not self._done:
-                    await until_idle()  # let the other tasks add to this write
+                # no waiting for more: what the other tasks produce while this send is in
+                # flight (send_all yields) forms the next write
                 data = p.data_to_send(trio.current_time())
                 if data:
                     await stream.send_all(data)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.framed import FramedStream, encode_many, until_idle
+from broker.framed import FramedStream, encode_many
 from broker.network import TcpNetwork
 from wire import messages as m
 from wire.errors import ProtocolError
@@ -198,6 +198,9 @@ class Channel:
         self.max_tag = 0
         self.declared: dict[str, dict] = {}
         self._early: dict[str, list] = {}
+        # while the connection is being re-established, publishes wait here (with their
+        # sequence numbers) until the channel is open and in confirm mode again
+        self._held: list | None = None
 
     # --- helpers ---------------------------------------------------------------------------
     def _check(self):
@@ -259,8 +262,11 @@ class Channel:
             seq = self.next_seq
             self.next_seq += 1
             self.outstanding[seq] = seq
-        self.conn._put(m.Publish(self.ch, routing_key, [bytes(body)],
-                                 None if properties is None else [properties]))
+        msg = m.Publish(self.ch, routing_key, [bytes(body)], None if properties is None else [properties])
+        if self._held is not None:
+            self._held.append((seq, msg))
+        else:
+            self.conn._put(msg)
         return seq
 
     async def basic_publish(self, exchange: str, routing_key: str, body: bytes,
@@ -568,6 +574,7 @@ class Connection:
             ch._confirm_waiters.clear()
             ch.tag_offset += ch.max_tag
             ch.max_tag = 0
+            ch._held = []  # until _recover has the channel back
         self.events.append((trio.current_time(), "disconnected", str(error)))
         if self.on_disconnect is not None:
             self.on_disconnect(error)
@@ -584,7 +591,13 @@ class Connection:
                 await self._rpc(lambda rid: m.BasicQos(rid, ch.ch, ch.prefetch, False), ch)
             if ch.confirming:
                 await self._rpc(lambda rid: m.ConfirmSelect(rid, ch.ch), ch)
-                ch._seq_base = ch.next_seq - 1
+            held, ch._held = ch._held or [], None
+            if ch.confirming:
+                # the server numbers this connection's publishes from 1: the first held one
+                first = next((seq for seq, _ in held if seq is not None), ch.next_seq)
+                ch._seq_base = first - 1
+            for _, msg in held:
+                self._put(msg)
             for q, d in ch.declared.items():
                 await self._recover_step(ch, lambda rid: m.QueueDeclare(
                     rid, ch.ch, q, False, d["durable"], d["exclusive"], d["auto_delete"], d["arguments"]))
@@ -612,8 +625,7 @@ class Connection:
             while True:
                 if not w.items:
                     await w.wake.wait()
-                await until_idle()  # let the application queue what it is about to publish
-                batch = w.take()
+                batch = w.take()  # what the application put meanwhile: one write
                 await self._stream.send_all(encode_many(batch, framed.max_frame))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._loss = ConnectionLost(f"connection to {self.node} broke: {exc!r}")
