@@ -220,3 +220,18 @@ def test_message_ttl_expires_without_a_consumer(cluster):
     rows = {r["name"]: r for r in cluster.ctl_json("n2", "list_queues", "name", "messages", "mirror_pids")}
     assert rows["ha.ttl"]["messages"] == 0 and rows["ha.ttl"]["mirror_pids"]
     conn.close()
+
+
+def test_large_messages_in_many_frames_through_a_mirrored_queue(cluster):
+    conn = connect(cluster, "n1")
+    conn.channel().queue_declare("ha.big")  # led by n1, mirrored on n2
+    conn.close()
+    conn = connect(cluster, "n2")
+    ch = conn.channel()
+    ch.confirm_delivery()
+    bodies = [b"a" * 3_000_000, b"small", bytes(range(256)) * 12_000, b""]
+    for body in bodies:
+        ch.basic_publish("", "ha.big", body)  # confirmed: on the leader and its mirror
+    got = [get_eventually(ch, "ha.big")[2] for _ in bodies]
+    assert got == bodies
+    conn.close()

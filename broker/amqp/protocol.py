@@ -39,7 +39,8 @@ from . import codec
 SERVER_FRAME_MAX = 131072  # RabbitMQ's default
 SERVER_CHANNEL_MAX = 2047
 SERVER_HEARTBEAT = 60
-BATCH_BYTES = 1 << 20  # publishes gathered into one session command, at most
+BATCH_BYTES = 1 << 20  # publishes gathered into one session command, at most (or one message:
+# a batch crosses peer links in one frame, so a large message goes alone)
 BATCH_MSGS = 2048
 CLOSE_TIMEOUT = 3.0  # seconds to wait for close-ok after a connection.close of ours
 CAPABILITIES = {
@@ -647,7 +648,8 @@ class AmqpProtocol:
         item = None if (raw == propsmod.NO_PROPS and not exchange) else [exchange, key, raw]
         b = self._batch
         if b is not None and (b[0] != ch or b[1] != exchange or b[2] != key or b[3] != mandatory
-                              or b[6] >= BATCH_BYTES or len(b[4]) >= BATCH_MSGS or b[7] != "pub"):
+                              or b[6] + len(body) > BATCH_BYTES or len(b[4]) >= BATCH_MSGS
+                              or b[7] != "pub"):
             self._flush_batch()
             b = None
         if b is None:
