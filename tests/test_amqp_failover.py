@@ -4,6 +4,7 @@ leader):
 * the spec's tutorial (../shared/spec/000_*.txt), its publisher and consumer run as written with
   `import pika`, only the port changed: the consumer, connected to another node, carries on
   after the leader is killed;
+* a consumer that asked for `x-cancel-on-ha-failover` gets a basic.cancel;
 * the properties of a message (all 14, a headers table of every field type) come back byte for
   byte from the promoted mirror, and a durable queue that was not mirrored answers with
   RabbitMQ's "home node ... is down or inaccessible";
@@ -108,7 +109,14 @@ def test_spec_tutorial_with_pika_carries_on_after_the_leader_is_killed(cluster, 
     raw.expect(C.Queue.DeclareOk)
     raw.method(1, C.Queue.Declare(0, "solo.durable", False, True))  # no policy: not mirrored
     raw.expect(C.Queue.DeclareOk)
+    raw.method(1, C.Queue.Declare(0, "ha.cancel", False, True))
+    raw.expect(C.Queue.DeclareOk)
     raw.close()
+    cancelled = []
+    watcher = pika.BlockingConnection(pika.ConnectionParameters("localhost", cluster.amqp_port("n3")))
+    wch = watcher.channel()
+    wch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    wtag = wch.basic_consume("ha.cancel", lambda *a: None, arguments={"x-cancel-on-ha-failover": True})
     props = all_properties()
     raw = RawClient(cluster.amqp_port("n2"))
     raw.open_channel()
@@ -132,6 +140,11 @@ def test_spec_tutorial_with_pika_carries_on_after_the_leader_is_killed(cluster, 
             wait_for(lambda: out_path.read_text().count(LINE) >= 2 or p.poll() is not None, 20,
                      "the consumer to print the message published after the failover")
             assert p.poll() is None, f"the consumer died: {out_path.read_text()}"
+            deadline = time.monotonic() + 20
+            while not cancelled and time.monotonic() < deadline:
+                watcher.process_data_events(time_limit=0.1)
+            assert cancelled == [wtag], "x-cancel-on-ha-failover: the consumer was not cancelled"
+            watcher.close()
             raw = RawClient(cluster.amqp_port("n3"))
             raw.open_channel()
             _, got_props, body = raw.get(1, "ha.props")
