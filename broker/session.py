@@ -43,7 +43,6 @@ from itertools import repeat
 import trio
 
 from mirroring import exchanges as xmod
-from mirroring.metadata import MetaError
 from wire import messages as m
 from wire import props as propsmod
 from wire.errors import (
