@@ -114,7 +114,8 @@ def _run(args) -> int:
 
 
 DESCRIPTION = """Benchmarks of warren (and RabbitMQ): run workload suites and write their logs,
-analyse those logs with Spark, or take a quick measure of throughput or batch sync."""
+analyse those logs with Spark, or take a quick measure of throughput, batch sync or memory per
+queued message."""
 
 EPILOG = """examples:
   warren-bench throughput --seconds 10               one node started for the purpose
@@ -122,6 +123,7 @@ EPILOG = """examples:
   warren-bench analyse results                       (or analyze; = python -m bench.analysis)
   warren-bench sync --messages 100000 --batch-sizes 1,100,4096
   warren-bench sync-load --messages 100000 --rate 2000
+  warren-bench memory --messages 200000              memory per queued 1 KiB message
 See bench/README.md for the workload files and bench/LOGS.md for the logs."""
 
 
@@ -191,6 +193,13 @@ def main(argv=None) -> None:
     sl.add_argument("--modes", default="blocking,background")
     sl.add_argument("--max-throughput", type=int, default=0,
                     help="mirroring_sync_max_throughput in bytes/s (0: no limit)")
+    mem = sub.add_parser("memory", help="memory per queued message on a queue's leader and its mirror "
+                                        "(bench/memory_bench.py)")
+    mem.add_argument("--messages", type=int, default=200_000, help="messages queued per round")
+    mem.add_argument("--size", type=int, default=1024, help="body size in bytes")
+    mem.add_argument("--rounds", type=int, default=2, help="rounds of --messages, each measured")
+    mem.add_argument("--warmup", type=int, default=2_000,
+                     help="messages published and consumed before the baseline")
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
     sub.add_parser("analyse", aliases=["analyze"], add_help=False,
@@ -207,6 +216,10 @@ def main(argv=None) -> None:
         rows = run_sync_under_load(args.messages, args.size, args.rate, args.modes.split(","),
                                    args.max_throughput)
         print(json.dumps(rows))
+        return
+    if args.command == "memory":
+        from bench.memory_bench import run_memory_bench
+        print(json.dumps(run_memory_bench(args.messages, args.size, args.rounds, args.warmup)))
         return
     if args.command == "sync":
         from bench.sync_bench import run_sync_bench

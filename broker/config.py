@@ -21,6 +21,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mirroring.alarm import Watermark, parse_watermark
 from wire.frames import DEFAULT_MAX_FRAME, MIN_MAX_FRAME
 
 
@@ -52,6 +53,12 @@ class NodeConfig:
     queue_leader_locator: str = "client-local"
     mirroring_sync_batch_size: int = 4096  # default ha-sync-batch-size, as RabbitMQ
     mirroring_sync_max_throughput: int = 0  # bytes/s for batch sync; 0 = no limit
+    # a fraction of the memory (RabbitMQ's default 0.4) or an absolute size ("512MiB", "2GB")
+    memory_high_watermark: str | float = "0.4"
+
+    @property
+    def memory_watermark(self) -> Watermark:
+        return parse_watermark(self.memory_high_watermark)
 
     def validate(self) -> "NodeConfig":
         import re
@@ -76,6 +83,10 @@ class NodeConfig:
             raise ConfigError("mirroring_sync_batch_size must be at least 1")
         if self.mirroring_sync_max_throughput < 0:
             raise ConfigError("mirroring_sync_max_throughput must be 0 (no limit) or a positive number of bytes/s")
+        try:
+            self.memory_watermark
+        except ValueError as exc:
+            raise ConfigError(f"memory_high_watermark: {exc}") from None
         if not self.secret:
             raise ConfigError("no cluster secret")
         if not self.advertise_host:
@@ -102,6 +113,7 @@ _FIELDS = {
     "queue_leader_locator": ("WARREN_QUEUE_LEADER_LOCATOR", str),
     "mirroring_sync_batch_size": ("WARREN_MIRRORING_SYNC_BATCH_SIZE", int),
     "mirroring_sync_max_throughput": ("WARREN_MIRRORING_SYNC_MAX_THROUGHPUT", int),
+    "memory_high_watermark": ("WARREN_MEMORY_HIGH_WATERMARK", str),
     "users": ("WARREN_USERS", "users"),
     "loopback_users": ("WARREN_LOOPBACK_USERS", "names"),
 }
@@ -134,7 +146,8 @@ _PARSERS = {"users": parse_users, "names": parse_names}
 
 # TOML key -> the Python types it accepts (bool is an int to Python: never accepted for numbers)
 def _toml_types() -> dict[str, tuple[type, ...]]:
-    types = {"secret": (str,), "secret_file": (str,), "users": (dict,), "loopback_users": (list,)}
+    types = {"secret": (str,), "secret_file": (str,), "users": (dict,), "loopback_users": (list,),
+             "memory_high_watermark": (str, int, float)}
     for f in dataclasses.fields(NodeConfig):
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.name in types or default is None:
@@ -163,6 +176,8 @@ def _read_toml(path: str) -> dict:
     for key, value in data.items():
         if isinstance(value, bool) or not isinstance(value, types[key]):
             want = "a number" if float in types[key] else _TOML_NAMES[types[key][0]]
+            if str in types[key] and float in types[key]:
+                want = "a number or a string"
             got = _TOML_NAMES.get(type(value), type(value).__name__)
             raise ConfigError(f"config file {path}: {key} must be {want}, not {got} {value!r}")
     if "users" in data and not all(isinstance(k, str) and isinstance(v, str)

@@ -104,7 +104,19 @@ async def cmd_status(node, args):
             "client_port": node.client_port, "amqp_port": node.amqp_port,
             "cluster_name": md.cluster_name,
             "metadata_version": md.version, "net_ticktime": node.config.net_ticktime,
-            "paused": node.cluster.paused}
+            "paused": node.cluster.paused, **node.memory.status()}
+
+
+async def cmd_set_vm_memory_high_watermark(node, args):
+    """A new high watermark for this node until it restarts (rabbitmqctl's command of that
+    name): a fraction of memory, or an absolute size."""
+    from mirroring.alarm import format_bytes, parse_watermark
+    try:
+        watermark = parse_watermark(args["value"])
+    except ValueError as exc:
+        raise ProtocolError(PRECONDITION_FAILED, str(exc)) from None
+    limit = node.memory.set_watermark(watermark)
+    return f"Setting memory threshold on {node.name} to {watermark} ({format_bytes(limit)}) ..."
 
 
 async def cmd_cluster_status(node, args):
@@ -296,7 +308,8 @@ COMMANDS = {
     "sync_status": cmd_sync_status,
     "set_policy": cmd_set_policy, "clear_policy": cmd_clear_policy,
     "list_policies": cmd_list_policies,
-    "status": cmd_status, "cluster_status": cmd_cluster_status, "stop": cmd_stop,
+    "status": cmd_status, "set_vm_memory_high_watermark": cmd_set_vm_memory_high_watermark,
+    "cluster_status": cmd_cluster_status, "stop": cmd_stop,
     "stop_app": cmd_stop_app,
     "start_app": cmd_start_app, "join_cluster": cmd_join_cluster, "reset": cmd_reset,
     "forget_cluster_node": cmd_forget_cluster_node, "add_member": cmd_add_member,
@@ -313,9 +326,12 @@ async def node_rpc(node, name: str, args: dict):
         now = trio.current_time()
         return {qname: qp.replica.stats(now) for qname, qp in node.router.replicas.items()}
     if name == "connections":
+        blocked = node.memory.blocked
         return [{"node": node.name, "name": s.conn_id, "peer": s.peer, "user": s.user,
                  "client_name": s.client_name, "channels": len(s.channels),
-                 "protocol": s.protocol}
+                 "protocol": s.protocol,
+                 # RabbitMQ's words: held (blocked), would be held if it published (blocking)
+                 "state": ("blocked" if s.publisher else "blocking") if blocked else "running"}
                 for s in node.sessions.values()]
     if name == "consumers":
         return [{"queue_name": qname, "consumer_tag": c.tag,

@@ -20,7 +20,7 @@ from . import config as configmod
 from .control import DEFAULT_QUEUE_COLUMNS, QUEUE_COLUMNS, ctl_call
 from .network import TcpNetwork
 
-CONNECTION_COLUMNS = ("name", "node", "peer", "user", "client_name", "channels")
+CONNECTION_COLUMNS = ("name", "node", "peer", "user", "client_name", "channels", "state")
 POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
 CONSUMER_COLUMNS = ("queue_name", "channel", "consumer_tag", "ack_required", "prefetch_count",
                     "exclusive", "arguments")
@@ -42,11 +42,12 @@ def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
 # Every command with its one-line description, in the order `warrenctl --help` lists them.
 COMMAND_HELP = {
     # nodes
-    "status": "node name, ports, app state, metadata version",
+    "status": "node name, ports, app state, metadata version, memory and alarms",
     "await_startup": "wait until the node runs its app (up to --timeout)",
     "stop": "stop the node cleanly (queues handed over) and exit",
     "stop_app": "stop the app; the node still answers warrenctl",
     "start_app": "start the node's app again",
+    "set_vm_memory_high_watermark": "[absolute] VALUE: the memory alarm's mark until restart",
     # cluster
     "cluster_status": "cluster name, members and running nodes",
     "await_online_nodes": "wait until COUNT nodes run (up to --timeout)",
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in ("status", "await_startup", "stop", "stop_app", "start_app", "cluster_status", "reset"):
         command(name)
+    w = command("set_vm_memory_high_watermark")
+    w.add_argument("value", nargs="+", metavar="VALUE",
+                   help="a fraction of memory (0.4), or 'absolute' and a size (absolute 512MiB)")
     a = command("await_online_nodes")
     a.add_argument("count", type=int, help="how many nodes must be running")
     j = command("join_cluster")
@@ -155,6 +159,17 @@ def run(argv=None) -> int:
     header = None
     if cmd in ("join_cluster", "forget_cluster_node"):
         payload["node"] = args.target
+    elif cmd == "set_vm_memory_high_watermark":
+        words = args.value
+        absolute = words[0] == "absolute"
+        if absolute:
+            words = words[1:]
+        if len(words) != 1:
+            print("Error: expected a fraction (0.4) or 'absolute' and a size (absolute 512MiB)",
+                  file=sys.stderr)
+            return 2
+        # rabbitmqctl's `absolute 1073741824` is bytes; a bare number is otherwise a fraction
+        payload["value"] = words[0] + "B" if absolute and words[0].isdigit() else words[0]
     elif cmd == "list_queues":
         if args.vhost != "/":
             print(f"Error: virtual host '{args.vhost}' does not exist (warren has only '/')", file=sys.stderr)

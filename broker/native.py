@@ -1,9 +1,11 @@
 """warren's own client protocol (msgpack frames, wire/messages.py) in front of a Session.
 
 It owns the socket: the handshake (user, password, the loopback rule), the reader (client
-frames -> Session.handle, holding the client while the session has no credit), the writer (one
-Outbox, batching), and the error path (a protocol error gets an Error frame and the connection,
-not the node, is closed). What a session means is broker/session.py's business.
+frames -> Session.handle, holding the client while the session has no credit, and holding a
+publishing client while a memory alarm is on, which it is told with `Blocked`/`Unblocked`
+frames), the writer (one Outbox, batching), and the error path (a protocol error gets an Error
+frame and the connection, not the node, is closed). What a session means is broker/session.py's
+business.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from wire.errors import ACCESS_REFUSED, CONNECTION_FORCED, VERSION_MISMATCH, Pro
 from wire.handshake import new_nonce
 
 from .framed import FramedStream, Outbox
+from .memory import PublisherGate
 from .session import Session
 
 HANDSHAKE_TIMEOUT = 10.0
@@ -52,6 +55,7 @@ class NativeConnection:
         self.peer = peer
         self.outbox = Outbox(self.framed)
         self.session: Session | None = None
+        self.gate: PublisherGate | None = None
         self.scope = trio.CancelScope()
         self.log = node.log
 
@@ -70,6 +74,7 @@ class NativeConnection:
         session = self.session = Session(node, sid, self.peer, user, client_name, self._out)
         node.sessions[sid] = session
         node.connections[sid] = self
+        self.gate = PublisherGate(node.memory, session, self._tell_blocked)
         try:
             with self.scope:
                 async with trio.open_nursery() as nursery:
@@ -80,6 +85,7 @@ class NativeConnection:
                         await self._send_error(error)
                     nursery.cancel_scope.cancel()
         finally:
+            self.gate.close()
             node.sessions.pop(sid, None)
             node.connections.pop(sid, None)
             session.close()
@@ -119,11 +125,24 @@ class NativeConnection:
 
     async def _read(self, session: Session) -> ProtocolError | None:
         """Client frames until the client leaves; returns the error to report, if any."""
+        memory = self.node.memory
+        gate = self.gate
         while True:
             if not session.has_credit:
                 await session.wait_credit()
+            if memory.blocked and session.publisher:
+                await gate.hold()
             try:
-                batch = await self.framed.receive_batch(CLIENT_KINDS)
+                if session.publisher:
+                    # an alarm that goes on while we wait for the client interrupts the wait
+                    # (nothing is lost: a receive that is cancelled has taken no bytes), so
+                    # nothing the client sends after it is told it is blocked is read
+                    with gate.interruptible() as scope:
+                        batch = await self.framed.receive_batch(CLIENT_KINDS)
+                    if scope.cancelled_caught:
+                        continue
+                else:
+                    batch = await self.framed.receive_batch(CLIENT_KINDS)
             except ProtocolError as exc:
                 return exc
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -136,6 +155,9 @@ class NativeConnection:
                         return None
                 except ProtocolError as exc:
                     return exc
+
+    def _tell_blocked(self, blocked: bool, reason: str) -> None:
+        self.outbox.put(m.Blocked(reason) if blocked else m.Unblocked())
 
     async def _write(self) -> None:
         try:

@@ -12,6 +12,9 @@ Theory of operation:
 * The parts talk through this class only: the cluster tells it what changed (`meta_changed`,
   `link_up`, `link_down`, `peer_message`, `paused`), and it passes that on to the router and
   the sessions.
+* `memory` (broker/memory.py) is the memory alarm: the app samples the process's memory and,
+  while this node or a peer is above its high watermark, front ends hold publishing
+  connections (`node.memory.blocked`, `wait_unblocked`, hooks).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from . import config as configmod
 from . import log as logmod
 from .cluster import Cluster, NodeStopped
 from .framed import FramedStream
+from .memory import NodeMemory, ProcessMemory
 from .native import NativeConnection
 from .peers import HANDSHAKE_TIMEOUT, accept_handshake
 from .router import Router
@@ -44,7 +48,7 @@ SHUTDOWN_HANDOVER_TIMEOUT = 5.0
 
 class Node:
     def __init__(self, config: configmod.NodeConfig, network, *, persist: bool = True,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, memory_probe=None):
         self.config = config
         self.name = config.name
         self.network = network
@@ -53,6 +57,11 @@ class Node:
         self.log = logmod.get(self.name)
         self.cluster = Cluster(self.name, config, network, self.log, self, persist=persist, rng=self.rng)
         self.router = Router(self)
+        # the memory alarm (broker/memory.py); the probe is this process's RSS unless a
+        # simulation gives its own
+        self.memory = NodeMemory(self.name, config.memory_watermark,
+                                 memory_probe if memory_probe is not None else ProcessMemory(),
+                                 self.log, lambda: self.cluster.links)
         self.sessions: dict[int, Session] = {}
         self.connections: dict[int, object] = {}  # NativeConnection or AmqpConnection: force_close
         self.app_running = False
@@ -141,6 +150,7 @@ class Node:
                     self.app = app
                     self.cluster.client_addr = [self.config.advertise_host, self.config.client_port]
                     await app.start(self.cluster.run, incarnation)
+                    await app.start(self.memory.run)
                     self.client_port = await app.start(self.network.serve, self.config.host,
                                                        self.config.client_port, self._on_client_conn)
                     self.cluster.client_addr = [self.config.advertise_host, self.client_port]
@@ -214,9 +224,11 @@ class Node:
             s.meta_changed()
 
     def link_up(self, node: str) -> None:
+        self.memory.link_up(node)
         self.router.link_up(node)
 
     def link_down(self, node: str) -> None:
+        self.memory.link_down(node)
         self.router.link_down(node)
 
     def peer_message(self, link, msg) -> None:

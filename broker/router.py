@@ -192,6 +192,8 @@ class Router:
                 s.queue_events(msg.events)
         elif t in QUEUE_OPS or t in REPLICA_MSGS:
             self._local(msg)
+        elif t is m.NodeAlarm:  # not queue traffic, but checked after it: off the hot path
+            self.node.memory.peer_alarm(link.name, msg)
         else:
             link.close(f"unexpected message {msg.KIND!r} on a peer link")
 

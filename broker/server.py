@@ -52,6 +52,10 @@ def parse_args(argv=None) -> dict:
                    help="messages per batch sync batch when the policy sets no ha-sync-batch-size (default 4096)")
     p.add_argument("--mirroring-sync-max-throughput", dest="mirroring_sync_max_throughput", type=int,
                    help="batch sync limit in bytes per second (default 0: no limit)")
+    p.add_argument("--memory-high-watermark", dest="memory_high_watermark",
+                   help="memory alarm: a fraction of the machine's memory (default 0.4) or an absolute "
+                        "size such as 512MiB or 2GB; above it, publishing connections are held "
+                        "(WARREN_MEMORY_HIGH_WATERMARK)")
     p.add_argument("--config", help="TOML configuration file (WARREN_CONFIG_FILE)")
     return vars(p.parse_args(argv))
 

@@ -17,6 +17,9 @@ Theory of operation:
   commit-ok. That set is the credit window: past WINDOW_MSGS messages or WINDOW_BYTES bytes the
   front end stops reading from the client (a held publisher), so a stalled mirror holds
   publishers and memory stays bounded.
+* A session that has published is a *publisher*: while a memory alarm is on anywhere in the
+  cluster, front ends stop reading from it (broker/memory.py); sessions that only consume and
+  ack keep being read, so consumers drain the queues that hold the memory.
 * Whenever the route to a queue's leader changes (the metadata names a new leader epoch, or the
   link to the leader's node comes back), the session resends what is in flight there: publishes
   (the leader ignores batches it already has), unanswered requests, and the registration of
@@ -154,6 +157,9 @@ class Session:
         self.routes: dict[str, tuple] = {}  # queue -> (leader, epoch) our operations went to
         self.rpcs: dict[int, tuple[str, object]] = {}  # rid -> (queue, op): unanswered requests
         self.closed = False
+        # a publishing connection (it has published): held by the front end during a memory
+        # alarm (broker/memory.py PublisherGate); one that only consumes is never held
+        self.publisher = False
         self.log = node.log.bind(conn=self.conn_id)
         self._handlers = {
             m.Publish: self.on_publish, m.Ack: self.on_ack, m.Nack: self.on_nack,
@@ -471,6 +477,7 @@ class Session:
     # --- publishing ------------------------------------------------------------------------
     async def on_publish(self, msg):
         """warren's own publish: the default exchange, the routing key is the queue's name."""
+        self.publisher = True
         ch = self._ch(msg.ch)
         if ch.tx:
             ch.tx_pending.append(msg)
@@ -485,6 +492,7 @@ class Session:
         await self._publish(ch, queues, msg.bodies, msg.props, "", qname, False)
 
     async def on_publish_to(self, msg):
+        self.publisher = True
         ch = self._ch(msg.ch)
         if ch.tx:
             ch.tx_pending.append(msg)

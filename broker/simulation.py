@@ -29,6 +29,7 @@ import trio.testing
 
 from .client.aio import open_connection
 from .config import NodeConfig
+from .memory import SimMemory
 from .network import SimNetwork
 from .node import Node
 
@@ -76,6 +77,9 @@ class SimCluster:
         self.paused: set[str] = set()
         self.dead_node_errors: list = []
         self._starts = 0
+        # each node's memory as its alarm sees it (the nodes share this process: a test sets
+        # `memory[name].used_bytes` to put a node above its high watermark)
+        self.memory: dict[str, SimMemory] = {n: SimMemory() for n in self.names}
 
     def config(self, name: str) -> NodeConfig:
         options = {"users": {"guest": "guest", SIM_USER[0]: SIM_USER[1]}, **self.node_options}
@@ -86,7 +90,9 @@ class SimCluster:
     def _new_node(self, name: str) -> Node:
         self._starts += 1
         rng = random.Random(f"{self.seed}/{name}/{self._starts}")
-        return Node(self.config(name), self.net.host(name), persist=self.persist, rng=rng)
+        memory = self.memory.setdefault(name, SimMemory())
+        return Node(self.config(name), self.net.host(name), persist=self.persist, rng=rng,
+                    memory_probe=memory)
 
     async def start_node(self, name: str) -> Node:
         return await self._launch(name, self._new_node(name))

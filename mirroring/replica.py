@@ -211,6 +211,7 @@ class _SyncJob:
             window = 2
             max_bytes = min(max_bytes, LIVE_SYNC_BATCH_BYTES)
         self.replica = replica
+        self.progress_at = now  # when a target last acknowledged a batch
         self.pacer = BatchSync(self, total, size, batch_size, max_bytes,
                                cfg.sync_max_throughput, now, window)
         self.next_report = now + SYNC_PROGRESS_EVERY
@@ -381,6 +382,15 @@ class Replica:
         for t in list(self.rep.mirrors.values()):
             if not t.ready and now - t.progress_at > MIRROR_START_RETRY:
                 self._restart_mirror(t.node, now)
+        job = self.sync
+        if job is not None and job.pacer.sent_batches > job.pacer.acked_batches \
+                and now - job.progress_at > self.cfg.stall_after:
+            # a target that stopped answering the sync: end it (the queue must not stay blocked)
+            # and have the silent mirrors dropped
+            silent = [n for n, k in job.acks.items() if k < job.pacer.sent_batches]
+            self._end_sync(False, now, f"no answer from {', '.join(silent)}")
+            for node in silent:
+                self._drop_mirror(node, "it stopped answering a sync", now)
         self._report_synced(now)
         expires = self.assign.limits.expires
         if expires is not None and not self.q.consumers and now - self.last_used >= expires:
@@ -722,6 +732,7 @@ class Replica:
         if job is None or msg.node not in job.acks:
             return
         job.acks[msg.node] = max(job.acks[msg.node], msg.n)
+        job.progress_at = now
         low = min(job.acks.values())
         job.pacer.acked(low - job.pacer.acked_batches)
 

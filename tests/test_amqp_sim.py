@@ -116,3 +116,40 @@ async def test_a_paused_node_closes_and_refuses_amqp_connections(tmp_path, autoj
         assert close.reply_code == 320 and "pause_minority" in close.reply_text
         _, close = await SimAmqp.connect(c, "n1")
         assert close.reply_code == 320 and "cannot reach a majority" in close.reply_text
+
+
+async def test_a_memory_alarm_blocks_amqp_publishers_and_keeps_reading_consumers(tmp_path, autojump_clock):
+    """RabbitMQ's use of connection.blocked: n3 passes its memory mark; an AMQP publisher on n1 is
+    told connection.blocked and held (what it publishes is not confirmed), a connection that only
+    consumes is read; below 90% of the mark the publisher gets connection.unblocked and its
+    publishes are confirmed."""
+    async with sim_cluster(tmp_path, memory_high_watermark="100MiB") as c:
+        MiB = 1 << 20
+        pub, ok = await SimAmqp.connect(c, "n1")
+        con, ok2 = await SimAmqp.connect(c, "n2")
+        for client in (pub, con):
+            await client.method(1, C.Channel.Open())
+            await client.expect(C.Channel.OpenOk)
+        await pub.method(1, C.Queue.Declare(0, "q"))
+        await pub.expect(C.Queue.DeclareOk)
+        await pub.method(1, C.Confirm.Select())
+        await pub.expect(C.Confirm.SelectOk)
+        one = (frame.marshal(C.Basic.Publish(0, "", "q"), 1)
+               + frame.marshal(header.ContentHeader(0, 1, C.Basic.Properties()), 1)
+               + frame.marshal(pbody.ContentBody(b"x"), 1))
+        await pub.send(one)
+        await pub.expect(C.Basic.Ack)
+        c.memory["n3"].used_bytes = 101 * MiB
+        blocked = await pub.expect(C.Connection.Blocked)
+        assert "above its high watermark" in blocked.reason
+        await pub.send(one)  # held: not read, not confirmed
+        with pytest.raises(trio.TooSlowError):
+            await pub.expect(C.Basic.Ack, timeout=2)
+        await con.method(1, C.Basic.Get(0, "q", True))  # a consumer is read meanwhile
+        await con.expect(C.Basic.GetOk)
+        rows = c.nodes["n1"].sessions.values()
+        assert [s.protocol for s in rows] == ["AMQP 0-9-1"]
+        c.memory["n3"].used_bytes = 89 * MiB
+        await pub.expect(C.Connection.Unblocked)
+        ack = await pub.expect(C.Basic.Ack)
+        assert ack.delivery_tag == 2

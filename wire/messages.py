@@ -337,6 +337,19 @@ class ChannelFlow(Message, tag="channel.flow"):
 
 
 @register
+class Blocked(Message, tag="connection.blocked"):
+    """Server -> client: a memory alarm is on (here or on another node of the cluster) and the
+    server no longer reads from this connection, because it publishes; `reason` says why.
+    Sent to connections that have published; a connection that only consumes is still read."""
+    reason: str
+
+
+@register
+class Unblocked(Message, tag="connection.unblocked"):
+    """Server -> client: the alarm is over; the server reads from this connection again."""
+
+
+@register
 class ConnectionClose(Message, tag="connection.close"):
     """The client says goodbye; the server answers with Reply(rid) and closes."""
     rid: int
@@ -374,6 +387,16 @@ class MetaResult(Message, tag="meta.result"):
     value: Any
     code: int
     error: str
+
+
+@register
+class NodeAlarm(Message, tag="node.alarm"):
+    """The sending node's `resource` alarm ("memory") went on or off; `detail` says why (it goes
+    into the blocked reason of the receiver's publishers). Sent whenever it changes and on every
+    new link while it is on; a node forgets a peer's alarm when the link to it goes."""
+    resource: str
+    on: bool
+    detail: str
 
 
 @register

@@ -161,7 +161,8 @@ class AmqpProtocol:
         self.last_recv = now
         self.last_sent = now
         self.closing_since = 0.0
-        self.blocked = False
+        self.blocked: dict[str, str] = {}  # why the server holds this connection: source -> reason
+        self.reading = True  # False while the server holds the connection: no heartbeat check
 
     # --- bytes in ------------------------------------------------------------------------------
     def receive_data(self, data: bytes, now: float) -> list:
@@ -862,17 +863,30 @@ class AmqpProtocol:
         self.state = State.CLOSED
         self._events.append(Closed(reason))
 
-    def send_blocked(self, blocked: bool, reason: str = "") -> None:
-        """connection.blocked / unblocked, to clients that said they understand them."""
-        if blocked == self.blocked or self.state is not State.OPENED:
+    def send_blocked(self, blocked: bool, reason: str = "", source: str = "credit") -> None:
+        """The server holds this connection for `source` (credit flow, a memory alarm) or no
+        longer does: connection.blocked when the first hold starts, connection.unblocked when
+        the last ends, to clients that said they understand them."""
+        before = bool(self.blocked)
+        if blocked:
+            self.blocked[source] = reason
+        else:
+            self.blocked.pop(source, None)
+        after = bool(self.blocked)
+        if before == after or self.state is not State.OPENED:
             return
-        self.blocked = blocked
         if not self.capabilities.get("connection.blocked"):
             return
-        if blocked:
+        if after:
             self._method(0, commands.Connection.Blocked(reason[:255]))
         else:
             self._method(0, commands.Connection.Unblocked())
+
+    def hold_reading(self, held: bool, now: float) -> None:
+        """The driver stops (or starts again) reading from the client: a client that is not
+        read cannot be heard, so its heartbeats are not checked meanwhile (as RabbitMQ does)."""
+        self.reading = not held
+        self.last_recv = now
 
     # --- time ----------------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
@@ -890,7 +904,7 @@ class AmqpProtocol:
             return self._take_events()
         if self.state is not State.OPENED or not self.heartbeat:
             return []
-        if now - self.last_recv > 2 * self.heartbeat:
+        if self.reading and now - self.last_recv > 2 * self.heartbeat:
             self.state = State.CLOSED
             text = f"missed heartbeats from client, timeout: {self.heartbeat}s"
             self._events.append(ConnectionFailed(CONNECTION_FORCED, text))

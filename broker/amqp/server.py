@@ -5,8 +5,10 @@ One reader (bytes -> protocol -> session commands, awaited in order), one writer
 protocol has to send: sent at once, and what comes while a send is in flight goes out together
 in the next one), one timer (heartbeats, the handshake deadline, a close-ok that never comes).
 While the session has no credit (its window of unconfirmed publishes is full: a mirror is
-behind) the reader stops reading and the client is told `connection.blocked` until it has
-room again. Errors close this connection only; the node carries on.
+behind), and while a memory alarm is on anywhere in the cluster and the connection publishes
+(broker/memory.py's PublisherGate), the reader stops reading and the client is told
+`connection.blocked` until it is released (`connection.unblocked`); its heartbeats are not
+checked meanwhile. Errors close this connection only; the node carries on.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import trio
 
 from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
 
+from ..memory import PublisherGate
 from ..native import check_login
 from ..session import Session
 from . import protocol as proto
@@ -38,6 +41,7 @@ class AmqpConnection:
             cluster=node.cluster.md.cluster_name, max_message=max(4096, cfg.max_frame - 65536),
             now=now)
         self.session: Session | None = None
+        self.gate: PublisherGate | None = None
         self.scope = trio.CancelScope()
         self._wake = trio.Event()
         self._stop = trio.Event()
@@ -73,6 +77,8 @@ class AmqpConnection:
                         await writer_done.wait()
                     nursery.cancel_scope.cancel()
         finally:
+            if self.gate is not None:
+                self.gate.close()
             session = self.session
             if session is not None:
                 node.sessions.pop(session.sid, None)
@@ -98,17 +104,34 @@ class AmqpConnection:
     async def _reader(self) -> None:
         p = self.proto
         stream = self.stream
+        memory = self.node.memory
         try:
             while p.state is not proto.State.CLOSED:
                 session = self.session
                 if session is not None and not session.has_credit:
                     p.send_blocked(True, "warren credit flow: too many unconfirmed publishes on "
                                          "this connection (a mirror is behind)")
+                    p.hold_reading(True, trio.current_time())
                     self._kick()
                     await session.wait_credit()
                     p.send_blocked(False)
+                    p.hold_reading(False, trio.current_time())
                     self._kick()
-                data = await stream.receive_some(READ_SIZE)
+                gate = self.gate
+                if gate is not None and session.publisher:
+                    if memory.blocked:
+                        p.hold_reading(True, trio.current_time())
+                        await gate.hold()
+                        p.hold_reading(False, trio.current_time())
+                    # an alarm that goes on while we wait for the client interrupts the wait (a
+                    # cancelled receive has taken no bytes): nothing sent after the client was
+                    # told it is blocked is read
+                    with gate.interruptible() as scope:
+                        data = await stream.receive_some(READ_SIZE)
+                    if scope.cancelled_caught:
+                        continue
+                else:
+                    data = await stream.receive_some(READ_SIZE)
                 if not data:
                     return  # the client went away
                 try:
@@ -158,6 +181,12 @@ class AmqpConnection:
         session.protocol = "AMQP 0-9-1"
         node.sessions[sid] = session
         node.connections[sid] = self
+        self.gate = PublisherGate(node.memory, session, self._tell_memory)
+
+    def _tell_memory(self, blocked: bool, reason: str) -> None:
+        """The memory alarm holds (or releases) this publishing connection."""
+        self.proto.send_blocked(blocked, reason, source="memory")
+        self._kick()
 
     async def _writer(self, done: trio.Event) -> None:
         p = self.proto

@@ -16,6 +16,14 @@ back-off, re-opens its channels, re-declares the queues it declared, re-creates 
 calls `on_reconnect(node)`. Publishes not yet confirmed when the connection broke are reported as
 nacks with reason "connection lost", so the application can publish them again. Delivery tags keep
 increasing across reconnections; acks for tags of the old connection are dropped.
+
+Blocked connections: a node with a memory alarm (or in a cluster where a node has one) stops
+reading from connections that publish and says so. The connection then has `blocked` True and
+`blocked_reason` set, calls `on_blocked(reason)`, and records a ("blocked", reason) event; when
+the alarm is over, `blocked` is False again, `on_unblocked()` runs and an ("unblocked", "") event
+is recorded. `await conn.wait_unblocked()` waits for that. Publishes made meanwhile queue up in
+the client until its send buffer is full, then `basic_publish` waits. Consume on a connection of
+its own: a blocked connection's acks are not read either.
 """
 
 from __future__ import annotations
@@ -397,7 +405,8 @@ def _why(exc) -> str:
 
 class Connection:
     def __init__(self, nodes, user: str, password: str, client_name: str, network,
-                 reconnect: bool, on_reconnect, max_retry_delay: float, connect_attempts: int):
+                 reconnect: bool, on_reconnect, max_retry_delay: float, connect_attempts: int,
+                 on_blocked=None, on_unblocked=None):
         self.nodes = parse_nodes(nodes)
         if not self.nodes:
             raise ValueError("give at least one node address")
@@ -423,6 +432,13 @@ class Connection:
         self.reconnects = 0
         self._node_index = 0
         self.events: list[tuple[float, str, str]] = []  # (time, event, detail) for the application
+        # the node holds this connection (a memory alarm): see the module docstring
+        self.blocked = False
+        self.blocked_reason = ""
+        self.on_blocked = on_blocked
+        self.on_unblocked = on_unblocked
+        self._unblocked = trio.Event()
+        self._unblocked.set()
 
     # --- public ----------------------------------------------------------------------------
     async def channel(self) -> Channel:
@@ -431,12 +447,32 @@ class Connection:
         await self._rpc(lambda rid: m.ChannelOpen(rid, ch.ch), None)
         return ch
 
+    async def wait_unblocked(self) -> None:
+        """Return once the node no longer holds this connection (at once if it does not)."""
+        await self._unblocked.wait()
+
+    def _set_blocked(self, blocked: bool, reason: str) -> None:
+        if blocked == self.blocked:
+            return
+        self.blocked = blocked
+        self.blocked_reason = reason if blocked else ""
+        self.events.append((trio.current_time(), "blocked" if blocked else "unblocked", reason))
+        if blocked:
+            self._unblocked = trio.Event()
+            if self.on_blocked is not None:
+                self.on_blocked(reason)
+        else:
+            self._unblocked.set()
+            if self.on_unblocked is not None:
+                self.on_unblocked()
+
     async def close(self) -> None:
         if self.closing:
             return
         self.closing = True
         if self._stream is not None and self.connected.is_set():
-            with trio.move_on_after(5):
+            # a blocked connection is not read by the node: do not wait long for the close-ok
+            with trio.move_on_after(0.5 if self.blocked else 5):
                 try:
                     await self._rpc(lambda rid: m.ConnectionClose(rid), None)
                 except AMQPConnectionError:
@@ -576,6 +612,7 @@ class Connection:
             ch.max_tag = 0
             ch._held = []  # until _recover has the channel back
         self.events.append((trio.current_time(), "disconnected", str(error)))
+        self._set_blocked(False, "connection lost")  # the next node says if it holds us
         if self.on_disconnect is not None:
             self.on_disconnect(error)
         self._node_index += 1
@@ -680,6 +717,10 @@ class Connection:
                         c = ch.consumers.pop(msg.consumer_tag, None)
                         if c is not None:
                             c._cancelled(msg.reason)
+                elif t is m.Blocked:
+                    self._set_blocked(True, msg.reason)
+                elif t is m.Unblocked:
+                    self._set_blocked(False, "")
                 elif t is m.Error:
                     self._loss = ConnectionClosedByBroker(msg.code, msg.text)
                     scope.cancel()
@@ -689,10 +730,13 @@ class Connection:
 @asynccontextmanager
 async def open_connection(nodes="127.0.0.1:5672", *, user: str = "guest", password: str = "guest",
                           client_name: str = "warren-client", network=None, reconnect: bool = True,
-                          on_reconnect=None, max_retry_delay: float = 2.0, connect_attempts: int = 1):
-    """Connect to the first reachable node of `nodes` ("host:port" strings or (host, port))."""
+                          on_reconnect=None, max_retry_delay: float = 2.0, connect_attempts: int = 1,
+                          on_blocked=None, on_unblocked=None):
+    """Connect to the first reachable node of `nodes` ("host:port" strings or (host, port)).
+    `on_blocked(reason)` / `on_unblocked()`: the node holds this connection (memory alarm) / no
+    longer does."""
     conn = Connection(nodes, user, password, client_name, network, reconnect, on_reconnect,
-                      max_retry_delay, connect_attempts)
+                      max_retry_delay, connect_attempts, on_blocked, on_unblocked)
     try:
         async with trio.open_nursery() as nursery:
             conn._nursery = nursery

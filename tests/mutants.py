@@ -1,0 +1,146 @@
+"""Fault injection into the code itself: do the tests catch what they claim to?
+
+Each mutant below breaks one promise of the broker on purpose (acks not replicated, no requeue on
+promotion, resent publishes not de-duplicated, ...). For each, this script copies the working
+tree, applies the mutant, runs the tests that should catch it, and reports whether they did. A
+mutant that survives (its tests still pass) means a test that cannot fail: the script exits 1.
+
+    python tests/mutants.py            # all mutants (a few minutes)
+    python tests/mutants.py ack-not-replicated no-dedup   # some of them
+    make mutants
+
+A mutant is (name, file, the exact text to replace, its replacement, the tests to run). When the
+code moves on, the script says which mutant no longer applies: mend its text here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SIM = ["tests/test_sim_mirroring.py"]
+PROPERTY = ["tests/test_replica_property.py", "tests/test_replication_property.py"]
+
+
+@dataclass
+class Mutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: list
+    what: str
+
+
+MUTANTS = [
+    Mutant("ack-not-replicated", "mirroring/queue.py",
+           "        if self.effects is not None:\n            self.effects.append(ESettle(owner, how, ids))",
+           "        if self.effects is not None and how != ACK:\n            self.effects.append(ESettle(owner, how, ids))",
+           PROPERTY + ["tests/test_process_mirroring.py::test_kill9_of_leader_under_load_promotes_oldest_mirror_and_loses_no_confirmed_message"],
+           "a consumer's acks are applied by the leader but never reach the mirrors"),
+    Mutant("no-requeue-on-promotion", "mirroring/queue.py",
+           "        for owner in sorted({o for (o, _, _) in self.unacked.values()}):\n"
+           "            self._requeue(owner, [mid for mid, (o, _, _) in self.unacked.items() if o == owner])",
+           "        pass",
+           SIM + PROPERTY,
+           "a promoted mirror does not requeue what was delivered but not acknowledged"),
+    Mutant("no-redelivered-flag-on-promotion", "mirroring/queue.py",
+           "        self.redeliver_below = max(self.redeliver_below, below)",
+           "        pass",
+           SIM,
+           "a promoted mirror delivers what the old leader may have delivered without the flag"),
+    Mutant("no-dedup", "mirroring/replica.py",
+           "        if not q.seen(owner, msg.pseq):\n            q.publish(",
+           "        if True:\n            q.publish(",
+           SIM + ["tests/test_process_faults.py"],
+           "a publish batch resent to a new leader is enqueued again"),
+    Mutant("client-no-nack-on-loss", "broker/client/aio.py",
+           "                ch.nacked.append((s, s, \"connection lost\"))\n"
+           "                if ch.on_confirm is not None:\n"
+           "                    ch.on_confirm(s, s, False, \"connection lost\")",
+           "                pass",
+           ["tests/test_client_reconnect.py", "tests/test_process_faults.py"],
+           "publishes lost with a connection are neither confirmed nor nacked"),
+    Mutant("sync-limit-ignored", "mirroring/sync.py",
+           "        if not self.max_rate:\n            return self.started\n"
+           "        return self.started + self.body_bytes_sent / self.max_rate",
+           "        return self.started",
+           ["tests/test_sync_plan.py", "tests/test_process_sync.py"],
+           "mirroring_sync_max_throughput is not enforced"),
+    Mutant("confirm-without-the-metadata", "mirroring/replica.py",
+           "        self.q.node_gone(ev.node, False)\n        self._maybe_auto_delete()\n"
+           "        if ev.node in self.rep.mirrors:",
+           "        self.q.node_gone(ev.node, False)\n        self._maybe_auto_delete()\n"
+           "        self._release(self.rep.remove(ev.node))\n        if ev.node in self.rep.mirrors:",
+           ["tests/test_sim_mirroring.py", "tests/test_sim_partitions.py"],
+           "a leader that loses touch with a mirror confirms without it, before the metadata drops it"),
+    Mutant("stale-leader-accepted", "mirroring/replica.py",
+           "        if msg.epoch < self.follow.epoch or msg.epoch < self.assign.epoch:",
+           "        if False:",
+           ["tests/test_sim_partitions.py"] + PROPERTY,
+           "a mirror follows a leader the metadata has replaced"),
+    Mutant("no-consumer-reregistration", "broker/session.py",
+           "        ops += [c for ch in self.channels.values() for c in ch.consumers.values()\n"
+           "                if c.queue == qname and c.arguments.get(\"x-cancel-on-ha-failover\") is not True]",
+           "        pass",
+           ["tests/test_sim_partitions.py", "tests/test_process_faults.py"],
+           "consumers registered only with a leader that stepped down stop receiving"),
+    Mutant("raft-commit-without-majority", "mirroring/raft.py",
+           "    def _majority(self) -> int:\n        return len(self.voters) // 2 + 1",
+           "    def _majority(self) -> int:\n        return 1",
+           ["tests/test_raft.py"],
+           "the metadata log commits what only its leader holds"),
+]
+
+
+def run(m: Mutant) -> tuple[bool, str]:
+    """Apply `m` to a copy of the tree and run its tests; True if they caught it."""
+    with tempfile.TemporaryDirectory(prefix=f"warren-mutant-{m.name}-") as tmp:
+        tree = Path(tmp) / "tree"
+        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", "var", "results", "__pycache__",
+                                                                  ".hypothesis", "*.egg-info"))
+        target = tree / m.file
+        text = target.read_text()
+        if text.count(m.old) != 1:
+            return False, f"does not apply any more: the text to replace is not in {m.file} exactly once"
+        target.write_text(text.replace(m.old, m.new))
+        tests = [t for t in m.tests if (tree / t.split("::")[0]).exists()]
+        if not tests:
+            return False, "none of its tests exist"
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                               "-m", "not docker and not spark", *tests],
+                              cwd=tree, env=env, capture_output=True, text=True)
+        tail = (proc.stdout.strip().splitlines() or [""])[-1]
+        return proc.returncode != 0, tail
+
+
+def main(argv=None) -> int:
+    names = sys.argv[1:] if argv is None else argv
+    chosen = [m for m in MUTANTS if not names or m.name in names]
+    unknown = set(names) - {m.name for m in MUTANTS}
+    if unknown:
+        print(f"unknown mutant(s): {', '.join(sorted(unknown))}; known: {', '.join(m.name for m in MUTANTS)}")
+        return 2
+    survivors = []
+    for m in chosen:
+        caught, tail = run(m)
+        print(f"{'caught  ' if caught else 'SURVIVED'} {m.name}: {m.what}\n         {tail}", flush=True)
+        if not caught:
+            survivors.append(m.name)
+    if survivors:
+        print(f"{len(survivors)} of {len(chosen)} mutants survived: {', '.join(survivors)}")
+        return 1
+    print(f"all {len(chosen)} mutants caught")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

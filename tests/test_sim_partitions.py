@@ -1,0 +1,116 @@
+"""Partitions on the simulated network: what pause_minority and the metadata log promise.
+
+* A leader cut off from the majority confirms nothing a mirror on the other side has not
+  acknowledged; the majority promotes a synchronised mirror; after the heal the old leader steps
+  down; every confirmed message is delivered (checked by id).
+* A link cut between a session's node and the queue leader's node only (both still see the
+  majority): the leader drops the session's consumers and requeues their messages, and when the
+  link is back the session registers its consumer again, so it keeps receiving.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from broker.control import ctl_call
+from broker.simulation import PEER_PORT, TICKTIME, sim_cluster
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def set_policy(c, definition: dict, pattern: str = r"^p\.") -> None:
+    await ctl_call(c.net.host("n1"), "n1", PEER_PORT, "t", b"s", "set_policy",
+                   {"name": "p", "pattern": pattern, "definition": json.dumps(definition)})
+
+
+def qdef(c, name, node="n2"):
+    return c.nodes[node].md.queues[name]
+
+
+async def test_a_leader_cut_off_from_the_majority_confirms_nothing_that_is_lost(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, {"ha-mode": "all", "ha-sync-mode": "automatic"})
+        async with c.connect("n1") as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("p.q", durable=True)
+        await c.wait_for(lambda: sorted(qdef(c, "p.q")["synced"]) == ["n2", "n3"], 20, "mirrors synced")
+        confirmed: set[int] = set()
+        seq_to_id: dict[int, int] = {}
+        # a publisher that can only reach n1 (it follows its node into the minority)
+        async with c.client("pub", ["n1"], reconnect=False) as pub:
+            pch = await pub.channel()
+            await pch.confirm_delivery()
+            pch.on_confirm = lambda a, b, ok, why: ok and confirmed.update(seq_to_id[s] for s in range(a, b + 1))
+
+            async def publish(first: int, n: int):
+                for i in range(first, first + n):
+                    seq = pch.publish_nowait("p.q", i.to_bytes(4, "big"))
+                    seq_to_id[seq] = i
+                    await trio.sleep(0.01)
+
+            await publish(0, 100)
+            await c.wait_for(lambda: set(range(100)) <= confirmed, 10, "the first 100 confirms")
+            c.net.partition(["n1", "pub"], ["n2", "n3"])
+            with trio.move_on_after(TICKTIME * 3):  # the pause closes the publisher's connection
+                try:
+                    await publish(100, 400)
+                except Exception:  # noqa: BLE001 - its connection went with the pause
+                    pass
+        after_cut = confirmed - set(range(100))
+        # the majority promoted one of its (synchronised) mirrors meanwhile
+        await c.wait_for(lambda: qdef(c, "p.q")["leader"] in ("n2", "n3"), 20, "a promotion")
+        c.net.heal()
+        await c.wait_for(lambda: c.nodes["n1"].md.queues["p.q"]["leader"] != "n1", 30, "n1 to catch up")
+        got: set[int] = set()
+        async with c.connect("n2") as conn:
+            ch = await conn.channel()
+            while True:
+                msg = await ch.basic_get("p.q", auto_ack=True)
+                if msg is None:
+                    break
+                got.add(int.from_bytes(msg.body, "big"))
+        lost = confirmed - got
+        assert not lost, f"confirmed and lost: {sorted(lost)[:10]} ({len(lost)}; {len(after_cut)} confirmed after the cut)"
+
+
+async def test_a_consumer_keeps_receiving_after_its_link_to_the_leader_comes_back(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        # the queue's leader and the consumer's node are the two nodes that do not lead the
+        # metadata log: cutting the link between them leaves both with a working majority
+        log_leader = c.nodes["n1"].cluster.leader
+        q_node, s_node = [n for n in c.names if n != log_leader]
+        async with c.connect(q_node) as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("p.c", durable=True)  # led by q_node, not mirrored
+        got: list[int] = []
+        async with c.client("sub", [s_node], reconnect=False) as sub, c.connect(q_node) as pconn:
+            sch = await sub.channel()
+            consumer = await sch.basic_consume("p.c")
+            pch = await pconn.channel()
+            await pch.confirm_delivery()
+
+            async def consume():
+                async for msg in consumer:
+                    got.append(int.from_bytes(msg.body, "big"))
+                    sch.basic_ack(msg.delivery_tag)
+
+            async with trio.open_nursery() as n:
+                n.start_soon(consume)
+                for i in range(20):
+                    pch.publish_nowait("p.c", i.to_bytes(4, "big"))
+                assert await pch.wait_for_confirms(timeout=10)
+                await c.wait_for(lambda: len(set(got)) == 20, 10, "the first 20")
+                c.net.partition([q_node], [s_node])  # only that link
+                await trio.sleep(TICKTIME * 2)  # the link times out on both sides
+                assert s_node not in c.nodes[q_node].links
+                c.net.heal()
+                await c.wait_for(lambda: s_node in c.nodes[q_node].links, 30, "the link back")
+                for i in range(20, 40):
+                    pch.publish_nowait("p.c", i.to_bytes(4, "big"))
+                assert await pch.wait_for_confirms(timeout=10)
+                await c.wait_for(lambda: set(got) >= set(range(40)), 20,
+                                 "the consumer to receive what was published after the link came back")
+                n.cancel_scope.cancel()
