@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import struct
 import tempfile
 import time
@@ -184,6 +185,14 @@ def main(argv=None) -> None:
     p.add_argument("--protocol", choices=["amqp", "native"], default="amqp")
     args = p.parse_args(argv)
     home = Path(tempfile.mkdtemp(prefix="warren-amqp-quick-"))
+    try:
+        result = _measure(home, args)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    print(json.dumps({"protocol": args.protocol, "nodes": args.nodes, "policy": args.policy, **result}))
+
+
+def _measure(home: Path, args) -> dict:
     with localcluster.LocalCluster(home, args.nodes, free_ports=True) as cluster:
         if args.policy != "none":
             cluster.ctl_ok("n1", "set_policy", "bench", "^bench\\.", json.dumps(POLICIES[args.policy]))
@@ -198,7 +207,7 @@ def main(argv=None) -> None:
                               args.window, args.prefetch)
         cpu = _cpu_seconds(pids) - cpu0
     result["node_cpu_us_per_msg"] = round(cpu * 1e6 / max(1, result["consumed"]), 1)
-    print(json.dumps({"protocol": args.protocol, "nodes": args.nodes, "policy": args.policy, **result}))
+    return result
 
 
 if __name__ == "__main__":
