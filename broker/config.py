@@ -38,7 +38,8 @@ class NodeConfig:
     name: str = "warren"
     host: str = "127.0.0.1"
     advertise_host: str = ""
-    client_port: int = 5672
+    client_port: int = 5672  # warren's own (msgpack) client protocol
+    amqp_port: int = 5673  # AMQP 0-9-1 (5672, AMQP's usual port, is warren's client port here)
     peer_port: int = 25672
     secret: bytes = b""
     net_ticktime: float = 60.0
@@ -63,7 +64,7 @@ class NodeConfig:
         import re
         if not re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", self.name):
             raise ConfigError(f"node name {self.name!r}: use 1-64 letters, digits, '_', '.', '@', '-'")
-        for key in ("client_port", "peer_port"):
+        for key in ("client_port", "amqp_port", "peer_port"):
             port = getattr(self, key)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{key} {port} is not a TCP port")
@@ -101,6 +102,7 @@ _FIELDS = {
     "host": ("WARREN_HOST", str),
     "advertise_host": ("WARREN_ADVERTISE_HOST", str),
     "client_port": ("WARREN_CLIENT_PORT", int),
+    "amqp_port": ("WARREN_AMQP_PORT", int),
     "peer_port": ("WARREN_PEER_PORT", int),
     "net_ticktime": ("WARREN_NET_TICKTIME", float),
     "log_format": ("WARREN_LOG_FORMAT", str),
@@ -257,11 +259,14 @@ def registry_path(name: str) -> Path:
     return warren_home() / "run" / f"{name}.json"
 
 
-def register(name: str, peer: tuple, client: tuple, pid: int) -> None:
+def register(name: str, peer: tuple, client: tuple, pid: int, amqp: tuple | None = None) -> None:
     path = registry_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"name": name, "peer": list(peer), "client": list(client), "pid": pid}))
+    record = {"name": name, "peer": list(peer), "client": list(client), "pid": pid}
+    if amqp is not None:
+        record["amqp"] = list(amqp)
+    tmp.write_text(json.dumps(record))
     tmp.replace(path)
 
 

@@ -101,7 +101,8 @@ def _md(node):
 async def cmd_status(node, args):
     md = _md(node)
     return {"node": node.name, "app_running": node.app_running, "peer_port": node.peer_port,
-            "client_port": node.client_port, "cluster_name": md.cluster_name,
+            "client_port": node.client_port, "amqp_port": node.amqp_port,
+            "cluster_name": md.cluster_name,
             "metadata_version": md.version, "net_ticktime": node.config.net_ticktime,
             "paused": node.cluster.paused, **node.memory.status()}
 
@@ -328,6 +329,7 @@ async def node_rpc(node, name: str, args: dict):
         blocked = node.memory.blocked
         return [{"node": node.name, "name": s.conn_id, "peer": s.peer, "user": s.user,
                  "client_name": s.client_name, "channels": len(s.channels),
+                 "protocol": s.protocol,
                  # RabbitMQ's words: held (blocked), would be held if it published (blocking)
                  "state": ("blocked" if s.publisher else "blocking") if blocked else "running"}
                 for s in node.sessions.values()]

@@ -6,8 +6,9 @@ and the demo that the README's first command runs.
     python -m broker.localcluster demo                # start, publish/consume, fail over, stop
 
 The command line keeps its state under ./var/warren (or $WARREN_HOME): node data, logs/NAME.log
-and pids.json.  Node i gets client port 5690+i and peer port 25690+i unless --client-base /
---peer-base (or $WARREN_CLIENT_BASE / $WARREN_PEER_BASE) move them.  `stop` stops the nodes of
+and pids.json.  Node i gets client port 5690+i, AMQP port 5671+i (n1..n3: 5672..5674, AMQP's
+usual port first) and peer port 25690+i unless --client-base / --amqp-base / --peer-base (or
+$WARREN_CLIENT_BASE / $WARREN_AMQP_BASE / $WARREN_PEER_BASE) move them.  `stop` stops the nodes of
 pids.json and every other node registered under the home's run/ (a node started by hand with
 this WARREN_HOME), and signals a pid only after checking that the process is still warren-server
 with that node name (the pid may have been reused since).
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 CLIENT_BASE = 5690
+AMQP_BASE = 5671
 PEER_BASE = 25690
 DEFAULT_HOME = Path("var/warren")
 DEMO_SECRET = "warren-local-demo-secret"
@@ -63,7 +65,8 @@ def executable(name: str) -> str:
 class LocalCluster:
     """Nodes n1..nN as `warren-server` processes sharing one WARREN_HOME and cluster secret.
 
-    `free_ports=True` picks free ports; otherwise node i listens on client_base+i / peer_base+i.
+    `free_ports=True` picks free ports; otherwise node i listens on client_base+i, amqp_base+i
+    (AMQP 0-9-1, `amqp_port(name)`) and peer_base+i.
     `server_args` are extra `warren-server` flags for every node. Each node logs to
     HOME/logs/NAME.log, and HOME/pids.json always names the current pid of each node.
     """
@@ -71,17 +74,19 @@ class LocalCluster:
     def __init__(self, home: Path | str, nodes: int = 3, *, free_ports: bool = False,
                  client_base: int = CLIENT_BASE, peer_base: int = PEER_BASE,
                  net_ticktime: float = 10.0, secret: str | None = None,
-                 server_args: list[str] | tuple[str, ...] = ()):
+                 server_args: list[str] | tuple[str, ...] = (), amqp_base: int = AMQP_BASE):
         self.home = Path(home).resolve()
         self.names = [f"n{i}" for i in range(1, nodes + 1)]
         self.net_ticktime = net_ticktime
         self.server_args = list(server_args)
         if free_ports:
-            found = _free_ports(2 * nodes)
-            self.ports = {name: (found[2 * i], found[2 * i + 1]) for i, name in enumerate(self.names)}
+            found = _free_ports(3 * nodes)
+            self.ports = {name: (found[3 * i], found[3 * i + 1]) for i, name in enumerate(self.names)}
+            self.amqp_ports = {name: found[3 * i + 2] for i, name in enumerate(self.names)}
         else:
             self.ports = {name: (client_base + i, peer_base + i)
                           for i, name in enumerate(self.names, 1)}
+            self.amqp_ports = {name: amqp_base + i for i, name in enumerate(self.names, 1)}
         self.env = dict(os.environ, WARREN_HOME=str(self.home), PYTHONUNBUFFERED="1")
         self.env["WARREN_SECRET"] = secret or os.environ.get("WARREN_SECRET") or DEMO_SECRET
         self.env.pop("WARREN_NODE", None)
@@ -138,7 +143,8 @@ class LocalCluster:
         self._logs[name] = log
         self.procs[name] = subprocess.Popen(
             [executable("warren-server"), "--name", name, "--client-port", str(client),
-             "--peer-port", str(peer), "--net-ticktime", str(self.net_ticktime),
+             "--peer-port", str(peer), "--amqp-port", str(self.amqp_ports[name]),
+             "--net-ticktime", str(self.net_ticktime),
              *self.server_args, *extra_args],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
@@ -297,6 +303,13 @@ class LocalCluster:
     def client_addr(self, name: str) -> str:
         return f"127.0.0.1:{self.client_port(name)}"
 
+    def amqp_port(self, name: str) -> int:
+        """The node's AMQP 0-9-1 port."""
+        return self.amqp_ports[name]
+
+    def amqp_url(self, name: str, user: str = "guest", password: str = "guest") -> str:
+        return f"amqp://{user}:{password}@127.0.0.1:{self.amqp_port(name)}/%2F"
+
     def all_client_addrs(self) -> list[str]:
         return [self.client_addr(n) for n in self.names]
 
@@ -401,14 +414,14 @@ def running_pids(home: Path) -> dict[str, int]:
 
 def start(home: Path, nodes: int = 3, ticktime: float = 10.0, client_base: int = CLIENT_BASE,
           peer_base: int = PEER_BASE, server_args: list[str] | tuple[str, ...] = (),
-          dump_logs: bool = True) -> LocalCluster:
+          dump_logs: bool = True, amqp_base: int = AMQP_BASE) -> LocalCluster:
     """Start a cluster that outlives this process (stop it with `stop(home)`)."""
     running = running_pids(home)
     if running:
         raise RuntimeError(f"nodes {', '.join(sorted(running))} of {home} are already running: "
                            f"stop them first (make stop, or python -m broker.localcluster stop)")
     cluster = LocalCluster(home, nodes, client_base=client_base, peer_base=peer_base,
-                           net_ticktime=ticktime, server_args=server_args)
+                           net_ticktime=ticktime, server_args=server_args, amqp_base=amqp_base)
     cluster.start(dump_logs=dump_logs)
     return cluster
 
@@ -417,12 +430,14 @@ def client_addr(i: int, client_base: int = CLIENT_BASE) -> str:
     return f"127.0.0.1:{client_base + i}"
 
 
-def demo(home: Path, client_base: int = CLIENT_BASE, peer_base: int = PEER_BASE) -> None:
+def demo(home: Path, client_base: int = CLIENT_BASE, peer_base: int = PEER_BASE,
+         amqp_base: int = AMQP_BASE) -> None:
     """Start a 3-node cluster under HOME, run broker.demo on it, stop it (also on errors)."""
     from broker import demo as demomod
 
     print(f"== starting a 3-node cluster (logs in {home / 'logs'})")
-    cluster = start(home, 3, client_base=client_base, peer_base=peer_base, dump_logs=False)
+    cluster = start(home, 3, client_base=client_base, peer_base=peer_base, dump_logs=False,
+                    amqp_base=amqp_base)
     try:
         demomod.run(cluster)
     finally:
@@ -454,6 +469,9 @@ def main(argv=None) -> None:
                    help="node i's client port is this + i (default $WARREN_CLIENT_BASE or 5690)")
     p.add_argument("--peer-base", type=int, default=_env_int("WARREN_PEER_BASE", PEER_BASE),
                    help="node i's peer port is this + i (default $WARREN_PEER_BASE or 25690)")
+    p.add_argument("--amqp-base", type=int, default=_env_int("WARREN_AMQP_BASE", AMQP_BASE),
+                   help="node i's AMQP 0-9-1 port is this + i (default $WARREN_AMQP_BASE or 5671: "
+                        "n1 on 5672)")
     p.add_argument("--net-ticktime", type=float, default=10.0)
     args, server_args = p.parse_known_args(argv)
     if server_args and args.action != "start":
@@ -463,17 +481,18 @@ def main(argv=None) -> None:
         if args.action == "start":
             # Options this command does not know are passed on to every warren-server.
             cluster = start(home, args.nodes, args.net_ticktime, args.client_base,
-                            args.peer_base, server_args, dump_logs=False)
+                            args.peer_base, server_args, dump_logs=False, amqp_base=args.amqp_base)
             secret = cluster.env["WARREN_SECRET"]
             print(f"started {', '.join(cluster.names)}; client ports "
-                  f"{', '.join(str(cluster.client_port(n)) for n in cluster.names)}; logs in {home / 'logs'}")
+                  f"{', '.join(str(cluster.client_port(n)) for n in cluster.names)}; AMQP ports "
+                  f"{', '.join(str(cluster.amqp_port(n)) for n in cluster.names)}; logs in {home / 'logs'}")
             print(f"use it from any shell: export WARREN_HOME={shlex.quote(str(home))} "
                   f"WARREN_SECRET={shlex.quote(secret)}; warrenctl -n n1 cluster_status")
         elif args.action == "stop":
             for line in stop(home):
                 print(line)
         else:
-            demo(home, args.client_base, args.peer_base)
+            demo(home, args.client_base, args.peer_base, args.amqp_base)
     except (RuntimeError, TimeoutError, AMQPError) as exc:
         where = f" (the nodes' logs are in {home / 'logs'})" if args.action == "demo" else ""
         print(f"error: {exc}{where}", file=sys.stderr)

@@ -15,6 +15,7 @@ import ipaddress
 import trio
 
 from wire import messages as m
+from wire.props import native_list
 from wire.errors import ACCESS_REFUSED, CONNECTION_FORCED, VERSION_MISMATCH, ProtocolError
 from wire.handshake import new_nonce
 
@@ -70,7 +71,7 @@ class NativeConnection:
         except trio.TooSlowError:
             return
         sid = node.new_session_id()
-        session = self.session = Session(node, sid, self.peer, user, client_name, self.outbox.put)
+        session = self.session = Session(node, sid, self.peer, user, client_name, self._out)
         node.sessions[sid] = session
         node.connections[sid] = self
         self.gate = PublisherGate(node.memory, session, self._tell_blocked)
@@ -91,6 +92,21 @@ class NativeConnection:
             self.outbox.close()
             if session.exclusive_queues:
                 node.spawn(session.delete_exclusive)
+
+    def _out(self, msg) -> None:
+        """Session output to the client: messages published over AMQP get their properties as
+        warren's client reads them; AMQP-only outputs have no msgpack form."""
+        t = type(msg)
+        if t is m.Deliver:
+            if msg.props is not None:
+                msg.props = native_list(msg.props)
+        elif t is m.Reply:
+            v = msg.value
+            if type(v) is list and len(v) == 5 and isinstance(v[3], (list, tuple)):
+                v[3] = native_list([v[3]])[0]  # a basic.get answer [tag, body, redelivered, props, n]
+        elif t is m.Returned:
+            return
+        self.outbox.put(msg)
 
     async def _handshake(self) -> tuple[str, str]:
         node = self.node

@@ -25,7 +25,9 @@ import random
 
 import trio
 
+from mirroring.exchanges import plain
 from mirroring.metadata import MetaError
+from mirroring.queue import check_arguments as check_queue_arguments
 from mirroring.replica import LEADING
 from wire.errors import (ACCESS_REFUSED, CONNECTION_FORCED, INTERNAL_ERROR, NOT_ALLOWED, NOT_FOUND,
                          PRECONDITION_FAILED, ProtocolError)
@@ -61,10 +63,11 @@ class Node:
                                  memory_probe if memory_probe is not None else ProcessMemory(),
                                  self.log, lambda: self.cluster.links)
         self.sessions: dict[int, Session] = {}
-        self.connections: dict[int, NativeConnection] = {}
+        self.connections: dict[int, object] = {}  # NativeConnection or AmqpConnection: force_close
         self.app_running = False
         self.peer_port = config.peer_port
         self.client_port = config.client_port
+        self.amqp_port = config.amqp_port
         self._sids = itertools.count(1)
         self._app_scope: trio.CancelScope | None = None
         self.root = None
@@ -113,7 +116,8 @@ class Node:
             await self.start_app()
             if self.persist:
                 configmod.register(self.name, (self.config.advertise_host, self.peer_port),
-                                   (self.config.advertise_host, self.client_port), os.getpid())
+                                   (self.config.advertise_host, self.client_port), os.getpid(),
+                                   (self.config.advertise_host, self.amqp_port))
             self.started.set()
             task_status.started(self)
 
@@ -150,9 +154,11 @@ class Node:
                     self.client_port = await app.start(self.network.serve, self.config.host,
                                                        self.config.client_port, self._on_client_conn)
                     self.cluster.client_addr = [self.config.advertise_host, self.client_port]
+                    self.amqp_port = await app.start(self.network.serve, self.config.host,
+                                                     self.config.amqp_port, self._on_amqp_conn)
                     self.app_running = True
                     self.router.reconcile()
-                    self.log.info("app started", client_port=self.client_port,
+                    self.log.info("app started", client_port=self.client_port, amqp_port=self.amqp_port,
                                   incarnation=incarnation, members=list(self.md.members))
                     task_status.started()
             finally:
@@ -289,6 +295,15 @@ class Node:
         except Exception:  # one client's trouble must not bring the node down
             self.log.exception("client connection failed", peer=peer)
 
+    async def _on_amqp_conn(self, stream, peer: str) -> None:
+        from .amqp.server import AmqpConnection
+        try:
+            await AmqpConnection(self, stream, peer).serve()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception:  # one client's trouble must not bring the node down
+            self.log.exception("AMQP connection failed", peer=peer)
+
     # --- queues ------------------------------------------------------------------------------
     def queue_down_reason(self, qdef: dict) -> str:
         """Why operations on this queue fail now ("" if they do not). A mirrored queue whose
@@ -321,7 +336,12 @@ class Node:
             msg.queue = name
         if len(name) > 255:
             raise ChannelError(PRECONDITION_FAILED, "queue name is longer than 255 characters")
-        _validate_queue_arguments(msg.arguments)
+        arguments = plain(msg.arguments)
+        _validate_queue_arguments(arguments)
+        try:
+            check_queue_arguments(name, arguments)
+        except ProtocolError as exc:
+            raise ChannelError(exc.code, exc.text) from None
         existing = self.md.queues.get(name)
         if msg.passive:
             if existing is None:
@@ -335,7 +355,7 @@ class Node:
             "durable": bool(msg.durable) and not msg.exclusive,
             "exclusive": bool(msg.exclusive),
             "auto_delete": bool(msg.auto_delete),
-            "arguments": dict(msg.arguments),
+            "arguments": arguments,
             "leader": self.name,
             "owner": session.conn_id if msg.exclusive else None,
             # the log's leader decides where it lives (planner.plan_declare) from where the

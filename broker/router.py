@@ -20,6 +20,7 @@ import trio
 
 from mirroring import replica as rp
 from mirroring.planner import ha_for
+from mirroring.queue import limits_from
 from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_FOUND, ProtocolError
 
@@ -60,7 +61,7 @@ class Router:
     def _assign(self, qdef: dict, md) -> rp.Assign:
         return rp.Assign(qdef["leader"], qdef.get("epoch", 1), list(qdef.get("mirrors", ())),
                          list(qdef.get("synced", ())), ha_for(md.policies, qdef),
-                         bool(qdef.get("auto_delete")))
+                         bool(qdef.get("auto_delete")), limits_from(qdef.get("arguments")))
 
     def reconcile(self) -> None:
         """Bring the replicas on this node in line with the metadata."""

@@ -28,6 +28,8 @@ def parse_args(argv=None) -> dict:
     p.add_argument("--host", help="address to bind (WARREN_HOST, default 127.0.0.1)")
     p.add_argument("--advertise-host", dest="advertise_host", help="address others use to reach this node")
     p.add_argument("--client-port", dest="client_port", type=int, help="client port (default 5672)")
+    p.add_argument("--amqp-port", dest="amqp_port", type=int,
+                   help="AMQP 0-9-1 port (WARREN_AMQP_PORT, default 5673; 5672 is the client port)")
     p.add_argument("--peer-port", dest="peer_port", type=int, help="peer/control port (default 25672)")
     p.add_argument("--secret", help="cluster secret (WARREN_SECRET)")
     p.add_argument("--secret-file", dest="secret_file", help="file holding the cluster secret (WARREN_SECRET_FILE)")
@@ -137,7 +139,8 @@ def main(argv=None) -> None:
             configmod.lookup(cfg.cluster_seed)
         except configmod.ConfigError as exc:
             _fail(f"--cluster-seed {cfg.cluster_seed}: {exc}", 2)
-    for port, option in ((cfg.peer_port, "--peer-port"), (cfg.client_port, "--client-port")):
+    for port, option in ((cfg.peer_port, "--peer-port"), (cfg.client_port, "--client-port"),
+                         (cfg.amqp_port, "--amqp-port")):
         problem = _port_problem(cfg.host, port, option)
         if problem:
             _fail(problem, 1)

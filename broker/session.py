@@ -1,10 +1,12 @@
 """What a client session means, whatever protocol speaks it: channels, delivery tags, publish
-sequence numbers, confirms, transactions, credit, and resends to a queue's new leader.
+sequence numbers, routing through exchanges, confirms, returns, transactions, credit, and
+resends to a queue's new leader.
 
-A front end (broker/native.py for warren's msgpack protocol) owns the socket: it decodes client
-frames into the command messages of wire/messages.py (ChannelOpen, Publish, Ack, ...), hands
-them to `handle`, and turns what the session emits (`out`: Reply, Fail, Deliver, Confirm,
-Cancelled) into frames. The session never touches a socket, so it is tested without one.
+A front end (broker/native.py for warren's msgpack protocol, broker/amqp/ for AMQP 0-9-1) owns
+the socket: it decodes client frames into the command messages of wire/messages.py
+(ChannelOpen, Publish, PublishTo, Ack, QueueBind, ...), hands them to `handle`, and turns what
+the session emits (`out`: Reply, Fail, Deliver, Confirm, Cancelled, Returned) into frames. The
+session never touches a socket, so it is tested without one.
 
 Theory of operation:
 * Like RabbitMQ's channel process, the session assigns delivery tags and publish sequence
@@ -23,6 +25,15 @@ Theory of operation:
   (the leader ignores batches it already has), unanswered requests, and the registration of
   every consumer (the new leader may not know a consumer registered just before a failover).
   Consumers that asked for `x-cancel-on-ha-failover` are not re-registered: they are cancelled.
+* Routing happens here, on the node that received the publish (mirroring/exchanges.py over the
+  metadata). A message routed to several queues is sent to each leader with one publish batch
+  number and confirmed once *every* queue, with all its mirrors, has it; it is nacked if any
+  refuses it (its node is down, it is lost, or x-overflow reject-publish). A `mandatory`
+  message no queue takes comes back (`Returned`) before its confirm, as RabbitMQ does.
+* Per channel, replies leave in the order of the requests (AMQP needs it: a queue on another
+  node may answer a declare after a local exchange.bind answered at once), and nothing else
+  for that channel overtakes a held reply (a consumer's first delivery never precedes its
+  consume-ok). `channel.flow` pauses a channel's deliveries (held here) until it resumes.
 * Queue events arrive through `queue_events` from the router and are handled at once.
 """
 
@@ -34,10 +45,17 @@ from itertools import repeat
 
 import trio
 
+from mirroring import exchanges as xmod
 from wire import messages as m
+from wire import props as propsmod
 from wire.errors import (
+    ACCESS_REFUSED,
     COMMAND_INVALID,
+    INTERNAL_ERROR,
+    NO_ROUTE,
+    NOT_ALLOWED,
     NOT_FOUND,
+    NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
     ProtocolError,
@@ -51,9 +69,45 @@ class ChannelError(ProtocolError):
     """Closes the channel, not the connection (an AMQP channel exception)."""
 
 
+def as_channel_error(exc: ProtocolError) -> ProtocolError:
+    """A refusal from the metadata or routing: codes below 500 close the channel only."""
+    if isinstance(exc, ChannelError) or exc.code >= 500:
+        return exc
+    return ChannelError(exc.code, exc.text)
+
+
+class Fanout:
+    """One publish batch routed to several queues: confirmed when the last queue accepts it,
+    nacked if any refused it (`reason`), with the indexes some queue refused (`rejected`)."""
+    __slots__ = ("left", "reason", "rejected")
+
+    def __init__(self, left: int):
+        self.left = left
+        self.reason = ""
+        self.rejected: set[int] = set()
+
+
+class Batch:
+    """A publish batch in flight to one queue: released (and confirmed) when the queue's
+    leader says every mirror has it."""
+    __slots__ = ("pseq", "ch", "first", "n", "size", "bodies", "props", "rejected", "fanout")
+
+    def __init__(self, pseq, ch, first, n, size, bodies, props, fanout):
+        self.pseq = pseq
+        self.ch = ch
+        self.first = first  # its first confirm sequence number (0: the channel does not confirm)
+        self.n = n
+        self.size = size
+        self.bodies = bodies
+        self.props = props
+        self.rejected: list | None = None  # indexes the queue refused (reject-publish)
+        self.fanout: Fanout | None = fanout
+
+
 class Channel:
     __slots__ = ("id", "prefetch", "confirm", "next_seq", "next_tag", "tags", "consumers",
-                 "touched", "tx", "tx_pending", "inflight", "commit_rid", "tx_failed")
+                 "touched", "tx", "tx_pending", "inflight", "commit_rid", "tx_failed",
+                 "order", "held", "active", "paused", "last_queue")
 
     def __init__(self, ch: int):
         self.id = ch
@@ -69,6 +123,11 @@ class Channel:
         self.inflight = 0  # messages of this channel not yet accepted by every mirror
         self.commit_rid = 0  # a tx.commit waiting for them
         self.tx_failed = ""
+        self.order: deque[int] = deque()  # request ids awaiting their reply, in request order
+        self.held: deque[tuple] = deque()  # (rid or 0, output) waiting for an earlier reply
+        self.active = True  # channel.flow
+        self.paused: list = []  # deliveries held while the flow is off
+        self.last_queue: str | None = None  # the queue an empty name stands for (AMQP)
 
 
 class Session:
@@ -81,15 +140,16 @@ class Session:
         self.peer = peer
         self.user = user
         self.client_name = client_name
+        self.protocol = "warren"  # the front end speaking for the session (list_connections)
         self.out = out  # callable(message): the front end sends it to the client
         self.channels: dict[int, Channel] = {}
         self.closed_channels: set[int] = set()
         self.exclusive_queues: set[str] = set()
         self._ctags = itertools.count(1)
         self._noack_gets: set[int] = set()
+        self._deletes: dict[int, int] = {}  # queue.delete rid -> its channel (answered by the log)
         self.pseq = 0
-        # queue -> deque of [pseq, ch, first confirm seq (0: none), count, bytes, bodies, props]
-        self.inflight: dict[str, deque] = {}
+        self.inflight: dict[str, deque[Batch]] = {}  # queue -> its batches in flight, in order
         self.inflight_msgs = 0
         self.inflight_bytes = 0
         self._room = trio.Event()
@@ -111,6 +171,10 @@ class Session:
             m.ConnectionClose: self.on_connection_close,
             m.TxSelect: self.on_tx_select, m.TxCommit: self.on_tx_commit,
             m.TxRollback: self.on_tx_rollback,
+            m.PublishTo: self.on_publish_to, m.ExchangeDeclare: self.on_exchange_declare,
+            m.ExchangeDelete: self.on_exchange_delete, m.QueueBind: self.on_queue_bind,
+            m.QueueUnbind: self.on_queue_unbind, m.BasicRecover: self.on_recover,
+            m.ChannelFlow: self.on_flow,
         }
 
     # --- commands from the client ----------------------------------------------------------
@@ -120,10 +184,15 @@ class Session:
         ch_id = getattr(msg, "ch", 0)
         if ch_id in self.closed_channels and type(msg) is not m.ChannelOpen:
             return False  # frames in flight for a channel the server closed
+        rid = getattr(msg, "rid", 0)
+        if rid and ch_id:
+            ch = self.channels.get(ch_id)
+            if ch is not None:
+                ch.order.append(rid)  # its reply leaves after the replies to earlier requests
         try:
             return bool(await self._handlers[type(msg)](msg))
         except ChannelError as exc:
-            self._close_channel(ch_id, getattr(msg, "rid", 0), exc)
+            self._close_channel(ch_id, rid, exc)
             return False
 
     @property
@@ -142,12 +211,75 @@ class Session:
             raise ProtocolError(COMMAND_INVALID, f"channel {ch_id} is not open")
         return ch
 
+    def fail_channel(self, ch_id: int, code: int, text: str) -> None:
+        """A front end found a channel error of its own (e.g. AMQP's user_id check)."""
+        self._close_channel(ch_id, 0, ChannelError(code, text))
+
     def _close_channel(self, ch_id: int, rid: int, exc: ProtocolError) -> None:
         ch = self.channels.pop(ch_id, None)
         if ch is not None:
             self._release_channel(ch)
         self.closed_channels.add(ch_id)
         self.out(m.Fail(rid, ch_id, exc.code, exc.text))
+
+    # --- output, in the order a channel needs ------------------------------------------------
+    def _reply(self, ch_id: int, rid: int, value) -> None:
+        self._put(ch_id, rid, m.Reply(rid, value))
+
+    def _put(self, ch_id: int, rid: int, msg) -> None:
+        """Send `msg` for channel `ch_id`; a reply (rid) waits for the replies to the requests
+        before it, and nothing overtakes a waiting reply."""
+        ch = self.channels.get(ch_id)
+        if ch is None:
+            self.out(msg)
+            return
+        if rid:
+            order = ch.order
+            if order and order[0] == rid:
+                order.popleft()
+                self.out(msg)
+                if ch.held:
+                    self._drain(ch)
+                return
+            if rid in order:
+                ch.held.append((rid, msg))
+                return
+        if ch.held:
+            ch.held.append((0, msg))
+        else:
+            self.out(msg)
+
+    def _drain(self, ch: Channel) -> None:
+        held, order, out = ch.held, ch.order, self.out
+        while held:
+            rid, msg = held[0]
+            if not rid or rid not in order:
+                held.popleft()
+                out(msg)
+                continue
+            if order[0] == rid:
+                held.popleft()
+                order.popleft()
+                out(msg)
+                continue
+            # the reply due next may have been produced after this one
+            want = order[0]
+            for i, (r, later) in enumerate(held):
+                if r == want:
+                    del held[i]
+                    order.popleft()
+                    out(later)
+                    break
+            else:
+                return
+
+    def _deliver_out(self, ch: Channel, msg) -> None:
+        if not ch.active:
+            ch.paused.append(msg)
+        elif ch.held:
+            ch.held.append((0, msg))
+        else:
+            self.out(msg)
 
     def _owner(self, ch: Channel) -> tuple:
         return (self.me, self.sid, ch.id)
@@ -187,14 +319,14 @@ class Session:
         if msg.prefetch_count < 0 or msg.prefetch_count > 65535:
             raise ChannelError(PRECONDITION_FAILED, "prefetch_count must be between 0 and 65535")
         ch.prefetch = msg.prefetch_count
-        self.out(m.Reply(msg.rid, None))
+        self._reply(ch.id, msg.rid, None)
 
     async def on_confirm_select(self, msg):
         ch = self._ch(msg.ch)
         if ch.tx:
             raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         ch.confirm = True
-        self.out(m.Reply(msg.rid, None))
+        self._reply(ch.id, msg.rid, None)
 
     # --- transactions: commit-ok only once every mirror has the publishes (spec) ----------
     async def on_tx_select(self, msg):
@@ -202,7 +334,7 @@ class Session:
         if ch.confirm:
             raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
         ch.tx = True
-        self.out(m.Reply(msg.rid, None))
+        self._reply(ch.id, msg.rid, None)
 
     async def on_tx_commit(self, msg):
         ch = self._ch(msg.ch)
@@ -224,44 +356,127 @@ class Session:
         ch.commit_rid = 0
         if ch.tx_failed:
             reason, ch.tx_failed = ch.tx_failed, ""
-            self.out(m.Fail(rid, ch.id, NOT_FOUND, f"tx.commit failed: {reason}"))
+            self._close_channel(ch.id, rid, ChannelError(NOT_FOUND, f"tx.commit failed: {reason}"))
         else:
-            self.out(m.Reply(rid, None))
+            self._reply(ch.id, rid, None)
 
     async def on_tx_rollback(self, msg):
         ch = self._ch(msg.ch)
         if not ch.tx:
             raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
         ch.tx_pending.clear()
-        self.out(m.Reply(msg.rid, None))
+        self._reply(ch.id, msg.rid, None)
 
     # --- queues ----------------------------------------------------------------------------
+    def _queue_name(self, ch: Channel, name: str) -> str:
+        """AMQP: an empty queue name means the last queue declared on the channel."""
+        if name:
+            return name
+        if ch.last_queue is None:
+            raise ChannelError(NOT_FOUND, "no previously declared queue")
+        return ch.last_queue
+
     async def on_queue_declare(self, msg):
         ch = self._ch(msg.ch)
         value = await self.node.declare_queue(self, msg)
+        ch.last_queue = msg.queue  # the server-chosen name too (declare_queue sets it)
         if value is not None:  # created: answer now
-            self.out(m.Reply(msg.rid, value))
+            self._reply(ch.id, msg.rid, value)
             return
         # it existed: its leader answers with the counts
         self._request(msg.queue, msg.rid, m.QDeclareOk(msg.queue, self._owner(ch), msg.rid))
 
     async def on_queue_delete(self, msg):
         ch = self._ch(msg.ch)
-        qdef = self.node.cluster.md.queues.get(msg.queue)
+        name = self._queue_name(ch, msg.queue)
+        qdef = self.node.cluster.md.queues.get(name)
         if qdef is None:
-            self.out(m.Reply(msg.rid, 0))  # deleting a missing queue is fine in AMQP
+            self._reply(ch.id, msg.rid, 0)  # deleting a missing queue is fine in AMQP
             return
-        self._queue(msg.queue)
+        self._queue(name)
         # not tracked as a request: the queue's deletion itself would fail it
-        self._send(msg.queue, m.QDelete(msg.queue, self._owner(ch), msg.rid, msg.if_unused, msg.if_empty))
+        self._deletes[msg.rid] = ch.id
+        self._send(name, m.QDelete(name, self._owner(ch), msg.rid, msg.if_unused, msg.if_empty))
 
     async def on_queue_purge(self, msg):
         ch = self._ch(msg.ch)
-        self._queue(msg.queue)
-        self._request(msg.queue, msg.rid, m.QPurge(msg.queue, self._owner(ch), msg.rid))
+        name = self._queue_name(ch, msg.queue)
+        self._queue(name)
+        self._request(name, msg.rid, m.QPurge(name, self._owner(ch), msg.rid))
+
+    # --- exchanges and bindings (cluster metadata, through the log) ---------------------------
+    async def _propose(self, change: list):
+        try:
+            return await self.node.cluster.propose(change)
+        except ProtocolError as exc:
+            raise as_channel_error(exc) from None
+        except trio.TooSlowError:
+            raise ChannelError(INTERNAL_ERROR, "timed out waiting for the cluster to record the change") from None
+
+    async def on_exchange_declare(self, msg):
+        ch = self._ch(msg.ch)
+        name = msg.exchange
+        try:
+            xmod.check_declare(name, msg.kind, msg.passive)
+        except ProtocolError as exc:
+            raise as_channel_error(exc) from None
+        md = self.node.cluster.md
+        if msg.passive:
+            if name not in md.exchanges:
+                raise ChannelError(NOT_FOUND, f"no {xmod.describe(name)}")
+        else:
+            xdef = xmod.make_exchange(name, msg.kind, msg.durable, msg.auto_delete, msg.internal,
+                                      xmod.plain(msg.arguments))
+            existing = md.exchanges.get(name)
+            if existing is None or existing != xdef:
+                await self._propose(["exchange.declare", xdef])
+        self._reply(ch.id, msg.rid, None)
+
+    async def on_exchange_delete(self, msg):
+        ch = self._ch(msg.ch)
+        try:
+            xmod.check_deletable(msg.exchange)
+        except ProtocolError as exc:
+            raise as_channel_error(exc) from None
+        if msg.exchange in self.node.cluster.md.exchanges:
+            await self._propose(["exchange.delete", msg.exchange, bool(msg.if_unused)])
+        self._reply(ch.id, msg.rid, None)
+
+    async def _binding(self, msg, kind: str) -> None:
+        ch = self._ch(msg.ch)
+        qname = self._queue_name(ch, msg.queue)
+        key = msg.routing_key
+        if not msg.queue and not key:
+            key = qname  # AMQP: both empty binds the last queue by its name
+        md = self.node.cluster.md
+        try:
+            xmod.check_bindable(msg.exchange)
+        except ProtocolError as exc:
+            raise as_channel_error(exc) from None
+        xdef = md.exchanges.get(msg.exchange)
+        if xdef is None:
+            raise ChannelError(NOT_FOUND, f"no {xmod.describe(msg.exchange)}")
+        self._queue(qname)  # 404 / 405 / the queue's node down
+        args = xmod.plain(msg.arguments)
+        try:
+            xmod.check_binding_arguments(xdef["type"], args)
+        except ProtocolError as exc:
+            raise as_channel_error(exc) from None
+        entry = [qname, key, args]
+        bound = entry in md.bindings.get(msg.exchange, ())
+        if (kind == "binding.add") != bound:
+            await self._propose([kind, msg.exchange, qname, key, args])
+        self._reply(ch.id, msg.rid, None)
+
+    async def on_queue_bind(self, msg):
+        await self._binding(msg, "binding.add")
+
+    async def on_queue_unbind(self, msg):
+        await self._binding(msg, "binding.remove")
 
     # --- publishing ------------------------------------------------------------------------
     async def on_publish(self, msg):
+        """warren's own publish: the default exchange, the routing key is the queue's name."""
         self.publisher = True
         ch = self._ch(msg.ch)
         if ch.tx:
@@ -272,37 +487,102 @@ class Session:
             return
         if msg.props is not None and len(msg.props) != n:
             raise ProtocolError(COMMAND_INVALID, "publish: props must be nil or parallel to bodies")
+        qname = msg.queue
+        queues = [qname] if qname in self.node.cluster.md.queues else []
+        await self._publish(ch, queues, msg.bodies, msg.props, "", qname, False)
+
+    async def on_publish_to(self, msg):
+        self.publisher = True
+        ch = self._ch(msg.ch)
+        if ch.tx:
+            ch.tx_pending.append(msg)
+            return
+        n = len(msg.bodies)
+        if not n:
+            return
+        props = msg.props
+        if props is not None and len(props) != n:
+            raise ProtocolError(COMMAND_INVALID, "publish: props must be nil or parallel to bodies")
+        md = self.node.cluster.md
+        ex = msg.exchange
+        if ex:
+            xdef = md.exchanges.get(ex)
+            if xdef is None:
+                raise ChannelError(NOT_FOUND, f"no {xmod.describe(ex)}")
+            if xdef["internal"]:
+                raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal {xmod.describe(ex)}")
+            if xdef["type"] == "headers":
+                # each message routes by its own headers: publish runs of equal routes
+                routes = md.routes
+                start = 0
+                last = None
+                for i in range(n + 1):
+                    route = None
+                    if i < n:
+                        item = props[i] if props is not None else None
+                        route = routes.route(ex, msg.routing_key, lambda item=item: propsmod.headers_of(item))
+                    if i and (i == n or route != last):
+                        await self._publish(ch, last, msg.bodies[start:i],
+                                            props[start:i] if props is not None else None,
+                                            ex, msg.routing_key, msg.mandatory)
+                        start = i
+                    last = route
+                return
+        try:
+            queues = md.routes.route(ex, msg.routing_key)
+        except ProtocolError as exc:
+            raise as_channel_error(exc) from None
+        await self._publish(ch, queues, msg.bodies, props, ex, msg.routing_key, msg.mandatory)
+
+    async def _publish(self, ch: Channel, queues: list, bodies: list, props, exchange: str,
+                       routing_key: str, mandatory: bool) -> None:
+        """Send a batch to the queues it was routed to; returns, nacks or confirms at once what
+        cannot be sent."""
+        n = len(bodies)
         if ch.confirm:
             first = ch.next_seq
             ch.next_seq = first + n
         else:
             first = 0
         node = self.node
-        qname = msg.queue
-        qdef = node.cluster.md.queues.get(qname)
-        if qdef is None:
-            # like AMQP's default exchange: an unroutable message is dropped (and confirmed)
+        md = node.cluster.md
+        if not queues:
+            if mandatory:
+                self._put(ch.id, 0, m.Returned(ch.id, NO_ROUTE, "NO_ROUTE", exchange, routing_key,
+                                               bodies, props))
             if first:
-                self.out(m.Confirm(ch.id, [[first, first + n - 1]], [], ""))
+                self._put(ch.id, 0, m.Confirm(ch.id, [[first, first + n - 1]], [], ""))
             return
-        if qdef["exclusive"] and qdef.get("owner") != self.conn_id:
-            raise ChannelError(RESOURCE_LOCKED, f"cannot obtain exclusive access to locked queue '{qname}' in vhost '/'")
-        down = node.queue_down_reason(qdef)
-        if down:
+        live = []
+        down = ""
+        for qname in queues:
+            qdef = md.queues.get(qname)
+            reason = "" if qdef is None else node.queue_down_reason(qdef)
+            if reason:
+                down = reason
+            elif qdef is not None:
+                live.append(qname)
+        if down or not live:
+            # the message would not reach every queue it was routed to: refuse it
             if first:
-                self.out(m.Confirm(ch.id, [], [[first, first + n - 1]], down))
+                self._put(ch.id, 0, m.Confirm(ch.id, [], [[first, first + n - 1]],
+                                              down or "no queue took the message"))
             return
         self.pseq = pseq = self.pseq + 1
-        size = sum(map(len, msg.bodies))
-        dq = self.inflight.get(qname)
-        if dq is None:
-            dq = self.inflight[qname] = deque()
-        dq.append([pseq, ch.id, first, n, size, msg.bodies, msg.props])
-        ch.inflight += n
-        self.inflight_msgs += n
-        self.inflight_bytes += size
-        await self.router.wait_link_room(qname)
-        self._send(qname, m.QPublish(qname, self._owner(ch), pseq, msg.bodies, msg.props, False))
+        size = sum(map(len, bodies))
+        fanout = Fanout(len(live)) if len(live) > 1 else None
+        owner = self._owner(ch)
+        router = self.router
+        for qname in live:
+            dq = self.inflight.get(qname)
+            if dq is None:
+                dq = self.inflight[qname] = deque()
+            dq.append(Batch(pseq, ch.id, first, n, size, bodies, props, fanout))
+            ch.inflight += n
+            self.inflight_msgs += n
+            self.inflight_bytes += size
+            await router.wait_link_room(qname)
+            self._send(qname, m.QPublish(qname, owner, pseq, bodies, props, False))
 
     # --- routing to the queue's leader, and resends ------------------------------------------
     def _send(self, qname: str, op) -> None:
@@ -346,8 +626,8 @@ class Session:
 
     def _resend(self, qname: str, qdef: dict) -> None:
         me, sid = self.me, self.sid
-        ops = [m.QPublish(qname, (me, sid, e[1]), e[0], e[5], e[6], True)
-               for e in self.inflight.get(qname, ())]
+        ops = [m.QPublish(qname, (me, sid, b.ch), b.pseq, b.bodies, b.props, True)
+               for b in self.inflight.get(qname, ())]
         ops += [op for q, op in self.rpcs.values() if q == qname]
         ops += [c for ch in self.channels.values() for c in ch.consumers.values()
                 if c.queue == qname and c.arguments.get("x-cancel-on-ha-failover") is not True]
@@ -373,6 +653,8 @@ class Session:
                 out[entry[0]] = [entry[1]]
             else:
                 lst.append(entry[1])
+        if upto < 0:
+            upto = ch.next_tag - 1  # AMQP: tag 0 with multiple is everything delivered so far
         if upto:
             if upto >= ch.next_tag:
                 raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {upto}")
@@ -412,42 +694,65 @@ class Session:
     # --- consumers -------------------------------------------------------------------------
     async def on_consume(self, msg):
         ch = self._ch(msg.ch)
-        self._queue(msg.queue)  # the channel errors for a missing, locked or unavailable queue
+        qname = self._queue_name(ch, msg.queue)
+        self._queue(qname)  # the channel errors for a missing, locked or unavailable queue
         tag = msg.consumer_tag or f"amq.ctag-{self.conn_id}-{next(self._ctags)}"
-        if tag in ch.consumers:
-            raise ChannelError(PRECONDITION_FAILED, f"consumer tag '{tag}' is already in use on this channel")
-        ch.touched.add(msg.queue)
-        op = m.QConsume(msg.queue, self._owner(ch), msg.rid, tag, msg.no_ack, ch.prefetch,
-                        msg.exclusive, msg.arguments)
-        self._request(msg.queue, msg.rid, op)
+        if tag in ch.consumers or any(op.tag == tag and op.owner[2] == ch.id
+                                      for _, op in self.rpcs.values() if type(op) is m.QConsume):
+            raise ProtocolError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        ch.touched.add(qname)
+        op = m.QConsume(qname, self._owner(ch), msg.rid, tag, msg.no_ack, ch.prefetch,
+                        msg.exclusive, xmod.plain(msg.arguments))
+        self._request(qname, msg.rid, op)
 
     async def on_cancel(self, msg):
         ch = self._ch(msg.ch)
         reg = ch.consumers.pop(msg.consumer_tag, None)
         if reg is None:
-            self.out(m.Reply(msg.rid, msg.consumer_tag))
+            self._reply(ch.id, msg.rid, msg.consumer_tag)
             return
         qdef = self.node.cluster.md.queues.get(reg.queue)
         if qdef is None or self.node.queue_down_reason(qdef):
-            self.out(m.Reply(msg.rid, msg.consumer_tag))
+            self._reply(ch.id, msg.rid, msg.consumer_tag)
             return
         self._request(reg.queue, msg.rid, m.QCancel(reg.queue, self._owner(ch), msg.rid, msg.consumer_tag))
 
     async def on_get(self, msg):
         ch = self._ch(msg.ch)
-        self._queue(msg.queue)
+        qname = self._queue_name(ch, msg.queue)
+        self._queue(qname)
         if msg.no_ack:
             self._noack_gets.add(msg.rid)
         else:
-            ch.touched.add(msg.queue)
-        self._request(msg.queue, msg.rid, m.QGet(msg.queue, self._owner(ch), msg.rid, msg.no_ack))
+            ch.touched.add(qname)
+        self._request(qname, msg.rid, m.QGet(qname, self._owner(ch), msg.rid, msg.no_ack))
+
+    async def on_recover(self, msg):
+        """basic.recover: every message delivered on the channel and not acknowledged goes
+        back to its queue (redelivered). RabbitMQ refuses requeue=false; so does warren."""
+        ch = self._ch(msg.ch)
+        if not msg.requeue:
+            raise ProtocolError(NOT_IMPLEMENTED, "requeue=false")
+        owner = self._owner(ch)
+        for qname, ids in self._settle(ch, list(ch.tags), 0).items():
+            self.router.to_leader(qname, m.QSettle(qname, owner, m.REQUEUE, ids))
+        self._reply(ch.id, msg.rid, None)
+
+    async def on_flow(self, msg):
+        """channel.flow: pause or resume deliveries to this channel (held here meanwhile)."""
+        ch = self._ch(msg.ch)
+        ch.active = bool(msg.active)
+        self._reply(ch.id, msg.rid, ch.active)
+        if ch.active and ch.paused:
+            paused, ch.paused = ch.paused, []
+            for d in paused:
+                self._deliver_out(ch, d)
 
     # --- queue events ----------------------------------------------------------------------
     def queue_events(self, events: list) -> None:
         """Events from queues (deliveries, acceptances, answers), handled at once."""
         if self.closed:
             return
-        out = self.out
         channels = self.channels
         for ev in events:
             t = type(ev)
@@ -464,15 +769,17 @@ class Session:
                 ch.next_tag = first + n
                 if not reg.no_ack:
                     ch.tags.update(zip(range(first, first + n), zip(repeat(ev.queue), ev.ids)))
-                out(m.Deliver(ev.ch, ev.tag, first, ev.bodies, ev.redelivered, ev.props))
+                self._deliver_out(ch, m.Deliver(ev.ch, ev.tag, first, ev.bodies, ev.redelivered, ev.props))
             elif t is m.EvAccepted:
                 self._accepted(ev.queue, ev.pseq)
             elif t is m.EvReply:
                 if ev.rid:  # rid 0: an answer nobody waits for (a cancel of our own)
-                    self.rpcs.pop(ev.rid, None)
-                    out(m.Reply(ev.rid, ev.value))
+                    req = self.rpcs.pop(ev.rid, None)
+                    ch_id = req[1].owner[2] if req is not None else self._deletes.pop(ev.rid, 0)
+                    self._put(ch_id, ev.rid, m.Reply(ev.rid, ev.value))
             elif t is m.EvFail:
-                if self.rpcs.pop(ev.rid, None) is None and ev.rid:
+                if self.rpcs.pop(ev.rid, None) is None and self._deletes.pop(ev.rid, None) is None \
+                        and ev.rid:
                     continue
                 if ev.ch in channels:
                     self._close_channel(ev.ch, ev.rid, ChannelError(ev.code, ev.text))
@@ -483,14 +790,14 @@ class Session:
                 ch = channels.get(ev.ch)
                 if ch is not None:
                     ch.consumers[ev.tag] = req[1]
-                out(m.Reply(ev.rid, ev.tag))
+                self._put(ev.ch, ev.rid, m.Reply(ev.rid, ev.tag))
             elif t is m.EvGetOk:
                 if self.rpcs.pop(ev.rid, None) is None:
                     continue
                 ch = channels.get(ev.ch)
                 if ev.msg is None or ch is None:
                     self._noack_gets.discard(ev.rid)
-                    out(m.Reply(ev.rid, None))
+                    self._put(ev.ch, ev.rid, m.Reply(ev.rid, None))
                     continue
                 tag = ch.next_tag
                 ch.next_tag += 1
@@ -498,11 +805,16 @@ class Session:
                     self._noack_gets.discard(ev.rid)
                 else:
                     ch.tags[tag] = (ev.queue, ev.msg[0])
-                out(m.Reply(ev.rid, [tag, ev.msg[1], ev.msg[3], ev.msg[2], ev.remaining]))
+                self._put(ev.ch, ev.rid, m.Reply(ev.rid, [tag, ev.msg[1], ev.msg[3], ev.msg[2], ev.remaining]))
             elif t is m.EvCancelled:
                 ch = channels.get(ev.ch)
                 if ch is not None and ch.consumers.pop(ev.tag, None) is not None:
-                    out(m.Cancelled(ev.ch, ev.tag, ev.reason))
+                    self._put(ev.ch, 0, m.Cancelled(ev.ch, ev.tag, ev.reason))
+            elif t is m.EvRejected:
+                for b in self.inflight.get(ev.queue, ()):
+                    if b.pseq == ev.pseq:
+                        b.rejected = list(ev.indexes)
+                        break
 
     def _unknown_consumer(self, ch: Channel, ev: m.EvDeliver) -> None:
         """Deliveries for a consumer this channel does not have (cancelled meanwhile, or
@@ -513,37 +825,68 @@ class Session:
         router.to_leader(ev.queue, m.QSettle(ev.queue, owner, m.REQUEUE, ev.ids))
         router.to_leader(ev.queue, m.QCancel(ev.queue, owner, 0, ev.tag))
 
+    def _batch_done(self, b: Batch, reason: str, confirms: dict) -> None:
+        """A batch left the in-flight set (accepted, or refused with `reason`): count it off
+        its channel and, once every queue it went to is done, collect its confirms into
+        `confirms` {channel: [acks, nacks, reasons]}."""
+        ch = self.channels.get(b.ch)
+        if ch is not None:
+            ch.inflight -= b.n
+            if reason and (ch.tx or ch.commit_rid):
+                ch.tx_failed = reason
+            if ch.commit_rid and not ch.inflight:
+                self._commit_done(ch, ch.commit_rid)
+        rejected = b.rejected
+        f = b.fanout
+        if f is not None:
+            f.left -= 1
+            if reason:
+                f.reason = reason
+            if rejected:
+                f.rejected.update(rejected)
+            if f.left:
+                return  # other queues still have it
+            reason = f.reason
+            rejected = f.rejected
+        if not b.first:
+            return
+        entry = confirms.get(b.ch)
+        if entry is None:
+            entry = confirms[b.ch] = [[], [], []]
+        first, last = b.first, b.first + b.n - 1
+        if reason:
+            _add_range(entry[1], first, last)
+            if reason not in entry[2]:
+                entry[2].append(reason)
+        elif not rejected:
+            _add_range(entry[0], first, last)
+        else:
+            for i in range(b.n):
+                _add_range(entry[1] if i in rejected else entry[0], first + i, first + i)
+            text = "the queue is full (x-overflow reject-publish)"
+            if text not in entry[2]:
+                entry[2].append(text)
+
+    def _send_confirms(self, confirms: dict) -> None:
+        for ch_id, (acks, nacks, reasons) in confirms.items():
+            if ch_id in self.channels:
+                self._put(ch_id, 0, m.Confirm(ch_id, acks, nacks, "; ".join(reasons)))
+
     def _accepted(self, qname: str, upto: int) -> None:
         """Publishes up to `upto` are on every mirror: release them, confirm them."""
         dq = self.inflight.get(qname)
         if not dq:
             return
-        ranges: dict[int, list] = {}
+        confirms: dict = {}
         n = size = 0
-        channels = self.channels
-        while dq and dq[0][0] <= upto:
-            e = dq.popleft()
-            n += e[3]
-            size += e[4]
-            ch = channels.get(e[1])
-            if ch is not None:
-                ch.inflight -= e[3]
-                if ch.commit_rid and not ch.inflight:
-                    self._commit_done(ch, ch.commit_rid)
-            if e[2]:
-                lst = ranges.get(e[1])
-                last = e[2] + e[3] - 1
-                if lst is None:
-                    ranges[e[1]] = [[e[2], last]]
-                elif lst[-1][1] + 1 == e[2]:
-                    lst[-1][1] = last
-                else:
-                    lst.append([e[2], last])
+        while dq and dq[0].pseq <= upto:
+            b = dq.popleft()
+            n += b.n
+            size += b.size
+            self._batch_done(b, "", confirms)
         self.inflight_msgs -= n
         self.inflight_bytes -= size
-        for ch_id, acks in ranges.items():
-            if ch_id in channels:
-                self.out(m.Confirm(ch_id, acks, [], ""))
+        self._send_confirms(confirms)
         if self.has_credit:
             self._room.set()
 
@@ -551,30 +894,20 @@ class Session:
         """The queue is gone or unavailable: cancel our consumers, nack what is in flight, fail
         unanswered requests."""
         self.routes.pop(qname, None)
-        for ch in self.channels.values():
+        for ch in list(self.channels.values()):
             for tag, reg in list(ch.consumers.items()):
                 if reg.queue == qname:
                     del ch.consumers[tag]
-                    self.out(m.Cancelled(ch.id, tag, reason))
+                    self._put(ch.id, 0, m.Cancelled(ch.id, tag, reason))
             stale = [t for t, (q, _) in ch.tags.items() if q == qname]
             for t in stale:
                 del ch.tags[t]
-        nacks: dict[int, list] = {}
-        for e in self.inflight.pop(qname, ()):
-            self.inflight_msgs -= e[3]
-            self.inflight_bytes -= e[4]
-            ch = self.channels.get(e[1])
-            if ch is not None:
-                ch.inflight -= e[3]
-                if ch.tx or ch.commit_rid:
-                    ch.tx_failed = reason
-                if ch.commit_rid and not ch.inflight:
-                    self._commit_done(ch, ch.commit_rid)
-            if e[2]:
-                nacks.setdefault(e[1], []).append([e[2], e[2] + e[3] - 1])
-        for ch_id, ranges in nacks.items():
-            if ch_id in self.channels:
-                self.out(m.Confirm(ch_id, [], ranges, reason))
+        confirms: dict = {}
+        for b in self.inflight.pop(qname, ()):
+            self.inflight_msgs -= b.n
+            self.inflight_bytes -= b.size
+            self._batch_done(b, reason, confirms)
+        self._send_confirms(confirms)
         for rid, (q, op) in list(self.rpcs.items()):
             if q == qname:
                 del self.rpcs[rid]
@@ -607,3 +940,11 @@ class Session:
                     await self.node.cluster.propose(["queue.delete", qname])
                 except ProtocolError:
                     pass
+
+
+def _add_range(ranges: list, first: int, last: int) -> None:
+    """Append [first, last] to sorted inclusive ranges, merging with the last one if adjacent."""
+    if ranges and ranges[-1][1] + 1 == first:
+        ranges[-1][1] = last
+    else:
+        ranges.append([first, last])

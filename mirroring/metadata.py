@@ -1,4 +1,5 @@
-"""Cluster metadata: members, queue definitions, policies, and which members are up or down.
+"""Cluster metadata: members, queue definitions, exchanges and bindings, policies, and which
+members are up or down.
 
 Every node holds a copy: the state machine of the metadata log (mirroring/raft.py). A change is
 committed to the log by a majority of the members and then applied here, on every node, in the
@@ -24,6 +25,8 @@ import msgpack
 
 from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, ProtocolError
 
+from . import exchanges as xmod
+
 VHOST = "/"
 
 
@@ -46,6 +49,11 @@ class Metadata:
         self.cluster_name = cluster_name
         self.members: dict[str, dict] = {}  # name -> {"peer": [h, p], "client": [h, p]}, join order
         self.queues: dict[str, dict] = {}
+        # exchanges (the built-in ones included) and bindings by source exchange:
+        # {exchange: [[queue, routing key, arguments], ...]} (mirroring/exchanges.py routes them)
+        self.exchanges: dict[str, dict] = xmod.builtin_exchanges()
+        self.bindings: dict[str, list] = {}
+        self._routes: xmod.Routes | None = None
         self.policies: dict[str, dict] = {}
         self.down: dict[str, str] = {}  # member -> "failure" | "shutdown"
         self.up: dict[str, int] = {}  # member -> incarnation, for members recorded running
@@ -57,6 +65,8 @@ class Metadata:
             "cluster_name": self.cluster_name,
             "members": [[n, m] for n, m in self.members.items()],
             "queues": copy.deepcopy(self.queues),
+            "exchanges": copy.deepcopy(self.exchanges),
+            "bindings": copy.deepcopy(self.bindings),
             "policies": copy.deepcopy(self.policies),
             "down": dict(self.down),
             "up": dict(self.up),
@@ -68,6 +78,8 @@ class Metadata:
         md.version = snap["version"]
         md.members = {n: dict(m) for n, m in snap["members"]}
         md.queues = copy.deepcopy(snap["queues"])
+        md.exchanges = {**xmod.builtin_exchanges(), **copy.deepcopy(snap.get("exchanges", {}))}
+        md.bindings = copy.deepcopy(snap.get("bindings", {}))
         md.policies = copy.deepcopy(snap.get("policies", {}))
         md.down = dict(snap.get("down", {}))
         md.up = dict(snap.get("up", {}))
@@ -88,6 +100,19 @@ class Metadata:
     def queues_led_by(self, node: str) -> list[dict]:
         return [q for q in self.queues.values() if q["leader"] == node]
 
+    @property
+    def routes(self) -> xmod.Routes:
+        """The routing structures of this version (rebuilt lazily after every change)."""
+        r = self._routes
+        if r is None:
+            r = self._routes = xmod.Routes(self.exchanges, self.bindings, self.queues)
+        return r
+
+    def bindings_of(self, queue: str) -> list[list]:
+        """[[exchange, routing key, arguments], ...] of one queue (the default binding aside)."""
+        return [[x, key, args] for x, binds in self.bindings.items()
+                for q, key, args in binds if q == queue]
+
     # --- changes ---------------------------------------------------------------------------
     def apply(self, change: list):
         """Validate and apply one change; bumps the version. Returns a change-specific value."""
@@ -97,6 +122,7 @@ class Metadata:
             raise MetaError(PRECONDITION_FAILED, f"unknown metadata change {kind!r}")
         value = handler(*args)
         self.version += 1
+        self._routes = None
         return value
 
     def _c_noop(self):
@@ -115,7 +141,7 @@ class Metadata:
         self.down.pop(name, None)
         self.up.pop(name, None)
         for qname in [q["name"] for q in self.queues_led_by(name)]:
-            del self.queues[qname]
+            self._drop_queue(qname)
         for q in self.queues.values():
             if name in q.get("mirrors", ()):
                 q["mirrors"] = [n for n in q["mirrors"] if n != name]
@@ -139,7 +165,73 @@ class Metadata:
         q = self.queues.get(name)
         if q is None or (leader is not None and q["leader"] != leader):
             return False
+        self._drop_queue(name)
+        return True
+
+    def _drop_queue(self, name: str) -> None:
+        """A queue goes, and its bindings with it (auto-delete exchanges left with no binding
+        go too, as in RabbitMQ)."""
         del self.queues[name]
+        for x in [x for x, binds in self.bindings.items() if any(b[0] == name for b in binds)]:
+            self.bindings[x] = [b for b in self.bindings[x] if b[0] != name]
+            self._binding_gone(x)
+
+    def _binding_gone(self, exchange: str) -> None:
+        if self.bindings.get(exchange):
+            return
+        self.bindings.pop(exchange, None)
+        x = self.exchanges.get(exchange)
+        if x is not None and x["auto_delete"] and exchange not in xmod.BUILTIN:
+            del self.exchanges[exchange]
+
+    # --- exchanges and bindings (idempotent: a proposal retried after a leader change is
+    # harmless) ---------------------------------------------------------------------------
+    def _c_exchange_declare(self, xdef: dict):
+        name = xdef["name"]
+        existing = self.exchanges.get(name)
+        if existing is None:
+            self.exchanges[name] = xmod.make_exchange(name, xdef["type"], xdef["durable"],
+                                                      xdef["auto_delete"], xdef["internal"],
+                                                      xdef.get("arguments"))
+            return {"created": True}
+        xmod.check_equivalent(existing, xdef)
+        return {"created": False}
+
+    def _c_exchange_delete(self, name: str, if_unused: bool = False):
+        if name not in self.exchanges:
+            return False
+        xmod.check_deletable(name)
+        if if_unused and self.bindings.get(name):
+            raise MetaError(PRECONDITION_FAILED, f"{xmod.describe(name)} in use")
+        del self.exchanges[name]
+        self.bindings.pop(name, None)
+        return True
+
+    def _c_binding_add(self, exchange: str, queue: str, key: str, arguments: dict):
+        xmod.check_bindable(exchange)
+        if exchange not in self.exchanges:
+            raise xmod.not_found(exchange)
+        if queue not in self.queues:
+            raise MetaError(NOT_FOUND, f"no queue '{queue}' in vhost '{VHOST}'")
+        binds = self.bindings.setdefault(exchange, [])
+        entry = [queue, key, dict(arguments or {})]
+        if entry in binds:
+            return False
+        binds.append(entry)
+        return True
+
+    def _c_binding_remove(self, exchange: str, queue: str, key: str, arguments: dict):
+        xmod.check_bindable(exchange)
+        if exchange not in self.exchanges:
+            raise xmod.not_found(exchange)
+        if queue not in self.queues:
+            raise MetaError(NOT_FOUND, f"no queue '{queue}' in vhost '{VHOST}'")
+        binds = self.bindings.get(exchange, [])
+        entry = [queue, key, dict(arguments or {})]
+        if entry not in binds:
+            return False
+        binds.remove(entry)
+        self._binding_gone(exchange)
         return True
 
     def _apply_updates(self, updates: list) -> list:
@@ -150,7 +242,7 @@ class Metadata:
             if q is None:
                 continue
             if fields is None:
-                del self.queues[name]
+                self._drop_queue(name)
                 deleted.append(name)
             else:
                 # a new dict, never an in-place update: replicas and sessions holding the old

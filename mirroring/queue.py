@@ -9,6 +9,14 @@ Rules (everything that changes a queue's contents lives in this file):
 * Delivery is round-robin over consumers that have credit (prefetch minus in-flight; prefetch
   0 means unlimited). `dispatch()` hands out as much as credit allows, in batches per consumer.
 * A requeued message goes back to its original place (by id) with `redelivered` set.
+* Limits (queue arguments, `Limits`): `x-message-ttl` gives every publish batch an expiry time;
+  a message whose batch expired is dropped from the head, never delivered (requeued ones too);
+  `x-max-length` / `x-max-length-bytes` count ready messages and their body bytes: with
+  `x-overflow` drop-head the oldest ready messages go (after the round's deliveries), with
+  reject-publish a message that would not fit is refused (`admit`). `x-expires` is the
+  replica's business (mirroring/replica.py): an unused queue is deleted through the metadata.
+  Expiries and drops are the leader's decisions: mirrors apply them as `EDrop` effects and
+  never expire anything themselves, so they stay equal to their leader.
 
 A message is the tuple (id, body, props, redelivered): tuples keep the per-message cost low.
 
@@ -37,12 +45,91 @@ from heapq import merge
 from operator import itemgetter
 
 from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
-from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, EEnqueue, EFailover,
-                           EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
+from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, EDrop, EEnqueue,
+                           EFailover, EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
 
 _msg_id = itemgetter(0)
 MAX_DISPATCH = 2048  # messages handed out per dispatch() call, so one queue cannot hog the loop
 MAX_DISPATCH_BYTES = 1 << 20  # and body bytes: a delivery frame stays far below the frame limit
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a queue's arguments ask of its contents (None: no limit)."""
+    message_ttl: float | None = None  # seconds
+    max_length: int | None = None
+    max_bytes: int | None = None
+    reject_publish: bool = False  # x-overflow reject-publish (else drop-head)
+    expires: float | None = None  # seconds unused before the queue is deleted
+
+    @property
+    def bounded(self) -> bool:
+        return self.max_length is not None or self.max_bytes is not None
+
+
+NO_LIMITS = Limits()
+OVERFLOW = ("drop-head", "reject-publish")
+_INT_ARGS = {"x-message-ttl": 0, "x-expires": 1, "x-max-length": 0, "x-max-length-bytes": 0}
+
+
+def _amqp_type(v) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "long"
+    if isinstance(v, float):
+        return "double"
+    if isinstance(v, (str, bytes)):
+        return "longstr"
+    return type(v).__name__
+
+
+def check_arguments(name: str, arguments: dict) -> None:
+    """RabbitMQ's 406 for queue arguments it would refuse (the others are kept as given)."""
+    where = f"for queue '{name}' in vhost '/'"
+    for key, least in _INT_ARGS.items():
+        if key not in arguments:
+            continue
+        v = arguments[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ProtocolError(PRECONDITION_FAILED,
+                                f"invalid arg '{key}' {where}: {{unacceptable_type,{_amqp_type(v)}}}")
+        if v < least:
+            what = "value_zero" if v == 0 else "value_negative"
+            raise ProtocolError(PRECONDITION_FAILED, f"invalid arg '{key}' {where}: {{{what},{v}}}")
+    if "x-overflow" in arguments:
+        v = arguments["x-overflow"]
+        if isinstance(v, bytes):
+            v = v.decode(errors="replace")
+        if v not in OVERFLOW:
+            raise ProtocolError(PRECONDITION_FAILED,
+                                f"invalid arg 'x-overflow' {where}: {{unacceptable_value,{v!r}}} "
+                                f"(warren supports {' and '.join(OVERFLOW)})")
+    qtype = arguments.get("x-queue-type")
+    if qtype is not None and qtype not in ("classic", b"classic"):
+        raise ProtocolError(PRECONDITION_FAILED,
+                            f"invalid arg 'x-queue-type' {where}: {{unacceptable_value,{qtype!r}}} "
+                            "(warren has classic queues only)")
+    if "x-cancel-on-ha-failover" in arguments and not isinstance(arguments["x-cancel-on-ha-failover"], bool):
+        raise ProtocolError(PRECONDITION_FAILED, f"invalid arg 'x-cancel-on-ha-failover' {where}: "
+                                                 f"{{unacceptable_type,{_amqp_type(arguments['x-cancel-on-ha-failover'])}}}")
+
+
+def limits_from(arguments: dict | None) -> Limits:
+    """The Limits of a queue's (already checked) arguments."""
+    if not arguments:
+        return NO_LIMITS
+    ttl = arguments.get("x-message-ttl")
+    exp = arguments.get("x-expires")
+    over = arguments.get("x-overflow")
+    if isinstance(over, bytes):
+        over = over.decode(errors="replace")
+    lim = Limits(message_ttl=ttl / 1000.0 if isinstance(ttl, int) else None,
+                 max_length=arguments.get("x-max-length"),
+                 max_bytes=arguments.get("x-max-length-bytes"),
+                 reject_publish=over == "reject-publish",
+                 expires=exp / 1000.0 if isinstance(exp, int) else None)
+    return NO_LIMITS if lim == NO_LIMITS else lim
 
 
 @dataclass(slots=True)
@@ -75,6 +162,10 @@ class QueueState:
         self.last_pseq: dict[tuple, int] = {}  # (node, sid) -> last publish batch applied
         self.redeliver_below = 0  # ids below this are delivered as redelivered (see above)
         self.effects: list | None = None  # a list while mirrors need our effects
+        # x-message-ttl: (last id of a publish batch, when it expires) in id order, and the
+        # highest id known to have expired (a requeued message up to it is dropped too)
+        self.expiry: deque[tuple[int, float]] = deque()
+        self.expired_upto = 0
 
     def seen(self, origin, pseq: int) -> bool:
         """Was this publish batch already applied (a resend after a failover)?"""
@@ -96,18 +187,22 @@ class QueueState:
 
     # --- publishing ------------------------------------------------------------------------
     def publish(self, bodies: list, props: list | None, origin: list | None = None,
-                pseq: int = 0, redelivered: bool = False) -> tuple[int, int]:
+                pseq: int = 0, redelivered: bool = False, now: float = 0.0,
+                ttl: float | None = None) -> tuple[int, int]:
         """Enqueue a batch; returns the first and last id given. `origin`/`pseq` identify the
         publishing session's batch so a resend after a failover is recognised (`seen`).
         `redelivered`: a batch resent after a failover that this replica did not have; the old
-        leader may have delivered it already, so it goes out flagged."""
+        leader may have delivered it already, so it goes out flagged. `ttl` (seconds) makes the
+        batch expire at `now` + ttl."""
         first = self.next_id
         if origin is not None:
             origin = (origin[0], origin[1])
             self.last_pseq[origin] = pseq
         if self.effects is not None:
-            self.effects.append(EEnqueue(first, bodies, props, origin, pseq, redelivered))
+            self.effects.append(EEnqueue(first, bodies, props, origin, pseq, redelivered, ttl))
         n = len(bodies)
+        if ttl is not None and n:
+            self.expiry.append((first + n - 1, now + ttl))
         flags = [redelivered] * n
         if props is None:
             self.ready.extend(zip(range(first, first + n), bodies, [None] * n, flags))
@@ -116,6 +211,84 @@ class QueueState:
         self.next_id = first + n
         self.ready_bytes += sum(map(len, bodies))
         return first, first + n - 1
+
+    def admit(self, bodies: list, limits: Limits) -> list[int]:
+        """x-overflow reject-publish: the indexes of the messages of a batch that would not fit
+        (RabbitMQ's rule: refused when the ready count or bytes would exceed the limit)."""
+        max_len = limits.max_length
+        max_bytes = limits.max_bytes
+        n = len(self.ready)
+        size = self.ready_bytes
+        refused = []
+        for i, body in enumerate(bodies):
+            b = len(body)
+            if (max_len is not None and n + 1 > max_len) or (max_bytes is not None and size + b > max_bytes):
+                refused.append(i)
+            else:
+                n += 1
+                size += b
+        return refused
+
+    def drop_upto(self, upto: int, expired: bool = False) -> int:
+        """Drop every ready message with an id up to `upto` (they sit at the head); with
+        `expired`, every id up to it has expired (TTL bookkeeping moves on)."""
+        advanced = False
+        if expired:
+            exp = self.expiry
+            while exp and exp[0][0] <= upto:
+                exp.popleft()
+                advanced = True
+            if upto > self.expired_upto:
+                self.expired_upto = upto
+                advanced = True
+        ready = self.ready
+        if not (ready and ready[0][0] <= upto) and not advanced:
+            return 0
+        if self.effects is not None:
+            self.effects.append(EDrop(upto, expired))
+        n = 0
+        size = 0
+        popleft = ready.popleft
+        while ready and ready[0][0] <= upto:
+            size += len(popleft()[1])
+            n += 1
+        self.ready_bytes -= size
+        return n
+
+    def expire(self, now: float, inclusive: bool = True) -> int:
+        """Drop the ready messages whose TTL ran out by `now` (with `inclusive`, also those
+        expiring exactly now: a TTL of 0 means "delivered at once or never")."""
+        upto = self.expired_upto
+        for last, at in self.expiry:
+            if at < now or (inclusive and at == now):
+                upto = last
+            else:
+                break
+        if upto == 0:
+            return 0
+        return self.drop_upto(upto, True)
+
+    def next_expiry(self) -> float | None:
+        return self.expiry[0][1] if self.expiry else None
+
+    def drop_over(self, limits: Limits) -> int:
+        """x-overflow drop-head: drop the oldest ready messages until the queue is within its
+        length limits."""
+        ready = self.ready
+        max_len = limits.max_length if limits.max_length is not None else float("inf")
+        max_bytes = limits.max_bytes if limits.max_bytes is not None else float("inf")
+        if len(ready) <= max_len and self.ready_bytes <= max_bytes:
+            return 0
+        n = len(ready)
+        size = self.ready_bytes
+        upto = 0
+        for msg in ready:
+            if n <= max_len and size <= max_bytes:
+                break
+            upto = msg[0]
+            n -= 1
+            size -= len(msg[1])
+        return self.drop_upto(upto)
 
     def purge(self) -> int:
         if self.effects is not None:
@@ -337,11 +510,14 @@ class QueueState:
         return len(back)
 
     # --- replication: the mirror side --------------------------------------------------------
-    def mirror_snapshot(self, with_messages: bool = False) -> dict:
+    def mirror_snapshot(self, with_messages: bool = False, now: float = 0.0) -> dict:
         """What a new mirror needs to follow this leader: consumers with their credit, the
-        unacknowledged ids (so acks stay exact), publish de-duplication marks, and with
+        unacknowledged ids (so acks stay exact), publish de-duplication marks, the TTL
+        batches (as time left from `now`: clocks differ between nodes), and with
         `with_messages` (a full sync) no more: the messages come in sync batches."""
         return {
+            "expiry": [[last, at - now] for last, at in self.expiry],
+            "expired_upto": self.expired_upto,
             "next_id": self.next_id,
             "consumers": [[list(c.owner), c.tag, c.no_ack, c.prefetch, c.exclusive, c.arguments,
                            c.in_flight] for c in self.consumers.values()],
@@ -351,9 +527,11 @@ class QueueState:
             "redeliver_below": self.redeliver_below,
         }
 
-    def reset_as_mirror(self, snap: dict) -> None:
+    def reset_as_mirror(self, snap: dict, now: float = 0.0) -> None:
         """Throw away everything and start following a leader from `snap` (spec: a mirror that
         (re)joins "throws away any ... local contents it already has and starts empty")."""
+        self.expiry = deque((last, now + left) for last, left in snap.get("expiry", ()))
+        self.expired_upto = snap.get("expired_upto", 0)
         self.ready.clear()
         self.ready_bytes = 0
         self.next_id = snap["next_id"]
@@ -417,17 +595,20 @@ class QueueState:
             low = u if low is None or u < low else low
         return low
 
-    def apply_effects(self, effects: list) -> None:
+    def apply_effects(self, effects: list, now: float = 0.0) -> None:
         """Apply a leader's effects, in its order (see the module docstring). A mirror records no
         effects of its own, so the public methods serve; only enqueue ids, deliveries and gets,
-        which a late mirror may lack, need their own handling."""
+        which a late mirror may lack, need their own handling. `now` times the TTL of what is
+        enqueued."""
         assert self.effects is None, "a replica that records effects cannot apply a leader's"
         for eff in effects:
-            _APPLY[type(eff)](self, eff)
-
-    def _apply_enqueue(self, eff: EEnqueue) -> None:
-        self.next_id = eff.first
-        self.publish(eff.bodies, eff.props, eff.origin, eff.pseq, eff.redelivered)
+            t = type(eff)
+            if t is EEnqueue:
+                self.next_id = eff.first
+                self.publish(eff.bodies, eff.props, eff.origin, eff.pseq, eff.redelivered, now,
+                             eff.ttl)
+            else:
+                _APPLY[t](self, eff)
 
     def _apply_get(self, eff: EGet) -> None:
         m = None
@@ -475,11 +656,12 @@ class QueueState:
             sorted((mid, o, k, m) for mid, (o, k, m) in self.unacked.items()),
             [(k, c.no_ack, c.prefetch, c.exclusive, c.in_flight) for k, c in self.consumers.items()],
             sorted(self.last_pseq.items()), self.had_consumer, self.redeliver_below,
+            [last for last, _ in self.expiry], self.expired_upto,
         )
 
 
 _APPLY = {
-    EEnqueue: QueueState._apply_enqueue,
+    EDrop: lambda q, e: q.drop_upto(e.upto, e.expired),
     EDeliver: QueueState._apply_deliveries,
     EGet: QueueState._apply_get,
     ESettle: lambda q, e: q.settle(tuple(e.owner), e.how, e.ids),

@@ -44,7 +44,7 @@ from wire import messages as m
 from wire.errors import PRECONDITION_FAILED, ProtocolError
 
 from .policy import HA
-from .queue import QueueState
+from .queue import NO_LIMITS, Limits, QueueState
 from .replication import LeaderReplication, MirrorFollow
 from .sync import BatchSync, message_size, progress_line
 
@@ -108,6 +108,7 @@ class Assign:
     synced: list
     ha: HA
     auto_delete: bool = False
+    limits: Limits = NO_LIMITS
 
 
 @dataclass(slots=True)
@@ -248,6 +249,7 @@ class Replica:
         self._synced_check_at = 0.0
         self._proposed: dict[tuple, float] = {}  # what we asked the metadata for, and when
         self._stopped_reason = ""
+        self.last_used = now  # x-expires: when a client last used the queue
         self.qlog = f"Mirrored queue '{name}' in vhost '/'"
         self.assign_now(assign, now)
 
@@ -351,8 +353,8 @@ class Replica:
         self._ship(now)
         self._release(self.rep.remove(node))
         self.rep.add(node, self.q.next_id, now)
-        self._send(node, m.RMirrorStart(self.name, self.epoch, self.me, self.q.mirror_snapshot(),
-                                        None, self.rep.seq))
+        self._send(node, m.RMirrorStart(self.name, self.epoch, self.me,
+                                        self.q.mirror_snapshot(now=now), None, self.rep.seq))
 
     def _drop_mirror(self, node: str, why: str, now: float) -> None:
         self._log(f"{self.qlog}: asking to drop the mirror on node {node}", reason=why)
@@ -390,11 +392,23 @@ class Replica:
             for node in silent:
                 self._drop_mirror(node, "it stopped answering a sync", now)
         self._report_synced(now)
+        expires = self.assign.limits.expires
+        if expires is not None and not self.q.consumers and now - self.last_used >= expires:
+            # x-expires: unused that long, the queue goes (through the metadata, like a delete)
+            if ("expires", self.epoch) not in self._proposed:
+                self._log(f"queue '{self.name}' in vhost '/' expired: unused for {expires:g} s (x-expires)")
+            self._propose_once(("expires", self.epoch), ["queue.delete", self.name, self.me], now)
 
     def next_deadline(self, now: float) -> float | None:
         if self.state not in LEADING:
             return None
         times = [now + 1.0] if self.rep.mirrors else []
+        at = self.q.next_expiry()
+        if at is not None:
+            times.append(max(at, now + 1e-4))
+        expires = self.assign.limits.expires
+        if expires is not None and not self.q.consumers:
+            times.append(max(self.last_used + expires, now + 1e-3))
         if self.sync is not None:
             times.append(self.sync.next_report)
             t = self.sync.pacer.next_time()
@@ -408,13 +422,25 @@ class Replica:
         owner = msg.owner
         q = self.q
         if not q.seen(owner, msg.pseq):
-            q.publish(msg.bodies, msg.props, owner, msg.pseq, msg.resent)
+            limits = self.assign.limits
+            bodies, props = msg.bodies, msg.props
+            if limits.reject_publish and limits.bounded:
+                refused = q.admit(bodies, limits)
+                if refused:
+                    # x-overflow reject-publish: these are not enqueued; their publisher nacks them
+                    self.emit(owner, m.EvRejected(self.name, msg.pseq, refused))
+                    drop = set(refused)
+                    bodies = [b for i, b in enumerate(bodies) if i not in drop]
+                    if props is not None:
+                        props = [p for i, p in enumerate(props) if i not in drop]
+            q.publish(bodies, props, owner, msg.pseq, msg.resent, now, limits.message_ttl)
         self.accepted[(owner[0], owner[1])] = msg.pseq
 
     def _op_settle(self, msg: m.QSettle, now: float) -> None:
         self.q.settle(tuple(msg.owner), msg.how, msg.ids)
 
     def _op_consume(self, msg: m.QConsume, now: float) -> None:
+        self.last_used = now
         owner = tuple(msg.owner)
         if (owner, msg.tag) in self.q.consumers:  # a session re-registering after a failover
             self.emit(owner, m.EvConsumeOk(owner[2], msg.rid, msg.tag, self.name, msg.no_ack))
@@ -427,14 +453,18 @@ class Replica:
         self.emit(owner, m.EvConsumeOk(owner[2], msg.rid, msg.tag, self.name, msg.no_ack))
 
     def _op_cancel(self, msg: m.QCancel, now: float) -> None:
+        self.last_used = now
         owner = tuple(msg.owner)
         self.q.remove_consumer(owner, msg.tag)
         self.emit(owner, m.EvReply(msg.rid, msg.tag))
         self._maybe_auto_delete()
 
     def _op_get(self, msg: m.QGet, now: float) -> None:
+        self.last_used = now
         owner = tuple(msg.owner)
-        got = self.q.get(owner, msg.no_ack)
+        q = self.q
+        q.expire(now, False)  # an expired head is never handed out
+        got = q.get(owner, msg.no_ack)
         if got is not None:
             got = [got[0], got[1], got[2], got[3] or got[0] < self.q.redeliver_below]
         self.emit(owner, m.EvGetOk(owner[2], msg.rid, self.name, got, self.q.message_count))
@@ -451,6 +481,7 @@ class Replica:
         self.emit(msg.owner, m.EvReply(msg.rid, self.q.purge()))
 
     def _op_declare_ok(self, msg: m.QDeclareOk, now: float) -> None:
+        self.last_used = now
         self.emit(msg.owner, m.EvReply(msg.rid, [self.name, self.q.message_count,
                                                    len(self.q.consumers)]))
 
@@ -494,6 +525,7 @@ class Replica:
                     f"queue '{self.name}' in vhost '/' failed over to a new leader "
                     "(x-cancel-on-ha-failover)"))
         self.leader_node = self.me
+        self.last_used = now
         self._update_mirrors(now, resume)
         parked, self.parked = self.parked, []
         for op in parked:
@@ -534,7 +566,7 @@ class Replica:
                 self._log(f"{self.qlog}: Dropping mirror on node {node}")
         new = [n for n in wanted if n not in self.rep.mirrors]
         if new:
-            snap = self.q.mirror_snapshot()
+            snap = self.q.mirror_snapshot(now=now)
             for node in new:
                 self.rep.add(node, self.q.next_id, now)
                 self._send(node, m.RMirrorStart(self.name, self.epoch, self.me, snap, resume,
@@ -744,7 +776,7 @@ class Replica:
         if msg.resume is not None and f.can_resume(*msg.resume):
             how = "resumed"
         else:
-            self.q.reset_as_mirror(msg.snapshot)
+            self.q.reset_as_mirror(msg.snapshot, now)
             f.start_id = msg.snapshot["next_id"]
             f.synced_upto = 0
             how = "started empty"
@@ -758,7 +790,7 @@ class Replica:
     def _on_rep(self, msg: m.RRep, now: float) -> None:
         ok = self.follow.accepts(msg.epoch, msg.seq)
         if ok:
-            self.q.apply_effects(msg.effects)
+            self.q.apply_effects(msg.effects, now)
             self.follow.last_seq = msg.seq
             self._ack_due = True
         elif ok is None:
@@ -804,7 +836,11 @@ class Replica:
             return False
         more = False
         if self.state in SERVING:
-            batches = self.q.dispatch()
+            q = self.q
+            limits = self.assign.limits
+            if q.expiry or q.expired_upto:
+                q.expire(now, False)  # an expired head is never delivered
+            batches = q.dispatch()
             if batches:
                 name = self.name
                 below = self.q.redeliver_below
@@ -815,6 +851,11 @@ class Replica:
                         [i for i, x in enumerate(batch) if x[3] or x[0] < below],
                         props if any(p is not None for p in props) else None))
                 more = bool(self.q.ready)
+            if limits is not NO_LIMITS:
+                if q.expiry or q.expired_upto:
+                    q.expire(now, True)  # a TTL of 0: what was not delivered at once goes
+                if limits.bounded and not limits.reject_publish:
+                    q.drop_over(limits)  # x-overflow drop-head, after this round's deliveries
         self._ship(now)
         if self.rep.mirrors:
             self._report_synced(now)

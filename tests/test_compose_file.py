@@ -20,7 +20,9 @@ COMPOSE_FILE = REPO / "docker-compose.yml"
 NODES = ("n1", "n2", "n3")
 PEER_PORT = "25672"
 CLIENT_PORT = "5672"
+AMQP_PORT = "5673"
 HOST_PORTS = {"n1": 5681, "n2": 5682, "n3": 5683}
+HOST_AMQP_PORTS = {"n1": 5684, "n2": 5685, "n3": 5686}
 
 _VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::?-(?P<default>[^}]*))?\}")
 
@@ -104,6 +106,7 @@ def test_common_settings(warren_nodes):
     for name, env in envs.items():
         assert env["WARREN_HOST"] == "0.0.0.0", name
         assert env["WARREN_CLIENT_PORT"] == CLIENT_PORT, name
+        assert env["WARREN_AMQP_PORT"] == AMQP_PORT, name
         assert env["WARREN_PEER_PORT"] == PEER_PORT, name
         assert env["WARREN_NET_TICKTIME"] == "10", name
         assert env["WARREN_LOG_FORMAT"] == "json", name
@@ -133,7 +136,8 @@ def test_seed_points_at_n1(warren_nodes):
 def test_client_ports_published_on_loopback_only(warren_nodes):
     for name, service in warren_nodes.items():
         ports = [_defaults(str(p)) for p in service.get("ports") or []]
-        assert ports == [f"127.0.0.1:{HOST_PORTS[name]}:{CLIENT_PORT}"], (
+        assert ports == [f"127.0.0.1:{HOST_PORTS[name]}:{CLIENT_PORT}",
+                         f"127.0.0.1:{HOST_AMQP_PORTS[name]}:{AMQP_PORT}"], (
             f"{name} publishes {ports}"
         )
 

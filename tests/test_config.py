@@ -90,6 +90,23 @@ def test_flags_override_environment_override_file(tmp_path, layers, expected):
     assert cfg.log_format == ("json" if "file" in layers else "console")
 
 
+def test_amqp_port_from_flag_environment_or_file(tmp_path):
+    assert config.load({"secret": "s"}, env={}).amqp_port == 5673  # 5672 is the client port
+    path = write(tmp_path / "n.toml", "amqp_port = 6001\n")
+    assert config.load({"secret": "s", "config": path}, env={}).amqp_port == 6001
+    assert config.load({"secret": "s", "config": path}, env={"WARREN_AMQP_PORT": "6002"}).amqp_port == 6002
+    assert config.load({"secret": "s", "config": path, "amqp_port": 6003},
+                       env={"WARREN_AMQP_PORT": "6002"}).amqp_port == 6003
+    with pytest.raises(config.ConfigError, match="amqp_port 70000 is not a TCP port"):
+        config.load({"secret": "s", "amqp_port": 70000}, env={})
+    assert server_flags(["--amqp-port", "6004"])["amqp_port"] == 6004
+
+
+def server_flags(argv):
+    from broker.server import parse_args
+    return parse_args(argv)
+
+
 def test_secret_order(tmp_path, home):
     files = {name: write(tmp_path / name, f"{name}-secret") for name in ("flagfile", "envfile", "tomlfile")}
     toml = write(tmp_path / "n.toml", f'secret = "toml"\nsecret_file = "{files["tomlfile"]}"\n')

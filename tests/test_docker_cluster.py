@@ -232,9 +232,27 @@ async def _host_client(port: int, password: str) -> str:
     return refused
 
 
+def _host_amqp_client(port: int, password: str) -> None:
+    """From the host, over AMQP 0-9-1 with pika: publish and get a message back."""
+    import pika
+
+    params = pika.ConnectionParameters("127.0.0.1", port,
+                                       credentials=pika.PlainCredentials("warren", password))
+    conn = pika.BlockingConnection(params)
+    ch = conn.channel()
+    ch.queue_declare("host.amqp")
+    ch.confirm_delivery()
+    ch.basic_publish("", "host.amqp", b"over AMQP")
+    method, _, body = ch.basic_get("host.amqp", auto_ack=True)
+    assert body == b"over AMQP", (method, body)
+    ch.queue_delete("host.amqp")
+    conn.close()
+
+
 def _cluster_scenario(docker: str) -> None:
     env = dict(os.environ, WARREN_IMAGE=IMAGE)
     env.update({f"WARREN_PORT_{n.upper()}": str(_free_port()) for n in NODES})
+    env.update({f"WARREN_AMQP_PORT_{n.upper()}": str(_free_port()) for n in NODES})
     env["WARREN_PASSWORD"] = "docker-test-password"  # the compose file takes it from the host
     compose = ["docker-compose", "-f", str(COMPOSE_FILE), "-p", PROJECT]
 
@@ -260,6 +278,7 @@ def _cluster_scenario(docker: str) -> None:
             import trio
             refused = trio.run(_host_client, int(env["WARREN_PORT_N1"]), env["WARREN_PASSWORD"])
             assert "loopback" in refused, refused
+            _host_amqp_client(int(env["WARREN_AMQP_PORT_N2"]), env["WARREN_PASSWORD"])
 
             kill = _run([docker, "kill", ids["n3"]])
             assert kill.returncode == 0, f"docker kill n3 failed: {kill.stderr}"

@@ -7,7 +7,10 @@ What must hold (spec, "Mirrored Queue Implementation and Semantics" and "Unsynch
 * an unsynchronised mirror holds the leader's messages from its start on, never one the leader
   does not hold;
 * a publish is confirmed only once every mirror has it;
-* while a blocking sync runs the leader serves nothing else; a background sync serves on.
+* while a blocking sync runs the leader serves nothing else; a background sync serves on;
+* with queue limits (x-message-ttl, x-max-length / -bytes, drop-head or reject-publish) the
+  leader's expiries and drops reach every mirror, a refused publish is reported to its session
+  and never enqueued, and no message is ever delivered after its TTL ran out.
 """
 
 from __future__ import annotations
@@ -18,15 +21,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mirroring.policy import HA
-from mirroring.replica import LEADING, Assign, Replica, ReplicaConfig, Send, State
+from mirroring.queue import NO_LIMITS, Limits
+from mirroring.replica import LEADING, Assign, Propose, Replica, ReplicaConfig, Send, State
 from wire import messages as m
 
 OWNERS = [("n1", 1, 1), ("n2", 5, 1), ("n3", 9, 2)]
 
 
 class World:
-    def __init__(self, rng: random.Random, sync_mode: str, batch: int, throughput: int = 0):
+    def __init__(self, rng: random.Random, sync_mode: str, batch: int, throughput: int = 0,
+                 limits: Limits = NO_LIMITS):
         self.rng = rng
+        self.limits = limits
+        self.published_at: dict[int, float] = {}  # message id -> when the leader enqueued it
+        self.late_deliveries: list = []
+        self.rejected: dict[tuple, int] = {}
+        self.proposals: list = []
         self.throughput = throughput
         self.now = 0.0
         self.ha = HA(mode="all", sync_mode=sync_mode, sync_batch_size=batch)
@@ -41,7 +51,7 @@ class World:
         self.add_replica("L")
 
     def assign(self) -> Assign:
-        return Assign("L", 1, list(self.mirrors), [], self.ha)
+        return Assign("L", 1, list(self.mirrors), [], self.ha, limits=self.limits)
 
     def cfg(self, name):
         return ReplicaConfig(node=name, pid=f"<{name}.1.0>", sync_batch_size=4,
@@ -68,16 +78,31 @@ class World:
         for o in out:
             if isinstance(o, Send):
                 self.links.setdefault((name, o.node), []).append(o.msg)
+            elif isinstance(o, Propose):
+                self.proposals.append(o.change)
         for key, evs in events.items():
             for ev in evs:
                 if isinstance(ev, m.EvDeliver):
                     owner = (key[0], key[1], ev.ch)
                     self.delivered[owner].extend(ev.ids)
+                    self._check_fresh(ev.ids)
                 elif isinstance(ev, m.EvAccepted):
                     self.accepted[key] = max(self.accepted.get(key, 0), ev.pseq)
                 elif isinstance(ev, m.EvGetOk) and ev.msg is not None:
                     owner = (key[0], key[1], ev.ch)
                     self.delivered[owner].append(ev.msg[0])
+                    self._check_fresh([ev.msg[0]])
+                elif isinstance(ev, m.EvRejected):
+                    self.rejected[key] = self.rejected.get(key, 0) + len(ev.indexes)
+
+    def _check_fresh(self, ids) -> None:
+        ttl = self.limits.message_ttl
+        if ttl is None:
+            return
+        for mid in ids:
+            at = self.published_at.get(mid)
+            if at is not None and self.now > at + ttl:
+                self.late_deliveries.append((mid, at, self.now))
 
     def deliver_one(self) -> bool:
         busy = [k for k, v in self.links.items() if v]
@@ -104,7 +129,10 @@ class World:
         if kind == "publish":
             owner, n = args
             self.pseq[owner[:2]] += 1
+            first = L.q.next_id
             L.handle(m.QPublish("q", owner, self.pseq[owner[:2]], [b"m%d" % i for i in range(n)], None, False), self.now)
+            for mid in range(first, L.q.next_id):
+                self.published_at[mid] = self.now
         elif kind == "consume":
             owner, prefetch = args
             L.handle(m.QConsume("q", owner, 1, "t", False, prefetch, False, {}), self.now)
@@ -136,6 +164,10 @@ class World:
                 self.now += 0.001
                 if not self.deliver_one():
                     break
+        elif kind == "wait":
+            self.now += args[0]
+            for r in self.replicas.values():
+                r.tick(self.now)
         self.pump("L")
 
     def check(self, final: bool) -> None:
@@ -170,14 +202,18 @@ op = st.one_of(
     st.tuples(st.just("sync")),
     st.tuples(st.just("cancel_sync")),
     st.tuples(st.just("step"), st.integers(1, 6)),
+    st.tuples(st.just("wait"), st.sampled_from([0.001, 0.004, 0.02])),
 )
+LIMITS = [NO_LIMITS, Limits(message_ttl=0.005), Limits(message_ttl=0.0), Limits(max_length=3),
+          Limits(max_bytes=7), Limits(max_length=3, reject_publish=True),
+          Limits(max_length=4, max_bytes=9, reject_publish=True, message_ttl=0.01)]
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(op, max_size=80), st.sampled_from(["manual", "automatic", "background"]),
-       st.integers(1, 5), st.randoms(use_true_random=False))
-def test_mirrors_equal_the_leader_through_syncs(ops, sync_mode, batch, rng):
-    w = World(rng, sync_mode, batch)
+       st.integers(1, 5), st.randoms(use_true_random=False), st.sampled_from(LIMITS))
+def test_mirrors_equal_the_leader_through_syncs(ops, sync_mode, batch, rng, limits):
+    w = World(rng, sync_mode, batch, limits=limits)
     w.add_replica("M1")
     blocked_ops = 0
     for o in ops:
@@ -195,6 +231,62 @@ def test_mirrors_equal_the_leader_through_syncs(ops, sync_mode, batch, rng):
     for name in w.mirrors:
         assert name in w.leader.rep.synced(), f"{name} not synchronised after a full sync"
     assert w.leader.state in LEADING and not w.leader.parked
+    assert not w.late_deliveries, "a message was delivered after its TTL ran out"
+    q = w.leader.q
+    if limits.bounded and not limits.reject_publish:
+        assert limits.max_length is None or len(q.ready) <= limits.max_length
+        assert limits.max_bytes is None or q.ready_bytes <= limits.max_bytes
+    if not limits.reject_publish:
+        assert not w.rejected
+
+
+def test_reject_publish_reports_refused_messages_and_the_rest_is_accepted():
+    w = World(random.Random(5), "manual", 4, limits=Limits(max_length=3, reject_publish=True))
+    w.add_replica("M1")
+    w.op("publish", OWNERS[0], 2)
+    w.op("publish", OWNERS[0], 3)  # one fits, two are refused
+    w.settle_all()
+    assert w.rejected == {OWNERS[0][:2]: 2}
+    assert w.accepted[OWNERS[0][:2]] == 2  # both batches accepted (their refused part nacked)
+    assert len(w.leader.q.ready) == 3
+    assert w.replicas["M1"].q.comparable() == w.leader.q.comparable()
+
+
+def test_ttl_expires_on_the_leader_and_its_mirrors_without_consumers():
+    w = World(random.Random(6), "manual", 4, limits=Limits(message_ttl=0.05))
+    w.add_replica("M1")
+    w.op("publish", OWNERS[0], 3)
+    w.settle_all()
+    assert len(w.replicas["M1"].q.ready) == 3
+    deadline = w.leader.next_deadline(w.now)
+    assert deadline is not None and deadline <= w.now + 0.05
+    w.op("wait", 0.06)
+    w.settle_all()
+    assert not w.leader.q.ready and not w.replicas["M1"].q.ready
+
+
+def test_an_expired_message_is_not_delivered_when_credit_comes_back():
+    w = World(random.Random(8), "manual", 4, limits=Limits(message_ttl=0.01))
+    w.op("consume", OWNERS[0], 1)
+    w.op("publish", OWNERS[0], 2)  # one delivered, one waits for credit
+    assert len(w.delivered[OWNERS[0]]) == 1
+    w.now += 0.02  # the waiting one expires while nothing runs
+    w.op("settle", OWNERS[0], m.ACK, 1)
+    assert len(w.delivered[OWNERS[0]]) == 0 and not w.late_deliveries
+    assert not w.leader.q.ready
+
+
+def test_x_expires_proposes_deleting_an_unused_queue():
+    w = World(random.Random(7), "manual", 4, limits=Limits(expires=1.0))
+    w.op("consume", OWNERS[0], 0)
+    w.op("wait", 2.0)
+    assert not w.proposals  # a consumer: in use
+    w.op("cancel", OWNERS[0])
+    w.op("wait", 0.5)
+    assert not w.proposals
+    assert w.leader.next_deadline(w.now) == w.now + 0.5
+    w.op("wait", 0.6)
+    assert w.proposals == [["queue.delete", "q", "L"]]
 
 
 def test_blocking_sync_parks_operations_and_background_sync_serves_them():

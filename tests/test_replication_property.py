@@ -2,6 +2,10 @@
 equal to the leader's (spec: "The mirrors apply the operations that occur to the leader in
 exactly the same order as the leader and thus maintain the same state").
 
+The leader's own decisions are covered too: messages expiring (x-message-ttl, time passing
+between operations), the head dropped over a length limit (x-overflow drop-head) and publishes
+refused by a full queue (reject-publish).
+
 A mirror that starts late (unsynchronised) is also checked: its ready messages are the leader's
 ready messages from its start id on, and once the leader holds nothing older than that start,
 it equals the leader exactly.
@@ -10,7 +14,7 @@ it equals the leader exactly.
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mirroring.queue import QueueState
+from mirroring.queue import Limits, QueueState
 
 OWNERS = [("n1", 1, 1), ("n1", 1, 2), ("n2", 5, 1), ("n3", 9, 1)]
 
@@ -29,15 +33,27 @@ op = st.one_of(
     st.tuples(st.just("node_gone"), st.sampled_from(["n2", "n3"]), st.booleans()),
     st.tuples(st.just("purge")),
     st.tuples(st.just("start_mirror")),
+    st.tuples(st.just("publish_ttl"), st.integers(1, 4), st.sampled_from(OWNERS),
+              st.sampled_from([0.0, 0.5, 2.0])),
+    st.tuples(st.just("wait"), st.sampled_from([0.0, 0.3, 1.0, 3.0])),
+    st.tuples(st.just("expire"), st.booleans()),
+    st.tuples(st.just("drop_over"), st.integers(0, 4), st.sampled_from([None, 3, 8])),
+    st.tuples(st.just("publish_bounded"), st.integers(1, 4), st.sampled_from(OWNERS),
+              st.integers(0, 4)),
 )
 
 
-def run_op(leader: QueueState, o, pseqs: dict) -> None:
+def run_op(leader: QueueState, o, pseqs: dict, now: float = 0.0) -> None:
     kind = o[0]
-    if kind == "publish":
+    if kind in ("publish", "publish_ttl", "publish_bounded"):
         origin = list(o[2][:2])
         pseqs[o[2][:2]] = pseqs.get(o[2][:2], 0) + 1
-        leader.publish([b"m%d" % i for i in range(o[1])], None, origin, pseqs[o[2][:2]])
+        bodies = [b"m%d" % i for i in range(o[1])]
+        if kind == "publish_bounded":  # x-overflow reject-publish: what does not fit is refused
+            refused = set(leader.admit(bodies, Limits(max_length=o[3], reject_publish=True)))
+            bodies = [b for i, b in enumerate(bodies) if i not in refused]
+        leader.publish(bodies, None, origin, pseqs[o[2][:2]], now,
+                       o[3] if kind == "publish_ttl" else None)
     elif kind == "consume":
         _, owner, tag, no_ack, prefetch, exclusive = o
         try:
@@ -65,6 +81,10 @@ def run_op(leader: QueueState, o, pseqs: dict) -> None:
         leader.node_gone(o[1], o[2])
     elif kind == "purge":
         leader.purge()
+    elif kind == "expire":
+        leader.expire(now, o[1])
+    elif kind == "drop_over":
+        leader.drop_over(Limits(max_length=o[1], max_bytes=o[2]))
 
 
 @settings(max_examples=300, deadline=None)
@@ -76,21 +96,25 @@ def test_mirrors_follow_the_leader(ops):
     synced.reset_as_mirror(leader.mirror_snapshot())
     late: list[tuple[QueueState, int]] = []
     pseqs: dict = {}
+    now = 0.0
     for o in ops + [("failover",)]:
         if o[0] == "start_mirror":
             m = QueueState("q")
-            m.reset_as_mirror(leader.mirror_snapshot())
+            m.reset_as_mirror(leader.mirror_snapshot(now=now), now)
             late.append((m, leader.next_id))
+            continue
+        if o[0] == "wait":
+            now += o[1]
             continue
         if o[0] == "failover":
             leader.failover()
         else:
-            run_op(leader, o, pseqs)
+            run_op(leader, o, pseqs, now)
         effects, leader.effects = leader.effects, []
-        synced.apply_effects(effects)
+        synced.apply_effects(effects, now)
         assert synced.comparable() == leader.comparable(), o
         for m, start in late:
-            m.apply_effects(effects)
+            m.apply_effects(effects, now)
             assert list(m.ready) == [x for x in leader.ready if x[0] >= start], o
             assert m.unacked.keys() == leader.unacked.keys()
             assert [c.in_flight for c in m.consumers.values()] == \
@@ -98,6 +122,44 @@ def test_mirrors_follow_the_leader(ops):
             oldest = leader.oldest_id()
             if oldest is None or oldest >= start:
                 assert m.comparable() == leader.comparable(), o
+    # a mirror promoted now expires what its leader would have (the same batches, same times)
+    leader.effects = None
+    now += 10.0
+    leader.expire(now)
+    synced.expire(now)
+    assert synced.comparable() == leader.comparable()
+
+
+def test_ttl_expires_whole_batches_and_requeued_messages():
+    q = QueueState("q")
+    q.effects = []
+    q.publish([b"a", b"b"], None, now=0.0, ttl=1.0)
+    q.publish([b"c"], None, now=0.5, ttl=1.0)
+    owner = OWNERS[0]
+    q.add_consumer(owner, "t", False, 1)
+    (c, batch), = q.dispatch()  # "a" is out, unacknowledged
+    assert [x[1] for x in batch] == [b"a"]
+    assert q.expire(0.99) == 0
+    assert q.expire(1.0) == 1  # "b" (same batch as "a") expires; "a" is with the consumer
+    assert [x[1] for x in q.ready] == [b"c"]
+    q.requeue(owner, [batch[0][0]])  # "a" comes back after its expiry: dropped at once
+    assert q.expire(1.2) == 1 and [x[1] for x in q.ready] == [b"c"]
+    assert q.expire(1.5) == 1 and not q.ready
+    mirror = QueueState("q")
+    mirror.apply_effects([e for e in q.effects], 0.0)
+    assert mirror.comparable() == q.comparable()
+
+
+def test_length_limits():
+    q = QueueState("q")
+    q.publish([b"1", b"22", b"333"], None)
+    assert q.admit([b"x", b"yy"], Limits(max_length=4, reject_publish=True)) == [1]
+    assert q.admit([b"12345", b"1"], Limits(max_bytes=8, reject_publish=True)) == [0]
+    assert q.drop_over(Limits(max_length=2)) == 1
+    assert [x[1] for x in q.ready] == [b"22", b"333"]
+    assert q.drop_over(Limits(max_bytes=3)) == 1
+    assert [x[1] for x in q.ready] == [b"333"] and q.ready_bytes == 3
+    assert q.drop_over(Limits(max_length=0)) == 1 and q.ready_bytes == 0
 
 
 def test_full_sync_makes_a_late_mirror_equal():

@@ -1,6 +1,14 @@
 """The one error type for "the other side broke the protocol", plus AMQP-like reply codes."""
 
-# Reply codes borrowed from AMQP 0-9-1 so RabbitMQ users recognise them.
+# Reply codes borrowed from AMQP 0-9-1 so RabbitMQ users recognise them (the AMQP port sends
+# them as they are: below 500 a channel error, from 500 on a connection error).
+REPLY_SUCCESS = 200
+CONTENT_TOO_LARGE = 311
+NO_ROUTE = 312
+NO_CONSUMERS = 313
+CHANNEL_ERROR = 504
+RESOURCE_ERROR = 506
+NOT_IMPLEMENTED = 540
 FRAME_ERROR = 501
 SYNTAX_ERROR = 502
 COMMAND_INVALID = 503
@@ -15,6 +23,13 @@ INTERNAL_ERROR = 541
 VERSION_MISMATCH = 505
 
 CODE_NAMES = {
+    REPLY_SUCCESS: "OK",
+    CONTENT_TOO_LARGE: "CONTENT_TOO_LARGE",
+    NO_ROUTE: "NO_ROUTE",
+    NO_CONSUMERS: "NO_CONSUMERS",
+    CHANNEL_ERROR: "CHANNEL_ERROR",
+    RESOURCE_ERROR: "RESOURCE_ERROR",
+    NOT_IMPLEMENTED: "NOT_IMPLEMENTED",
     FRAME_ERROR: "FRAME_ERROR",
     SYNTAX_ERROR: "SYNTAX_ERROR",
     COMMAND_INVALID: "COMMAND_INVALID",

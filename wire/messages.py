@@ -250,6 +250,92 @@ class Nack(Message, tag="nack"):
     requeue: bool
 
 
+# --- commands the session core takes beyond warren's own client (AMQP 0-9-1 needs them; they
+# are registered kinds, so a msgpack client could send them too) ----------------------------
+
+
+@register
+class PublishTo(Message, tag="publish.to"):
+    """A batch of messages to an exchange with one routing key: routed on the node that
+    received it (mirroring/exchanges.py) to every queue bound to match. `mandatory`: an
+    unroutable message comes back as `Returned`. props is nil or parallel to bodies."""
+    ch: int
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    bodies: list[bytes]
+    props: list | None
+
+
+@register
+class Returned(Message, tag="returned"):
+    """Mandatory messages no queue took (basic.return), sent before their confirm."""
+    ch: int
+    code: int
+    text: str
+    exchange: str
+    routing_key: str
+    bodies: list[bytes]
+    props: list | None
+
+
+@register
+class ExchangeDeclare(Message, tag="exchange.declare"):
+    rid: int
+    ch: int
+    exchange: str
+    kind: str  # direct, fanout, topic or headers
+    passive: bool
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict
+
+
+@register
+class ExchangeDelete(Message, tag="exchange.delete"):
+    rid: int
+    ch: int
+    exchange: str
+    if_unused: bool
+
+
+@register
+class QueueBind(Message, tag="queue.bind"):
+    rid: int
+    ch: int
+    queue: str
+    exchange: str
+    routing_key: str
+    arguments: dict
+
+
+@register
+class QueueUnbind(Message, tag="queue.unbind"):
+    rid: int
+    ch: int
+    queue: str
+    exchange: str
+    routing_key: str
+    arguments: dict
+
+
+@register
+class BasicRecover(Message, tag="basic.recover"):
+    """Requeue every message delivered on the channel and not yet acknowledged."""
+    rid: int
+    ch: int
+    requeue: bool
+
+
+@register
+class ChannelFlow(Message, tag="channel.flow"):
+    """Pause (active=false) or resume deliveries to the channel's consumers."""
+    rid: int
+    ch: int
+    active: bool
+
+
 @register
 class Blocked(Message, tag="connection.blocked"):
     """Server -> client: a memory alarm is on (here or on another node of the cluster) and the
@@ -438,12 +524,23 @@ class Effect(Message):
 
 
 class EEnqueue(Effect, tag="enq"):
+    """`ttl`: the queue's message TTL in seconds (x-message-ttl), or None: each replica
+    expires the batch that long after it applied it (its own clock)."""
     first: int
     bodies: list[bytes]
     props: list | None
     origin: tuple[str, int] | None
     pseq: int
     redelivered: bool
+    ttl: float | None = None
+
+
+class EDrop(Effect, tag="drop"):
+    """The leader dropped every ready message with an id up to `upto`: they `expired`
+    (x-message-ttl: every id up to it has, so a requeued one is dropped too), or the queue was
+    over its length limit (x-overflow drop-head)."""
+    upto: int
+    expired: bool
 
 
 class EDeliver(Effect, tag="dlv"):
@@ -505,7 +602,7 @@ class EFailover(Effect, tag="fo"):
 
 
 AnyEffect = EEnqueue | EDeliver | EGet | ESettle | EConsume | ECancel | EOwnerGone | \
-    ESessionGone | ENodeGone | EPurge | EFailover
+    ESessionGone | ENodeGone | EPurge | EFailover | EDrop
 
 
 @register
@@ -613,6 +710,14 @@ class EvAccepted(Event, tag="accepted"):
     pseq: int
 
 
+class EvRejected(Event, tag="rejected"):
+    """Messages of publish batch `pseq` (their indexes in the batch) that the queue refused
+    (x-overflow reject-publish on a full queue): nack them, whatever the rest of the batch."""
+    queue: str
+    pseq: int
+    indexes: list[int]
+
+
 class EvReply(Event, tag="reply"):
     rid: int
     value: Any
@@ -649,7 +754,8 @@ class EvCancelled(Event, tag="cancelled"):
     reason: str
 
 
-AnyEvent = EvDeliver | EvAccepted | EvReply | EvFail | EvConsumeOk | EvGetOk | EvCancelled
+AnyEvent = EvDeliver | EvAccepted | EvReply | EvFail | EvConsumeOk | EvGetOk | EvCancelled | \
+    EvRejected
 
 
 @register

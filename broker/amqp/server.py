@@ -1,0 +1,235 @@
+"""The trio side of an AMQP 0-9-1 connection: the socket, the tasks and the timers around the
+sans-IO protocol (broker/amqp/protocol.py) and the session (broker/session.py).
+
+One reader (bytes -> protocol -> session commands, awaited in order), one writer (whatever the
+protocol has to send: sent at once, and what comes while a send is in flight goes out together
+in the next one), one timer (heartbeats, the handshake deadline, a close-ok that never comes).
+While the session has no credit (its window of unconfirmed publishes is full: a mirror is
+behind), and while a memory alarm is on anywhere in the cluster and the connection publishes
+(broker/memory.py's PublisherGate), the reader stops reading and the client is told
+`connection.blocked` until it is released (`connection.unblocked`); its heartbeats are not
+checked meanwhile. Errors close this connection only; the node carries on.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
+
+from ..memory import PublisherGate
+from ..native import check_login
+from ..session import Session
+from . import protocol as proto
+
+READ_SIZE = 256 * 1024
+HANDSHAKE_TIMEOUT = 10.0
+TIMER_STEP = 1.0
+
+
+class AmqpConnection:
+    def __init__(self, node, stream, peer: str):
+        self.node = node
+        self.stream = stream
+        self.peer = peer
+        self.log = node.log
+        now = trio.current_time()
+        self.started = now
+        cfg = node.config
+        self.proto = proto.AmqpProtocol(
+            authenticate=self._authenticate, can_open=self._can_open, node=node.name,
+            cluster=node.cluster.md.cluster_name, max_message=max(4096, cfg.max_frame - 65536),
+            now=now)
+        self.session: Session | None = None
+        self.gate: PublisherGate | None = None
+        self.scope = trio.CancelScope()
+        self._wake = trio.Event()
+        self._stop = trio.Event()
+        self._done = False
+
+    # --- callbacks of the protocol ---------------------------------------------------------------
+    def _authenticate(self, mechanism: str, user: str, password: str) -> None:
+        check_login(self.node.config, user, password, self.peer)
+
+    def _can_open(self) -> str:
+        node = self.node
+        if not node.app_running:
+            return f"node {node.name} is not running (its app is stopped)"
+        if node.cluster.paused:
+            return node.paused_reason()
+        return ""
+
+    # --- lifetime -------------------------------------------------------------------------------
+    async def serve(self) -> None:
+        node = self.node
+        stop = self._stop = trio.Event()
+        writer_done = trio.Event()
+        try:
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer, writer_done)
+                    nursery.start_soon(self._timer)
+                    nursery.start_soon(self._reader)
+                    await stop.wait()
+                    self._done = True  # the writer sends what is left, then ends
+                    self._kick()
+                    with trio.move_on_after(2):
+                        await writer_done.wait()
+                    nursery.cancel_scope.cancel()
+        finally:
+            if self.gate is not None:
+                self.gate.close()
+            session = self.session
+            if session is not None:
+                node.sessions.pop(session.sid, None)
+                node.connections.pop(session.sid, None)
+                session.close()
+                if session.exclusive_queues:
+                    node.spawn(session.delete_exclusive)
+            with trio.move_on_after(1) as cleanup:
+                cleanup.shield = True
+                try:
+                    await self.stream.aclose()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+
+    def _kick(self) -> None:
+        self._wake.set()
+
+    def _out(self, msg) -> None:
+        """The session's output: frames for the writer."""
+        self.proto.send_output(msg)
+        self._wake.set()
+
+    async def _reader(self) -> None:
+        p = self.proto
+        stream = self.stream
+        memory = self.node.memory
+        try:
+            while p.state is not proto.State.CLOSED:
+                session = self.session
+                if session is not None and not session.has_credit:
+                    p.send_blocked(True, "warren credit flow: too many unconfirmed publishes on "
+                                         "this connection (a mirror is behind)")
+                    p.hold_reading(True, trio.current_time())
+                    self._kick()
+                    await session.wait_credit()
+                    p.send_blocked(False)
+                    p.hold_reading(False, trio.current_time())
+                    self._kick()
+                gate = self.gate
+                if gate is not None and session.publisher:
+                    if memory.blocked:
+                        p.hold_reading(True, trio.current_time())
+                        await gate.hold()
+                        p.hold_reading(False, trio.current_time())
+                    # an alarm that goes on while we wait for the client interrupts the wait (a
+                    # cancelled receive has taken no bytes): nothing sent after the client was
+                    # told it is blocked is read
+                    with gate.interruptible() as scope:
+                        data = await stream.receive_some(READ_SIZE)
+                    if scope.cancelled_caught:
+                        continue
+                else:
+                    data = await stream.receive_some(READ_SIZE)
+                if not data:
+                    return  # the client went away
+                try:
+                    events = p.receive_data(data, trio.current_time())
+                except Exception as exc:  # a bug must cost this connection only, with a reason
+                    self.log.exception("AMQP connection failed", peer=self.peer)
+                    p.close(INTERNAL_ERROR, f"internal error: {exc!r}"[:200], trio.current_time())
+                    events = []
+                for ev in events:
+                    await self._event(ev)
+                self._kick()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._stop.set()
+
+    async def _event(self, ev) -> None:
+        session = self.session
+        t = type(ev)
+        if t is proto.LoggedIn:
+            self._open_session(ev)
+        elif t is proto.ChannelFailed:
+            if session is not None:
+                session.fail_channel(ev.ch, ev.code, ev.text)
+        elif t is proto.ConnectionFailed:
+            self.log.warning("closing AMQP connection", peer=self.peer, code=ev.code, reason=ev.text,
+                             conn=session.conn_id if session else None)
+        elif t is proto.Closed:
+            self.log.debug("AMQP connection closed", peer=self.peer, reason=ev.reason)
+        elif session is not None and self.proto.state is proto.State.OPENED:
+            try:
+                if await session.handle(ev):
+                    self.proto.close(CONNECTION_FORCED, "closed", trio.current_time())
+            except ProtocolError as exc:
+                self.log.warning("closing AMQP connection", conn=session.conn_id, code=exc.code,
+                                 reason=exc.text)
+                self.proto.close(exc.code, exc.text, trio.current_time())
+
+    def _open_session(self, ev: proto.LoggedIn) -> None:
+        node = self.node
+        props = ev.client_properties or {}
+        name = props.get("connection_name") or props.get("product") or "AMQP client"
+        if isinstance(name, bytes):
+            name = name.decode(errors="replace")
+        sid = node.new_session_id()
+        session = self.session = Session(node, sid, self.peer, ev.user, str(name), self._out)
+        session.protocol = "AMQP 0-9-1"
+        node.sessions[sid] = session
+        node.connections[sid] = self
+        self.gate = PublisherGate(node.memory, session, self._tell_memory)
+
+    def _tell_memory(self, blocked: bool, reason: str) -> None:
+        """The memory alarm holds (or releases) this publishing connection."""
+        self.proto.send_blocked(blocked, reason, source="memory")
+        self._kick()
+
+    async def _writer(self, done: trio.Event) -> None:
+        p = self.proto
+        stream = self.stream
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                # no waiting for more: what the other tasks produce while this send is in
+                # flight (send_all yields) forms the next write
+                data = p.data_to_send(trio.current_time())
+                if data:
+                    await stream.send_all(data)
+                if self._done and not p.has_output:
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._stop.set()
+        finally:
+            done.set()
+
+    async def _timer(self) -> None:
+        p = self.proto
+        while True:
+            now = trio.current_time()
+            deadline = p.next_deadline()
+            wake = now + TIMER_STEP if deadline is None else min(deadline, now + TIMER_STEP)
+            await trio.sleep_until(max(wake, now + 0.01))
+            now = trio.current_time()
+            if p.state in (proto.State.HEADER, proto.State.START_OK, proto.State.TUNE_OK,
+                           proto.State.OPEN) and now - self.started > HANDSHAKE_TIMEOUT:
+                self.log.info("AMQP handshake timed out", peer=self.peer, state=p.state.value)
+                self._stop.set()
+                return
+            for ev in p.tick(now):
+                if type(ev) is proto.ConnectionFailed:
+                    self.log.warning("closing AMQP connection", peer=self.peer, reason=ev.text)
+                elif type(ev) is proto.Closed:
+                    self._stop.set()
+                    return
+            if p.has_output:
+                self._kick()
+
+    def force_close(self, code: int, text: str) -> None:
+        """Close this connection from the server's side (pause_minority, stop_app)."""
+        self.proto.close(code, text, trio.current_time())
+        self._kick()

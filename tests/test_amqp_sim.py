@@ -1,0 +1,155 @@
+"""The AMQP front end in a simulated cluster (in-process, SimNetwork under MockClock), driven by a
+bare pamqp client over the simulated streams: the users and the loopback rule, connection.blocked
+while credit flow holds a publisher behind a stalled mirror (and unblocked after), and a node that
+pauses (pause_minority) closing its AMQP connections and refusing new ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+from pamqp import body as pbody
+from pamqp import commands as C
+from pamqp import frame, header
+
+from broker.amqp import codec
+from broker.control import ctl_call
+from broker.session import WINDOW_MSGS
+
+from broker.simulation import PEER_PORT, sim_cluster
+
+pytestmark = pytest.mark.timeout(60)
+AMQP_PORT = 5673  # the default
+
+
+class SimAmqp:
+    """A bare AMQP client on the simulated network."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.reader = codec.FrameReader(1 << 20)
+        self.got: list = []
+
+    @classmethod
+    async def connect(cls, c, node, from_host=None, user="guest", password="guest", expect_open=True):
+        stream = await c.net.host(from_host or node).connect(node, AMQP_PORT)
+        self = cls(stream)
+        await self.send(codec.PROTOCOL_HEADER)
+        await self.expect(C.Connection.Start)
+        await self.method(0, C.Connection.StartOk({"capabilities": {
+            "authentication_failure_close": True, "connection.blocked": True}}, "PLAIN", f"\0{user}\0{password}"))
+        tune = await self.next()
+        if not isinstance(tune, C.Connection.Tune):
+            return self, tune
+        await self.method(0, C.Connection.TuneOk(0, 131072, 0))
+        await self.method(0, C.Connection.Open("/"))
+        return self, await self.next()
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def method(self, ch, method) -> None:
+        await self.send(frame.marshal(method, ch))
+
+    async def next(self, timeout: float = 30):
+        with trio.fail_after(timeout):
+            while not self.got:
+                data = await self.stream.receive_some(1 << 20)
+                if not data:
+                    return None
+                for kind, ch, payload in self.reader.feed(data):
+                    whole = codec.FRAME_HEAD.pack(kind, ch, len(payload)) + payload + codec.FRAME_END_CHAR
+                    self.got.append(frame.unmarshal(whole)[2])
+        return self.got.pop(0)
+
+    async def expect(self, cls, timeout: float = 30):
+        while True:
+            obj = await self.next(timeout)
+            if isinstance(obj, cls):
+                return obj
+            if obj is None or isinstance(obj, (C.Connection.Close, C.Channel.Close)):
+                raise AssertionError(f"expected {cls.__name__}, got {obj!r} {getattr(obj, 'reply_text', '')}")
+
+
+async def test_users_and_the_loopback_rule(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path, users={"guest": "guest", "app": "secret"}) as c:
+        _, close = await SimAmqp.connect(c, "n1", from_host="elsewhere")
+        assert isinstance(close, C.Connection.Close) and close.reply_code == 403
+        assert "user 'guest' can only connect via localhost" in close.reply_text
+        _, close = await SimAmqp.connect(c, "n1", from_host="elsewhere", user="app", password="wrong")
+        assert close.reply_code == 403 and "wrong user name or password" in close.reply_text
+        _, ok = await SimAmqp.connect(c, "n1", from_host="elsewhere", user="app", password="secret")
+        assert isinstance(ok, C.Connection.OpenOk)
+        _, ok = await SimAmqp.connect(c, "n1")  # guest from the node's own host
+        assert isinstance(ok, C.Connection.OpenOk)
+
+
+async def test_blocked_while_credit_flow_holds_the_publisher(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        await ctl_call(c.net.host("n1"), "n1", PEER_PORT, "test", b"s", "set_policy",
+                       {"name": "ha", "pattern": "^ha", "definition": json.dumps({"ha-mode": "all"})})
+        client, ok = await SimAmqp.connect(c, "n1")
+        assert isinstance(ok, C.Connection.OpenOk)
+        await client.method(1, C.Channel.Open())
+        await client.expect(C.Channel.OpenOk)
+        await client.method(1, C.Queue.Declare(0, "ha.q"))
+        await client.expect(C.Queue.DeclareOk)
+        await trio.sleep(1)
+        c.net.delay("n1", "n3", 5.0)  # a mirror far behind: nothing can be confirmed meanwhile
+        one = (frame.marshal(C.Basic.Publish(0, "", "ha.q"), 1)
+               + frame.marshal(header.ContentHeader(0, 1, C.Basic.Properties()), 1)
+               + frame.marshal(pbody.ContentBody(b"x"), 1))
+        for _ in range((WINDOW_MSGS + 1000) // 1000):
+            await client.send(one * 1000)
+        blocked = await client.expect(C.Connection.Blocked)
+        assert "credit flow" in blocked.reason
+        await client.expect(C.Connection.Unblocked)  # the mirror caught up
+
+
+async def test_a_paused_node_closes_and_refuses_amqp_connections(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        client, ok = await SimAmqp.connect(c, "n1")
+        assert isinstance(ok, C.Connection.OpenOk)
+        c.net.partition(["n1"], ["n2", "n3"])
+        close = await client.expect(C.Connection.Close, timeout=60)
+        assert close.reply_code == 320 and "pause_minority" in close.reply_text
+        _, close = await SimAmqp.connect(c, "n1")
+        assert close.reply_code == 320 and "cannot reach a majority" in close.reply_text
+
+
+async def test_a_memory_alarm_blocks_amqp_publishers_and_keeps_reading_consumers(tmp_path, autojump_clock):
+    """RabbitMQ's use of connection.blocked: n3 passes its memory mark; an AMQP publisher on n1 is
+    told connection.blocked and held (what it publishes is not confirmed), a connection that only
+    consumes is read; below 90% of the mark the publisher gets connection.unblocked and its
+    publishes are confirmed."""
+    async with sim_cluster(tmp_path, memory_high_watermark="100MiB") as c:
+        MiB = 1 << 20
+        pub, ok = await SimAmqp.connect(c, "n1")
+        con, ok2 = await SimAmqp.connect(c, "n2")
+        for client in (pub, con):
+            await client.method(1, C.Channel.Open())
+            await client.expect(C.Channel.OpenOk)
+        await pub.method(1, C.Queue.Declare(0, "q"))
+        await pub.expect(C.Queue.DeclareOk)
+        await pub.method(1, C.Confirm.Select())
+        await pub.expect(C.Confirm.SelectOk)
+        one = (frame.marshal(C.Basic.Publish(0, "", "q"), 1)
+               + frame.marshal(header.ContentHeader(0, 1, C.Basic.Properties()), 1)
+               + frame.marshal(pbody.ContentBody(b"x"), 1))
+        await pub.send(one)
+        await pub.expect(C.Basic.Ack)
+        c.memory["n3"].used_bytes = 101 * MiB
+        blocked = await pub.expect(C.Connection.Blocked)
+        assert "above its high watermark" in blocked.reason
+        await pub.send(one)  # held: not read, not confirmed
+        with pytest.raises(trio.TooSlowError):
+            await pub.expect(C.Basic.Ack, timeout=2)
+        await con.method(1, C.Basic.Get(0, "q", True))  # a consumer is read meanwhile
+        await con.expect(C.Basic.GetOk)
+        rows = c.nodes["n1"].sessions.values()
+        assert [s.protocol for s in rows] == ["AMQP 0-9-1"]
+        c.memory["n3"].used_bytes = 89 * MiB
+        await pub.expect(C.Connection.Unblocked)
+        ack = await pub.expect(C.Basic.Ack)
+        assert ack.delivery_tag == 2

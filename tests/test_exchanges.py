@@ -1,0 +1,244 @@
+"""Exchanges and bindings (mirroring/exchanges.py, mirroring/metadata.py): RabbitMQ's topic
+matching (property-tested against an independent regular-expression formulation), headers
+matching, routing, and the metadata changes (idempotent, with RabbitMQ's errors)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mirroring import exchanges as xmod
+from mirroring.metadata import Metadata, MetaError
+from wire.errors import ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
+
+
+def reference_match(binding_key: str, routing_key: str) -> bool:
+    """RabbitMQ's rule restated as a regular expression over the words, each written as
+    NUL + word: '*' is exactly one word, '#' any number of words (zero too); the empty key is
+    no word at all."""
+    def words(key):
+        return key.split(".") if key else []
+    parts = []
+    for w in words(binding_key):
+        if w == "*":
+            parts.append("\x00[^\x00]*")
+        elif w == "#":
+            parts.append("(?:\x00[^\x00]*)*")
+        else:
+            parts.append("\x00" + re.escape(w))
+    subject = "".join("\x00" + w for w in words(routing_key))
+    return re.fullmatch("".join(parts), subject) is not None
+
+
+WORD = st.sampled_from(["a", "b", "c", "", "ab"])
+PATTERN_WORD = st.sampled_from(["a", "b", "c", "", "*", "#"])
+ROUTING_KEY = st.lists(WORD, max_size=5).map(".".join)
+BINDING_KEY = st.lists(PATTERN_WORD, max_size=5).map(".".join)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(BINDING_KEY, min_size=1, max_size=8), st.lists(ROUTING_KEY, min_size=1, max_size=6))
+def test_topic_trie_matches_like_rabbitmq(bindings, keys):
+    trie = xmod.TopicTrie()
+    for i, b in enumerate(bindings):
+        trie.add(b, i)
+    for key in keys:
+        got = sorted(trie.match(key))
+        want = [i for i, b in enumerate(bindings) if reference_match(b, key)]
+        assert got == want, (bindings, key)
+        for i, b in enumerate(bindings):
+            assert xmod.topic_matches(b, key) == reference_match(b, key), (b, key)
+
+
+@pytest.mark.parametrize("binding, key, matches", [
+    # RabbitMQ's tutorial 5
+    ("*.orange.*", "quick.orange.rabbit", True),
+    ("*.*.rabbit", "quick.orange.rabbit", True),
+    ("lazy.#", "lazy.orange.elephant", True),
+    ("*.orange.*", "quick.brown.fox", False),
+    ("lazy.#", "lazy.brown.fox", True),
+    ("*.orange.*", "orange", False),
+    ("*.orange.*", "quick.orange.male.rabbit", False),
+    ("lazy.#", "lazy.orange.male.rabbit", True),
+    # edges of the word split
+    ("#", "", True),
+    ("#", "a.b.c", True),
+    ("a.#", "a", True),
+    ("#.a", "a", True),
+    ("#.a.#", "a", True),
+    ("*", "", False),
+    ("*", "a", True),
+    ("", "", True),
+    ("", "a", False),
+    ("a", "a.", False),
+    ("a.*", "a.", True),  # "a." is the words "a" and ""
+    ("*.*", ".", True),
+    ("a.*.b", "a..b", True),
+    ("a.#.b", "a.b", True),
+    ("#.#", "", True),
+    ("a.*.#", "a", False),
+    ("a.*.#", "a.b", True),
+    ("a.*.#", "a.b.c.d", True),
+    ("#.b.#.d", "a.b.c.d", True),
+    ("#.b.#.d", "a.b.c", False),
+])
+def test_topic_examples(binding, key, matches):
+    assert xmod.topic_matches(binding, key) is matches
+    trie = xmod.TopicTrie()
+    trie.add(binding, "q")
+    assert (trie.match(key) == ["q"]) is matches
+
+
+def test_headers_matching():
+    m = xmod.headers_match
+    assert m({"x-match": "all", "a": 1, "b": "x"}, {"a": 1, "b": "x", "c": 3})
+    assert not m({"x-match": "all", "a": 1, "b": "x"}, {"a": 1})
+    assert m({"x-match": "any", "a": 1, "b": "x"}, {"a": 2, "b": "x"})
+    assert not m({"x-match": "any", "a": 1}, {"a": 2})
+    assert m({"a": 1}, {"a": 1})  # all is the default
+    assert m({"x-match": "all"}, None)  # nothing to require
+    assert not m({"x-match": "any"}, {"a": 1})
+    assert m({"x-match": "all", "a": None}, {"a": "anything"})  # void: presence only
+    assert not m({"x-match": "all", "a": 1}, {"a": 1.0})  # type classes differ
+    assert not m({"x-match": "all", "a": 1}, {"a": True})
+    assert m({"x-match": "all", "a": "x"}, {"a": b"x"})  # both binary
+    assert m({"x-match": "all", "x-key": 1}, {})  # x- keys are not compared
+    assert not m({"x-match": "all-with-x", "x-key": 1}, {})
+    assert m({"x-match": "any-with-x", "x-key": 1}, {"x-key": 1})
+
+
+def _md() -> Metadata:
+    md = Metadata()
+    md.apply(["member.add", "n1", ["n1", 1], ["n1", 2]])
+    for q in ("q1", "q2", "q3"):
+        md.apply(["queue.declare", {"name": q, "durable": False, "exclusive": False,
+                                    "auto_delete": False, "arguments": {}, "leader": "n1"}])
+    return md
+
+
+def test_builtin_exchanges_and_default_routing():
+    md = _md()
+    assert set(xmod.BUILTIN) <= set(md.exchanges)
+    assert md.routes.route("", "q1") == ["q1"]
+    assert md.routes.route("", "nope") == []
+    with pytest.raises(ProtocolError) as e:
+        md.routes.route("missing", "k")
+    assert e.value.code == NOT_FOUND and e.value.text == "no exchange 'missing' in vhost '/'"
+
+
+def test_routing_through_each_type():
+    md = _md()
+    md.apply(["binding.add", "amq.direct", "q1", "k", {}])
+    md.apply(["binding.add", "amq.direct", "q2", "k", {}])
+    md.apply(["binding.add", "amq.direct", "q3", "other", {}])
+    assert md.routes.route("amq.direct", "k") == ["q1", "q2"]
+    md.apply(["binding.add", "amq.fanout", "q1", "", {}])
+    md.apply(["binding.add", "amq.fanout", "q3", "ignored", {}])
+    assert md.routes.route("amq.fanout", "whatever") == ["q1", "q3"]
+    md.apply(["binding.add", "amq.topic", "q1", "a.*", {}])
+    md.apply(["binding.add", "amq.topic", "q1", "#", {}])  # two bindings, one queue: routed once
+    md.apply(["binding.add", "amq.topic", "q2", "a.#", {}])
+    assert sorted(md.routes.route("amq.topic", "a.b")) == ["q1", "q2"]
+    assert md.routes.route("amq.topic", "b") == ["q1"]
+    md.apply(["binding.add", "amq.headers", "q2", "", {"x-match": "any", "h": 1}])
+    calls = []
+
+    def headers():
+        calls.append(1)
+        return {"h": 1}
+    assert md.routes.route("amq.headers", "", headers) == ["q2"]
+    assert calls == [1]
+    assert md.routes.route("amq.direct", "k", headers) == ["q1", "q2"]
+    assert calls == [1]  # decoded only for a headers exchange
+
+
+def test_exchange_declare_is_idempotent_and_checks_equivalence():
+    md = _md()
+    x = xmod.make_exchange("logs", "fanout")
+    assert md.apply(["exchange.declare", x]) == {"created": True}
+    assert md.apply(["exchange.declare", dict(x)]) == {"created": False}
+    for change, text in (
+        ({"type": "direct"}, "inequivalent arg 'type' for exchange 'logs' in vhost '/': "
+                             "received 'direct' but current is 'fanout'"),
+        ({"durable": True}, "inequivalent arg 'durable' for exchange 'logs' in vhost '/': "
+                            "received 'true' but current is 'false'"),
+        ({"auto_delete": True}, "inequivalent arg 'auto_delete'"),
+        ({"internal": True}, "inequivalent arg 'internal'"),
+        ({"arguments": {"alternate-exchange": "ae"}}, "inequivalent arg 'alternate-exchange'"),
+    ):
+        with pytest.raises(ProtocolError) as e:
+            md.apply(["exchange.declare", {**x, **change}])
+        assert e.value.code == PRECONDITION_FAILED and text in e.value.text
+    with pytest.raises(ProtocolError) as e:
+        xmod.check_declare("x", "nonsense", False)
+    assert e.value.code == COMMAND_INVALID
+    with pytest.raises(ProtocolError) as e:
+        xmod.check_declare("amq.custom", "direct", False)
+    assert e.value.code == ACCESS_REFUSED
+    with pytest.raises(ProtocolError) as e:
+        xmod.check_declare("", "direct", False)
+    assert e.value.code == ACCESS_REFUSED
+
+
+def test_bindings_are_idempotent_and_go_with_their_queue_or_exchange():
+    md = _md()
+    md.apply(["exchange.declare", xmod.make_exchange("x", "direct")])
+    assert md.apply(["binding.add", "x", "q1", "k", {}]) is True
+    assert md.apply(["binding.add", "x", "q1", "k", {}]) is False  # a retried proposal
+    assert md.apply(["binding.remove", "x", "q1", "k", {}]) is True
+    assert md.apply(["binding.remove", "x", "q1", "k", {}]) is False
+    md.apply(["binding.add", "x", "q1", "k", {}])
+    md.apply(["binding.add", "x", "q2", "k", {}])
+    md.apply(["queue.delete", "q1"])
+    assert md.bindings["x"] == [["q2", "k", {}]]
+    assert md.routes.route("x", "k") == ["q2"]
+    with pytest.raises(MetaError) as e:
+        md.apply(["binding.add", "x", "q1", "k", {}])
+    assert e.value.code == NOT_FOUND and e.value.text == "no queue 'q1' in vhost '/'"
+    with pytest.raises(ProtocolError) as e:
+        md.apply(["exchange.delete", "x", True])  # if-unused, but bound
+    assert e.value.code == PRECONDITION_FAILED
+    assert md.apply(["exchange.delete", "x", False]) is True
+    assert md.apply(["exchange.delete", "x", False]) is False
+    assert "x" not in md.bindings
+    with pytest.raises(ProtocolError) as e:
+        md.apply(["exchange.delete", "amq.direct", False])
+    assert e.value.code == ACCESS_REFUSED
+    with pytest.raises(ProtocolError) as e:
+        md.apply(["binding.add", "", "q2", "k", {}])
+    assert e.value.code == ACCESS_REFUSED
+
+
+def test_auto_delete_exchange_goes_with_its_last_binding():
+    md = _md()
+    md.apply(["exchange.declare", xmod.make_exchange("ad", "fanout", auto_delete=True)])
+    md.apply(["binding.add", "ad", "q1", "", {}])
+    md.apply(["binding.add", "ad", "q2", "", {}])
+    md.apply(["binding.remove", "ad", "q1", "", {}])
+    assert "ad" in md.exchanges
+    md.apply(["queue.delete", "q2"])
+    assert "ad" not in md.exchanges
+
+
+def test_snapshots_carry_exchanges_and_bindings():
+    md = _md()
+    md.apply(["exchange.declare", xmod.make_exchange("t", "topic", durable=True)])
+    md.apply(["binding.add", "t", "q1", "a.#", {}])
+    copy = Metadata.from_snapshot(md.snapshot())
+    assert copy.exchanges == md.exchanges and copy.bindings == md.bindings
+    assert copy.digest() == md.digest()
+    assert copy.routes.route("t", "a.b") == ["q1"]
+    old = md.snapshot()
+    del old["exchanges"], old["bindings"]  # a snapshot written before exchanges existed
+    assert set(Metadata.from_snapshot(old).exchanges) == set(xmod.BUILTIN)
+
+
+def test_plain_argument_values():
+    import datetime
+    import decimal
+    assert xmod.plain({"a": decimal.Decimal("1.50"), "b": bytearray(b"x"),
+                       "c": [datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)]}) == \
+        {"a": "1.50", "b": b"x", "c": [1577836800]}
