@@ -69,6 +69,7 @@ class Node:
         self.client_port = config.client_port
         self.amqp_port = config.amqp_port
         self._sids = itertools.count(1)
+        self._counted_down = False  # the metadata records this very run of the node as down
         self._app_scope: trio.CancelScope | None = None
         self.root = None
         self.app = None
@@ -220,8 +221,15 @@ class Node:
     # --- the cluster's news --------------------------------------------------------------------
     def meta_changed(self, change) -> None:
         self.router.reconcile()
+        counted = self.md.up.get(self.name) == self.cluster.incarnation
+        back = counted and self._counted_down
+        self._counted_down = not counted and self.md.up.get(self.name) is None and self.name in self.md.down
         for s in list(self.sessions.values()):
             s.meta_changed()
+            if back:
+                # the cluster counted this node down (a link to the log's leader broke) and now
+                # up again, the same run of it: queue leaders forgot its sessions meanwhile
+                s.resend_all()
 
     def link_up(self, node: str) -> None:
         self.memory.link_up(node)

@@ -613,6 +613,14 @@ class Session:
             elif down := self.node.queue_down_reason(qdef):
                 self.queue_lost(qname, down)
 
+    def resend_all(self) -> None:
+        """Every route changed at once (this node was counted down and is back)."""
+        md = self.node.cluster.md
+        for qname in list(self.routes):
+            qdef = md.queues.get(qname)
+            if qdef is not None:
+                self._resend(qname, qdef)
+
     def route_changed(self, node: str) -> None:
         """The link to `node` went down or came back: resend to the queues it leads (operations
         sent while it was down were dropped; the leader dropped our consumers)."""

@@ -81,17 +81,17 @@ class SimCluster:
         # `memory[name].used_bytes` to put a node above its high watermark)
         self.memory: dict[str, SimMemory] = {n: SimMemory() for n in self.names}
 
-    def config(self, name: str) -> NodeConfig:
-        options = {"users": {"guest": "guest", SIM_USER[0]: SIM_USER[1]}, **self.node_options}
+    def config(self, name: str, **extra) -> NodeConfig:
+        options = {"users": {"guest": "guest", SIM_USER[0]: SIM_USER[1]}, **self.node_options, **extra}
         return NodeConfig(name=name, host=name, advertise_host=name, client_port=CLIENT_PORT,
                           peer_port=PEER_PORT, secret=b"s", net_ticktime=self.net_ticktime,
                           data_dir=str(self.data_root / name), **options).validate()
 
-    def _new_node(self, name: str) -> Node:
+    def _new_node(self, name: str, **extra) -> Node:
         self._starts += 1
         rng = random.Random(f"{self.seed}/{name}/{self._starts}")
         memory = self.memory.setdefault(name, SimMemory())
-        return Node(self.config(name), self.net.host(name), persist=self.persist, rng=rng,
+        return Node(self.config(name, **extra), self.net.host(name), persist=self.persist, rng=rng,
                     memory_probe=memory)
 
     async def start_node(self, name: str) -> Node:
@@ -157,12 +157,33 @@ class SimCluster:
     async def restart(self, name: str) -> Node:
         """Revive a killed host and start the node again with what it had saved."""
         old = self.nodes[name]
+        if old.config.cluster_seed and not old.cluster.has_state():
+            # it never joined: it keeps trying its cluster seed (in the background), as
+            # warren-server would
+            return self.start_fresh(name, old.config.cluster_seed.rsplit(":", 1)[0])
         self.net.revive(name)
         self.killed.discard(name)
         node = self._new_node(name)
         if not self.persist:
             node.cluster.saved = old.cluster.saved  # no disk: what the old process had saved
         return await self._launch(name, node)
+
+    def start_fresh(self, name: str, seed: str) -> Node:
+        """A node with nothing saved, started in the background with `cluster_seed`: it joins
+        the cluster of node `seed` (retrying until it answers) before its app starts, as a node
+        of docker-compose does. For a node that was forgotten and comes back as a new one."""
+        self.net.revive(name)
+        self.killed.discard(name)
+        node = self._new_node(name, cluster_seed=f"{seed}:{PEER_PORT}")
+        scope = trio.CancelScope()
+        self.nodes[name] = node
+        self.scopes[name] = scope
+
+        async def runner():
+            await self._run_node(name, node, scope, trio.TASK_STATUS_IGNORED)
+
+        self.nursery.start_soon(runner)
+        return node
 
     def pause(self, name: str) -> None:
         """SIGSTOP, as the others see it: the node falls silent (its traffic is held, not

@@ -27,7 +27,8 @@ Rules (the spec's, section by section, in mirroring/policy.py's terms):
   leader sees it go and releases what waited for it.
 * a new epoch starts with no synchronised mirror: the new leader reports which of them resumed
   with everything, and only that report makes them synchronised again.
-* a member is forgotten: queues it led move to their oldest mirror, or are deleted.
+* a member is forgotten: queues it led move to their oldest mirror; a durable one without a
+  mirror lives on, empty, on another member; a non-durable one is deleted.
 """
 
 from __future__ import annotations
@@ -144,14 +145,20 @@ def plan_drop_mirror(md, name: str, epoch: int, node: str, running: set[str]) ->
     return [[name, {"mirrors": mirrors, "synced": synced}]]
 
 
-def plan_forget(md, node: str) -> list:
-    """A member is forgotten: each queue it led moves to its oldest mirror, or is deleted."""
+def plan_forget(md, node: str, running: set[str] = frozenset()) -> list:
+    """A member is forgotten: each queue it led moves to its oldest mirror; a durable one with
+    no mirror lives on, empty, on the most senior running member (its contents went with the
+    node); a non-durable one is deleted."""
     updates = []
+    others = [n for n in md.members if n != node and n in running]
     for name, q in md.queues.items():
         mirrors = [n for n in q.get("mirrors", ()) if n != node]
         if q["leader"] == node:
             if mirrors:
                 updates.append([name, {"leader": mirrors[0], "mirrors": mirrors[1:], "synced": [],
+                                       "epoch": q.get("epoch", 1) + 1}])
+            elif q["durable"] and not q.get("exclusive") and others:
+                updates.append([name, {"leader": others[0], "mirrors": [], "synced": [],
                                        "epoch": q.get("epoch", 1) + 1}])
             else:
                 updates.append([name, None])
@@ -197,7 +204,7 @@ def plan_change(md, change: list, running: set[str]) -> list[tuple[list, object]
     elif kind == "member.remove":
         node = change[1]
         if node in md.members:
-            commit(["queues.update", plan_forget(md, node)])
+            commit(["queues.update", plan_forget(md, node, running)])
             commit(["member.remove", node])
     elif kind == "policy.set":
         policies = {**md.policies, change[1]["name"]: change[1]}
