@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import platform
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -25,6 +23,7 @@ import time
 from pathlib import Path
 
 from bench import worker as workermod
+from bench.runinfo import new_meta, new_run_id, write_meta
 from bench.targets import (
     NullTarget,
     RabbitTarget,
@@ -56,31 +55,6 @@ def parse_targets(text: str) -> list[str]:
             if n not in out:
                 out.append(n)
     return out
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True,
-                             cwd=Path(__file__).parent)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
-
-
-def _machine() -> dict:
-    mem = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = round(int(line.split()[1]) / (1 << 20), 1)
-    except OSError:
-        pass
-    return {"cpus": os.cpu_count(), "mem_gib": mem, "platform": platform.platform(),
-            "hostname": platform.node()}
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
 class Progress:
@@ -302,10 +276,7 @@ class Runner:
         run_id = run_id or new_run_id()
         folder = self.out / run_id
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {"run_id": run_id, "started_at": time.time(), "finished_at": None, "git_commit": _git_commit(),
-                "python": sys.version.split()[0], "warren_version": None, "rabbitmq_version": None,
-                "machine": _machine(), "workloads": [str(f) for f in files], "targets": [],
-                "skipped": [], "notes": "2-core shared machine: numbers are noisy" if (os.cpu_count() or 0) <= 2 else ""}
+        meta = new_meta(run_id, [str(f) for f in files], [])
         targets = [ALIASES["warren"][0] if t == "warren" else t for t in targets]
         for tname in list(targets):
             why = rabbitmq_available() if tname == "rabbitmq" else (
@@ -315,7 +286,7 @@ class Runner:
                 meta["skipped"].append({"target": tname, "reason": why})
                 targets.remove(tname)
         meta["targets"] = targets
-        self._write_meta(folder, meta)
+        write_meta(folder, meta)
         chaos = [s for s in scenarios if s.chaos is not None]
         scenarios = [s for s in scenarios if s.chaos is None]
         try:
@@ -336,10 +307,10 @@ class Runner:
                 except Unsupported as exc:
                     self.say(f"{tname} target skipped: {exc}")
                     meta["skipped"].append({"target": tname, "reason": str(exc)})
-                    self._write_meta(folder, meta)
+                    write_meta(folder, meta)
                     continue
                 meta[f"{tname}_version"] = target.version()
-                self._write_meta(folder, meta)
+                write_meta(folder, meta)
                 try:
                     for sc in scenarios:
                         if self.interrupted:
@@ -355,7 +326,7 @@ class Runner:
         finally:
             meta["finished_at"] = time.time()
             meta["summaries"] = self.summaries
-            self._write_meta(folder, meta)
+            write_meta(folder, meta)
         return folder
 
     def run_chaos(self, folder: Path, run_id: str, sc: Scenario, targets: list[str], meta: dict) -> None:
@@ -388,7 +359,7 @@ class Runner:
             self.say(f"[warren] {line['scenario']} ({', '.join(line['kinds'])}): "
                      f"{'OK' if line['ok'] else 'FAIL'} lost {line['lost']} stranded {line['stranded']} "
                      f"stuck {line['stuck']}; replay: {line['replay']}")
-        self._write_meta(folder, meta)
+        write_meta(folder, meta)
 
     def _heal(self, target: Target, sc: Scenario) -> None:
         """After faults: a cluster we started is started afresh; a given one gets its nodes back."""
@@ -410,12 +381,6 @@ class Runner:
                 target.restart(node)
             except (TargetError, OSError) as exc:
                 self.say(f"  could not restart {node}: {exc}")
-
-    @staticmethod
-    def _write_meta(folder: Path, meta: dict) -> None:
-        tmp = folder / "run.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=2) + "\n")
-        tmp.replace(folder / "run.json")
 
     # --- one scenario on one target ---------------------------------------------------------------
     def run_scenario(self, folder: Path, run_id: str, target: Target, sc: Scenario, meta: dict) -> bool:

@@ -192,7 +192,6 @@ class _SyncJob:
     """A batch sync in progress: the pacing (BatchSync) and each target's acknowledgements."""
 
     def __init__(self, replica: "Replica", targets: list, blocking: bool, why: str, now: float):
-        q = replica.q
         self.blocking = blocking
         self.why = why
         self.low = max(t.start_id for t in targets)  # send ids below the newest start

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
 import time
 
-import msgpack
 import pytest
 
 import broker.client as client
 from broker.client import BlockingConnection, ChannelClosedByBroker, ConnectionClosedByBroker
 from wire import schema
-from wire.errors import ProtocolError
 from wire.frames import FrameDecoder, encode_frame
 
 from cluster_procs import running_cluster

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import trio
 
+from bench.runinfo import new_meta, new_run_id, write_meta
 from broker.client.aio import open_connection
 from broker.client.errors import AMQPError
 from broker.control import ctl_call
@@ -49,7 +50,7 @@ from . import logs
 from . import netns as netnsmod
 from .checker import Fault, History, Phase, Verdict, check, spec_allows_loss
 from .clients import Consumer, Publisher, rotate
-from .schedule import Schedule, generate
+from .schedule import expected_mirrors, Schedule, generate
 
 USER, PASSWORD = "chaos", "chaos-password"
 SECRET = "warren-chaos-secret"
@@ -291,15 +292,7 @@ class ScheduleRun:
         return None
 
     def want_mirrors(self, leader: str | None) -> int:
-        mode = self.policy.get("ha-mode")
-        if mode == "all":
-            return len(self.names) - 1
-        if mode == "exactly":
-            return min(int(self.policy.get("ha-params", 1)), len(self.names)) - 1
-        listed = [n for n in self.policy.get("ha-params") or [] if n in self.names]
-        if not listed:
-            return 0
-        return len(listed) - 1 if leader in listed else len(listed)
+        return expected_mirrors(self.policy, self.names, leader)
 
     # --- set-up --------------------------------------------------------------------------
     async def setup(self) -> None:
@@ -966,22 +959,19 @@ def _interrupt(*_):
 
 def run_campaign(schedules: list[Schedule], opts: Options) -> tuple[Path, list[tuple[Schedule, Verdict]]]:
     """`warren-bench chaos`: a run folder of its own with its run.json, the schedules in it."""
-    from bench.runner import Runner, _git_commit, _machine, new_run_id
     run_id = opts.run_id or new_run_id()
     folder = opts.out / run_id
     folder.mkdir(parents=True, exist_ok=True)
-    meta = {"run_id": run_id, "started_at": time.time(), "finished_at": None, "git_commit": _git_commit(),
-            "python": sys.version.split()[0], "warren_version": None, "rabbitmq_version": None,
-            "machine": _machine(), "workloads": ["chaos"], "targets": ["warren"], "skipped": [],
-            "chaos": {"seeds": [s.seed for s in schedules], "net_ticktime": opts.net_ticktime}}
-    Runner._write_meta(folder, meta)
+    meta = new_meta(run_id, ["chaos"], ["warren"])
+    meta["chaos"] = {"seeds": [s.seed for s in schedules], "net_ticktime": opts.net_ticktime}
+    write_meta(folder, meta)
     results = []
     try:
         results = run_schedules(schedules, opts, folder, run_id, meta["skipped"])
     finally:
         meta["finished_at"] = time.time()
         meta["summaries"] = [summary(s, v, opts) for s, v in results]
-        Runner._write_meta(folder, meta)
+        write_meta(folder, meta)
     return folder, results
 
 

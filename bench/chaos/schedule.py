@@ -125,6 +125,19 @@ class Schedule:
         return "\n".join(lines)
 
 
+def expected_mirrors(policy: dict, names: list[str], leader: str | None) -> int:
+    """How many mirrors `policy` gives a queue led by `leader` on a cluster of `names`."""
+    mode = policy.get("ha-mode")
+    if mode == "all":
+        return len(names) - 1
+    if mode == "exactly":
+        return min(int(policy.get("ha-params", 1)), len(names)) - 1
+    listed = [n for n in policy.get("ha-params") or [] if n in names]
+    if not listed:
+        return 0
+    return len(listed) - 1 if leader in listed else len(listed)
+
+
 def _pick_policy(rng: random.Random, names: list[str], leader: str) -> dict:
     weights = [w for w, _ in POLICIES]
     pol = dict(rng.choices([p for _, p in POLICIES], weights)[0])

@@ -38,7 +38,7 @@ from broker.simulation import CLIENT_PORT, PEER_PORT, SIM_USER, SimCluster, dete
 
 from .checker import Fault, History, Phase, Verdict, check, spec_allows_loss
 from .clients import Consumer, Publisher, rotate
-from .schedule import KINDS, Action, Schedule, generate
+from .schedule import expected_mirrors, KINDS, Action, Schedule, generate
 
 SIM_KINDS = KINDS + ("drop", "delay", "client_drop")
 SIM_RATE = 150  # msgs/s over all publishers: what a simulated second costs real time
@@ -171,13 +171,7 @@ class SimRun:
             return False
 
     def want_mirrors(self, leader: str | None) -> int:
-        mode = self.policy.get("ha-mode")
-        if mode == "all":
-            return len(self.names) - 1
-        if mode == "exactly":
-            return min(int(self.policy.get("ha-params", 1)), len(self.names)) - 1
-        listed = [n for n in self.policy.get("ha-params") or [] if n in self.names]
-        return (len(listed) - 1 if leader in listed else len(listed)) if listed else 0
+        return expected_mirrors(self.policy, self.names, leader)
 
     def settled(self) -> bool:
         q = self.queue()
