@@ -196,9 +196,9 @@ def add_chaos_arguments(p: argparse.ArgumentParser) -> None:
                    help="run on 127.0.0.1 without network namespaces (partition faults are skipped)")
     p.add_argument("--keep-logs", action="store_true", help="copy the node logs even for OK schedules")
     p.add_argument("--log-level", help="the nodes' log level (warren-server --log-level), e.g. debug")
-    p.add_argument("--eager-publishers", action="store_true",
-                   help="publish at once after a reconnection, before the client has recovered its "
-                        "channels (default: wait for it; the client's race there is tested apart)")
+    p.add_argument("--careful-publishers", action="store_true",
+                   help="after a reconnection, publish only once the client says it has recovered its "
+                        "channels (default: publish as soon as it is connected, as most applications do)")
     p.add_argument("-v", "--verbose", action="store_true", help="say what the driver does")
     p.add_argument("--check", type=Path, metavar="FOLDER",
                    help="recompute the verdict of RUN_ID/chaos-SEED/warren from its logs and print it")
@@ -237,7 +237,7 @@ def chaos(args) -> int:
                         netns=False if args.no_netns else None, verbose=args.verbose or args.replay,
                         keep_logs=args.keep_logs or args.replay,
                         server_args=("--log-level", args.log_level) if args.log_level else (),
-                        careful_publishers=not args.eager_publishers)
+                        careful_publishers=args.careful_publishers)
     if args.smoke or (schedules and schedules[0].scale < 1.0):
         # short schedules: shorter quiet periods end the drains (a healthy broker confirms and
         # delivers within milliseconds; these still leave it seconds)

@@ -1,16 +1,15 @@
 """Publishers and consumers that record a checker history while they run (trio, warren's
 async client), used by the chaos driver (bench/chaos/real.py) and by the process tests.
 
-This module owns how a chaos client behaves, which is how a careful user's client behaves:
+This module owns how a chaos client behaves, which is how a user's client behaves:
 
 - A `Publisher` connects through a list of nodes (its own first) and reconnects, publishes
   message ids (publisher index << 40 | number) at a fixed rate with confirms and at most
-  `window` unanswered, and publishes only while connected. A `careful` publisher also waits,
-  after a reconnection, until the client says it has recovered its channels (`on_reconnect`):
-  publishes sent while the client re-opens the channel and re-selects confirm mode are never
-  confirmed, or shift every later confirm (a client bug the process tests show), and the
-  campaign keeps that apart from what the broker does. It records a `Publish` per message,
-  its outcome from the confirm (a nack from the broker, or the client's own "connection lost"),
+  `window` unanswered, and publishes only while connected (from the moment the client is
+  connected again, as most applications do: the client holds what is published while it re-opens
+  its channels). A `careful` publisher waits until the client says it has recovered its channels
+  (`on_reconnect`), which keeps the client's recovery out of a test of the broker. It records a
+  `Publish` per message, its outcome from the confirm (a nack from the broker, or the client's own "connection lost"),
   and a `Disconnect` whenever its connection breaks or the broker closes its channel (then it
   opens a new channel: publishes of the closed one get no answer, and that is not "stuck").
 - A `Consumer` connects the same way, consumes with manual acks (one ack per delivery) and a

@@ -75,7 +75,7 @@ class Options:
     server_args: tuple = ()  # extra warren-server flags (e.g. --log-level debug)
     # publishers wait for the client's own recovery after a reconnection before publishing
     # again (see bench/chaos/clients.py): the client's race there is a test of its own
-    careful_publishers: bool = True
+    careful_publishers: bool = False
     say: object = print
 
 
@@ -853,8 +853,8 @@ def replay_of(s: Schedule, opts: Options) -> str:
     """The command that replays `s` with these options."""
     cmd = s.replay_command()
     extra = []
-    if not opts.careful_publishers:
-        extra.append("--eager-publishers")
+    if opts.careful_publishers:
+        extra.append("--careful-publishers")
     if opts.net_ticktime != Options.net_ticktime:
         extra.append(f"--net-ticktime {opts.net_ticktime:g}")
     return cmd.replace(" --replay", "".join(" " + e for e in extra) + " --replay")
