@@ -263,8 +263,13 @@ def dst(args, argv) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    scale = args.scale if args.scale is not None else sim.DEFAULT_SCALE
-    rate = args.rate or sim.SIM_RATE
+    if args.from_chaos:  # the real campaign's schedule: its kinds, scale and rate
+        kinds = kinds or [k for k in sim.KINDS]
+        scale = args.scale if args.scale is not None else 1.0
+        rate = args.rate or None
+    else:
+        scale = args.scale if args.scale is not None else sim.DEFAULT_SCALE
+        rate = args.rate or sim.SIM_RATE
     if args.replay:
         r = sim.run_seed(args.seed, kinds, faults, scale, rate, keep_trace=args.trace,
                          say=lambda text: print(f"  {text}"))
@@ -272,6 +277,8 @@ def dst(args, argv) -> int:
         print(r.line())
         for reason in r.verdict.reasons:
             print(f"    - {reason}")
+        if r.real_replay():
+            print(f"on real processes: {r.real_replay()}")
         print(f"trace digest {r.digest} ({len(r.trace) if args.trace else 'run with --trace for the'} events)")
         for t, event, fields in r.trace:
             print(f"{t:10.4f} {event} {dict(fields)}")
@@ -343,6 +350,9 @@ def main(argv=None) -> None:
     d.add_argument("--faults", default="1-3", help="faults per schedule, N or MIN-MAX (default 1-3)")
     d.add_argument("--scale", type=float, help="multiply every fault duration and gap (default 0.4)")
     d.add_argument("--rate", type=int, help="msgs/s over all publishers (default 150)")
+    d.add_argument("--from-chaos", action="store_true",
+                   help="the real campaign's schedules (warren-bench chaos with the same --seed and "
+                        "--kinds): its fault kinds only, scale 1, its rate")
     d.add_argument("--procs", type=int, default=1, help="worker processes")
     d.add_argument("--replay", action="store_true",
                    help="run the schedule of --seed alone and say what happened, with its trace digest")

@@ -82,6 +82,49 @@ def test_two_hundred_schedules_lose_nothing_confirmed(capsys):
 def test_regression_seeds():
     """Schedules that once found a bug (bench/chaos/sim.py REGRESSIONS) stay fixed."""
     from bench.chaos.sim import REGRESSIONS, run_seed
-    bad = {name: run_seed(seed).line() for name, seed in REGRESSIONS.items()
-           if not run_seed(seed).verdict.ok}
+    runs = {name: run_seed(seed) for name, seed in REGRESSIONS.items()}
+    bad = {name: r.line() for name, r in runs.items() if not r.verdict.ok}
     assert not bad, bad
+
+
+def test_schedules_cross_between_the_simulation_and_real_processes():
+    """A real campaign's schedule runs on the simulation (`warren-bench dst --from-chaos`) and a
+    simulated one without simulation-only faults on real processes (`warren-bench chaos`): the
+    commands each side prints draw the very same faults, whatever order the kinds were given in."""
+    import shlex
+
+    from bench.chaos.real import schedules_for
+    from bench.chaos.schedule import KINDS, generate
+    from bench.chaos.sim import SIM_KINDS, SimResult, sim_schedule
+
+    def parse(cmd: str) -> dict:
+        words = shlex.split(cmd)
+        opts = {w[2:]: v for w, v in zip(words, words[1:] + [""]) if w.startswith("--")}
+        lo, _, hi = opts.get("faults", "1-3").partition("-")
+        kinds = opts["kinds"].split(",") if opts.get("kinds") else None
+        return {"seed": int(opts["seed"]), "kinds": kinds, "faults": (int(lo), int(hi or lo)),
+                "scale": float(opts["scale"]) if "scale" in opts else None,
+                "rate": int(opts["rate"]) if "rate" in opts else None}
+
+    crossed = 0
+    for seed in range(300, 340):
+        kinds = list(KINDS) if seed % 2 else ["pause", "kill", "policy"]
+        real = generate(seed, kinds)
+        assert generate(seed, kinds[::-1]).actions == real.actions
+        a = parse(real.simulation_command())
+        assert "--from-chaos" in real.simulation_command()
+        simulated = sim_schedule(a["seed"], a["kinds"] or list(KINDS), a["faults"], a["scale"] or 1.0, a["rate"])
+        assert simulated.actions == real.actions and simulated.policy == real.policy
+        assert simulated.rate == real.rate and simulated.leader == real.leader
+
+        s = sim_schedule(seed, list(SIM_KINDS)[::-1])
+        cmd = SimResult(seed, s, None, "", 0.0).real_replay()
+        if any(k not in KINDS for k in s.fault_kinds()):
+            assert cmd is None
+            continue
+        crossed += 1
+        b = parse(cmd)
+        back = schedules_for(b["seed"], 1, b["kinds"], b["faults"], b["scale"] or 1.0)[0]
+        assert back.actions == s.actions and back.policy == s.policy and back.leader == s.leader
+        assert (b["rate"] or back.rate) == s.rate
+    assert crossed > 5, crossed

@@ -930,6 +930,8 @@ def run_schedules(schedules: list[Schedule], opts: Options, folder: Path, run_id
             for r in verdict.reasons:
                 say(f"    - {r}")
             say(f"    replay: {replay_of(s, opts)}")
+            if not verdict.ok:
+                say(f"    simulated: {s.simulation_command()}")
     except KeyboardInterrupt:
         say("interrupted")
     finally:

@@ -102,6 +102,10 @@ class Schedule:
             cmd += f" --rate {self.rate}"
         return cmd + " --replay"
 
+    def simulation_command(self) -> str:
+        """The one command that carries out this schedule on the deterministic simulation."""
+        return self.replay_command().replace("warren-bench chaos --seed", "warren-bench dst --from-chaos --seed", 1)
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -167,6 +171,7 @@ def generate(seed: int, kinds: list[str] | tuple[str, ...] | None = None, *, nod
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise ValueError(f"unknown fault kind(s) {bad}; known: {', '.join(KINDS)}")
+    kinds = [k for k in KINDS if k in kinds]  # the draw depends on the set, not on how it was written
     rng = random.Random(seed)
     names = [f"n{i}" for i in range(1, nodes + 1)]
     leader = rng.choice(names)
@@ -208,7 +213,7 @@ def generate(seed: int, kinds: list[str] | tuple[str, ...] | None = None, *, nod
         (publishers if rng.random() < 0.5 else consumers)[0] = doomed
     last_end = max((a.at + a.duration for a in actions), default=0.0)
     load_for = round(max(last_end, t) + 2.0 * scale, 2)
-    return Schedule(seed=seed, kinds=sorted(kinds) if set(kinds) != set(KINDS) else [],
+    return Schedule(seed=seed, kinds=kinds if set(kinds) != set(KINDS) else [],
                     nodes=nodes, policy=policy, leader=leader, publishers=publishers,
                     consumers=consumers, rate=DEFAULT_RATE, message_size=256,
                     prefetch=rng.choice([50, 200, 500]), confirm_window=rng.choice([500, 1000, 2000]),

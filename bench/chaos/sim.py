@@ -86,11 +86,25 @@ class SimResult:
             cmd += f" --faults {lo}-{hi}"
         return cmd + " --replay"
 
+    def real_replay(self) -> str | None:
+        """The command that carries out this schedule on real processes (`warren-bench chaos`),
+        when it drew no simulation-only fault; None otherwise."""
+        s = self.schedule
+        if any(k not in KINDS for k in s.fault_kinds()):
+            return None
+        base = [k for k in (s.kinds or SIM_KINDS) if k in KINDS]
+        real = Schedule(**{**s.as_dict(), "actions": s.actions, "kinds": base if set(base) != set(KINDS) else []})
+        return real.replay_command()
+
 
 def sim_schedule(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
-                 rate: int = SIM_RATE) -> Schedule:
-    """The schedule of `seed` for the simulation (the real campaign's, plus its own kinds)."""
-    kinds = list(kinds or SIM_KINDS)
+                 rate: int | None = SIM_RATE) -> Schedule:
+    """The schedule of `seed` for the simulation: the real campaign's (`generate`) drawn from the
+    real kinds in `kinds`, then some of its faults swapped for the simulation's own kinds. With
+    no simulation-only kind drawn, it is exactly `warren-bench chaos`'s schedule of that seed
+    with the same kinds, scale and rate (`rate` None: the campaign's own)."""
+    wanted = set(kinds or SIM_KINDS)
+    kinds = [k for k in SIM_KINDS if k in wanted]
     base = [k for k in kinds if k in KINDS] or ["kill"]
     s = generate(seed, base, min_faults=faults[0], max_faults=faults[1], scale=scale)
     extra = [k for k in kinds if k not in KINDS]
@@ -109,8 +123,8 @@ def sim_schedule(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SC
                     target = rng.choice(["publisher", "consumer"])
                 s.actions[i] = Action(at=a.at, kind=k, target=target, duration=dur, params=params,
                                       seed=a.seed)
-    s.rate = rate
-    s.kinds = sorted(kinds) if set(kinds) != set(SIM_KINDS) else []
+    s.rate = rate or s.rate
+    s.kinds = kinds if set(kinds) != set(SIM_KINDS) else []
     return s
 
 
@@ -473,7 +487,7 @@ def _one(args) -> dict:
     v = r.verdict
     return {"seed": seed, "ok": v.ok, "line": r.line(), "reasons": v.reasons[:5], "replay": r.replay(),
             "lost_allowed": dict(v.lost_allowed), "digest": r.digest, "wall_s": r.wall_s,
-            "kinds": r.schedule.fault_kinds()}
+            "kinds": r.schedule.fault_kinds(), "real": r.real_replay()}
 
 
 def explore(first: int, count: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
@@ -491,6 +505,8 @@ def explore(first: int, count: int, kinds=None, faults=(1, 3), scale: float = DE
     for r in results:
         if not r["ok"]:
             print(f"FAIL {r['line']}\n     replay: {r['replay']}", file=out)
+            if r["real"]:
+                print(f"     on real processes: {r['real']}", file=out)
             for reason in r["reasons"]:
                 print(f"       - {reason[:300]}", file=out)
     failed = [r for r in results if not r["ok"]]
