@@ -134,7 +134,6 @@ class LocalCluster:
 
     def spawn(self, name: str, extra_args: list[str] | tuple[str, ...] = ()) -> subprocess.Popen:
         """Start node `name` (not waiting for it) with its ports, the common flags and `extra_args`."""
-        client, peer = self.ports[name]
         self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
         old = self._logs.pop(name, None)
         if old is not None:
@@ -142,14 +141,18 @@ class LocalCluster:
         log = open(self.log_path(name), "ab")
         self._logs[name] = log
         self.procs[name] = subprocess.Popen(
-            [executable("warren-server"), "--name", name, "--client-port", str(client),
-             "--peer-port", str(peer), "--amqp-port", str(self.amqp_ports[name]),
-             "--net-ticktime", str(self.net_ticktime),
-             *self.server_args, *extra_args],
+            self.node_command(name) + list(extra_args),
             env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         self._save_pids()
         return self.procs[name]
+
+    def node_command(self, name: str) -> list[str]:
+        """The `warren-server` command line of node `name`: its ports and the common flags."""
+        client, peer = self.ports[name]
+        return [executable("warren-server"), "--name", name, "--client-port", str(client),
+                "--peer-port", str(peer), "--amqp-port", str(self.amqp_ports[name]),
+                "--net-ticktime", str(self.net_ticktime), *self.server_args]
 
     def _save_pids(self) -> None:
         pids = {name: p.pid for name, p in self.procs.items() if p.poll() is None}

@@ -35,6 +35,8 @@ Theory of operation:
   for that channel overtakes a held reply (a consumer's first delivery never precedes its
   consume-ok). `channel.flow` pauses a channel's deliveries (held here) until it resumes.
 * Queue events arrive through `queue_events` from the router and are handled at once.
+  Deliveries from a leader epoch older than the route's are dropped (and given back): a
+  deposed leader's last words must not reach the client after the new leader's.
 """
 
 from __future__ import annotations
@@ -768,6 +770,10 @@ class Session:
                 ch = channels.get(ev.ch)
                 if ch is None:
                     continue  # channel closed meanwhile; the queue requeues on owner_gone
+                route = self.routes.get(ev.queue)
+                if route is not None and ev.epoch < route[1]:
+                    self._stale_delivery(ch, ev)
+                    continue
                 reg = ch.consumers.get(ev.tag)
                 if reg is None:
                     self._unknown_consumer(ch, ev)
@@ -823,6 +829,14 @@ class Session:
                     if b.pseq == ev.pseq:
                         b.rejected = list(ev.indexes)
                         break
+
+    def _stale_delivery(self, ch: Channel, ev: m.EvDeliver) -> None:
+        """Deliveries a leader sent before its epoch ended, arriving after we moved on (a link
+        that was cut and heals delivers what it held). The client never sees them: a promoted
+        leader requeued everything unacknowledged when it took over and delivers it again,
+        flagged; a leader that carried on in a new epoch still holds them as ours, so they are
+        given back to it to deliver again (ids it does not hold as ours are ignored)."""
+        self.router.to_leader(ev.queue, m.QSettle(ev.queue, self._owner(ch), m.REQUEUE, ev.ids))
 
     def _unknown_consumer(self, ch: Channel, ev: m.EvDeliver) -> None:
         """Deliveries for a consumer this channel does not have (cancelled meanwhile, or

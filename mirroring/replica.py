@@ -848,7 +848,7 @@ class Replica:
                     self.emit(c.owner, m.EvDeliver(
                         c.owner[2], c.tag, name, [x[0] for x in batch], [x[1] for x in batch],
                         [i for i, x in enumerate(batch) if x[3] or x[0] < below],
-                        props if any(p is not None for p in props) else None))
+                        props if any(p is not None for p in props) else None, self.epoch))
                 more = bool(self.q.ready)
             if limits is not NO_LIMITS:
                 if q.expiry or q.expired_upto:

@@ -694,7 +694,8 @@ class Event(Message):
 
 
 class EvDeliver(Event, tag="deliver"):
-    """Deliveries for one consumer; `redelivered` lists indexes into ids/bodies."""
+    """Deliveries for one consumer; `redelivered` lists indexes into ids/bodies; `epoch` is the
+    leader epoch that sent them (a session drops what a deposed leader sent late)."""
     ch: int
     tag: str
     queue: str
@@ -702,6 +703,7 @@ class EvDeliver(Event, tag="deliver"):
     bodies: list[bytes]
     redelivered: list[int]
     props: list | None
+    epoch: int
 
 
 class EvAccepted(Event, tag="accepted"):

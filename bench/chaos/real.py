@@ -44,7 +44,7 @@ from broker.client.errors import AMQPError
 from broker.control import ctl_call
 from broker.network import TcpNetwork
 from wire.errors import ProtocolError
-from broker.localcluster import LocalCluster, executable
+from broker.localcluster import LocalCluster
 
 from . import logs
 from . import netns as netnsmod
@@ -111,6 +111,7 @@ class ChaosCluster(LocalCluster):
         self.ns = ns
         if ns is not None:
             self.ports = {n: (5672, 25672) for n in self.names}
+            self.amqp_ports = {n: 5673 for n in self.names}
         self.config_file = self.home / "chaos.toml"
         self.home.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(f'users = {{ guest = "guest", {USER} = "{PASSWORD}" }}\n'
@@ -119,27 +120,18 @@ class ChaosCluster(LocalCluster):
         self.expected_exit: set[str] = set()
 
     def spawn(self, name: str, extra_args=()) -> subprocess.Popen:
-        client, peer = self.ports[name]
-        self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
-        old = self._logs.pop(name, None)
-        if old is not None:
-            old.close()
-        log = open(self.log_path(name), "ab")
-        self._logs[name] = log
-        cmd = [executable("warren-server"), "--name", name, "--client-port", str(client),
-               "--peer-port", str(peer), "--net-ticktime", str(self.net_ticktime),
-               "--config", str(self.config_file), *self.server_args]
+        proc = super().spawn(name, extra_args)
+        self.expected_exit.discard(name)
+        return proc
+
+    def node_command(self, name: str) -> list[str]:
+        cmd = super().node_command(name) + ["--config", str(self.config_file)]
         if self.ns is not None:
             addr = self.ns.addr(name)
             cmd = self.ns.prefix(name) + cmd + ["--host", addr, "--advertise-host", addr]
         if name in self.data_dirs:
             cmd += ["--data-dir", self.data_dirs[name]]
-        self.procs[name] = subprocess.Popen(cmd + list(extra_args), env=self.env, stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
-        self.expected_exit.discard(name)
-        self._save_pids()
-        return self.procs[name]
+        return cmd
 
     def fresh_data_dir(self, name: str) -> str:
         d = self.home / "fresh" / f"{name}-{len(self.data_dirs)}-{time.monotonic_ns()}"
