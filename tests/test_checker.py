@@ -104,6 +104,29 @@ def test_duplicates_with_redelivered_are_fine_without_are_a_bug():
     assert any("without the redelivered flag" in r for r in v.reasons)
 
 
+def test_the_brokers_first_delivery_may_reach_its_consumer_after_another_ones_redelivery():
+    """Consumer 1's node is stopping: the queue delivered message 7 to consumer 1, then requeued
+    it (flagged) to consumer 0, whose copy came in a moment earlier over another connection
+    (chaos seed 20013). A moment, on another consumer, and only once: not later, not on the same
+    consumer, not twice."""
+    base, dels = steady(20, start=1.0)
+    dels = [d for d in dels if d.id != 7]
+
+    def verdict(*extra):
+        return check(history(base, dels + list(extra), subs=[Subscription(0, Q, 0.5, 5.0),
+                                                             Subscription(1, Q, 0.5, 5.0)]))
+    v = verdict(dlv(7, 2.000, red=True, c=0), dlv(7, 2.001, red=False, c=1))
+    assert v.ok, v.reasons
+    assert (v.duplicates, v.duplicates_unflagged) == (1, 0)
+    for bad in ([dlv(7, 2.0, red=True, c=0), dlv(7, 3.0, red=False, c=1)],  # seconds later
+                [dlv(7, 2.0, red=True, c=1), dlv(7, 2.001, red=False, c=1)],  # same consumer
+                [dlv(7, 2.0, red=False, c=0), dlv(7, 2.001, red=False, c=1)],  # two unflagged
+                [dlv(7, 2.0, red=True, c=0), dlv(7, 2.001, red=False, c=1),
+                 dlv(7, 2.002, red=True, c=0), dlv(7, 2.1, red=False, c=0)]):
+        v = verdict(*bad)
+        assert not v.ok and v.duplicate_ids_unflagged == [7], bad
+
+
 def test_the_first_delivery_may_carry_redelivered():
     """After a failover, messages in flight to a consumer are requeued with the flag even if the
     consumer never saw them: a flagged first delivery is not a duplicate."""
