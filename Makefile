@@ -44,8 +44,8 @@ bench: install
 
 # the chaos campaign (bench/chaos): CHAOS_SCHEDULES seeded fault schedules from CHAOS_SEED,
 # each judged by the total-queue checker; `make chaos-smoke` runs one short schedule per kind
-CHAOS_SCHEDULES ?= 40
-CHAOS_SEED ?= 1000
+CHAOS_SCHEDULES ?= 200
+CHAOS_SEED ?= 20000
 .PHONY: chaos chaos-smoke
 chaos: install
 	warren-bench chaos --schedules $(CHAOS_SCHEDULES) --seed $(CHAOS_SEED) --out results

@@ -13,6 +13,7 @@ memory.
 from __future__ import annotations
 
 import math
+import os
 
 import trio
 
@@ -21,6 +22,17 @@ from wire.frames import DEFAULT_MAX_FRAME, HEADER, FrameDecoder
 from wire.schema import decode_bytes, encode
 
 READ_SIZE = 256 * 1024
+
+
+def _linger_setting() -> float | None:
+    """WARREN_WRITER_LINGER, a knob for measuring writer policies (bench/README.md, "Writers"):
+    unset, the writer sends at once (the default, measured best); 0, it first lets every ready
+    task run once (one pass of the scheduler); a number of seconds, it first waits that long."""
+    text = os.environ.get("WARREN_WRITER_LINGER", "").strip()
+    return float(text) if text else None
+
+
+LINGER = _linger_setting()
 
 
 class FramedStream:
@@ -121,6 +133,8 @@ class Outbox:
             async for first in recv:
                 # no waiting for more: an idle connection sends at once, and what is put while
                 # a send is in flight (send_all yields to the other tasks) forms the next batch
+                if LINGER is not None:
+                    await trio.sleep(LINGER)
                 batch = [first]
                 while True:
                     try:

@@ -17,6 +17,7 @@ import trio
 
 from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
 
+from ..framed import LINGER
 from ..memory import PublisherGate
 from ..native import check_login
 from ..session import Session
@@ -194,6 +195,8 @@ class AmqpConnection:
         try:
             while True:
                 await self._wake.wait()
+                if LINGER is not None:
+                    await trio.sleep(LINGER)
                 self._wake = trio.Event()
                 # no waiting for more: what the other tasks produce while this send is in
                 # flight (send_all yields) forms the next write

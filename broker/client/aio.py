@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.framed import FramedStream, encode_many
+from broker.framed import LINGER, FramedStream, encode_many
 from broker.network import TcpNetwork
 from wire import messages as m
 from wire.errors import ProtocolError
@@ -662,6 +662,8 @@ class Connection:
             while True:
                 if not w.items:
                     await w.wake.wait()
+                if LINGER is not None:
+                    await trio.sleep(LINGER)
                 batch = w.take()  # what the application put meanwhile: one write
                 await self._stream.send_all(encode_many(batch, framed.max_frame))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
