@@ -75,14 +75,14 @@ def test_sync_queue_and_cancel_sync_queue(request, tmp_path_factory):
         row = queue_row(c, "n1", "two.sync")
         assert row["synchronised_mirror_pids"] == row["mirror_pids"] and row["mirror_pids"]
         print(f"sync of the remaining messages at a 500 kB/s limit: {took:.1f} s; {out.strip()}")
-        # the limit holds, and the sync is not needlessly slower than it (README: the body rate
-        # holds at 94% of the limit, which counts each message's envelope too)
+        # the limit holds within 5% of body bytes per second, and the wall clock of sync_queue
+        # (its own start included) is no shorter than the limit allows
         m = re.search(r"sync completed: ([\d,]+) messages, ([\d,]+) bytes in ([\d.]+) s", out)
         assert m, out
         sent, elapsed = int(m.group(2).replace(",", "")), float(m.group(3))
         assert sent > 500_000, out  # the cancelled sync left most of the ~2 MB to do
-        assert 0.8 * LIMIT <= sent / elapsed <= 1.05 * LIMIT, (sent / elapsed, out)
-        assert took >= 0.9 * sent / LIMIT, (took, sent)
+        assert 0.95 * LIMIT <= sent / elapsed <= 1.05 * LIMIT, (sent / elapsed, out)
+        assert took >= sent / LIMIT, (took, sent)
 
 
 def test_automatic_sync_after_a_mirror_node_restarts(request, tmp_path_factory):
