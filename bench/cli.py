@@ -196,6 +196,8 @@ def add_chaos_arguments(p: argparse.ArgumentParser) -> None:
                    help="run on 127.0.0.1 without network namespaces (partition faults are skipped)")
     p.add_argument("--keep-logs", action="store_true", help="copy the node logs even for OK schedules")
     p.add_argument("--log-level", help="the nodes' log level (warren-server --log-level), e.g. debug")
+    p.add_argument("--summarize", metavar="RUN_FOLDER",
+                   help="the campaign's figures from a run folder's logs, every verdict checked again")
     p.add_argument("--careful-publishers", action="store_true",
                    help="after a reconnection, publish only once the client says it has recovered its "
                         "channels (default: publish as soon as it is connected, as most applications do)")
@@ -210,6 +212,14 @@ def chaos(args) -> int:
 
     from bench.chaos import real
     from bench.chaos.schedule import one_of_each
+    if args.summarize:
+        from bench.chaos.report import summarize
+        try:
+            print(summarize(Path(args.summarize)))
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.check:
         v = real.check_folder(args.check)
         print(v.line())
