@@ -24,7 +24,7 @@ import time
 from bench.amqp import AMQPError, Connection, parse_address
 from bench.records import CONF_ACK, CONF_NACK, CONF_NONE, ID_SHIFT, DeliverRecord, PublishRecord
 from bench.schedule import GRACE, OpenLoop
-from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
+from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
 
 BATCH = 250            # publishes per write in a closed loop
 CONNECT_AT_ONCE = 64   # connections being opened at the same time

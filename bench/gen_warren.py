@@ -27,7 +27,7 @@ from bench.records import (
     make_id,
 )
 from bench.schedule import GRACE, OpenLoop
-from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared, rotate
+from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared, rotate
 from broker.client.aio import open_connection
 from broker.client.errors import AMQPError
 

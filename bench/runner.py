@@ -34,7 +34,7 @@ from bench.targets import (
     amqp_client_available,
     rabbitmq_available,
 )
-from bench.worker import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
+from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
 from bench.workload import Scenario, load, resolve
 
 TARGETS = ("warren-native", "warren-amqp", "rabbitmq", "null")

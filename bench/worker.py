@@ -1,13 +1,10 @@
 """Load-generator processes: what a producer or consumer process is given and how it reports.
 
-This module owns the contract between the runner (the parent) and its worker processes: the
-`Shared` state (counters, start/stop signals), the worker `spec`, the process entry point, and the
-part files each worker leaves in the scenario folder for the runner to merge. The load itself is
+This module owns the worker side of the contract between the runner (the parent) and its worker
+processes: the worker `spec`, the process entry point, and the part files each worker leaves in
+the scenario folder for the runner to merge (the state they share is bench/shared.py's). The load itself is
 driven by `bench.gen_warren` (trio, warren's own client: target warren-native) or `bench.gen_amqp`
 (asyncio and pamqp: targets rabbitmq, warren-amqp and null).
-
-Each worker adds its progress into `Shared.counters` a few times a second (never per message):
-[published, confirmed (ack), delivered, first deliveries (not redelivered)].
 """
 
 from __future__ import annotations
@@ -19,44 +16,7 @@ import time
 from pathlib import Path
 
 from bench.records import CONF_ACK, interval_lines, per_second, write_lines
-
-PUBLISHED, CONFIRMED, DELIVERED, FIRST = range(4)
-
-
-class Shared:
-    """State shared by the runner and its workers (built from one multiprocessing context)."""
-
-    def __init__(self, ctx):
-        self.counters = ctx.Array("q", 4)
-        self.ready = ctx.Value("i", 0)
-        self.finished = ctx.Value("i", 0)  # producer processes that stopped publishing
-        self.start_at = ctx.Value("d", 0.0)
-        self.start = ctx.Event()
-        self.consume = ctx.Event()       # consumers may start consuming
-        self.stop_publish = ctx.Event()  # producers stop early (interrupt)
-        self.stop = ctx.Event()          # consumers stop
-
-    def add(self, deltas: list[int]) -> None:
-        with self.counters.get_lock():
-            for i, d in enumerate(deltas):
-                if d:
-                    self.counters[i] += d
-
-    def snapshot(self) -> list[int]:
-        with self.counters.get_lock():
-            return list(self.counters)
-
-    def wait_start(self) -> float:
-        with self.ready.get_lock():
-            self.ready.value += 1
-        self.start.wait()
-        return self.start_at.value
-
-
-def rotate(nodes: list, k: int) -> list:
-    k %= len(nodes)
-    return nodes[k:] + nodes[:k]
-
+from bench.shared import Shared
 
 def gen_module(target: str):
     """The load module that drives `target`."""
