@@ -63,6 +63,7 @@ class ClusterHooks(Protocol):
     def peer_message(self, link: PeerLink, msg) -> None: ...  # queue, replica and session traffic
     def paused(self, paused: bool) -> None: ...
     async def node_rpc(self, name: str, args: dict): ...
+    def new_nonce(self) -> bytes: ...  # a handshake challenge
 
 
 @dataclass
@@ -504,7 +505,7 @@ class Cluster:
                     with trio.fail_after(HANDSHAKE_TIMEOUT):
                         stream = await self.network.connect(host, port)
                         framed = FramedStream(stream, self.config.max_frame)
-                        other = await dial_handshake(framed, self.name, self.config.secret, "peer")
+                        other = await dial_handshake(framed, self.name, self.config.secret, "peer", self.hooks.new_nonce())
                     if other != name:
                         await stream.aclose()
                         raise ProtocolError(NOT_ALLOWED, f"expected node {name}, reached {other}")

@@ -17,7 +17,6 @@ import trio
 from wire import messages as m
 from wire.props import native_list
 from wire.errors import ACCESS_REFUSED, CONNECTION_FORCED, VERSION_MISMATCH, ProtocolError
-from wire.handshake import new_nonce
 
 from .framed import FramedStream, Outbox
 from .memory import PublisherGate
@@ -110,7 +109,7 @@ class NativeConnection:
 
     async def _handshake(self) -> tuple[str, str]:
         node = self.node
-        await self.framed.send_now(m.Hello(m.PROTOCOL_VERSION, node.name, new_nonce(), self.framed.max_frame))
+        await self.framed.send_now(m.Hello(m.PROTOCOL_VERSION, node.name, node.new_nonce(), self.framed.max_frame))
         auth = await self.framed.receive(frozenset({"client.auth"}))
         if auth is None:
             raise ProtocolError(ACCESS_REFUSED, "connection closed during the handshake")

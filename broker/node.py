@@ -32,6 +32,7 @@ from mirroring.replica import LEADING
 from wire.errors import (ACCESS_REFUSED, CONNECTION_FORCED, INTERNAL_ERROR, NOT_ALLOWED, NOT_FOUND,
                          PRECONDITION_FAILED, ProtocolError)
 from wire import messages as m
+from wire.handshake import NONCE_BYTES, new_nonce
 
 from . import config as configmod
 from . import log as logmod
@@ -54,6 +55,14 @@ class Node:
         self.network = network
         self.persist = persist
         self.rng = rng or random.Random(os.urandom(16))
+        # handshake challenges: fresh random bytes, or in a simulation a stream drawn from the
+        # seeded rng's state without taking from it (one seed decides every byte a simulated
+        # run sends, and the node's other draws stay what they were)
+        if rng is not None:
+            nonces = random.Random(hash(rng.getstate()))
+            self.new_nonce = lambda: nonces.randbytes(NONCE_BYTES)
+        else:
+            self.new_nonce = new_nonce
         self.log = logmod.get(self.name)
         self.cluster = Cluster(self.name, config, network, self.log, self, persist=persist, rng=self.rng)
         self.router = Router(self)
@@ -272,7 +281,7 @@ class Node:
         framed = FramedStream(stream, self.config.max_frame)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
-                auth = await accept_handshake(framed, self.name, self.config.secret)
+                auth = await accept_handshake(framed, self.name, self.config.secret, self.new_nonce())
         except ProtocolError as exc:
             self.log.warning("peer connection refused", peer=peer, reason=exc.text)
             await _send_error(framed, exc)

@@ -26,9 +26,10 @@ def _ctx(direction: str, role: str, name: str) -> str:
     return f"warren/{direction}/{role}/{name}"
 
 
-async def accept_handshake(framed: FramedStream, me: str, secret: bytes) -> m.PeerAuth:
-    """Run the acceptor's side; returns the dialer's PeerAuth or raises ProtocolError."""
-    nonce = new_nonce()
+async def accept_handshake(framed: FramedStream, me: str, secret: bytes, nonce: bytes | None = None) -> m.PeerAuth:
+    """Run the acceptor's side; returns the dialer's PeerAuth or raises ProtocolError. `nonce`:
+    the challenge (a fresh random one by default; the simulation's come from its seed)."""
+    nonce = nonce or new_nonce()
     await framed.send_now(m.Hello(m.PROTOCOL_VERSION, me, nonce, framed.max_frame))
     auth = await framed.receive(frozenset({"peer.auth"}))
     if auth is None:
@@ -45,14 +46,15 @@ async def accept_handshake(framed: FramedStream, me: str, secret: bytes) -> m.Pe
     return auth
 
 
-async def dial_handshake(framed: FramedStream, me: str, secret: bytes, role: str) -> str:
+async def dial_handshake(framed: FramedStream, me: str, secret: bytes, role: str,
+                         nonce: bytes | None = None) -> str:
     """Run the dialer's side; returns the acceptor's node name."""
     hello = await framed.receive(frozenset({"hello", "error"}))
     if hello is None:
         raise ProtocolError(ACCESS_REFUSED, "connection closed before the handshake")
     if isinstance(hello, m.Error):
         raise ProtocolError(hello.code, hello.text)
-    nonce = new_nonce()
+    nonce = nonce or new_nonce()
     await framed.send_now(m.PeerAuth(m.PROTOCOL_VERSION, me, role,
                                      proof(secret, hello.nonce, _ctx("in", role, me)), nonce))
     reply = await framed.receive(frozenset({"peer.welcome", "error"}))
