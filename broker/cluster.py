@@ -60,6 +60,7 @@ class ClusterHooks(Protocol):
     def meta_changed(self, change: list | None) -> None: ...  # None: the whole state was replaced
     def link_up(self, node: str) -> None: ...
     def link_down(self, node: str) -> None: ...
+    def link_replaced(self, node: str) -> None: ...  # a second link took over: in-flight may be lost
     def peer_message(self, link: PeerLink, msg) -> None: ...  # queue, replica and session traffic
     def paused(self, paused: bool) -> None: ...
     async def node_rpc(self, name: str, args: dict): ...
@@ -542,6 +543,7 @@ class Cluster:
             if dialer == min(self.name, name) and existing.dialer != dialer:
                 existing.superseded = True
                 existing.close("superseded by a second link")
+                self.hooks.link_replaced(name)
             else:
                 return
         self.links[name] = link

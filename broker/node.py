@@ -248,6 +248,9 @@ class Node:
         self.memory.link_down(node)
         self.router.link_down(node)
 
+    def link_replaced(self, node: str) -> None:
+        self.router.link_replaced(node)
+
     def peer_message(self, link, msg) -> None:
         self.router.peer_message(link, msg)
 

@@ -101,6 +101,7 @@ _INPUTS = {
     rp.NodeGone: rp.Replica.node_gone,
     rp.LinkDown: rp.Replica.link_down,
     rp.LinkUp: rp.Replica.link_up,
+    rp.LinkReplaced: rp.Replica.link_replaced,
     rp.Stop: rp.Replica.stop,
     rp.SyncRequest: lambda r, ev, now: r.request_sync(ev.why, now),
     rp.SyncCancel: lambda r, ev, now: r.cancel_sync(now),

@@ -9,7 +9,8 @@ queue replicas this node runs.
   a replica where the metadata places one, tells each what the metadata says now (`Assign`), and
   stops those that should not run here. Members the log records down get `NodeGone`; a peer link
   that breaks gets `LinkDown` (its sessions are gone for us; its mirrors must be dropped through
-  the metadata).
+  the metadata); one replaced by a second link to the same node gets `LinkReplaced` (what was in
+  flight on the first may be lost).
 * An operation for a queue this node has not heard of yet (its metadata is a moment behind the
   sender's) waits a few seconds for the declaration, then fails with NOT_FOUND.
 """
@@ -202,6 +203,10 @@ class Router:
             qp.deliver(rp.LinkDown(node))
         for s in list(self.node.sessions.values()):
             s.route_changed(node)
+
+    def link_replaced(self, node: str) -> None:
+        for qp in self.replicas.values():
+            qp.deliver(rp.LinkReplaced(node))
 
     def link_up(self, node: str) -> None:
         for qp in self.replicas.values():

@@ -6,7 +6,8 @@ broker/queue_process.py is only a pump: typed inputs in, outputs out.
 
 Inputs: the client operations and replication messages of wire/messages.py (`handle`), and the
 node's news as small records: `Assign` (what the metadata says about this queue now), `NodeGone`,
-`LinkDown`, `SyncRequest`, `SyncCancel`, `Stop`; time comes with every call as `now`.
+`LinkDown`, `LinkUp`, `LinkReplaced`, `SyncRequest`, `SyncCancel`, `Stop`; time comes with every
+call as `now`.
 Outputs, taken with `take_output()`: `Send` (to the replica on another node), session events
 grouped per session, `Propose` (a metadata change), `DeleteQueue`, `AutoDelete`, `Log`; and
 `next_deadline()` for the pump's timer.
@@ -121,6 +122,13 @@ class NodeGone:
 @dataclass(slots=True)
 class LinkDown:
     """This node lost its link to `node` (it may come back)."""
+    node: str
+
+
+@dataclass(slots=True)
+class LinkReplaced:
+    """A second link to `node` replaced the first (both nodes dialed at once): what was in
+    flight on the first may be lost, though the node never went."""
     node: str
 
 
@@ -339,6 +347,15 @@ class Replica:
         self._maybe_auto_delete()
         if ev.node in self.rep.mirrors:
             self._drop_mirror(ev.node, "lost the link to its node", now)
+
+    def link_replaced(self, ev: LinkReplaced, now: float) -> None:
+        """Deliveries to `node`'s sessions, and their acks, may have been lost with the old
+        link: everything they had not acknowledged goes back to the queue (flagged) and their
+        consumers go, until the sessions register them again over the new link (they do on
+        every link up). No auto-delete: those consumers are coming back. A mirror there finds
+        out by itself (a replication batch missing)."""
+        if self.state in LEADING:
+            self.q.node_gone(ev.node, False)
 
     def link_up(self, ev: LinkUp, now: float) -> None:
         """A mirror there that never answered its start (it went nowhere): start it again."""

@@ -372,3 +372,38 @@ def test_losing_touch_with_a_mirror_confirms_nothing_until_the_metadata_drops_it
     w.leader.assign_now(w.assign(), w.now)
     w.pump("L")
     assert w.accepted.get(OWNERS[0][:2]) == 1
+
+
+def test_a_replaced_link_gives_back_what_that_nodes_sessions_had_not_acknowledged():
+    """Both nodes dialed at once and a second link replaced the first: deliveries sent on the
+    first (and the acks that came back on it) may be lost, though the node never went (chaos
+    seed 20032: 500 messages stranded with a consumer's credit). The leader gives back what the
+    node's sessions had not acknowledged, flagged, and drops their consumers until they register
+    again over the new link; nothing else moves, no mirror is dropped, no auto-delete."""
+    from mirroring.replica import LinkReplaced
+    w = World(random.Random(6), "manual", 4)
+    w.op("add_mirror")
+    w.settle_all()
+    w.op("consume", OWNERS[1], 10)  # a consumer on n2
+    w.op("consume", OWNERS[0], 0)   # and one on n1 (no prefetch limit)
+    w.op("publish", OWNERS[0], 6)
+    w.settle_all()
+    on_n2 = list(w.delivered[OWNERS[1]])
+    assert on_n2 and w.delivered[OWNERS[0]]
+    before = list(w.delivered[OWNERS[0]])
+    w.proposals.clear()
+    w.leader.link_replaced(LinkReplaced("n2"), w.now)
+    w.pump("L")
+    w.settle_all()
+    assert not w.proposals, w.proposals
+    assert (OWNERS[1], "t") not in w.leader.q.consumers
+    assert all(o != OWNERS[1] for o, _, _ in w.leader.q.unacked.values())
+    # what n2 held went to the consumer on n1, flagged; n1's own deliveries were not touched
+    assert w.delivered[OWNERS[0]][:len(before)] == before
+    assert sorted(w.delivered[OWNERS[0]][len(before):]) == sorted(on_n2)
+    w.check(final=True)
+    # the session registers its consumer again over the new link and gets new deliveries
+    w.op("consume", OWNERS[1], 10)
+    w.op("publish", OWNERS[0], 1)
+    w.settle_all()
+    assert (OWNERS[1], "t") in w.leader.q.consumers

@@ -270,3 +270,41 @@ async def test_deliveries_of_an_ended_leader_epoch_never_reach_the_client(tmp_pa
         await p.s.handle(m.Publish(1, "eq", [b"c"], None))
         await p.until(lambda: sum(len(d.bodies) for d in p.of(m.Deliver)) == 5)
         assert p.of(m.Deliver)[-1].bodies == [b"c"] and not p.of(m.Deliver)[-1].redelivered
+
+
+async def test_a_second_link_that_replaces_the_first_gives_back_what_was_in_flight(tmp_path, autojump_clock):
+    """Two nodes that dial each other at once end up with two links; the one dialed by the
+    smaller name replaces the other, and whatever was in flight on the first may be lost (chaos
+    seed 20032: a consumer's prefetch of deliveries vanished and 500 messages waited for it).
+    The queue's leader gives back what that node's sessions had not acknowledged, flagged, and
+    the sessions register their consumers again over the new link."""
+    from broker.framed import FramedStream
+    from broker.peers import dial_handshake
+    from broker.simulation import PEER_PORT
+
+    async with sim_cluster(tmp_path) as c:
+        n1, n2 = c.nodes["n1"], c.nodes["n2"]
+        owner, p = Probe(n1), Probe(n2)
+        await owner.setup()
+        await p.setup()
+        await owner.do(m.QueueDeclare, "lq", False, True, False, False, {})
+        await p.until(lambda: "lq" in n2.md.queues)
+        await p.do(m.BasicQos, 5, False)
+        assert (await p.do(m.BasicConsume, "lq", "t", False, False, {})).value == "t"
+        await owner.s.handle(m.Publish(1, "lq", [b"%d" % i for i in range(20)], None))
+        await p.until(lambda: sum(len(d.bodies) for d in p.of(m.Deliver)) == 5)
+        first = [b for d in p.of(m.Deliver) for b in d.bodies]
+        # the link n1-n2 was dialed by n2 (it joined through n1); one dialed by n1 replaces it
+        assert n1.cluster.links["n2"].dialer == "n2"
+        stream = await n1.network.connect("n2", PEER_PORT)
+        framed = FramedStream(stream)
+        assert await dial_handshake(framed, "n1", n1.config.secret, "peer") == "n2"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(n1.cluster.run_link, "n2", framed, "n1")
+            # the five n2's consumer held come again, flagged, over the new link
+            await p.until(lambda: sum(len(d.bodies) for d in p.of(m.Deliver)) >= 10)
+            assert n1.cluster.links["n2"].dialer == "n1"
+            again = [d for d in p.of(m.Deliver)][len(p.of(m.Deliver)) - 1:]
+            redelivered = [b for d in p.of(m.Deliver)[1:] for i, b in enumerate(d.bodies) if i in d.redelivered]
+            assert sorted(redelivered) == sorted(first), (first, redelivered, again)
+            nursery.cancel_scope.cancel()
