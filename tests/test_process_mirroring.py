@@ -409,7 +409,10 @@ def test_kill9_of_the_leader_the_publisher_is_connected_to_with_confirms_in_flig
             await n.start(con.run)
             await n.start(pub.run)
             await trio.sleep(1.0)
-            before = pub.next_id
+            # freeze n1 first so that publishes are surely in flight (sent, unconfirmed) when it dies
+            await ctl(c, c.sigstop, "n1")
+            await trio.sleep(0.3)
+            before = pub.next_id - 1
             await ctl(c, c.kill9, "n1")
             await trio.sleep(2.0)
             pub.stop.set()
