@@ -477,34 +477,36 @@ class Session:
         await self._binding(msg, "binding.remove")
 
     # --- publishing ------------------------------------------------------------------------
-    async def on_publish(self, msg):
-        """warren's own publish: the default exchange, the routing key is the queue's name."""
+    def _publishing_channel(self, msg):
+        """The channel a publish batch goes out on now, or None when there is nothing to do
+        yet (an empty batch, or a transaction that holds it until commit)."""
         self.publisher = True
         ch = self._ch(msg.ch)
         if ch.tx:
             ch.tx_pending.append(msg)
-            return
+            return None
         n = len(msg.bodies)
         if not n:
-            return
+            return None
         if msg.props is not None and len(msg.props) != n:
             raise ProtocolError(COMMAND_INVALID, "publish: props must be nil or parallel to bodies")
+        return ch
+
+    async def on_publish(self, msg):
+        """warren's own publish: the default exchange, the routing key is the queue's name."""
+        ch = self._publishing_channel(msg)
+        if ch is None:
+            return
         qname = msg.queue
         queues = [qname] if qname in self.node.cluster.md.queues else []
         await self._publish(ch, queues, msg.bodies, msg.props, "", qname, False)
 
     async def on_publish_to(self, msg):
-        self.publisher = True
-        ch = self._ch(msg.ch)
-        if ch.tx:
-            ch.tx_pending.append(msg)
+        ch = self._publishing_channel(msg)
+        if ch is None:
             return
         n = len(msg.bodies)
-        if not n:
-            return
         props = msg.props
-        if props is not None and len(props) != n:
-            raise ProtocolError(COMMAND_INVALID, "publish: props must be nil or parallel to bodies")
         md = self.node.cluster.md
         ex = msg.exchange
         if ex:
