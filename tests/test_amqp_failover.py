@@ -26,36 +26,13 @@ import pytest
 from pamqp import commands as C
 
 from amqp_raw import RawClient, all_properties
+import tutorial_text
 from cluster_procs import running_cluster
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
-# ../shared/spec/000_2b826ec3f0d8744f.txt, with ConnectionParameters('localhost') given a port
-PUBLISHER = """\
-import pika
-
-connection = pika.BlockingConnection(pika.ConnectionParameters('localhost', {port}))
-channel = connection.channel()
-channel.queue_declare(queue='my_mirrored_queue', durable=True)
-channel.basic_publish(exchange='', routing_key='my_mirrored_queue', body='Hello, mirrored world!')
-connection.close()
-"""
-
-CONSUMER = """\
-import pika
-
-connection = pika.BlockingConnection(pika.ConnectionParameters('localhost', {port}))
-channel = connection.channel()
-
-def callback(ch, method, properties, body):
-    print(f" [x] Received {{body.decode()}}")
-
-channel.basic_consume(queue='my_mirrored_queue', on_message_callback=callback, auto_ack=True)
-channel.start_consuming()
-"""
-
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
-LINE = " [x] Received Hello, mirrored world!"
+LINE = tutorial_text.LINE
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +71,9 @@ def test_spec_tutorial_with_pika_carries_on_after_the_leader_is_killed(cluster, 
     pub_n1 = tmp_path / "publisher_n1.py"
     pub_n3 = tmp_path / "publisher_n3.py"
     con = tmp_path / "consumer.py"
-    pub_n1.write_text(PUBLISHER.format(port=cluster.amqp_port("n1")))
-    pub_n3.write_text(PUBLISHER.format(port=cluster.amqp_port("n3")))
-    con.write_text(CONSUMER.format(port=cluster.amqp_port("n2")))
+    pub_n1.write_text(tutorial_text.publisher(cluster.amqp_port("n1")))
+    pub_n3.write_text(tutorial_text.publisher(cluster.amqp_port("n3")))
+    con.write_text(tutorial_text.consumer(cluster.amqp_port("n2")))
     r = subprocess.run([sys.executable, str(pub_n1)], capture_output=True, text=True, timeout=30, env=ENV)
     assert r.returncode == 0, r.stderr
     wait_for(lambda: (queue_row(cluster, "n2", "my_mirrored_queue") or {}).get("synchronised_mirror_pids", [None, None])

@@ -10,32 +10,10 @@ import time
 
 import pytest
 
+import tutorial_text
 from cluster_procs import running_cluster
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
-
-PUBLISHER = """\
-import broker.client as pika
-
-connection = pika.BlockingConnection(pika.ConnectionParameters('localhost', {port}))
-channel = connection.channel()
-channel.queue_declare(queue='my_mirrored_queue', durable=True)
-channel.basic_publish(exchange='', routing_key='my_mirrored_queue', body='Hello, mirrored world!')
-connection.close()
-"""
-
-CONSUMER = """\
-import broker.client as pika
-
-connection = pika.BlockingConnection(pika.ConnectionParameters('localhost', {port}))
-channel = connection.channel()
-
-def callback(ch, method, properties, body):
-    print(f" [x] Received {{body.decode()}}")
-
-channel.basic_consume(queue='my_mirrored_queue', on_message_callback=callback, auto_ack=True)
-channel.start_consuming()
-"""
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +26,8 @@ def _scripts(cluster, tmp_path):
     port = cluster.client_port("n1")
     pub = tmp_path / "publisher.py"
     con = tmp_path / "consumer.py"
-    pub.write_text(PUBLISHER.format(port=port))
-    con.write_text(CONSUMER.format(port=port))
+    pub.write_text(tutorial_text.publisher(port, "import broker.client as pika"))
+    con.write_text(tutorial_text.consumer(port, "import broker.client as pika"))
     return pub, con
 
 
@@ -76,7 +54,7 @@ def _run_consumer_until_received(con, out_path, before_wait=None):
         try:
             if before_wait is not None:
                 before_wait(p)
-            _wait_for(lambda: " [x] Received Hello, mirrored world!" in out_path.read_text()
+            _wait_for(lambda: tutorial_text.LINE in out_path.read_text()
                       or p.poll() is not None, 15, "the consumer to print the message")
             assert p.poll() is None, f"the consumer exited: {out_path.read_text()}"
         finally:
@@ -97,7 +75,7 @@ def test_tutorial_publisher_then_consumer(cluster, tmp_path):
     rows = cluster.ctl_json("n1", "list_queues", "name", "durable", "messages")
     assert {"name": "my_mirrored_queue", "durable": True, "messages": 1} in rows
     text = _run_consumer_until_received(con, tmp_path / "consumer.out")
-    assert " [x] Received Hello, mirrored world!" in text
+    assert tutorial_text.LINE in text
 
 
 def test_tutorial_consumer_running_then_publisher(cluster, tmp_path):
@@ -114,6 +92,6 @@ def test_tutorial_consumer_running_then_publisher(cluster, tmp_path):
         _publish(pub)
 
     text = _run_consumer_until_received(con, tmp_path / "consumer.out", publish_once_consuming)
-    assert " [x] Received Hello, mirrored world!" in text
+    assert tutorial_text.LINE in text
     rows = cluster.ctl_json("n1", "list_queues", "name", "durable", "messages", "consumers")
     assert {"name": "my_mirrored_queue", "durable": True, "messages": 0, "consumers": 0} in rows
