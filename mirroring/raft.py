@@ -228,6 +228,17 @@ class Raft:
         that two followers seldom ask at the same moment (a split vote)."""
         return self.quick * (1.0 + 4.0 * self.rng.random())
 
+    def _turn_after_leader_lost(self, lost: str) -> float:
+        """When the leader's link breaks, every surviving voter sees it at about the same moment.
+        Rather than each waiting a random 20-100 ms, they take turns in the order of their
+        names: the first asks after 5-15 ms (long enough for the others to have seen the break
+        too, or they would refuse to unseat a leader they still trust), the next 30 ms later,
+        and so on. The first usually wins at once; a later one asks only if it has not heard
+        of a new leader by its turn (the first was behind in the log, or is gone too)."""
+        survivors = sorted(v for v in self.voters if v != lost)
+        rank = survivors.index(self.me) if self.me in survivors else len(survivors)
+        return self.quick * (0.25 + 1.5 * rank + 0.5 * self.rng.random())
+
     def next_deadline(self) -> float:
         if self.role is Role.LEADER:
             return self._heartbeat_at
@@ -265,7 +276,7 @@ class Raft:
         if peer == self.leader and self.role is not Role.LEADER:
             self.leader = None
             self._heard_leader_at = -1e18
-            self._election_at = min(self._election_at, now + self._soon())
+            self._election_at = min(self._election_at, now + self._turn_after_leader_lost(peer))
         elif self.role is Role.LEADER:
             self._acked_at.pop(peer, None)
 
