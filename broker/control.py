@@ -32,9 +32,12 @@ async def ctl_call(network, host: str, port: int, me: str, secret: bytes, comman
         stream = await network.connect(host, port)
         async with stream:
             framed = FramedStream(stream)
-            await dial_handshake(framed, me, secret, "ctl")
-            await framed.send_now(m.CtlCommand(1, command, args))
-            reply = await framed.receive(frozenset({"ctl.reply", "error"}))
+            try:
+                await dial_handshake(framed, me, secret, "ctl")
+                await framed.send_now(m.CtlCommand(1, command, args))
+                reply = await framed.receive(frozenset({"ctl.reply", "error"}))
+            except trio.BrokenResourceError as exc:  # the node went (or reset us) mid-call
+                raise ProtocolError(NOT_ALLOWED, f"the connection to {host}:{port} broke: {exc}") from None
     if reply is None:
         raise ProtocolError(NOT_ALLOWED, "the node closed the connection without answering")
     if isinstance(reply, m.Error):

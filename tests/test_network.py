@@ -533,3 +533,24 @@ async def test_kill_during_partition_eof_waits_for_heal(autojump_clock):
         net.heal()
         assert await read_to_eof(c) == b"held"
         nursery.cancel_scope.cancel()
+
+
+@bounded
+async def test_a_control_call_whose_connection_breaks_is_a_clear_error_not_a_crash(autojump_clock):
+    """A first boot joins its cluster seed with a control call; if the seed's connection breaks
+    mid-call (the seed restarting, a link dropped), the caller gets a ProtocolError it retries
+    on, not a BrokenResourceError that ends the node (found by `warren-bench dst`)."""
+    from broker.control import ctl_call
+    from wire.errors import ProtocolError
+
+    net = SimNetwork(seed=1)
+
+    async def breaks_at_once(stream, peer):
+        net.drop("seed", "joiner")
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(net.host("seed").serve, "seed", 0, breaks_at_once)
+        with pytest.raises(ProtocolError, match="broke"):
+            await ctl_call(net.host("joiner"), "seed", port, "joiner", b"secret", "add_member", {})
+        nursery.cancel_scope.cancel()
