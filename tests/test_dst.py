@@ -79,6 +79,26 @@ def test_two_hundred_schedules_lose_nothing_confirmed(capsys):
     assert not failed, out
 
 
+def test_a_crashed_simulation_is_a_failed_schedule_with_its_seed(monkeypatch, capsys):
+    """An exception out of the simulated cluster fails that seed (with its replay command and
+    where it was raised) and the other seeds still run, rather than ending the whole explorer
+    with a traceback that names no seed."""
+    from bench.chaos import sim
+    real = sim.run_seed
+
+    def crash_on_3(seed, *args, **kwargs):
+        if seed == 3:
+            raise ExceptionGroup("nursery", [trio.BrokenResourceError("connection is broken")])
+        return real(seed, *args, **kwargs)
+
+    monkeypatch.setattr(sim, "run_seed", crash_on_3)
+    results = sim.explore(2, 3)
+    out = capsys.readouterr().out
+    assert [r["ok"] for r in results] == [True, False, True], out
+    assert "FAIL seed 3" in out and "BrokenResourceError: connection is broken" in out, out
+    assert "warren-bench dst --seed 3 --replay" in out, out
+
+
 def test_regression_seeds():
     """Schedules that once found a bug (bench/chaos/sim.py REGRESSIONS) stay fixed."""
     from bench.chaos.sim import REGRESSIONS, run_seed

@@ -27,6 +27,7 @@ import os
 import random
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -481,9 +482,26 @@ def run_seed(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
                      trace if keep_trace else [])
 
 
+def _crash_reason(exc: BaseException) -> str:
+    """The first leaf of an exception (group), with the place it was raised."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" at {'/'.join(Path(where.filename).parts[-2:])}:{where.lineno}" if where else ""
+    return f"the simulated cluster crashed: {type(exc).__name__}: {exc}{at}"
+
+
 def _one(args) -> dict:
     seed, kinds, faults, scale, rate = args
-    r = run_seed(seed, kinds, faults, scale, rate)
+    try:
+        r = run_seed(seed, kinds, faults, scale, rate)
+    except Exception as exc:  # a crash is a failed schedule like any other, reported with its seed
+        s = sim_schedule(seed, kinds, faults, scale, rate)
+        crashed = SimResult(seed, s, None, "", 0.0)
+        reason = _crash_reason(exc)
+        return {"seed": seed, "ok": False, "line": f"seed {seed} [{','.join(s.fault_kinds())}] {reason}",
+                "reasons": [reason], "replay": crashed.replay(), "lost_allowed": {}, "digest": "",
+                "wall_s": 0.0, "kinds": s.fault_kinds(), "real": crashed.real_replay()}
     v = r.verdict
     return {"seed": seed, "ok": v.ok, "line": r.line(), "reasons": v.reasons[:5], "replay": r.replay(),
             "lost_allowed": dict(v.lost_allowed), "digest": r.digest, "wall_s": r.wall_s,
