@@ -5,7 +5,8 @@ queue replicas this node runs.
   the leader's node. Replication goes replica to replica; events go to the session (local inbox
   or link). Nothing here waits on a queue: inboxes never block, and publishers are held by their
   sessions' credit window instead (so one busy queue cannot stall a peer link).
-* `reconcile` keeps the replicas in line with the metadata after every applied change: it starts
+* `reconcile` keeps the replicas in line with the metadata after every applied change (once the
+  log has recorded this run of the node up: nothing before that is about this run): it starts
   a replica where the metadata places one, tells each what the metadata says now (`Assign`), and
   stops those that should not run here. Members the log records down get `NodeGone`; a peer link
   that breaks gets `LinkDown` (its sessions are gone for us; its mirrors must be dropped through
@@ -43,6 +44,7 @@ class Router:
         self.replicas: dict[str, QueueProcess] = {}
         self._early: dict[str, list] = {}
         self._up: dict[str, int] = {}  # the metadata's running members as last reconciled
+        self._counted = False  # this run of the app is recorded up in the metadata
         self._pids = 0
 
     @property
@@ -70,6 +72,16 @@ class Router:
             return
         md = self.cluster.md
         me = self.name
+        if not self._counted:
+            # What the metadata says of this node until the log records this run of it up was
+            # said of an earlier run: the queues it led then are led by nobody now (its memory is
+            # new), and a replica started on that word would confirm publishes as a leader the
+            # log is about to replace (found by `warren-bench dst`, seed 1109: a full restart
+            # lost 16 confirmed messages). The planner bumps every such queue's epoch, or
+            # promotes another replica, in the very change that records this run up.
+            if md.up.get(me) != self.cluster.incarnation:
+                return
+            self._counted = True
         gone = [n for n in self._up if n not in md.up or md.up[n] != self._up[n]]
         self._up = dict(md.up)
         for qname, qdef in md.queues.items():
@@ -112,6 +124,7 @@ class Router:
         self.replicas.clear()
         self._early.clear()
         self._up = {}
+        self._counted = False
 
     def leaders(self) -> list[QueueProcess]:
         return [qp for qp in self.replicas.values() if qp.replica.state in rp.LEADING]

@@ -58,6 +58,13 @@ REGRESSIONS: dict[str, int] = {
     # again yet (right after a full restart) deleted the queue: every later publish was
     # unroutable, confirmed and dropped (fixed: the queue lives on, empty, on another member)
     "forget-keeps-a-durable-queue": 672,
+    # after a full restart the last node to stop came back believing it still led the queue
+    # (its shutdown could not be recorded without a majority) and confirmed publishes until the
+    # log, recording its new run, promoted another replica: 16 confirmed messages lost; seed
+    # 1554 stranded 342 the same way (fixed: a node acts on the metadata only once the log has
+    # recorded this run of it up)
+    "restarted-node-leads-on-an-old-word": 1109,
+    "restarted-node-leads-on-an-old-word-2": 1554,
 }
 
 
@@ -509,9 +516,10 @@ def _one(args) -> dict:
 
 
 def explore(first: int, count: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
-            rate: int = SIM_RATE, procs: int = 1, out=sys.stdout) -> list[dict]:
+            rate: int = SIM_RATE, procs: int = 1, out=None) -> list[dict]:
     """Seeds first .. first+count-1 (in `procs` processes); prints a line per failed schedule
     with its replay command, then a summary with every schedule whose loss the spec allowed."""
+    out = out or sys.stdout  # looked up now: a test may have replaced it
     jobs = [(seed, kinds, faults, scale, rate) for seed in range(first, first + count)]
     if procs > 1:
         import multiprocessing
