@@ -33,6 +33,9 @@ Rules (the spec's, section by section, in mirroring/policy.py's terms):
 
 from __future__ import annotations
 
+from wire.errors import PRECONDITION_FAILED
+
+from .metadata import MetaError
 from .policy import (HA, choose_promotion, effective_policy, ha_settings, initial_leader,
                      leader_handover, place_mirrors)
 
@@ -203,6 +206,10 @@ def plan_change(md, change: list, running: set[str]) -> list[tuple[list, object]
             commit(["node.up", node, inc, plan(md, running | {node}, up=node)])
     elif kind == "member.remove":
         node = change[1]
+        if node in running:
+            # checked again here, where the change is ordered: a forget that waited for a leader
+            # must not remove a node that came back meanwhile (dst seed 5531)
+            raise MetaError(PRECONDITION_FAILED, f"node {node} is running: stop its app first")
         if node in md.members:
             commit(["queues.update", plan_forget(md, node, running)])
             commit(["member.remove", node])

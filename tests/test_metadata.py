@@ -221,6 +221,18 @@ def test_forgetting_a_leader_moves_its_queues_elsewhere():
     assert q["leader"] == "n2" and q["mirrors"] == ["n3"] and q["epoch"] == 2
 
 
+def test_a_forget_is_refused_where_it_is_ordered_if_the_node_runs_by_then():
+    """forget_cluster_node checks the node is stopped when asked, but the change may wait for
+    a leader (up to 15 s); if the node is back by the time the log orders it, it is refused
+    rather than removing a running member (dst seed 5531)."""
+    md = cluster("n1", "n2", "n3")
+    up(md, "n1", "n2", "n3")
+    before = md.snapshot()
+    with pytest.raises(MetaError, match="node n1 is running: stop its app first"):
+        planner.plan_change(md, ["member.remove", "n1"], {"n1", "n2"})
+    assert md.snapshot() == before
+
+
 def test_refused_declare_leaves_the_copy_untouched():
     md = cluster("n1")
     up(md, "n1")

@@ -485,6 +485,11 @@ class ScheduleRun:
 
             async def rejoin():
                 self.step = f"re-joining {node}"
+                if "forgotten_via" not in rec.detail:
+                    # the forget was refused (no majority to record it): still a member, the
+                    # node comes back as itself
+                    await (self._restart if how == "kill" else self._start_app)(node)
+                    return
                 if how == "kill":
                     if not await self.start_node(node, fresh=True):
                         return

@@ -65,6 +65,15 @@ REGRESSIONS: dict[str, int] = {
     # recorded this run of it up)
     "restarted-node-leads-on-an-old-word": 1109,
     "restarted-node-leads-on-an-old-word-2": 1554,
+    # a queue leader frozen for 2.5 s (SIGSTOP) and replaced meanwhile handed its local consumer
+    # 174 messages again, unflagged, on waking: its successor had delivered them, flagged
+    # (fixed: a session holds deliveries while its node is out of touch with the cluster)
+    "deposed-leader-wakes-and-delivers": 2967,
+    # forget_cluster_node of the killed log leader waited for a leader; the node came back
+    # first, then the forget went through and removed a running member: the cluster stalled
+    # (fixed: the planner refuses to remove a running node; the campaign's drivers bring a node
+    # whose forget was refused back as itself)
+    "forget-of-a-node-that-came-back": 5531,
 }
 
 
@@ -362,6 +371,13 @@ class SimRun:
             if node in c.killed:
                 await c.restart(node)
         elif kind == "forget":
+            if node not in self.forgotten:
+                # the forget was refused (no majority to record it, or the node came back
+                # first): still a member, the node comes back as itself (seed 5531: started as
+                # a new node, it waited for ever to join a cluster that needed the old one)
+                if node in c.killed:
+                    await c.restart(node)
+                return
             # back as a new node: nothing saved, joining through a running member before its
             # app starts (it keeps trying while that member cannot be reached)
             if node not in c.killed:
