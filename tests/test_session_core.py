@@ -308,3 +308,57 @@ async def test_a_second_link_that_replaces_the_first_gives_back_what_was_in_flig
             redelivered = [b for d in p.of(m.Deliver)[1:] for i, b in enumerate(d.bodies) if i in d.redelivered]
             assert sorted(redelivered) == sorted(first), (first, redelivered, again)
             nursery.cancel_scope.cancel()
+
+
+async def _consuming_probe(c):
+    """A consumer on n2 of a queue led by n1 with two messages in it, both delivered."""
+    owner, p = Probe(c.nodes["n1"]), Probe(c.nodes["n2"])
+    await owner.setup()
+    await p.setup()
+    await owner.do(m.QueueDeclare, "hq", False, True, False, False, {})
+    await p.until(lambda: "hq" in c.nodes["n2"].md.queues)
+    await p.s.handle(m.Publish(1, "hq", [b"a", b"b"], None))
+    assert (await p.do(m.BasicConsume, "hq", "t", False, False, {})).value == "t"
+    await p.until(lambda: sum(len(d.bodies) for d in p.of(m.Deliver)) == 2)
+    return p
+
+
+def _shown(p):
+    """(body, redelivered) for every message shown to the client, in order."""
+    return [(b, i in set(d.redelivered)) for d in p.of(m.Deliver) for i, b in enumerate(d.bodies)]
+
+
+async def test_a_node_unsure_of_the_cluster_holds_deliveries_then_shows_them_in_order(tmp_path, autojump_clock):
+    """After a freeze (here: the node finding one of its links silent for too long) the session
+    shows nothing until the node has been in touch again for an election timeout and is recorded
+    up; then what it held, in order, and what came after."""
+    async with sim_cluster(tmp_path) as c:
+        p = await _consuming_probe(c)
+        n2 = c.nodes["n2"]
+        n2.cluster._lost_touch(trio.current_time())
+        assert n2.cluster.unsure()
+        await p.s.handle(m.Publish(1, "hq", [b"c", b"d"], None))
+        await trio.sleep(n2.cluster.election_timeout / 2)
+        assert _shown(p) == [(b"a", False), (b"b", False)] and len(p.s.held) >= 1
+        await p.until(lambda: len(_shown(p)) == 4, timeout=4 * n2.cluster.election_timeout)
+        assert _shown(p)[2:] == [(b"c", False), (b"d", False)] and not p.s.held
+        assert not n2.cluster.unsure()
+
+
+async def test_what_a_node_held_goes_back_if_the_cluster_counted_it_down_meanwhile(tmp_path, autojump_clock):
+    """If the log counted the node down while it was unsure (and up again, the same run), the
+    queue's leader forgot its sessions and requeued what it had delivered to them: what they
+    held is stale, so it goes back unseen, and the client gets it again from the leader, flagged
+    (chaos seed 20006)."""
+    async with sim_cluster(tmp_path) as c:
+        p = await _consuming_probe(c)
+        n2 = c.nodes["n2"]
+        n2.cluster._lost_touch(trio.current_time())
+        await p.s.handle(m.Publish(1, "hq", [b"c"], None))
+        await p.until(lambda: len(p.s.held) == 1)
+        n2._counted_down = True  # as if the log had counted it down; the next change is the up
+        n2.meta_changed(None)
+        assert not p.s.held
+        await p.until(lambda: len(_shown(p)) >= 3, timeout=4 * n2.cluster.election_timeout)
+        assert (b"c", False) not in _shown(p), _shown(p)
+        assert (b"c", True) in _shown(p), _shown(p)
