@@ -463,17 +463,10 @@ class Cluster:
         raft = self.raft
         if raft is not None and self._was_in_touch:
             now = trio.current_time()
-            if raft.out_of_touch(now) and self._others_up():  # (before the log's driver noticed)
+            if raft.out_of_touch(now):  # (before the log's driver noticed)
                 self._lost_touch(now)
                 return True
         return False
-
-    def _others_up(self) -> bool:
-        """Does the metadata record another member up? Only then can a majority elsewhere have
-        moved this node's queues on without it; the last node running after the others stopped
-        (their shutdowns recorded) has nobody to be unsure of, and keeps delivering."""
-        me = self.name
-        return any(n != me for n in self.md.up)
 
     def _lost_touch(self, now: float) -> None:
         if self._unsure_since is None:
@@ -485,7 +478,7 @@ class Cluster:
         if raft is None:
             return
         if raft.out_of_touch(now):
-            if self._was_in_touch and self._others_up():  # (a node that boots has nothing to be unsure of)
+            if self._was_in_touch:  # (a node that boots has nothing to be unsure of)
                 self._lost_touch(now)
         elif self._unsure_since is None:
             self._was_in_touch = True
@@ -617,7 +610,7 @@ class Cluster:
     async def _on_peer_messages(self, link: PeerLink, batch: list) -> None:
         raft_touched = False
         now = trio.current_time()
-        if link.gap > 2 * self.election_timeout and self._was_in_touch and self._others_up():
+        if link.gap > 2 * self.election_timeout and self._was_in_touch:
             # a link that ticks was silent that long: this node was frozen (or the link was),
             # and what follows may be old news
             self._lost_touch(now)
