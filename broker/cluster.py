@@ -57,6 +57,8 @@ class NodeStopped(Exception):
 class ClusterHooks(Protocol):
     """What the cluster tells the rest of the node."""
 
+    holding: set  # sessions holding deliveries until the node is back in touch
+
     def meta_changed(self, change: list | None) -> None: ...  # None: the whole state was replaced
     def link_up(self, node: str) -> None: ...
     def link_down(self, node: str) -> None: ...
@@ -118,9 +120,6 @@ class Cluster:
         self.client_addr = [config.advertise_host, config.client_port]
         timeout = min(2.0, max(0.2, config.net_ticktime / 4))
         self.election_timeout = timeout
-        self._unsure_since: float | None = None  # may have missed the cluster's news since
-        self._was_in_touch = False  # this run of the app has been in touch with the cluster
-        self._touch_back_at: float | None = None  # in touch again since
 
     # --- persistent state ----------------------------------------------------------------------
     @property
@@ -188,8 +187,6 @@ class Cluster:
         """The app's part of the cluster: the log, the dialer, liveness. Ends when cancelled."""
         now = trio.current_time()
         self.incarnation = incarnation
-        self._unsure_since = self._touch_back_at = None
-        self._was_in_touch = False
         self._started_at = now
         state, commit = self.load_state()
         self.raft = Raft(self.name, state, rng=self.rng, now=now,
@@ -453,42 +450,17 @@ class Cluster:
                     self.propose_soon(["node.down", node, md.up[node], "failure"])
         self.propose_soon(["replan"])
 
-    def unsure(self) -> bool:
-        """May this node have missed the cluster's news? Out of touch now (Raft.out_of_touch),
-        or frozen or cut off a moment ago and not settled yet: back in touch for a whole
-        election timeout (the first messages after a freeze are old ones, buffered before it;
-        the news that the cluster counted it down comes after them) and recorded up."""
-        if self._unsure_since is not None:
-            return True
+    def out_of_touch(self) -> bool:
+        """Is what this node knows of the cluster possibly stale (Raft.out_of_touch)?"""
         raft = self.raft
-        if raft is not None and self._was_in_touch:
-            now = trio.current_time()
-            if raft.out_of_touch(now):  # (before the log's driver noticed)
-                self._lost_touch(now)
-                return True
-        return False
-
-    def _lost_touch(self, now: float) -> None:
-        if self._unsure_since is None:
-            self._unsure_since = now
-        self._touch_back_at = None
+        return raft is None or raft.out_of_touch(trio.current_time())
 
     def _check_pause(self, now: float) -> None:
         raft = self.raft
         if raft is None:
             return
-        if raft.out_of_touch(now):
-            if self._was_in_touch:  # (a node that boots has nothing to be unsure of)
-                self._lost_touch(now)
-        elif self._unsure_since is None:
-            self._was_in_touch = True
-        else:
-            if self._touch_back_at is None:
-                self._touch_back_at = now
-            elif now - self._touch_back_at >= self.election_timeout \
-                    and self.md.up.get(self.name) == self.incarnation:
-                self._unsure_since = self._touch_back_at = None
-                self.hooks.back_in_touch()
+        if self.hooks.holding and not raft.out_of_touch(now):
+            self.hooks.back_in_touch()
         if raft.has_quorum_contact(now):
             self._no_quorum_since = None
             if self.paused:
@@ -610,10 +582,6 @@ class Cluster:
     async def _on_peer_messages(self, link: PeerLink, batch: list) -> None:
         raft_touched = False
         now = trio.current_time()
-        if link.gap > 2 * self.election_timeout and self._was_in_touch:
-            # a link that ticks was silent that long: this node was frozen (or the link was),
-            # and what follows may be old news
-            self._lost_touch(now)
         for msg in batch:
             t = type(msg)
             if t in RAFT_MESSAGES:

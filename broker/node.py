@@ -236,11 +236,12 @@ class Node:
         self._counted_down = not counted and self.md.up.get(self.name) is None and self.name in self.md.down
         for s in list(self.sessions.values()):
             s.meta_changed()
+            if s in self.holding and not self.cluster.out_of_touch():
+                self.holding.discard(s)
+                s.release_held()
             if back:
                 # the cluster counted this node down (a link to the log's leader broke) and now
                 # up again, the same run of it: queue leaders forgot its sessions meanwhile
-                # (requeued what they had delivered to them), so what the sessions held is stale
-                s.drop_held()
                 s.resend_all()
 
     def link_up(self, node: str) -> None:
@@ -262,9 +263,6 @@ class Node:
                 "connect to another node")
 
     def back_in_touch(self) -> None:
-        """Show what sessions held while this node was unsure of the cluster (Cluster.unsure);
-        if it was counted down meanwhile, the change that counted it up again dropped what they
-        held instead (meta_changed)."""
         holding, self.holding = self.holding, set()
         for s in holding:
             s.release_held()

@@ -83,7 +83,6 @@ class PeerLink:
         self.outbox = Outbox(framed)
         self.ticktime = ticktime
         self.last_heard = trio.current_time()
-        self.gap = 0.0  # the silence before the batch being handled (its ticks keep it short)
         self.superseded = False
         self.incarnation = 0  # the peer's app run, from its LinkHello
         self.cancel_scope = trio.CancelScope()
@@ -106,8 +105,7 @@ class PeerLink:
                             if not batch:
                                 reason = "connection closed by peer"
                                 break
-                            now = trio.current_time()
-                            self.gap, self.last_heard = now - self.last_heard, now
+                            self.last_heard = trio.current_time()
                             await on_messages(self, batch)
                         nursery.cancel_scope.cancel()
                 # trio groups the tasks' errors, possibly with the Cancelled of a closing link:

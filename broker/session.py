@@ -777,7 +777,7 @@ class Session:
                 if route is not None and ev.epoch < route[1]:
                     self._stale_delivery(ch, ev)
                     continue
-                if self.held or self.node.cluster.unsure():
+                if self.held or self.node.cluster.out_of_touch():
                     self._hold(ev)
                     continue
                 reg = ch.consumers.get(ev.tag)
@@ -849,16 +849,6 @@ class Session:
     def release_held(self) -> None:
         held, self.held = self.held, []
         self.queue_events(held)
-
-    def drop_held(self) -> None:
-        """The leaders forgot this session while its node was out of touch (they counted the
-        node down and requeued what they had delivered to it): the held deliveries go back
-        unseen (chaos seed 20006: shown on waking, unflagged, after their redelivery elsewhere)."""
-        held, self.held = self.held, []
-        for ev in held:
-            ch = self.channels.get(ev.ch)
-            if ch is not None:
-                self._stale_delivery(ch, ev)
 
     def _stale_delivery(self, ch: Channel, ev: m.EvDeliver) -> None:
         """Deliveries a leader sent before its epoch ended, arriving after we moved on (a link
