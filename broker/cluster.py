@@ -57,15 +57,12 @@ class NodeStopped(Exception):
 class ClusterHooks(Protocol):
     """What the cluster tells the rest of the node."""
 
-    holding: set  # sessions holding deliveries until the node is back in touch
-
     def meta_changed(self, change: list | None) -> None: ...  # None: the whole state was replaced
     def link_up(self, node: str) -> None: ...
     def link_down(self, node: str) -> None: ...
     def link_replaced(self, node: str) -> None: ...  # a second link took over: in-flight may be lost
     def peer_message(self, link: PeerLink, msg) -> None: ...  # queue, replica and session traffic
     def paused(self, paused: bool) -> None: ...
-    def back_in_touch(self) -> None: ...  # a majority heard from again (see Raft.out_of_touch)
     async def node_rpc(self, name: str, args: dict): ...
     def new_nonce(self) -> bytes: ...  # a handshake challenge
 
@@ -450,17 +447,10 @@ class Cluster:
                     self.propose_soon(["node.down", node, md.up[node], "failure"])
         self.propose_soon(["replan"])
 
-    def out_of_touch(self) -> bool:
-        """Is what this node knows of the cluster possibly stale (Raft.out_of_touch)?"""
-        raft = self.raft
-        return raft is None or raft.out_of_touch(trio.current_time())
-
     def _check_pause(self, now: float) -> None:
         raft = self.raft
         if raft is None:
             return
-        if self.hooks.holding and not raft.out_of_touch(now):
-            self.hooks.back_in_touch()
         if raft.has_quorum_contact(now):
             self._no_quorum_since = None
             if self.paused:

@@ -79,7 +79,6 @@ class Node:
         self.amqp_port = config.amqp_port
         self._sids = itertools.count(1)
         self._counted_down = False  # the metadata records this very run of the node as down
-        self.holding: set = set()  # sessions holding deliveries while the node is out of touch
         self._app_scope: trio.CancelScope | None = None
         self.root = None
         self.app = None
@@ -236,9 +235,6 @@ class Node:
         self._counted_down = not counted and self.md.up.get(self.name) is None and self.name in self.md.down
         for s in list(self.sessions.values()):
             s.meta_changed()
-            if s in self.holding and not self.cluster.out_of_touch():
-                self.holding.discard(s)
-                s.release_held()
             if back:
                 # the cluster counted this node down (a link to the log's leader broke) and now
                 # up again, the same run of it: queue leaders forgot its sessions meanwhile
@@ -261,11 +257,6 @@ class Node:
     def paused_reason(self) -> str:
         return (f"node {self.name} cannot reach a majority of the cluster (pause_minority): "
                 "connect to another node")
-
-    def back_in_touch(self) -> None:
-        holding, self.holding = self.holding, set()
-        for s in holding:
-            s.release_held()
 
     def paused(self, paused: bool) -> None:
         if paused:

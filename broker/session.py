@@ -157,7 +157,6 @@ class Session:
         self._room = trio.Event()
         self._room.set()
         self.routes: dict[str, tuple] = {}  # queue -> (leader, epoch) our operations went to
-        self.held: list = []  # deliveries that came while this node was out of touch, in order
         self.rpcs: dict[int, tuple[str, object]] = {}  # rid -> (queue, op): unanswered requests
         self.closed = False
         # a publishing connection (it has published): held by the front end during a memory
@@ -777,9 +776,6 @@ class Session:
                 if route is not None and ev.epoch < route[1]:
                     self._stale_delivery(ch, ev)
                     continue
-                if self.held or self.node.cluster.out_of_touch():
-                    self._hold(ev)
-                    continue
                 reg = ch.consumers.get(ev.tag)
                 if reg is None:
                     self._unknown_consumer(ch, ev)
@@ -835,20 +831,6 @@ class Session:
                     if b.pseq == ev.pseq:
                         b.rejected = list(ev.indexes)
                         break
-
-    def _hold(self, ev: m.EvDeliver) -> None:
-        """A delivery while this node is out of touch (frozen, or cut off, for longer than an
-        election): the queue's leader that sent it may have been replaced meanwhile, and the new
-        one has delivered the same messages, flagged, to another consumer (dst seed 2967: a leader
-        resumed after a 2.5 s SIGSTOP handed its local consumer 174 messages again, unflagged).
-        Held until the node hears from the cluster: the metadata then says whether that leader
-        still leads (delivered, in order) or not (given back as stale)."""
-        self.held.append(ev)
-        self.node.holding.add(self)
-
-    def release_held(self) -> None:
-        held, self.held = self.held, []
-        self.queue_events(held)
 
     def _stale_delivery(self, ch: Channel, ev: m.EvDeliver) -> None:
         """Deliveries a leader sent before its epoch ended, arriving after we moved on (a link

@@ -126,7 +126,6 @@ class Raft:
         self._rebuild_configs()
         # follower / candidate
         self._heard_leader_at = -1e18
-        self._word_at = -1e18  # a leader's last message (kept when the leader goes, unlike the above)
         # a node that boots knows of no leader: ask soon (pre-vote makes an early ask harmless)
         self._election_at = now if self.voters == (me,) else now + self._soon()
         self._votes: set[str] = set()
@@ -272,15 +271,6 @@ class Raft:
             return self._quorum_heard(now)
         return self.leader is not None and now - self._heard_leader_at <= self.timeout * 2
 
-    def out_of_touch(self, now: float) -> bool:
-        """Has this node gone longer than an election timeout without a sign that the cluster it
-        knows still works (following: a leader's message; leading: a majority's answers)? Then
-        what it believes of who leads what may be stale: it was frozen, or cut off. An election
-        after a leader's kill is shorter than that and does not count."""
-        if self.role is Role.LEADER:
-            return not self._quorum_heard(now)
-        return now - self._word_at > self.timeout
-
     def peer_down(self, now: float, peer: str) -> None:
         """The failure detector says `peer` is gone (its link broke or fell silent)."""
         if peer == self.leader and self.role is not Role.LEADER:
@@ -352,7 +342,7 @@ class Raft:
         self.leader = leader
         self._transferring = False
         if leader is not None:
-            self._heard_leader_at = self._word_at = now
+            self._heard_leader_at = now
         self._election_at = now + self._timeout()
 
     def _become_leader(self, now: float) -> None:
