@@ -65,10 +65,6 @@ REGRESSIONS: dict[str, int] = {
     # recorded this run of it up)
     "restarted-node-leads-on-an-old-word": 1109,
     "restarted-node-leads-on-an-old-word-2": 1554,
-    # a queue leader frozen for 2.5 s (SIGSTOP) and replaced meanwhile handed its local consumer
-    # 174 messages again, unflagged, on waking: its successor had delivered them, flagged
-    # (fixed: a session holds deliveries while its node is out of touch with the cluster)
-    "deposed-leader-wakes-and-delivers": 2967,
     # forget_cluster_node of the killed log leader waited for a leader; the node came back
     # first, then the forget went through and removed a running member: the cluster stalled
     # (fixed: the planner refuses to remove a running node; the campaign's drivers bring a node
