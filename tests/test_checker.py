@@ -255,18 +255,21 @@ def test_history_round_trips_through_json():
 
 def test_the_campaign_summary_measures_the_gap_after_each_kill_of_the_leader(tmp_path):
     """bench/chaos/report.py: only a kill -9 of the node that led the queue counts; the gap is
-    the longest pause between deliveries overlapping the window after it (cut at the next
-    fault); the percentiles are nearest-rank."""
+    the longest pause between deliveries in the window after it (cut at the next fault: a pause
+    that outlasts it is the next fault's); a kill while another fault holds a node away leaves
+    no majority and is told apart; the percentiles are nearest-rank."""
     from bench.chaos.report import leader_kill_gaps, percentile
-    faults = [{"t": 10.0, "action": "kill", "node": "n1", "detail": {"before": {"leader": "n1"}}},
-              {"t": 11.0, "action": "kill", "node": "n2", "detail": {"before": {"leader": "n3"}}},
-              {"t": 20.0, "action": "kill", "node": "n3", "detail": {"before": {"leader": "n3"}}}]
+    faults = [{"t": 10.0, "action": "kill", "node": "n1", "detail": {"before": {"leader": "n1"}, "undone_at": 3.0}},
+              {"t": 11.0, "action": "kill", "node": "n2", "detail": {"before": {"leader": "n3"}, "undone_at": 1.0}},
+              {"t": 20.0, "action": "kill", "node": "n3", "detail": {"before": {"leader": "n3"}}},
+              {"t": 30.0, "action": "pause", "node": "n1", "detail": {"undone_at": 4.0}},
+              {"t": 31.0, "action": "kill", "node": "n2", "detail": {"before": {"leader": "n2"}}}]
     (tmp_path / "faults.jsonl").write_text("".join(json.dumps(f) + "\n" for f in faults))
-    times = [9.99, 10.05, 10.06, 10.5, 10.51, 12.0, 19.9, 20.3, 20.31, 27.0]
+    times = [9.99, 10.05, 10.06, 10.5, 10.51, 12.0, 19.9, 20.3, 20.31, 27.0, 30.99, 34.0]
     (tmp_path / "deliver.jsonl").write_text("".join(json.dumps({"t_del": t}) + "\n" for t in times))
     gaps = leader_kill_gaps(tmp_path)
-    # first kill: window 10..11 (the next fault): 10.51 -> 12.0 starts inside it and is longer
-    # than 10.06 -> 10.5; the n2 kill is a mirror's; third kill: 20.31 -> 27.0 starts inside its
-    # 5 s and is longer than 19.9 -> 20.3, which straddles it
-    assert [round(g, 3) for g, _ in gaps] == [1.49, 6.69]
+    # first kill: window 10..11 (the next fault): 10.51 -> 12.0 outlasts it, so 10.06 -> 10.5;
+    # the n2 kill is a mirror's; third kill: 20.31 -> 27.0 starts inside its 5 s and is longer
+    # than 19.9 -> 20.3, which straddles it; the last one, while n1 is paused: no majority
+    assert [(round(g, 3), majority) for g, _, majority in gaps] == [(0.44, True), (6.69, True), (3.01, False)]
     assert percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 99) == 4
