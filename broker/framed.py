@@ -41,11 +41,13 @@ class FramedStream:
         self.decoder = FrameDecoder(max_frame, decode_bytes)
         self.max_frame = max_frame
         self._pending: list = []
+        self.last_read = 0  # bytes taken by the last receive_batch from the stream (0: none)
 
     async def receive_batch(self, allowed: frozenset[str] | None = None) -> list:
         """Messages from the next read; [] means a clean end of stream. Raises ProtocolError.
         Messages that `receive` read ahead (they came in the same read) come first."""
         if self._pending:
+            self.last_read = 0
             out, self._pending = self._pending, []
             for msg in out:
                 if allowed is not None and msg.KIND not in allowed:
@@ -53,6 +55,7 @@ class FramedStream:
             return out
         while True:
             data = await self.stream.receive_some(READ_SIZE)
+            self.last_read = len(data)
             if not data:
                 self.decoder.check_eof()
                 return []

@@ -9,6 +9,10 @@ Theory of operation:
   drained queue's memory is otherwise kept by the allocator and RSS would never fall. A trim
   costs about 0.2 ms per MB freed since the last one (0.1 ms when nothing was), so while a
   consumer drains 100 MB/s under an alarm it takes some 2% of the loop.
+* A sample is also taken as soon as publishing connections have read READ_BUDGET bytes since
+  the last one (`took(nbytes)`, one addition per read), so the node passes its mark by at most
+  about that much whatever the publishers' rate and however late the loop runs the timer: a busy
+  loop delays the timer first, exactly when publishes pour in.
 * Publishers are blocked while this node or any running peer has an alarm, as RabbitMQ does
   cluster-wide. A node tells its peers with a `NodeAlarm` peer message whenever its own alarm
   changes, and on every new link while it is on; a peer's alarm is forgotten when the link to it
@@ -34,6 +38,7 @@ from mirroring.alarm import Alarms, MemoryAlarm, Watermark, format_bytes
 from wire import messages as m
 
 CHECK_EVERY = 0.1  # seconds between two samples of the process's memory
+READ_BUDGET = 4 << 20  # publishing bytes read that bring the next sample forward
 RESOURCE = "memory"
 
 
@@ -144,6 +149,7 @@ class NodeMemory:
         self.hooks: dict = {}  # hook -> None: insertion-ordered, O(1) removal for many connections
         self._unblocked = trio.Event()
         self._unblocked.set()
+        self._read = 0  # publishing bytes read since the last sample
 
     # --- what front ends use -------------------------------------------------------------------
     @property
@@ -163,6 +169,13 @@ class NodeMemory:
 
     def remove_hook(self, hook) -> None:
         self.hooks.pop(hook, None)
+
+    def took(self, nbytes: int) -> None:
+        """A publishing connection read `nbytes`: sample now if READ_BUDGET has come in since
+        the last sample (a publisher told it is blocked stops at its next read)."""
+        self._read += nbytes
+        if self._read >= READ_BUDGET and self.probe is not None and self.probe.available:
+            self.check(trio.current_time())
 
     def status(self) -> dict:
         """For `warrenctl status`."""
@@ -193,6 +206,7 @@ class NodeMemory:
                 self._changed()
 
     def check(self, now: float) -> None:
+        self._read = 0
         alarm = self.alarm
         used = self.probe.used()
         if alarm.wants_trim(used, now):

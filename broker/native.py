@@ -140,6 +140,7 @@ class NativeConnection:
                         batch = await self.framed.receive_batch(CLIENT_KINDS)
                     if scope.cancelled_caught:
                         continue
+                    memory.took(self.framed.last_read)
                 else:
                     batch = await self.framed.receive_batch(CLIENT_KINDS)
             except ProtocolError as exc:

@@ -10,6 +10,7 @@ import trio
 
 from broker import config
 from broker.config import ConfigError
+from broker.memory import READ_BUDGET, NodeMemory, SimMemory
 from broker.simulation import sim_cluster
 from mirroring.alarm import CLEAR_RATIO, Alarms, MemoryAlarm, Watermark, parse_watermark
 
@@ -114,6 +115,31 @@ def test_any_alarm_in_the_cluster_blocks_and_a_gone_node_no_longer_counts():
     assert not a.forget("n3")
     a.set_remote("n2", "x")
     assert a.forget_peers() and not a.blocked
+
+
+class _Log:
+    def __getattr__(self, name):
+        return lambda *args, **kw: None
+
+
+async def test_publishing_reads_bring_the_next_sample_forward_so_a_busy_loop_cannot_overshoot():
+    """The timer samples every CHECK_EVERY seconds, but a loop busy with publishes runs it late:
+    READ_BUDGET bytes read from publishers take a sample at once, so the node passes its mark by
+    at most about that much (the real-process test holds the node near its mark this way)."""
+    probe = SimMemory(used=50 * MiB)
+    memory = NodeMemory("n1", parse_watermark("100MiB"), probe, _Log(), dict)
+    memory.check(trio.current_time())
+    assert not memory.blocked
+    probe.used_bytes = 120 * MiB  # publishes came in; the timer has not run
+    memory.took(READ_BUDGET - 1)
+    assert not memory.blocked  # under the budget: no sample yet
+    memory.took(1)
+    assert memory.blocked and memory.alarm.used == 120 * MiB
+    probe.used_bytes = 10 * MiB
+    memory.took(READ_BUDGET // 2)  # a sample resets the count: half a budget takes none
+    assert memory.blocked
+    memory.took(READ_BUDGET // 2)
+    assert not memory.blocked
 
 
 # --- the option ----------------------------------------------------------------------------------

@@ -131,6 +131,7 @@ class AmqpConnection:
                         data = await stream.receive_some(READ_SIZE)
                     if scope.cancelled_caught:
                         continue
+                    memory.took(len(data))
                 else:
                     data = await stream.receive_some(READ_SIZE)
                 if not data:
