@@ -316,7 +316,7 @@ class Replica:
             return
         if a.leader == self.me:
             if self.state in FOLLOWING:
-                self._become_leader(a, now)
+                self._become_leader(a, now, synchronised=self.me in old.synced)
             elif a.epoch != self.epoch:
                 self._restart_epoch(a, now)
             else:
@@ -522,7 +522,10 @@ class Replica:
         return self.q.purge() if self.state in LEADING else 0
 
     # --- leading -----------------------------------------------------------------------------
-    def _become_leader(self, a: Assign, now: float) -> None:
+    def _become_leader(self, a: Assign, now: float, synchronised: bool) -> None:
+        """`synchronised`: the metadata listed this mirror as synchronised until now (a
+        promotion of one that was not may lose what only the old leader had: the log says so,
+        and the chaos checkers allow that loss only where the promote keys let it happen)."""
         promoted = self.state is not S.WAITING or self.follow.epoch >= 0
         resume = None
         if self.follow.epoch >= 0:
@@ -534,7 +537,7 @@ class Replica:
         self.q.effects = []
         if promoted or a.epoch > 1:
             self._log(f"{self.qlog}: Promoting mirror {self.pid} to leader", epoch=a.epoch,
-                      old_leader=self.leader_node)
+                      old_leader=self.leader_node, synchronised=synchronised)
             for c in self.q.failover():
                 self.emit(c.owner, m.EvCancelled(
                     c.owner[2], c.tag, self.name,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 from bench.chaos.checker import (Delivery, Disconnect, Fault, History, Phase, Publish, Subscription,
-                                 check, history_from_dict, history_to_dict, spec_allows_loss)
+                                 allow_unsynchronised_promotions, check, history_from_dict,
+                                 history_to_dict, policy_timeline, spec_allows_loss)
+from bench.chaos.real import promotions_in_logs
 
 Q = "q"
 
@@ -241,6 +243,47 @@ def test_spec_allows_loss_rules():
     why = spec_allows_loss("n1", ["n2"], ["n2"], {"n1", "n2"}, "crash")
     assert why and "every replica" in why
     assert spec_allows_loss("n1", [], [], {"n1"}, "shutdown").startswith("every replica")
+
+
+def test_a_promotion_logged_unsynchronised_allows_the_loss_the_fault_began_without(tmp_path):
+    """Chaos seed 20142: when n2 (the leader, its only synchronised replica) froze, n1 had just
+    come back and was not listed yet, so the fault began with no allowance; n1 was then promoted
+    unsynchronised, which the default promote keys allow. The broker's log says so."""
+    log = tmp_path / "n1.log"
+    log.write_text(
+        "2026-11-23T19:18:54.941272Z [info     ] Mirrored queue 'chaos.q' in vhost '/': Promoting "
+        "mirror <n1.2.0> to leader epoch=2 node=n1 old_leader=n3 queue=chaos.q synchronised=True\n"
+        "2026-11-23T19:19:00.490894Z [info     ] Mirrored queue 'chaos.q' in vhost '/': Promoting "
+        "mirror <n1.3.0> to leader epoch=3 node=n1 old_leader=n2 queue=chaos.q synchronised=False\n"
+        "2026-11-23T19:19:01.000000Z [info     ] Mirrored queue 'other' in vhost '/': Promoting "
+        "mirror <n1.4.0> to leader epoch=2 node=n1 old_leader=n2 queue=other synchronised=False\n")
+    promotions = promotions_in_logs([log, tmp_path / "absent.log"], "chaos.q")
+    assert [(node, synced) for _, node, synced in promotions] == [("n1", True), ("n1", False)]
+    t = promotions[1][0]
+    pubs = [pub(i, t - 5 + i * 0.01) for i in range(10)]  # confirmed before the freeze ended
+    lost = check(history(pubs, [], faults=[Fault(t - 4, "pause", "n2", t_end=t + 4)], end=t + 20))
+    assert lost.lost == 10 and not lost.ok
+
+    def judged(faults, policy, promos=promotions):
+        said = allow_unsynchronised_promotions(faults, promos, policy_timeline([(float("-inf"), policy)]))
+        return said, check(history(pubs, [], faults=faults, end=t + 20))
+
+    said, v = judged([Fault(t - 30, "kill", "n3"), Fault(t - 4, "pause", "n2", t_end=t + 4)], {})
+    assert v.ok and v.lost == 0 and "unsynchronised mirror on n1 promoted" in said[0]
+    assert list(v.lost_allowed.values()) == [10] and "pause of n2" in next(iter(v.lost_allowed))
+    # the keys forbade it (when-synced): the broker's promotion is no excuse, the loss a bug
+    said, v = judged([Fault(t - 4, "pause", "n2", t_end=t + 4)], {"ha-promote-on-failure": "when-synced"})
+    assert not said and v.lost == 10
+    # a controlled stop needs ha-promote-on-shutdown always as well
+    said, v = judged([Fault(t - 4, "stop_app", "n2", t_end=t + 4)], {})
+    assert not said and v.lost == 10
+    said, v = judged([Fault(t - 4, "stop_app", "n2", t_end=t + 4)], {"ha-promote-on-shutdown": "always"})
+    assert said and v.ok
+    # a synchronised promotion, or one long after every fault, allows nothing
+    said, v = judged([Fault(t - 4, "pause", "n2", t_end=t + 4)], {}, promotions[:1])
+    assert not said and v.lost == 10
+    said, v = judged([Fault(t - 100, "pause", "n2", t_end=t - 60)], {})
+    assert not said
 
 
 def test_history_round_trips_through_json():

@@ -16,7 +16,9 @@ The history
 - `Subscription`: when a consumer was subscribed to a queue (`t_end` None: until the end).
 - `Fault`: one per fault action: time, kind, target, detail, `t_end` (when it was undone: the
   node back, the partition healed) and `loss_allowed`: None, or why the spec allows losing the
-  messages confirmed before `t_end` (see `spec_allows_loss`).
+  messages confirmed before `t_end` (see `spec_allows_loss`, judged from the replicas seen
+  when the fault began, and `allow_unsynchronised_promotions`, from what the broker logged when
+  it promoted: a mirror that came back during the fault may be promoted unsynchronised).
 - `Phase`: markers "load" (clients start), "heal" (every fault undone), "publish_end" (the
   publishers stopped), "drain1" (the consumers that ran through the faults drain what is left),
   "drain1_end" (they stop), "drain2" (a second, fresh consumer looks for anything the first
@@ -179,6 +181,54 @@ def spec_allows_loss(leader: str | None, mirrors: list[str], synced: list[str] |
         return "every replica of the queue was killed or stopped (in-memory: their contents are gone)"
     return (f"no synchronised mirror survived and none may be promoted; the leader's node restarts "
             f"empty (in-memory) after {'a controlled stop' if how == 'shutdown' else 'a crash'}")
+
+
+SHUTDOWN_KINDS = frozenset({"sigterm", "stop_app", "rolling_restart", "full_restart"})
+PROMOTION_GRACE = 30.0  # seconds after a fault ends in which a promotion is still its doing
+
+
+def allow_unsynchronised_promotions(faults: list[Fault], promotions: list[tuple[float, str, bool]],
+                                    policy_at) -> list[str]:
+    """Judge loss at the promotion, not only from the replicas seen when a fault began.
+
+    `promotions`: (time, node, synchronised) of each promotion of the queue's mirrors, as the
+    broker logged it (synchronised: the metadata listed that mirror as synchronised until
+    then); `policy_at(t)`: the queue's policy at time t. A mirror that joined after a fault began
+    (it came back from an earlier one) can be promoted unsynchronised during it; the spec allows
+    the loss that follows wherever the promote keys allowed the promotion:
+    ha-promote-on-failure "always", and for a controlled stop ha-promote-on-shutdown "always"
+    as well. The fault in force at the promotion (the latest begun, not ended more than
+    PROMOTION_GRACE seconds before) gets that allowance unless it has one. A promotion the keys
+    forbade gives none: the checker then counts the loss as a bug. Returns what it allowed."""
+    said = []
+    for t, node, synchronised in promotions:
+        if synchronised:
+            continue
+        open_ = [f for f in faults if f.t <= t <= (f.t_end if f.t_end is not None else f.t) + PROMOTION_GRACE]
+        if not open_:
+            continue
+        f = max(open_, key=lambda f: f.t)
+        policy = policy_at(t)
+        on_failure = policy.get("ha-promote-on-failure", "always")
+        on_shutdown = policy.get("ha-promote-on-shutdown", "when-synced")
+        if on_failure != "always" or (f.kind in SHUTDOWN_KINDS and on_shutdown != "always"):
+            continue
+        if f.loss_allowed is None:
+            f.loss_allowed = (f"unsynchronised mirror on {node} promoted (ha-promote-on-failure "
+                              f"{on_failure}, ha-promote-on-shutdown {on_shutdown}; the broker's log)")
+            said.append(f.loss_allowed)
+    return said
+
+
+def policy_timeline(changes: list[tuple[float, dict]]):
+    """`policy_at(t)` from [(time from which it holds, policy), ...] in time order."""
+    def policy_at(t: float) -> dict:
+        now = changes[0][1]
+        for t0, policy in changes:
+            if t0 <= t:
+                now = policy
+        return now
+    return policy_at
 
 
 # --- the verdict -------------------------------------------------------------------------------

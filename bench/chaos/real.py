@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -48,7 +49,8 @@ from broker.localcluster import LocalCluster
 
 from . import logs
 from . import netns as netnsmod
-from .checker import Fault, History, Phase, Verdict, check, spec_allows_loss
+from .checker import (Fault, History, Phase, Verdict, allow_unsynchronised_promotions, check,
+                      policy_timeline, spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
 from .schedule import expected_mirrors, Schedule, generate
 
@@ -167,6 +169,7 @@ class ScheduleRun:
         self.c = ChaosCluster(self.home / "home", names, opts.net_ticktime, ns, opts.server_args)
         self.names = list(self.c.names)
         self.policy = dict(schedule.policy)
+        self.policies = [(float("-inf"), self.policy)]  # (from when, policy): for the checker
         self.pattern = "^" + re.escape(schedule.queue) + "$"
         self.down: dict[str, str] = {}  # node -> how it went away: crash | shutdown | isolated
         self.step = "starting"
@@ -530,6 +533,7 @@ class ScheduleRun:
             await self.ctl_ok(self.up_nodes()[0], "set_policy", "--apply-to", "queues", POLICY_NAME,
                               self.pattern, json.dumps(new))
             self.policy = dict(new)
+            self.policies.append((time.time(), self.policy))
             self.say(f"set_policy {json.dumps(new)}")
         elif kind in ("sync", "cancel_sync"):
             rec.target = "queue"
@@ -838,6 +842,10 @@ class ScheduleRun:
         except OSError:
             pass
 
+    def promotions(self) -> list[tuple[float, str, bool]]:
+        """(time, node, synchronised) of each promotion of the queue's mirrors, from the node logs."""
+        return promotions_in_logs([self.c.log_path(n) for n in self.names], self.s.queue)
+
     def keep_logs(self, folder: Path) -> None:
         dest = folder / "nodes"
         dest.mkdir(parents=True, exist_ok=True)
@@ -864,6 +872,28 @@ def replay_of(s: Schedule, opts: Options) -> str:
     return cmd.replace(" --replay", "".join(" " + e for e in extra) + " --replay")
 
 
+_PROMOTION = re.compile(r"^(\S+) .*: Promoting mirror .* synchronised=(True|False)")
+
+
+def promotions_in_logs(paths, queue: str) -> list[tuple[float, str, bool]]:
+    """(unix time, node, synchronised) of each promotion of `queue`'s mirrors in node logs."""
+    needle = f"Mirrored queue '{queue}' in vhost '/': Promoting mirror"
+    out = []
+    for path in paths:
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+        node = Path(path).stem
+        for line in text.splitlines():
+            if needle in line:
+                match = _PROMOTION.match(line)
+                if match:
+                    t = datetime.fromisoformat(match[1].replace("Z", "+00:00")).timestamp()
+                    out.append((t, node, match[2] == "True"))
+    return sorted(out)
+
+
 def _checker_options(opts: Options) -> dict:
     return {"stranded_after": opts.stranded_after,
             "recovery_grace": max(5.0, 2 * opts.net_ticktime + 3.0)}
@@ -881,6 +911,9 @@ def run_one(schedule: Schedule, opts: Options, ns, skip_reason, folder: Path, ru
         run.cleanup()
         raise
     run.stop_cluster()
+    for why in allow_unsynchronised_promotions(history.faults, run.promotions(),
+                                               policy_timeline(run.policies)):
+        run.notes.append(f"loss allowed from the promotion: {why}")
     verdict = check(history, **_checker_options(opts))
     sdir = folder / f"chaos-{schedule.seed}" / "warren"
     logs.write(sdir, run_id=run_id, scenario=f"chaos-{schedule.seed}", schedule=schedule.as_dict(),

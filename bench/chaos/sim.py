@@ -37,7 +37,8 @@ import trio.testing
 from broker.control import ctl_call
 from broker.simulation import CLIENT_PORT, PEER_PORT, SIM_USER, SimCluster, deterministic, trace_digest, traced
 
-from .checker import Fault, History, Phase, Verdict, check, spec_allows_loss
+from .checker import (Fault, History, Phase, Verdict, allow_unsynchronised_promotions, check,
+                      policy_timeline, spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
 from .schedule import expected_mirrors, KINDS, Action, Schedule, generate
 
@@ -151,6 +152,7 @@ class SimRun:
                             net_ticktime=SIM_TICKTIME)
         self.h = History()
         self.policy = dict(s.policy)
+        self.policies = [(float("-inf"), self.policy)]  # (from when, policy): for the checker
         self.publishers: list[Publisher] = []
         self.consumers: list[Consumer] = []
         self.down: dict[str, str] = {}  # node -> how it went ("crash", "shutdown", "isolated")
@@ -293,6 +295,7 @@ class SimRun:
                                        pattern=f"^{self.s.queue}$", apply_to="queues",
                                        definition=json.dumps(definition)):
                 self.policy = definition
+                self.policies.append((self.clock(), definition))
         elif k in ("sync", "cancel_sync"):
             await self._ctl_quietly(self.live()[0], "sync_queue", queue=self.s.queue)
             if k == "cancel_sync":
@@ -484,8 +487,20 @@ async def _scenario(s: Schedule, say) -> History:
             run.anomaly("the schedule did not finish within 600 simulated seconds")
             history = run.h
         history.meta.update(notes=run.notes, engine="simulation")
+        history.meta["policies"] = run.policies  # for run_seed's judging of promotions; not saved
         nursery.cancel_scope.cancel()
     return history
+
+
+def promotions_in_trace(trace: list, queue: str) -> list[tuple[float, str, bool]]:
+    """(time, node, synchronised) of each promotion of `queue`'s mirrors in a run's trace."""
+    needle = f"Mirrored queue '{queue}' in vhost '/': Promoting mirror"
+    out = []
+    for t, name, fields in trace:
+        if needle in name:
+            f = dict(fields)
+            out.append((t, f.get("node", "'?'").strip("'"), f.get("synchronised") == "True"))
+    return out
 
 
 def run_seed(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE, rate: int = SIM_RATE,
@@ -496,6 +511,10 @@ def run_seed(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
     t0 = time.perf_counter()
     with traced(trace), deterministic(seed):
         history = trio.run(_scenario, s, say, clock=trio.testing.MockClock(autojump_threshold=0))
+    policies = history.meta.pop("policies")
+    for why in allow_unsynchronised_promotions(history.faults, promotions_in_trace(trace, s.queue),
+                                               policy_timeline(policies)):
+        history.meta["notes"].append(f"loss allowed from the promotion: {why}")
     verdict = check(history, stranded_after=5.0, recovery_grace=2 * SIM_TICKTIME + 3.0)
     return SimResult(seed, s, verdict, trace_digest(trace), time.perf_counter() - t0,
                      trace if keep_trace else [])
