@@ -63,6 +63,7 @@ class ClusterHooks(Protocol):
     def link_replaced(self, node: str) -> None: ...  # a second link took over: in-flight may be lost
     def peer_message(self, link: PeerLink, msg) -> None: ...  # queue, replica and session traffic
     def paused(self, paused: bool) -> None: ...
+    def in_step(self) -> None: ...  # the log says this node knows the metadata as it is now
     async def node_rpc(self, name: str, args: dict): ...
     def new_nonce(self) -> bytes: ...  # a handshake challenge
 
@@ -258,6 +259,8 @@ class Cluster:
                 if link is not None:
                     link.send(msg)
         self._apply_committed()
+        if raft.in_step(now):
+            self.hooks.in_step()
         leading = raft.role is Role.LEADER
         if self.applied >= self._term_start and leading and not self._liveness_checked:
             self._liveness_checked = True  # first check as leader: as soon as our term starts
@@ -446,6 +449,13 @@ class Cluster:
                 if node in self._lost_at or now - self._started_at > self.config.net_ticktime:
                     self.propose_soon(["node.down", node, md.up[node], "failure"])
         self.propose_soon(["replan"])
+
+    def in_step(self) -> bool:
+        """This node knows the metadata as the cluster has it now (mirroring/raft.py: a read
+        index): a queue leader shows new deliveries only then. Without a log (not yet part of
+        a cluster) the node is its own authority."""
+        raft = self.raft
+        return raft is None or raft.in_step(trio.current_time())
 
     def _check_pause(self, now: float) -> None:
         raft = self.raft

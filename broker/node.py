@@ -251,6 +251,9 @@ class Node:
     def link_replaced(self, node: str) -> None:
         self.router.link_replaced(node)
 
+    def in_step(self) -> None:
+        self.router.in_step()
+
     def peer_message(self, link, msg) -> None:
         self.router.peer_message(link, msg)
 

@@ -7,6 +7,15 @@ Handshake on the peer port (the accepting side speaks first):
 Role "peer" opens a link between nodes; role "ctl" is warrenctl (or a node asking another to
 add it to the cluster). A link is down when its stream breaks, or when nothing was heard for
 net_ticktime (ticks are sent every net_ticktime/4).
+
+A link also goes down when its reader finds that nothing was read for STALE_AFTER x net_ticktime
+before the read it just made: this node was frozen (SIGSTOP, a VM paused) or its loop stalled.
+What waits in the socket then was sent before or during the freeze, and the peer may have
+counted this node down meanwhile (it does after net_ticktime of silence, and this node's last
+words before the freeze may be a tick interval older than the freeze): its deliveries may have
+been requeued and given, flagged redelivered, to other consumers, and its metadata may be old.
+So those bytes are dropped with the link, as if the tick check had run first, and both sides
+start again from a fresh link. A healthy link reads a tick at least every net_ticktime/4.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from wire.handshake import check_proof, new_nonce, proof
 from .framed import FramedStream, Outbox
 
 HANDSHAKE_TIMEOUT = 10.0
+STALE_AFTER = 0.7  # of net_ticktime: a read after a longer silence is a freeze's (see above)
 
 
 def _ctx(direction: str, role: str, name: str) -> str:
@@ -100,12 +110,18 @@ class PeerLink:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._writer)
                         nursery.start_soon(self._ticker)
+                        stale_after = self.ticktime * STALE_AFTER
                         while True:
                             batch = await self.framed.receive_batch()
                             if not batch:
                                 reason = "connection closed by peer"
                                 break
-                            self.last_heard = trio.current_time()
+                            now = trio.current_time()
+                            if now - self.last_heard > stale_after:
+                                reason = (f"nothing read for {now - self.last_heard:.1f} s (this node "
+                                          f"was frozen or stalled): what waited is stale")
+                                break
+                            self.last_heard = now
                             await on_messages(self, batch)
                         nursery.cancel_scope.cancel()
                 # trio groups the tasks' errors, possibly with the Cancelled of a closing link:

@@ -5,7 +5,8 @@ inbox never blocks a sender (a peer link's reader, a session): publishers are he
 their sessions' credit window, so memory stays bounded without one busy queue stalling a link.
 
 Each wake-up takes a batch from the inbox (up to BATCH items, or ROUND_BYTES of publishes),
-hands each to the replica, ends the round (`flush`: deliveries, one replication batch per
+hands each to the replica, tells a leader whether it may hand out deliveries (only while its
+node is in step with the metadata log: the Router's `may_deliver`), ends the round (`flush`: deliveries, one replication batch per
 mirror, the sync's next step), and carries out what the replica asked for: messages to other
 replicas, events to sessions, metadata proposals, log lines. Timers come from the replica's
 `next_deadline`.
@@ -38,6 +39,10 @@ class QueueProcess:
         self.inbox.append(item)
         self._wake.set()
 
+    def kick(self) -> None:
+        """Run a round even with nothing new in the inbox (the node came in step)."""
+        self._wake.set()
+
     @property
     def role(self) -> str:
         return self.replica.role
@@ -60,6 +65,8 @@ class QueueProcess:
                         break
                     self._handle(inbox.popleft(), now)
                 replica.tick(now)
+                if replica.state in rp.SERVING:
+                    replica.in_step = self.host.may_deliver(self)
                 more = replica.flush(now)
                 self._carry_out()
                 if more or inbox:

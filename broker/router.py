@@ -46,12 +46,33 @@ class Router:
         self._up: dict[str, int] = {}  # the metadata's running members as last reconciled
         self._counted = False  # this run of the app is recorded up in the metadata
         self._pids = 0
+        self._held: set[QueueProcess] = set()  # leaders holding deliveries until in step
 
     @property
     def cluster(self):
         return self.node.cluster
 
     # --- replicas ------------------------------------------------------------------------------
+    def may_deliver(self, qp: QueueProcess) -> bool:
+        """May the leader replica `qp` hand out new deliveries? Only while this node is in step
+        with the metadata log (broker/cluster.py `in_step`): a node woken from a freeze may
+        have been replaced meanwhile, and what it would deliver then has gone, flagged
+        redelivered, to other consumers. Or while the metadata records no other node running
+        (the last node of a full restart, its peers' stops recorded): it is out of step, but no
+        one else can lead its queues. `qp` is woken again once the node is in step."""
+        cluster = self.cluster
+        if cluster.in_step() or set(cluster.md.up) <= {self.name}:
+            return True
+        self._held.add(qp)
+        return False
+
+    def in_step(self) -> None:
+        """The log says this node is in step: wake the leaders that held their deliveries."""
+        if self._held:
+            held, self._held = self._held, set()
+            for qp in held:
+                qp.kick()
+
     def _config(self) -> rp.ReplicaConfig:
         cfg = self.node.config
         self._pids += 1

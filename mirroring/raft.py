@@ -28,6 +28,13 @@ Theory of operation (the Raft paper, with the usual production extensions):
   after the leader has committed an entry of its own term.
 * The log is compacted into a snapshot of the metadata (`compact`); a follower that is behind
   the snapshot receives it whole (`RaftSnapshot`).
+* `in_step(now)` is this node's *read index*: it knows the metadata as the cluster has it now.
+  A follower is in step when an append of the current leader came within the election timeout
+  and it holds and has handed out everything that append said is committed; a leader, while a
+  majority answered within the election timeout. A node woken from a freeze is out of step
+  until a leader's word comes *after* the freeze (the node's peer links drop what they buffered
+  across one: broker/peers.py), so what it does on the strength of the metadata (a queue
+  leader's deliveries) waits until it knows whether it was replaced meanwhile.
 * `transfer_leadership` hands the leadership to an up-to-date voter (`RaftTimeoutNow`), for a
   controlled stop of the leader's node.
 """
@@ -126,6 +133,8 @@ class Raft:
         self._rebuild_configs()
         # follower / candidate
         self._heard_leader_at = -1e18
+        self._leader_commit = 0  # the commit index the leader's last append told us of
+        self._in_step_until = -1e18  # in step until then, if caught up with that commit
         # a node that boots knows of no leader: ask soon (pre-vote makes an early ask harmless)
         self._election_at = now if self.voters == (me,) else now + self._soon()
         self._votes: set[str] = set()
@@ -270,6 +279,12 @@ class Raft:
         if self.role is Role.LEADER:
             return self._quorum_heard(now)
         return self.leader is not None and now - self._heard_leader_at <= self.timeout * 2
+
+    def in_step(self, now: float) -> bool:
+        """Does this node know the metadata as the cluster has it now (see the module's theory)?"""
+        if self.role is Role.LEADER:
+            return self._quorum_heard(now)
+        return now < self._in_step_until and self._taken >= self._leader_commit
 
     def peer_down(self, now: float, peer: str) -> None:
         """The failure detector says `peer` is gone (its link broke or fell silent)."""
@@ -456,6 +471,8 @@ class Raft:
             self.out.append((peer, m.RaftAppendReply(self.term, False, 0)))
             return
         self._become_follower(msg.term, peer, now)
+        self._leader_commit = msg.commit
+        self._in_step_until = now + self.timeout
         prev = msg.prev_index
         if prev > self.last_index:
             self.out.append((peer, m.RaftAppendReply(self.term, False, self.last_index + 1)))

@@ -247,6 +247,9 @@ class Replica:
         self.accepted: dict[tuple, int] = {}  # session -> highest publish batch applied this round
         self.parked: list = []
         self.round_bytes = 0
+        # a leader hands out deliveries only while its node is in step with the metadata log
+        # (set by its pump each round; see broker/router.py `may_deliver`)
+        self.in_step = True
         self.sync: _SyncJob | None = None
         self.last_sync: dict | None = None
         self.sync_wanted = ""  # a sync to start once the current round is done
@@ -859,7 +862,7 @@ class Replica:
             limits = self.assign.limits
             if q.expiry or q.expired_upto:
                 q.expire(now, False)  # an expired head is never delivered
-            batches = q.dispatch()
+            batches = q.dispatch() if self.in_step else None
             if batches:
                 name = self.name
                 below = self.q.redeliver_below

@@ -9,7 +9,11 @@ import pytest
 import trio
 import trio.testing
 
+from broker.framed import FramedStream, encode_many
 from broker.network import Network, SimNetwork, TcpNetwork
+from broker.peers import STALE_AFTER, PeerLink
+from wire import messages as m
+from wire.frames import DEFAULT_MAX_FRAME
 
 
 def bounded(test):
@@ -554,3 +558,38 @@ async def test_a_control_call_whose_connection_breaks_is_a_clear_error_not_a_cra
         with pytest.raises(ProtocolError, match="broke"):
             await ctl_call(net.host("joiner"), "seed", port, "joiner", b"secret", "add_member", {})
         nursery.cancel_scope.cancel()
+
+
+# --- a peer link after a freeze ------------------------------------------------------------------
+
+async def test_a_peer_link_drops_what_it_reads_after_a_silence_only_a_freeze_explains(autojump_clock):
+    """What waited in the socket across a freeze (SIGSTOP) may be from before the peer counted
+    this node down: the link is closed and those bytes are not handed on (broker/peers.py),
+    even though the tick check (net_ticktime of silence) has not run yet."""
+    ticktime = 4.0
+    ours, theirs = trio.testing.memory_stream_pair()
+    link = PeerLink("n2", FramedStream(ours), dialer="n1", ticktime=ticktime)
+    got, ended = [], []
+
+    async def on_messages(link, batch):
+        got.extend(batch)
+
+    async def serve():
+        ended.append(await link.run(on_messages))
+
+    def alarm(on):
+        return encode_many([m.NodeAlarm("memory", on, "")], DEFAULT_MAX_FRAME)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        await trio.sleep(ticktime * STALE_AFTER * 0.9)  # a long pause, but a live link's
+        await theirs.send_all(alarm(True))
+        await trio.sleep(0.01)
+        assert [msg.on for msg in got] == [True] and not ended
+        await trio.sleep(ticktime * 0.75)  # past STALE_AFTER, short of net_ticktime
+        await theirs.send_all(alarm(False))
+        with trio.fail_after(1):
+            while not ended:
+                await trio.sleep(0.01)
+    assert [msg.on for msg in got] == [True], "the stale batch was handed on"
+    assert ended[0].startswith("nothing read for 3.0 s"), ended

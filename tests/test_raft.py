@@ -230,6 +230,37 @@ def test_a_minority_cannot_commit_and_its_leader_steps_down():
     assert all(["lost-write"] not in w.applied[n] for n in w.names)
 
 
+def test_in_step_means_a_leaders_word_came_lately_and_everything_it_committed_is_applied():
+    """The read index a queue leader delivers under (broker/router.py `may_deliver`)."""
+    w = World(["a", "b", "c"], seed=8)
+    lead = w.wait_leader()
+    w.run(0.5)
+    assert all(w.nodes[n].in_step(w.now) for n in w.names)
+    loner = next(n for n in w.names if n != lead)
+    rest = [n for n in w.names if n != loner]
+    w.partition([loner], rest)  # or frozen: nothing comes in
+    w.run(TIMEOUT * 1.1)
+    assert not w.nodes[loner].in_step(w.now)
+    assert w.nodes[lead].in_step(w.now) and all(w.nodes[n].in_step(w.now) for n in rest)
+    w.propose(["moved-while-away"], among=[lead])
+    w.wait_applied(["moved-while-away"], names=rest)
+    # the leader's first word after the heal names a commit the loner does not hold yet:
+    # still out of step (it would act on old metadata), until it has applied it
+    node, leader = w.nodes[loner], w.nodes[lead]
+    node.receive(w.now, lead, m.RaftAppend(leader.term, leader.last_index, leader.last_term, [],
+                                           leader.commit))
+    w._flush(loner)
+    assert not node.in_step(w.now) and ["moved-while-away"] not in w.applied[loner]
+    w.heal()
+    w.wait_applied(["moved-while-away"], names=[loner])
+    w.run(0.1)
+    assert node.in_step(w.now)
+    # a leader cut off from the majority is out of step too (before check-quorum unseats it)
+    w.partition([lead], [n for n in w.names if n != lead])
+    w.run(TIMEOUT * 1.1)
+    assert not w.nodes[lead].in_step(w.now)
+
+
 def test_a_node_back_from_a_partition_does_not_disturb_the_leader():
     w = World(["a", "b", "c"], seed=6)
     lead = w.wait_leader()
