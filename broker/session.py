@@ -586,7 +586,9 @@ class Session:
             self.inflight_msgs += n
             self.inflight_bytes += size
             await router.wait_link_room(qname)
-            self._send(qname, m.QPublish(qname, owner, pseq, bodies, props, False))
+            qdef = node.cluster.md.queues.get(qname)  # as the router sees it now, after the wait
+            epoch = qdef.get("epoch", 1) if qdef is not None else 0  # None: _send drops it
+            self._send(qname, m.QPublish(qname, owner, pseq, bodies, props, False, epoch))
 
     # --- routing to the queue's leader, and resends ------------------------------------------
     def _send(self, qname: str, op) -> None:
@@ -638,7 +640,8 @@ class Session:
 
     def _resend(self, qname: str, qdef: dict) -> None:
         me, sid = self.me, self.sid
-        ops = [m.QPublish(qname, (me, sid, b.ch), b.pseq, b.bodies, b.props, True)
+        epoch = qdef.get("epoch", 1)
+        ops = [m.QPublish(qname, (me, sid, b.ch), b.pseq, b.bodies, b.props, True, epoch)
                for b in self.inflight.get(qname, ())]
         ops += [op for q, op in self.rpcs.values() if q == qname]
         ops += [c for ch in self.channels.values() for c in ch.consumers.values()

@@ -241,6 +241,7 @@ class Replica:
         self.q = QueueState(name)
         self.assign = assign
         self.epoch = -1  # the epoch we lead (leaders)
+        self.reign = -1  # the first epoch of our present leadership (leaders; _restart_epoch keeps it)
         self.follow = MirrorFollow()  # what we follow (mirrors)
         self.leader_node = assign.leader
         self.rep = LeaderReplication()
@@ -452,7 +453,10 @@ class Replica:
                     bodies = [b for i, b in enumerate(bodies) if i not in drop]
                     if props is not None:
                         props = [p for i, p in enumerate(props) if i not in drop]
-            q.publish(bodies, props, owner, msg.pseq, msg.resent, now, limits.message_ttl)
+            # a batch first sent to an epoch before our reign (parked, or slow on its link) was
+            # resent meanwhile to whoever led then, who may have delivered it: flag it too
+            resent = msg.resent or msg.epoch < self.reign
+            q.publish(bodies, props, owner, msg.pseq, resent, now, limits.message_ttl)
         self.accepted[(owner[0], owner[1])] = msg.pseq
 
     def _op_settle(self, msg: m.QSettle, now: float) -> None:
@@ -535,7 +539,7 @@ class Replica:
             resume = [self.follow.epoch, self.follow.last_seq, self.follow.start_id,
                       self.follow.synced_upto]
         self._to(S.LEADER)
-        self.epoch = a.epoch
+        self.epoch = self.reign = a.epoch
         self.rep = LeaderReplication()
         self.q.effects = []
         if promoted or a.epoch > 1:

@@ -130,7 +130,7 @@ class World:
             owner, n = args
             self.pseq[owner[:2]] += 1
             first = L.q.next_id
-            L.handle(m.QPublish("q", owner, self.pseq[owner[:2]], [b"m%d" % i for i in range(n)], None, False), self.now)
+            L.handle(m.QPublish("q", owner, self.pseq[owner[:2]], [b"m%d" % i for i in range(n)], None, False, 1), self.now)
             for mid in range(first, L.q.next_id):
                 self.published_at[mid] = self.now
         elif kind == "consume":
@@ -407,3 +407,29 @@ def test_a_replaced_link_gives_back_what_that_nodes_sessions_had_not_acknowledge
     w.op("publish", OWNERS[0], 1)
     w.settle_all()
     assert (OWNERS[1], "t") in w.leader.q.consumers
+
+
+def test_a_publish_parked_for_an_epoch_before_the_promotion_goes_out_flagged():
+    """dst seed 5581: right after a full restart n1's session sent a batch to n2, leader of
+    epoch 1 by its stale metadata; n2's new replica, a mirror of epoch 3 (led by n3), parked it.
+    The session resent it to n3, which delivered it (flagged); then n2 was promoted (epoch 4)
+    and replayed the parked batch as a fresh one: the same consumer got it again, unflagged.
+    A batch first sent to an epoch before the leader's reign goes out flagged; one sent to the
+    reign itself (a sender whose metadata was ahead) does not."""
+    ha = HA(mode="all")
+    cfg = ReplicaConfig(node="n2", pid="<n2.1.0>")
+    r = Replica("q", cfg, Assign("n3", 3, ["n2"], [], ha), 0.0)
+    old, ahead = ("n1", 1, 1), ("n1", 2, 1)
+    r.handle(m.QPublish("q", old, 1, [b"old"], None, False, 1), 0.0)
+    r.handle(m.QPublish("q", ahead, 1, [b"new"], None, False, 4), 0.0)
+    assert r.state is State.WAITING and len(r.parked) == 2
+    r.assign_now(Assign("n2", 4, [], [], ha), 0.0)
+    assert r.state is State.LEADER
+    r.handle(m.QConsume("q", ("n1", 3, 1), 1, "t", False, 0, False, {}), 0.0)
+    r.flush(0.0)
+    _, events = r.take_output()
+    [ev] = [e for e in events[("n1", 3)] if isinstance(e, m.EvDeliver)]
+    assert ev.bodies == [b"old", b"new"] and ev.redelivered == [0]
+    # the session's resend of the old batch (flagged, to epoch 4) is recognised: not enqueued again
+    r.handle(m.QPublish("q", old, 1, [b"old"], None, True, 4), 0.0)
+    assert r.q.next_id == 3

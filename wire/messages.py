@@ -426,13 +426,15 @@ Owner = tuple[str, int, int]
 class QPublish(Message, tag="q.publish"):
     """A batch of messages; `pseq` numbers the session's batches, so a batch resent to a new
     leader after a failover is recognised and not enqueued twice. `resent`: sent again after
-    the route to the leader changed (the old leader may have delivered it)."""
+    the route to the leader changed (the old leader may have delivered it). `epoch`: the leader
+    epoch the sender's metadata named when it sent the batch."""
     queue: str
     owner: Owner
     pseq: int
     bodies: list[bytes]
     props: list | None
     resent: bool
+    epoch: int
 
 
 @register
