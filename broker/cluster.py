@@ -112,6 +112,7 @@ class Cluster:
         self._liveness_due = False
         self._liveness_checked = True
         self._wake = trio.Event()
+        self._sleeping_until = float("-inf")  # the driver loop's deadline while it waits
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.peer_addr = [config.advertise_host, config.peer_port]
@@ -232,8 +233,10 @@ class Cluster:
         while True:
             raft = self.raft
             deadline = min(raft.next_deadline(), next_liveness)
+            self._sleeping_until = deadline
             with trio.move_on_at(deadline):
                 await self._wake.wait()
+            self._sleeping_until = float("-inf")  # awake: it reads Raft's deadline itself next
             self._wake = trio.Event()
             now = trio.current_time()
             raft.tick(now)
@@ -275,6 +278,11 @@ class Cluster:
         self._was_leader = leading
         if leading:
             self._run_proposals(now)
+        if raft.next_deadline() < self._sleeping_until:
+            # a message moved Raft's timer earlier (a split vote's quick retry, a new leader's
+            # first heartbeat): wake the loop for it, or the retry waits for the liveness tick,
+            # which two nodes started at once share (seed 7348: split votes for ever)
+            self._poke()
 
     def _apply_committed(self) -> None:
         raft = self.raft
