@@ -73,6 +73,11 @@ MUTANTS = [
            "                            if False:",
            ["tests/test_network.py"],
            "a peer link hands on what waited in its socket across a freeze"),
+    Mutant("raft-retry-waits-for-liveness-tick", "broker/cluster.py",
+           "        if raft.next_deadline() < self._sleeping_until:",
+           "        if False:",
+           ["tests/test_dst.py::test_regression_seeds"],
+           "the metadata log's driver sleeps past a timer a message moved earlier (split votes)"),
     Mutant("client-no-nack-on-loss", "broker/client/aio.py",
            "                ch.nacked.append((s, s, \"connection lost\"))\n"
            "                if ch.on_confirm is not None:\n"
