@@ -774,7 +774,8 @@ class Session:
             if t is m.EvDeliver:
                 ch = channels.get(ev.ch)
                 if ch is None:
-                    continue  # channel closed meanwhile; the queue requeues on owner_gone
+                    self._closed_channel_delivery(ev)
+                    continue
                 route = self.routes.get(ev.queue)
                 if route is not None and ev.epoch < route[1]:
                     self._stale_delivery(ch, ev)
@@ -842,6 +843,15 @@ class Session:
         flagged; a leader that carried on in a new epoch still holds them as ours, so they are
         given back to it to deliver again (ids it does not hold as ours are ignored)."""
         self.router.to_leader(ev.queue, m.QSettle(ev.queue, self._owner(ch), m.REQUEUE, ev.ids))
+
+    def _closed_channel_delivery(self, ev: m.EvDeliver) -> None:
+        """Deliveries for a channel this session no longer has. Its close told the leader of
+        the day (owner_gone), but that leader may have died with the news before replicating
+        it, and the one promoted from a mirror still counts the channel's consumer (dst seed
+        2281: a consumer recovered after a full restart on channel 1, the client moved to
+        channel 2, the leader was killed; the next one fed channel 1 its prefetch, stranded).
+        Tell the present leader again: the channel's consumers go, its messages are requeued."""
+        self.router.to_leader(ev.queue, m.QOwnerGone(ev.queue, (self.me, self.sid, ev.ch)))
 
     def _unknown_consumer(self, ch: Channel, ev: m.EvDeliver) -> None:
         """Deliveries for a consumer this channel does not have (cancelled meanwhile, or
