@@ -78,6 +78,16 @@ MUTANTS = [
            "        if False:",
            ["tests/test_dst.py::test_regression_seeds"],
            "the metadata log's driver sleeps past a timer a message moved earlier (split votes)"),
+    Mutant("deliveries-to-a-gone-session-kept", "broker/router.py",
+           "                self.to_leader(ev.queue, m.QOwnerGone(ev.queue, (self.name, sid, ev.ch)))",
+           "                pass",
+           ["tests/test_dst.py::test_regression_seeds"],
+           "a leader keeps feeding the consumers of a session that no longer exists"),
+    Mutant("deliveries-to-a-closed-channel-kept", "broker/session.py",
+           "        self.router.to_leader(ev.queue, m.QOwnerGone(ev.queue, (self.me, self.sid, ev.ch)))",
+           "        pass",
+           ["tests/test_dst.py::test_regression_seeds"],
+           "a leader keeps feeding a consumer whose channel closed before a failover"),
     Mutant("client-no-nack-on-loss", "broker/client/aio.py",
            "                ch.nacked.append((s, s, \"connection lost\"))\n"
            "                if ch.on_confirm is not None:\n"
