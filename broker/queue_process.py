@@ -5,10 +5,11 @@ inbox never blocks a sender (a peer link's reader, a session): publishers are he
 their sessions' credit window, so memory stays bounded without one busy queue stalling a link.
 
 Each wake-up takes a batch from the inbox (up to BATCH items, or ROUND_BYTES of publishes),
-hands each to the replica, tells a leader whether it may hand out deliveries (only while its
-node is in step with the metadata log: the Router's `may_deliver`), ends the round (`flush`: deliveries, one replication batch per
-mirror, the sync's next step), and carries out what the replica asked for: messages to other
-replicas, events to sessions, metadata proposals, log lines. Timers come from the replica's
+hands each to the replica, tells a leader whether it may hand out deliveries and confirms
+(only while its node is in step with the metadata log: the Router's `may_deliver`), ends the
+round (`flush`: deliveries, one replication batch per mirror, the sync's next step), and
+carries out what the replica asked for: messages to other replicas, events to sessions,
+metadata proposals, log lines. Timers come from the replica's
 `next_deadline`.
 """
 
@@ -60,12 +61,14 @@ class QueueProcess:
                         await self._wake.wait()
                     self._wake = trio.Event()
                 now = clock()
+                if replica.state in rp.LEADING:
+                    replica.in_step = self.host.may_deliver(self)
                 for _ in range(BATCH):
                     if not inbox or replica.round_bytes >= rp.ROUND_BYTES:
                         break
                     self._handle(inbox.popleft(), now)
                 replica.tick(now)
-                if replica.state in rp.SERVING:
+                if replica.state in rp.LEADING:
                     replica.in_step = self.host.may_deliver(self)
                 more = replica.flush(now)
                 self._carry_out()

@@ -248,9 +248,12 @@ class Replica:
         self.accepted: dict[tuple, int] = {}  # session -> highest publish batch applied this round
         self.parked: list = []
         self.round_bytes = 0
-        # a leader hands out deliveries only while its node is in step with the metadata log
-        # (set by its pump each round; see broker/router.py `may_deliver`)
+        # a leader hands out deliveries and confirms only while its node is in step with the
+        # metadata log (set by its pump each round; see broker/router.py `may_deliver`); the
+        # confirms due meanwhile wait here, {(node, sid): highest pseq}, and are dropped if it
+        # stops leading first (their sessions resend to the new leader)
         self.in_step = True
+        self._held_confirms: dict = {}
         self.sync: _SyncJob | None = None
         self.last_sync: dict | None = None
         self.sync_wanted = ""  # a sync to start once the current round is done
@@ -566,6 +569,7 @@ class Replica:
         self.epoch = a.epoch
         self.rep = LeaderReplication()
         self.accepted.clear()
+        self._held_confirms.clear()
         self._update_mirrors(now)
 
     def _demote(self, a: Assign, now: float) -> None:
@@ -575,6 +579,7 @@ class Replica:
         self.q = QueueState(self.name)
         self.rep = LeaderReplication()
         self.accepted.clear()
+        self._held_confirms.clear()
         self.follow = MirrorFollow()
         self.leader_node = a.leader
         self.epoch = -1
@@ -624,6 +629,12 @@ class Replica:
             self._drop_mirror(msg.node, "it lost track of the replication stream", now)
 
     def _release(self, accepted: dict) -> None:
+        if not self.in_step:
+            held = self._held_confirms
+            for key, pseq in accepted.items():
+                if pseq > held.get(key, -1):
+                    held[key] = pseq
+            return
         name = self.name
         for key, pseq in accepted.items():
             self.emit(key, m.EvAccepted(name, pseq))
@@ -861,6 +872,9 @@ class Replica:
         if self.state is S.STOPPED:
             return False
         more = False
+        if self._held_confirms and self.in_step:
+            held, self._held_confirms = self._held_confirms, {}
+            self._release(held)
         if self.state in SERVING:
             q = self.q
             limits = self.assign.limits

@@ -88,6 +88,11 @@ MUTANTS = [
            "        pass",
            ["tests/test_dst.py::test_regression_seeds"],
            "a leader keeps feeding a consumer whose channel closed before a failover"),
+    Mutant("leader-confirms-out-of-step", "mirroring/replica.py",
+           "        if not self.in_step:\n            held = self._held_confirms",
+           "        if False:\n            held = self._held_confirms",
+           ["tests/test_replica_property.py"],
+           "a queue leader out of step with the metadata log (woken from a freeze) confirms"),
     Mutant("client-no-nack-on-loss", "broker/client/aio.py",
            "                ch.nacked.append((s, s, \"connection lost\"))\n"
            "                if ch.on_confirm is not None:\n"
