@@ -14,6 +14,11 @@ queue replicas this node runs.
   flight on the first may be lost).
 * An operation for a queue this node has not heard of yet (its metadata is a moment behind the
   sender's) waits a few seconds for the declaration, then fails with NOT_FOUND.
+* A leader replica asks `may_deliver` every round: it hands out deliveries and confirms only
+  while this node is in step with the metadata log (or the only node recorded running); the
+  ones that held are woken when the log says the node is in step again (`in_step`).
+* Deliveries for a session this node does not have are answered with the owner gone, so the
+  queue's leader stops feeding a consumer nobody reads (`_no_such_session`).
 """
 
 from __future__ import annotations
