@@ -9,8 +9,7 @@ hands each to the replica, tells a leader whether it may hand out deliveries and
 (only while its node is in step with the metadata log: the Router's `may_deliver`), ends the
 round (`flush`: deliveries, one replication batch per mirror, the sync's next step), and
 carries out what the replica asked for: messages to other replicas, events to sessions,
-metadata proposals, log lines. Timers come from the replica's
-`next_deadline`.
+metadata proposals, log lines. Timers come from the replica's `next_deadline`.
 """
 
 from __future__ import annotations
@@ -61,15 +60,13 @@ class QueueProcess:
                         await self._wake.wait()
                     self._wake = trio.Event()
                 now = clock()
-                if replica.state in rp.LEADING:
-                    replica.in_step = self.host.may_deliver(self)
+                # once per round, before any input: a replica promoted in this round reads it too
+                replica.in_step = self.host.may_deliver(self)
                 for _ in range(BATCH):
                     if not inbox or replica.round_bytes >= rp.ROUND_BYTES:
                         break
                     self._handle(inbox.popleft(), now)
                 replica.tick(now)
-                if replica.state in rp.LEADING:
-                    replica.in_step = self.host.may_deliver(self)
                 more = replica.flush(now)
                 self._carry_out()
                 if more or inbox:
