@@ -12,7 +12,6 @@ memory.
 
 from __future__ import annotations
 
-import math
 import os
 
 import trio
@@ -99,55 +98,156 @@ def encode_many(msgs, max_frame: int) -> bytes:
     return b"".join(parts)
 
 
+class Cork:
+    """Holds writers back during one synchronous stretch of work and sends its output at the end.
+
+    A queue's round (broker/queue_process.py) produces, in one go, the replication batch for each
+    mirror, deliveries and confirms for sessions. Waking each connection's writer task would cost
+    a pass of trio's scheduler before anything is sent, per hop, and a mirrored publish crosses
+    several hops. Inside `with CORK:` a writer that is given output is only noted; at the end of
+    the stretch each is flushed from the task that produced the output: one non-blocking write
+    straight to the socket when its writer task is idle, or else a wake-up of that task (a send
+    in flight, a stream that is not a socket such as the simulation's). Nothing awaits inside a
+    corked stretch, so output cannot be held while its producer waits.
+
+    One per process: trio runs one task at a time, so a synchronous stretch is the only code
+    running while it is corked, whichever node (in the simulation) it belongs to.
+    """
+
+    __slots__ = ("depth", "held")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.held: list = []  # writers given output while corked, each once
+
+    def __enter__(self) -> "Cork":
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+        if self.depth == 0 and self.held:
+            held, self.held = self.held, []
+            for writer in held:
+                writer.flush()
+
+
+CORK = Cork()
+
+
+def direct_socket(stream):
+    """The trio socket under a SocketStream, for direct non-blocking writes (None for other
+    streams, such as the simulation's: their writer task writes them)."""
+    sock = getattr(stream, "socket", None)
+    return sock if hasattr(sock, "fileno") else None
+
+
+def write_now(sock, data: bytes) -> int:
+    """Write what the socket takes now, without blocking; returns how many bytes. 0 when it takes
+    nothing or fails: the writer task then sends the rest and meets any error itself. The
+    descriptor is read at each call: a closed socket's is -1 (never a number reused since)."""
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return 0
+    try:
+        return os.write(fd, data)
+    except OSError:  # BlockingIOError (full), or a broken connection the writer will report
+        return 0
+
+
 class Outbox:
-    """The single writer of a connection. `put` never blocks; `run` drains and sends."""
+    """The single writer of a connection. `put` never blocks; `run` drains and sends.
+
+    Output goes out from one of two places, never both at once: the writer task (`run`), or
+    `flush`, called at the end of a corked stretch (see Cork) while the writer task is idle."""
 
     HIGH_WATERMARK = 4096  # queued messages (each may be a batch) before data senders wait
 
     def __init__(self, framed: FramedStream):
         self.framed = framed
-        self._send, self._recv = trio.open_memory_channel(math.inf)
-        self._queued = 0
+        self._items: list = []
+        self._rest = b""  # bytes a direct write did not get out: the writer sends them first
+        self._wake = trio.Event()
+        self._sending = False
+        self._held = False
+        self._sock = direct_socket(framed.stream)
         self._below = trio.Event()
         self._below.set()
         self.closed = False
 
+    @property
+    def _queued(self) -> int:
+        return len(self._items) + bool(self._rest)
+
     def put(self, msg) -> None:
         if self.closed:
             return
-        self._queued += 1
-        if self._queued >= self.HIGH_WATERMARK and self._below.is_set():
+        items = self._items
+        items.append(msg)
+        if len(items) >= self.HIGH_WATERMARK and self._below.is_set():
             self._below = trio.Event()
-        self._send.send_nowait(msg)
+        if CORK.depth:
+            if not self._held:
+                self._held = True
+                CORK.held.append(self)
+        else:
+            self._wake.set()
+
+    def flush(self) -> None:
+        """End of a corked stretch: write what is queued now if the writer task is idle."""
+        self._held = False
+        if not self._items:
+            return
+        if self._sending or self._rest or self.closed or self._sock is None:
+            self._wake.set()
+            return
+        batch, self._items = self._items, []
+        data = encode_many(batch, self.framed.max_frame)
+        n = write_now(self._sock, data)
+        if n < len(data):
+            self._rest = data[n:] if n else data
+            self._wake.set()
+        self._check_below()
 
     async def wait_below_watermark(self) -> None:
         while not self._below.is_set():
             await self._below.wait()
 
+    def _check_below(self) -> None:
+        if len(self._items) < self.HIGH_WATERMARK // 2 and not self._below.is_set():
+            self._below.set()
+
     def close(self) -> None:
         """Stop accepting; `run` sends what is queued, then returns."""
         if not self.closed:
             self.closed = True
-            self._send.close()
+            self._wake.set()
 
     async def run(self) -> None:
-        recv = self._recv
+        stream = self.framed.stream
         try:
-            async for first in recv:
+            while True:
+                if not self._items and not self._rest:
+                    if self.closed:
+                        return
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                    continue
                 # no waiting for more: an idle connection sends at once, and what is put while
                 # a send is in flight (send_all yields to the other tasks) forms the next batch
                 if LINGER is not None:
                     await trio.sleep(LINGER)
-                batch = [first]
-                while True:
-                    try:
-                        batch.append(recv.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                await self.framed.stream.send_all(encode_many(batch, self.framed.max_frame))
-                self._queued -= len(batch)
-                if self._queued < self.HIGH_WATERMARK // 2:
-                    self._below.set()
+                self._sending = True
+                try:
+                    if self._rest:
+                        rest, self._rest = self._rest, b""
+                        await stream.send_all(rest)
+                    if self._items:
+                        batch, self._items = self._items, []
+                        await stream.send_all(encode_many(batch, self.framed.max_frame))
+                finally:
+                    self._sending = False
+                self._check_below()
         finally:
             self.closed = True
             self._below.set()

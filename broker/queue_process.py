@@ -9,7 +9,9 @@ hands each to the replica, tells a leader whether it may hand out deliveries and
 (only while its node is in step with the metadata log: the Router's `may_deliver`), ends the
 round (`flush`: deliveries, one replication batch per mirror, the sync's next step), and
 carries out what the replica asked for: messages to other replicas, events to sessions,
-metadata proposals, log lines. Timers come from the replica's `next_deadline`.
+metadata proposals, log lines. The round runs corked (broker/framed.py `Cork`): what it sends
+is written at its end, straight from this task, one write per connection. Timers come from the
+replica's `next_deadline`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections import deque
 import trio
 
 from mirroring import replica as rp
+
+from .framed import CORK
 
 BATCH = 512
 
@@ -60,15 +64,16 @@ class QueueProcess:
                         await self._wake.wait()
                     self._wake = trio.Event()
                 now = clock()
-                # once per round, before any input: a replica promoted in this round reads it too
-                replica.in_step = self.host.may_deliver(self)
-                for _ in range(BATCH):
-                    if not inbox or replica.round_bytes >= rp.ROUND_BYTES:
-                        break
-                    self._handle(inbox.popleft(), now)
-                replica.tick(now)
-                more = replica.flush(now)
-                self._carry_out()
+                with CORK:  # what the round sends leaves at its end, from this task
+                    # once per round, before any input: a replica promoted in this round reads it too
+                    replica.in_step = self.host.may_deliver(self)
+                    for _ in range(BATCH):
+                        if not inbox or replica.round_bytes >= rp.ROUND_BYTES:
+                            break
+                        self._handle(inbox.popleft(), now)
+                    replica.tick(now)
+                    more = replica.flush(now)
+                    self._carry_out()
                 if more or inbox:
                     await trio.lowlevel.checkpoint()
         self.host.replica_ended(self)

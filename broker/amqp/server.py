@@ -17,7 +17,7 @@ import trio
 
 from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
 
-from ..framed import LINGER
+from ..framed import CORK, LINGER, direct_socket, write_now
 from ..memory import PublisherGate
 from ..native import check_login
 from ..session import Session
@@ -47,6 +47,10 @@ class AmqpConnection:
         self._wake = trio.Event()
         self._stop = trio.Event()
         self._done = False
+        self._sending = False  # the writer task is in a send
+        self._held = False  # noted by the Cork, to be flushed at the end of the stretch
+        self._rest = b""  # what a direct write did not get out: the writer sends it first
+        self._sock = direct_socket(stream)
 
     # --- callbacks of the protocol ---------------------------------------------------------------
     def _authenticate(self, mechanism: str, user: str, password: str) -> None:
@@ -95,12 +99,31 @@ class AmqpConnection:
                     pass
 
     def _kick(self) -> None:
-        self._wake.set()
+        if CORK.depth:
+            if not self._held:
+                self._held = True
+                CORK.held.append(self)
+        else:
+            self._wake.set()
 
     def _out(self, msg) -> None:
         """The session's output: frames for the writer."""
         self.proto.send_output(msg)
-        self._wake.set()
+        self._kick()
+
+    def flush(self) -> None:
+        """End of a corked stretch (broker/framed.py Cork): write the output now if the writer
+        task is idle, else leave it to the writer."""
+        self._held = False
+        if self._sending or self._rest or self._done or self._sock is None:
+            self._wake.set()
+            return
+        data = self.proto.data_to_send(trio.current_time())
+        if data:
+            n = write_now(self._sock, data)
+            if n < len(data):
+                self._rest = data[n:] if n else data
+                self._wake.set()
 
     async def _reader(self) -> None:
         p = self.proto
@@ -201,9 +224,16 @@ class AmqpConnection:
                 self._wake = trio.Event()
                 # no waiting for more: what the other tasks produce while this send is in
                 # flight (send_all yields) forms the next write
-                data = p.data_to_send(trio.current_time())
-                if data:
-                    await stream.send_all(data)
+                self._sending = True
+                try:
+                    if self._rest:
+                        rest, self._rest = self._rest, b""
+                        await stream.send_all(rest)
+                    data = p.data_to_send(trio.current_time())
+                    if data:
+                        await stream.send_all(data)
+                finally:
+                    self._sending = False
                 if self._done and not p.has_output:
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
