@@ -334,7 +334,7 @@ class Cluster:
         raft = self.raft
         if self._inflight or not self._queue or self.applied < self._term_start:
             return
-        spec = Metadata.from_snapshot(self.md.snapshot())
+        spec = self.md.copy()
         running = self._planning_view()
         while self._queue:
             p = self._queue.popleft()
@@ -345,7 +345,7 @@ class Cluster:
                 continue
             except Exception as exc:  # noqa: BLE001 - a malformed change must not kill the node
                 p.done(False, None, INTERNAL_ERROR, f"bad change: {exc!r}")
-                spec = Metadata.from_snapshot(self.md.snapshot())  # it may be half-applied
+                spec = self.md.copy()  # it may be half-applied
                 continue
             if not planned:
                 p.done(True, None, 0, "")

@@ -43,6 +43,25 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def clone(x):
+    """A deep copy of plain data (dicts, lists, tuples, sets of scalars), about three times as
+    fast as copy.deepcopy: the leader copies the whole metadata for every round of proposals
+    (a `replan` each liveness tick), and with 1,000 queues deepcopy's two copies took 18 ms of a
+    loop that also serves the queues' clients. Anything else goes to copy.deepcopy."""
+    t = type(x)
+    if t is dict:
+        return {k: clone(v) for k, v in x.items()}
+    if t is list:
+        return [clone(v) for v in x]
+    if t is str or t is int or t is float or t is bool or x is None or t is bytes:
+        return x
+    if t is tuple:
+        return tuple(clone(v) for v in x)
+    if t is set:
+        return {clone(v) for v in x}
+    return copy.deepcopy(x)
+
+
 class Metadata:
     def __init__(self, cluster_name: str = ""):
         self.version = 0
@@ -64,10 +83,10 @@ class Metadata:
             "version": self.version,
             "cluster_name": self.cluster_name,
             "members": [[n, m] for n, m in self.members.items()],
-            "queues": copy.deepcopy(self.queues),
-            "exchanges": copy.deepcopy(self.exchanges),
-            "bindings": copy.deepcopy(self.bindings),
-            "policies": copy.deepcopy(self.policies),
+            "queues": clone(self.queues),
+            "exchanges": clone(self.exchanges),
+            "bindings": clone(self.bindings),
+            "policies": clone(self.policies),
             "down": dict(self.down),
             "up": dict(self.up),
         }
@@ -77,12 +96,25 @@ class Metadata:
         md = cls(snap.get("cluster_name", ""))
         md.version = snap["version"]
         md.members = {n: dict(m) for n, m in snap["members"]}
-        md.queues = copy.deepcopy(snap["queues"])
-        md.exchanges = {**xmod.builtin_exchanges(), **copy.deepcopy(snap.get("exchanges", {}))}
-        md.bindings = copy.deepcopy(snap.get("bindings", {}))
-        md.policies = copy.deepcopy(snap.get("policies", {}))
+        md.queues = clone(snap["queues"])
+        md.exchanges = {**xmod.builtin_exchanges(), **clone(snap.get("exchanges", {}))}
+        md.bindings = clone(snap.get("bindings", {}))
+        md.policies = clone(snap.get("policies", {}))
         md.down = dict(snap.get("down", {}))
         md.up = dict(snap.get("up", {}))
+        return md
+
+    def copy(self) -> "Metadata":
+        """An independent copy (one copy of each part, not a snapshot's two)."""
+        md = Metadata(self.cluster_name)
+        md.version = self.version
+        md.members = {n: dict(m) for n, m in self.members.items()}
+        md.queues = clone(self.queues)
+        md.exchanges = clone(self.exchanges)
+        md.bindings = clone(self.bindings)
+        md.policies = clone(self.policies)
+        md.down = dict(self.down)
+        md.up = dict(self.up)
         return md
 
     def digest(self) -> str:

@@ -241,3 +241,23 @@ def test_refused_declare_leaves_the_copy_untouched():
     with pytest.raises(MetaError):
         planner.plan_change(md, ["queue.declare", qdef("a", durable=False)], {"n1"})
     assert md.snapshot() == before
+
+
+def test_copy_is_equal_and_independent():
+    from mirroring.metadata import Metadata, clone
+
+    md = Metadata("c")
+    md.members = {"n1": {"peer": ["127.0.0.1", 1]}}
+    md.queues = {"q": {"leader": "n1", "mirrors": ["n2"], "args": {"x": [1, (2, 3)]}, "tags": {"a"}}}
+    md.policies = {"ha": {"pattern": ".*", "definition": {"ha-mode": "all"}}}
+    md.up = {"n1": 3}
+    cp = md.copy()
+    assert cp.snapshot() == md.snapshot()
+    cp.queues["q"]["mirrors"].append("n3")
+    cp.queues["q"]["args"]["x"].append(4)
+    cp.queues["q"]["tags"].add("b")
+    cp.policies["ha"]["definition"]["ha-mode"] = "exactly"
+    cp.up["n2"] = 1
+    assert md.queues["q"] == {"leader": "n1", "mirrors": ["n2"], "args": {"x": [1, (2, 3)]}, "tags": {"a"}}
+    assert md.policies["ha"]["definition"]["ha-mode"] == "all" and md.up == {"n1": 3}
+    assert clone({"t": (1, [2])})["t"] == (1, [2])
