@@ -124,6 +124,16 @@ class Cork:
         self.depth += 1
         return self
 
+    def hold(self, writer) -> bool:
+        """Note `writer` (it has `_held` and `flush()`) to flush at the stretch's end; False when
+        nothing is corked (the caller wakes its writer task instead)."""
+        if not self.depth:
+            return False
+        if not writer._held:
+            writer._held = True
+            self.held.append(writer)
+        return True
+
     def __exit__(self, *exc) -> None:
         self.depth -= 1
         if self.depth == 0 and self.held:
@@ -186,11 +196,7 @@ class Outbox:
         items.append(msg)
         if len(items) >= self.HIGH_WATERMARK and self._below.is_set():
             self._below = trio.Event()
-        if CORK.depth:
-            if not self._held:
-                self._held = True
-                CORK.held.append(self)
-        else:
+        if not CORK.hold(self):
             self._wake.set()
 
     def flush(self) -> None:

@@ -99,11 +99,7 @@ class AmqpConnection:
                     pass
 
     def _kick(self) -> None:
-        if CORK.depth:
-            if not self._held:
-                self._held = True
-                CORK.held.append(self)
-        else:
+        if not CORK.hold(self):
             self._wake.set()
 
     def _out(self, msg) -> None:
