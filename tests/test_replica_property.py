@@ -460,3 +460,36 @@ def test_a_leader_out_of_step_holds_its_deliveries_and_confirms_until_it_is_back
     w.leader.in_step = True
     w.pump("L")
     assert w.accepted[OWNERS[0][:2]] == 2
+
+
+def test_acks_alone_wait_for_the_next_publish_batch_at_most_settle_linger():
+    from mirroring.replica import SETTLE_LINGER
+
+    w = World(random.Random(1), "manual", 4)
+    w.op("add_mirror", "M1")
+    w.settle_all()
+    owner = OWNERS[0]
+    w.op("consume", owner, 10)
+    w.op("publish", owner, 2)
+    w.pump("L")
+    w.settle_all()
+    assert w.delivered[owner] == [1, 2] and len(w.replicas["M1"].q.unacked) == 2
+    sent = len(w.links.get(("L", "M1"), []))
+    w.op("settle", owner, "ack", 1)
+    w.pump("L")
+    assert len(w.links.get(("L", "M1"), [])) == sent, "an ack alone made a batch at once"
+    assert w.leader.next_deadline(w.now) <= w.now + SETTLE_LINGER
+    # a publish within the window carries the ack in its batch
+    w.op("publish", owner, 1)
+    w.pump("L")
+    batch = w.links[("L", "M1")][-1]
+    assert [type(e) for e in batch.effects][:2] == [m.ESettle, m.EEnqueue]
+    # an ack with nothing after it leaves once the window has passed
+    w.settle_all()
+    w.op("settle", owner, "ack", 1)
+    w.pump("L")
+    w.now += SETTLE_LINGER
+    w.pump("L")
+    assert type(w.links[("L", "M1")][-1].effects[0]) is m.ESettle
+    w.settle_all()
+    assert 2 not in w.replicas["M1"].q.unacked
