@@ -87,9 +87,27 @@ class FramedStream:
         await self.stream.send_all(encode_many(msgs, self.max_frame))
 
 
+class Encoded:
+    """A message encoded once for several connections (a replication batch for every mirror):
+    an Outbox takes it like a message and copies its bytes as they are."""
+
+    __slots__ = ("head", "body")
+
+    def __init__(self, msg, max_frame: int):
+        body = encode(msg)
+        if len(body) > max_frame:
+            raise FrameError(f"outgoing {msg.KIND!r} frame of {len(body)} bytes exceeds the maximum frame size {max_frame}")
+        self.head = HEADER.pack(len(body))
+        self.body = body
+
+
 def encode_many(msgs, max_frame: int) -> bytes:
     parts = []
     for m in msgs:
+        if type(m) is Encoded:
+            parts.append(m.head)
+            parts.append(m.body)
+            continue
         body = encode(m)
         if len(body) > max_frame:
             raise FrameError(f"outgoing {m.KIND!r} frame of {len(body)} bytes exceeds the maximum frame size {max_frame}")

@@ -21,6 +21,7 @@ from collections import deque
 import trio
 
 from mirroring import replica as rp
+from wire.messages import RRep
 
 from .framed import CORK
 
@@ -92,10 +93,17 @@ class QueueProcess:
     def _carry_out(self) -> None:
         out, events = self.replica.take_output()
         host = self.host
+        shared = encoded = None
         for o in out:
             t = type(o)
             if t is rp.Send:
-                host.to_node(o.node, o.msg)
+                msg = o.msg
+                if type(msg) is RRep:  # one batch for every mirror: encode it once
+                    if msg is not shared:
+                        shared, encoded = msg, host.encode_once(msg)
+                    host.to_node(o.node, msg, encoded)
+                else:
+                    host.to_node(o.node, msg)
             elif t is rp.Log:
                 getattr(self.log, o.level)(o.event, **o.fields)
             elif t is rp.Propose:

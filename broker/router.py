@@ -31,6 +31,7 @@ from mirroring.queue import limits_from
 from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_FOUND, ProtocolError
 
+from .framed import Encoded
 from .queue_process import QueueProcess
 
 EARLY_OP_WAIT = 3.0  # seconds an operation for a queue not known yet is kept
@@ -156,15 +157,19 @@ class Router:
         return [qp for qp in self.replicas.values() if qp.replica.state in rp.LEADING]
 
     # --- sending -------------------------------------------------------------------------------
-    def to_node(self, node: str, msg) -> None:
+    def to_node(self, node: str, msg, encoded: Encoded | None = None) -> None:
         """Replication (or any queue traffic) for the replica on `node`; dropped if it is
-        unreachable (the protocol notices: a missing batch, a mirror dropped)."""
+        unreachable (the protocol notices: a missing batch, a mirror dropped). `encoded`: the
+        same message already encoded (one replication batch for several mirrors)."""
         if node == self.name:
             self._local(msg)
             return
         link = self.cluster.links.get(node)
         if link is not None:
-            link.send(msg)
+            link.send(msg if encoded is None else encoded)
+
+    def encode_once(self, msg) -> Encoded:
+        return Encoded(msg, self.node.config.max_frame)
 
     def leader_of(self, qname: str) -> str | None:
         qdef = self.cluster.md.queues.get(qname)
