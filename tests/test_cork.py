@@ -87,3 +87,17 @@ async def test_a_closed_outbox_is_not_written_directly():
         nursery.start_soon(outbox.run)
         got = await read_messages(right, 1)
         assert type(got[0]) is m.Tick
+
+
+async def test_a_message_encoded_once_goes_out_as_the_same_bytes():
+    from broker.framed import Encoded, encode_many
+
+    msg = m.Publish(1, "q", [b"a" * 100, b"b"], None)
+    assert encode_many([Encoded(msg, DEFAULT_MAX_FRAME), m.Tick()], DEFAULT_MAX_FRAME) == \
+        encode_many([msg, m.Tick()], DEFAULT_MAX_FRAME)
+    left, right = stream_pair()
+    outbox = Outbox(FramedStream(left, DEFAULT_MAX_FRAME))
+    with CORK:
+        outbox.put(Encoded(msg, DEFAULT_MAX_FRAME))
+    got = await read_messages(right, 1)
+    assert got == [msg]

@@ -248,3 +248,27 @@ async def test_publishes_lost_with_their_connection_are_nacked_by_the_client(tmp
                 assert await ch.wait_for_confirms() is False
         assert sorted(outcome) == list(range(1, 51)), "a publish got no answer"
         assert {why for ok, why in outcome.values() if not ok} == {"connection lost"}
+
+
+async def test_an_idle_cluster_does_not_replan_every_tick(tmp_path, autojump_clock):
+    """The log's leader asks the planner again only when the metadata or the running members
+    changed: planning copies and walks every queue (1,000 queues stalled clients for ms)."""
+    async with sim_cluster(tmp_path) as c:
+        asked = []
+        for node in c.nodes.values():
+            cluster = node.cluster
+            real = cluster.propose
+
+            async def counting(change, *a, real=real, **kw):
+                asked.append(change[0])
+                return await real(change, *a, **kw)
+
+            cluster.propose = counting
+        await trio.sleep(10)  # 20 liveness ticks
+        assert asked.count("replan") <= 1, asked
+        # a change to what the planner reads brings one back
+        await c.nodes["n1"].cluster.propose(["policy.set", {"name": "ha", "pattern": ".*",
+                                                            "definition": {"ha-mode": "all"},
+                                                            "priority": 0, "apply_to": "queues"}])
+        await trio.sleep(2)
+        assert 1 <= asked.count("replan") <= 3, asked
