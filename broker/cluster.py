@@ -61,7 +61,7 @@ class ClusterHooks(Protocol):
     def link_up(self, node: str) -> None: ...
     def link_down(self, node: str) -> None: ...
     def link_replaced(self, node: str) -> None: ...  # a second link took over: in-flight may be lost
-    def peer_message(self, link: PeerLink, msg) -> None: ...  # queue, replica and session traffic
+    def peer_messages(self, link: PeerLink, msgs: list) -> None: ...  # queue, replica, session traffic
     def paused(self, paused: bool) -> None: ...
     def in_step(self) -> None: ...  # the log says this node knows the metadata as it is now
     async def node_rpc(self, name: str, args: dict): ...
@@ -612,6 +612,7 @@ class Cluster:
     async def _on_peer_messages(self, link: PeerLink, batch: list) -> None:
         raft_touched = False
         now = trio.current_time()
+        traffic = []  # for the node, in order, as one batch (Router.peer_messages)
         for msg in batch:
             t = type(msg)
             if t in RAFT_MESSAGES:
@@ -627,7 +628,9 @@ class Cluster:
             elif t is m.NodeRpc:
                 self.spawn(self._serve_rpc, link, msg)
             else:
-                self.hooks.peer_message(link, msg)
+                traffic.append(msg)
+        if traffic:
+            self.hooks.peer_messages(link, traffic)
         if raft_touched:
             self._after_raft(now)
 

@@ -254,8 +254,8 @@ class Node:
     def in_step(self) -> None:
         self.router.in_step()
 
-    def peer_message(self, link, msg) -> None:
-        self.router.peer_message(link, msg)
+    def peer_messages(self, link, msgs: list) -> None:
+        self.router.peer_messages(link, msgs)
 
     def paused_reason(self) -> str:
         return (f"node {self.name} cannot reach a majority of the cluster (pause_minority): "

@@ -16,6 +16,7 @@ replica's `next_deadline`.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import trio
@@ -35,6 +36,9 @@ class QueueProcess:
         self.name = replica.name
         self.inbox: deque = deque()
         self._wake = trio.Event()
+        self._idle = False  # the task waits for input (an inline round may run: after_batch)
+        self._sleep: trio.CancelScope | None = None  # its timer while it waits
+        self._noted = False  # due a round at the end of the current batch
         self.scope = trio.CancelScope()
         self.log = host.log.bind(queue=self.name)
 
@@ -42,7 +46,34 @@ class QueueProcess:
         """Queue an input for the replica: a wire message, a replica.* record, or a callable
         `fn(replica, now)` (control-plane queries and commands)."""
         self.inbox.append(item)
-        self._wake.set()
+        batch = self.host.batch
+        if batch is not None and self._idle:
+            if not self._noted:  # the batch's end runs the round (`after_batch`)
+                self._noted = True
+                batch.append(self)
+        else:
+            self._wake.set()
+
+    def after_batch(self) -> None:
+        """The end of a batch of peer traffic that gave this replica input while its task
+        waited: run the round here, in the reader's task, rather than wake the task for it (a
+        pass of trio's scheduler per hop, on every node a mirrored publish crosses). The task
+        stays parked; its timer follows the replica's new deadline."""
+        self._noted = False
+        if not self._idle or self.replica.state is rp.State.STOPPED:
+            self._wake.set()
+            return
+        try:
+            more = self._round(trio.current_time())
+        except Exception:  # a bug costs this queue, as it would in its own task
+            self.log.exception("queue process failed")
+            self.scope.cancel()
+            return
+        if more or self.inbox or self.replica.state is rp.State.STOPPED:
+            self._wake.set()
+        elif self._sleep is not None:
+            deadline = self.replica.next_deadline(trio.current_time())
+            self._sleep.deadline = deadline if deadline is not None else math.inf
 
     def kick(self) -> None:
         """Run a round even with nothing new in the inbox (the node came in step)."""
@@ -61,23 +92,36 @@ class QueueProcess:
             while replica.state is not rp.State.STOPPED:
                 if not inbox and not more:
                     deadline = replica.next_deadline(clock())
-                    with trio.move_on_at(deadline if deadline is not None else float("inf")):
-                        await self._wake.wait()
+                    with trio.move_on_at(deadline if deadline is not None else math.inf) as sleep:
+                        self._sleep = sleep
+                        self._idle = True
+                        try:
+                            await self._wake.wait()
+                        finally:
+                            self._idle = False
+                            self._sleep = None
                     self._wake = trio.Event()
-                now = clock()
-                with CORK:  # what the round sends leaves at its end, from this task
-                    # once per round, before any input: a replica promoted in this round reads it too
-                    replica.in_step = self.host.may_deliver(self)
-                    for _ in range(BATCH):
-                        if not inbox or replica.round_bytes >= rp.ROUND_BYTES:
-                            break
-                        self._handle(inbox.popleft(), now)
-                    replica.tick(now)
-                    more = replica.flush(now)
-                    self._carry_out()
+                more = self._round(clock())
                 if more or inbox:
                     await trio.lowlevel.checkpoint()
         self.host.replica_ended(self)
+
+    def _round(self, now: float) -> bool:
+        """One round: a batch of inputs, the timers, the round's end, its outputs. True if more
+        could be dispatched at once."""
+        replica = self.replica
+        inbox = self.inbox
+        with CORK:  # what the round sends leaves at its end, from this task
+            # once per round, before any input: a replica promoted in this round reads it too
+            replica.in_step = self.host.may_deliver(self)
+            for _ in range(BATCH):
+                if not inbox or replica.round_bytes >= rp.ROUND_BYTES:
+                    break
+                self._handle(inbox.popleft(), now)
+            replica.tick(now)
+            more = replica.flush(now)
+            self._carry_out()
+        return more
 
     def _handle(self, item, now: float) -> None:
         replica = self.replica

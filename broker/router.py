@@ -31,7 +31,7 @@ from mirroring.queue import limits_from
 from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_FOUND, ProtocolError
 
-from .framed import Encoded
+from .framed import CORK, Encoded
 from .queue_process import QueueProcess
 
 EARLY_OP_WAIT = 3.0  # seconds an operation for a queue not known yet is kept
@@ -53,6 +53,7 @@ class Router:
         self._counted = False  # this run of the app is recorded up in the metadata
         self._pids = 0
         self._held: set[QueueProcess] = set()  # leaders holding deliveries until in step
+        self.batch: list | None = None  # replicas due a round at the end of this peer batch
 
     @property
     def cluster(self):
@@ -231,6 +232,20 @@ class Router:
                                                               f"no queue '{qname}' in vhost '/'")])
 
     # --- receiving -----------------------------------------------------------------------------
+    def peer_messages(self, link, msgs: list) -> None:
+        """Queue, replica and session traffic from one read of a peer link. Replicas that get
+        input run their round at the end, here, when their task is idle (QueueProcess
+        `after_batch`), and everything the batch produced is written at its end (the Cork)."""
+        with CORK:
+            self.batch = batch = []
+            try:
+                for msg in msgs:
+                    self.peer_message(link, msg)
+            finally:
+                self.batch = None
+                for qp in batch:
+                    qp.after_batch()
+
     def peer_message(self, link, msg) -> None:
         t = type(msg)
         if t is m.ToSession:
