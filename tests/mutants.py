@@ -135,6 +135,22 @@ MUTANTS = [
            "    def _majority(self) -> int:\n        return 1",
            ["tests/test_raft.py"],
            "the metadata log commits what only its leader holds"),
+    Mutant("inline-round-keeps-old-timer", "broker/queue_process.py",
+           "            self._sleep.deadline = deadline if deadline is not None else math.inf",
+           "            pass",
+           ["tests/test_sim_mirroring.py::test_a_last_ack_reaches_the_mirrors_within_the_settle_linger"],
+           "a round run at the end of a peer batch leaves the queue task's timer where it was, "
+           "so acks held for a batch wait a second instead of 4 ms"),
+    Mutant("acks-held-until-a-publish", "mirroring/replica.py",
+           "        return now < self._settles_since + SETTLE_LINGER",
+           "        return True",
+           PROPERTY + ["tests/test_sim_mirroring.py::test_a_last_ack_reaches_the_mirrors_within_the_settle_linger"],
+           "acks alone wait for the next publish batch however long that takes"),
+    Mutant("cork-never-writes", "broker/framed.py",
+           "        n = write_now(self._sock, data)",
+           "        n = 0",
+           ["tests/test_cork.py"],
+           "corked output is always handed to the writer task (the direct write is dead code)"),
 ]
 
 

@@ -964,3 +964,28 @@ async def test_publishes_resent_to_a_new_leader_are_not_enqueued_twice(tmp_path,
             got = await get_all(ch3, "two.d")
         ids = [int.from_bytes(b, "big") for b in got]
         assert sorted(ids) == list(range(200)), f"{len(ids)} messages, {len(ids) - len(set(ids))} repeats"
+
+
+async def test_a_last_ack_reaches_the_mirrors_within_the_settle_linger(tmp_path, autojump_clock):
+    """Acks alone wait at most SETTLE_LINGER for a batch to ride with; the queue's task sleeps
+    meanwhile, and a round run at the end of a peer batch (QueueProcess.after_batch) must move
+    its timer to that deadline, not leave it at the next housekeeping tick a second away."""
+    from mirroring.replica import SETTLE_LINGER
+
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
+        async with c.connect("n1") as c1, c.connect("n2") as c2:
+            ch1, ch2 = await c1.channel(), await c2.channel()
+            await ch1.queue_declare("ha.q", durable=True)
+            await replicas_settled(c, "ha.q", ["n2", "n3"], synced=["n2", "n3"])
+            await ch1.confirm_delivery()
+            ch1.publish_nowait("ha.q", b"only")
+            assert await ch1.wait_for_confirms(timeout=10)
+            consumer = await ch2.basic_consume("ha.q")  # on n2: the ack reaches n1 over a peer link
+            async for msg in consumer:
+                await trio.sleep(0.5)  # every housekeeping timer is well under way
+                ch2.basic_ack(msg.delivery_tag)
+                break
+            await trio.sleep(SETTLE_LINGER + 0.05)
+            for node in ("n2", "n3"):
+                assert not mirror_state(c, "ha.q", node).unacked, node
