@@ -45,6 +45,14 @@ async def replicas_settled(c, queue, mirrors, synced=None, via="n1"):
     await c.wait_for(ok, timeout=20)
 
 
+async def declare_on_all_nodes(c, ch, queue):
+    """Declare `queue` (under an `all` policy) on n1 through `ch`, wait for both mirrors to be
+    synchronised, and turn on confirms."""
+    await ch.queue_declare(queue, durable=True)
+    await replicas_settled(c, queue, ["n2", "n3"], synced=["n2", "n3"])
+    await ch.confirm_delivery()
+
+
 def mirror_state(c, queue, node):
     return c.nodes[node].router.replicas[queue].replica.q
 
@@ -57,9 +65,7 @@ async def test_all_policy_mirrors_to_every_node_and_states_match(tmp_path, autoj
         await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
         async with c.connect("n1") as c1, c.connect("n3") as c3:
             ch1, ch3 = await c1.channel(), await c3.channel()
-            await ch1.queue_declare("ha.q", durable=True)
-            await replicas_settled(c, "ha.q", ["n2", "n3"], synced=["n2", "n3"])
-            await ch1.confirm_delivery()
+            await declare_on_all_nodes(c, ch1, "ha.q")
             for i in range(300):
                 ch1.publish_nowait("ha.q", b"m%d" % i)
             assert await ch1.wait_for_confirms(timeout=10)
@@ -976,9 +982,7 @@ async def test_a_last_ack_reaches_the_mirrors_within_the_settle_linger(tmp_path,
         await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
         async with c.connect("n1") as c1, c.connect("n2") as c2:
             ch1, ch2 = await c1.channel(), await c2.channel()
-            await ch1.queue_declare("ha.q", durable=True)
-            await replicas_settled(c, "ha.q", ["n2", "n3"], synced=["n2", "n3"])
-            await ch1.confirm_delivery()
+            await declare_on_all_nodes(c, ch1, "ha.q")
             ch1.publish_nowait("ha.q", b"only")
             assert await ch1.wait_for_confirms(timeout=10)
             consumer = await ch2.basic_consume("ha.q")  # on n2: the ack reaches n1 over a peer link
