@@ -769,9 +769,12 @@ class Session:
         if self.closed:
             return
         channels = self.channels
+        node = self.node
         for ev in events:
             t = type(ev)
             if t is m.EvDeliver:
+                if node.leaving:
+                    continue  # our node's shutdown record is on its way (Node.leaving)
                 ch = channels.get(ev.ch)
                 if ch is None:
                     self._closed_channel_delivery(ev)
