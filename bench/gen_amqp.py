@@ -9,7 +9,8 @@ an ack frame into the read's single write (`ack: manual`), or one `multiple` ack
 (`ack: multiple`). Nothing is logged per message while the load runs (see `bench.records`).
 
 Producers with a rate follow the open-loop schedule of `bench.schedule`: message i goes at its
-intended time and `t_int` records that time, so latency is measured from it. A connection that
+intended time and `t_int` records that time, so latency is measured from it; the loop's timers
+wake to the microsecond (`bench.fineloop`), not epoll's millisecond. A connection that
 breaks is re-opened on the next node after 0.2 s (its unconfirmed publishes stay `conf: null`);
 a channel the broker closes is re-opened after 0.5 s.
 """
@@ -21,6 +22,7 @@ import math
 import resource
 import time
 
+from bench import fineloop
 from bench.amqp import AMQPError, Connection, parse_address
 from bench.records import CONF_ACK, CONF_NACK, CONF_NONE, ID_SHIFT, DeliverRecord, PublishRecord
 from bench.schedule import GRACE, OpenLoop
@@ -318,7 +320,7 @@ async def _producers(spec: dict, shared: Shared) -> list[PublishRecord]:
 
 
 def run_producers(spec: dict, shared: Shared) -> list[PublishRecord]:
-    return asyncio.run(_producers(spec, shared))
+    return fineloop.run(_producers(spec, shared))
 
 
 # --- consumers --------------------------------------------------------------------------------
@@ -421,7 +423,7 @@ async def _consumers(spec: dict, shared: Shared) -> list[DeliverRecord]:
 
 
 def run_consumers(spec: dict, shared: Shared) -> list[DeliverRecord]:
-    return asyncio.run(_consumers(spec, shared))
+    return fineloop.run(_consumers(spec, shared))
 
 
 # --- idle connections ---------------------------------------------------------------------------

@@ -1,0 +1,46 @@
+"""bench/fineloop.py: the load generator's short waits are not rounded up to a millisecond, and
+the selector still reports ready descriptors."""
+
+import selectors
+import socket
+import time
+
+from bench import fineloop
+
+
+def _shortest_wait(selector, timeout: float, tries: int = 20) -> float:
+    best = 1.0
+    for _ in range(tries):
+        t = time.perf_counter()
+        assert selector.select(timeout) == []
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def test_a_short_wait_is_not_rounded_up_to_a_millisecond():
+    # epoll_wait's whole milliseconds make every 0.3 ms wait last at least 1 ms; the shortest
+    # of twenty fine waits is well under that even on a busy machine
+    with selectors.EpollSelector() as plain:
+        assert _shortest_wait(plain, 0.0003) >= 0.001
+    with fineloop.FineEpollSelector() as fine:
+        assert _shortest_wait(fine, 0.0003) < 0.0009
+
+
+def test_ready_descriptors_are_reported_in_short_and_long_waits():
+    a, b = socket.socketpair()
+    with a, b, fineloop.FineEpollSelector() as sel:
+        sel.register(a, selectors.EVENT_READ, "a")
+        b.send(b"x")
+        for timeout in (0.0005, 0.5, None):
+            ready = sel.select(timeout)
+            assert [(key.data, ev) for key, ev in ready] == [("a", selectors.EVENT_READ)]
+
+
+def test_the_loop_runs_coroutines():
+    import asyncio
+
+    async def main():
+        await asyncio.sleep(0.0002)
+        return 7
+
+    assert fineloop.run(main()) == 7
