@@ -34,9 +34,57 @@ def _linger_setting() -> float | None:
 LINGER = _linger_setting()
 
 
+class Reader:
+    """Reads a stream's bytes; for a socket, straight from its descriptor.
+
+    trio's `SocketStream.receive_some` yields to the scheduler after every read that found data
+    (a pass of the run loop, with its `epoll_wait`, before the bytes are handled), and the read
+    that follows finds the socket empty. On a node that handles each message alone (a steady
+    2,000 msgs/s), that pass is paid at every hop. Here a read that finds data returns it at once;
+    a read that finds nothing waits for the socket (`wait_readable`, a checkpoint). So that a
+    stream that always has data cannot keep the other tasks waiting, every STREAK-th read in a
+    row checkpoints first, before it takes any bytes: a cancelled read has taken nothing (the
+    memory alarm's interruptible read relies on that).
+
+    Other streams (the simulation's) are read with `receive_some`.
+    """
+
+    STREAK = 8
+
+    __slots__ = ("stream", "_sock", "_streak")
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self._sock = direct_socket(stream)
+        self._streak = 0
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        sock = self._sock
+        if sock is None:
+            return await self.stream.receive_some(max_bytes)
+        if self._streak >= self.STREAK:
+            self._streak = 0
+            await trio.lowlevel.checkpoint()
+        while True:
+            fd = sock.fileno()
+            if fd < 0:
+                raise trio.ClosedResourceError("the connection was closed")
+            try:
+                data = os.read(fd, max_bytes)
+            except BlockingIOError:
+                self._streak = 0
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"connection broken: {exc}") from exc
+            self._streak += 1
+            return data
+
+
 class FramedStream:
     def __init__(self, stream: trio.abc.Stream, max_frame: int = DEFAULT_MAX_FRAME):
         self.stream = stream
+        self.reader = Reader(stream)
         self.decoder = FrameDecoder(max_frame, decode_bytes)
         self.max_frame = max_frame
         self._pending: list = []
@@ -53,7 +101,7 @@ class FramedStream:
                     raise ProtocolError(UNEXPECTED_FRAME, f"message {msg.KIND!r} is not allowed here")
             return out
         while True:
-            data = await self.stream.receive_some(READ_SIZE)
+            data = await self.reader.receive_some(READ_SIZE)
             self.last_read = len(data)
             if not data:
                 self.decoder.check_eof()

@@ -17,7 +17,7 @@ import trio
 
 from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
 
-from ..framed import CORK, LINGER, direct_socket, write_now
+from ..framed import CORK, LINGER, Reader, direct_socket, write_now
 from ..memory import PublisherGate
 from ..native import check_login
 from ..session import Session
@@ -123,7 +123,7 @@ class AmqpConnection:
 
     async def _reader(self) -> None:
         p = self.proto
-        stream = self.stream
+        stream = Reader(self.stream)
         memory = self.node.memory
         try:
             while p.state is not proto.State.CLOSED:
