@@ -281,6 +281,11 @@ class Outbox:
             self._wake.set()
         self._check_below()
 
+    @property
+    def full(self) -> bool:
+        """Past the high watermark: data senders should wait (`wait_below_watermark`)."""
+        return not self._below.is_set()
+
     async def wait_below_watermark(self) -> None:
         while not self._below.is_set():
             await self._below.wait()

@@ -191,6 +191,12 @@ class Router:
         link.send(msg)
         return True
 
+    def link_full(self, qname: str) -> bool:
+        """Whether the link to the queue's (remote) leader is past its writer's high watermark."""
+        leader = self.leader_of(qname)
+        link = self.cluster.links.get(leader) if leader not in (None, self.name) else None
+        return link is not None and link.outbox.full
+
     async def wait_link_room(self, qname: str) -> None:
         """Back-pressure for publishes to a remote leader: wait while that link's writer is full."""
         leader = self.leader_of(qname)
@@ -236,15 +242,30 @@ class Router:
         """Queue, replica and session traffic from one read of a peer link. Replicas that get
         input run their round at the end, here, when their task is idle (QueueProcess
         `after_batch`), and everything the batch produced is written at its end (the Cork)."""
-        with CORK:
-            self.batch = batch = []
-            try:
-                for msg in msgs:
-                    self.peer_message(link, msg)
-            finally:
-                self.batch = None
-                for qp in batch:
-                    qp.after_batch()
+        self.begin_input()
+        try:
+            for msg in msgs:
+                self.peer_message(link, msg)
+        finally:
+            self.end_input()
+
+    def begin_input(self) -> None:
+        """Open a batch of input (one read of a peer link, or a client's run of publishes and
+        acks, Session.handle_now): replicas it feeds while their task waits run their round at
+        `end_input`, in this task, and what the batch sends is written then (the Cork). Nothing
+        may await between the two: another reader would find this batch open."""
+        if self.batch is not None:
+            raise RuntimeError("a batch of input is already open: something awaited inside one")
+        CORK.__enter__()
+        self.batch = []
+
+    def end_input(self) -> None:
+        batch, self.batch = self.batch, None
+        try:
+            for qp in batch:
+                qp.after_batch()
+        finally:
+            CORK.__exit__(None, None, None)
 
     def peer_message(self, link, msg) -> None:
         t = type(msg)

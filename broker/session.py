@@ -67,6 +67,11 @@ WINDOW_MSGS = 20_000
 WINDOW_BYTES = 32 << 20
 
 
+# client commands handled without awaiting anything (Session.handle_now): a front end runs a
+# read's run of them as one batch of input (Router.begin_input)
+INLINE = frozenset({m.Publish, m.PublishTo, m.Ack, m.Nack})
+
+
 class ChannelError(ProtocolError):
     """Closes the channel, not the connection (an AMQP channel exception)."""
 
@@ -162,9 +167,15 @@ class Session:
         # a publishing connection (it has published): held by the front end during a memory
         # alarm (broker/memory.py PublisherGate); one that only consumes is never held
         self.publisher = False
+        self.full_links: list[str] = []  # queues a publish went to whose leader's link is full
         self.log = node.log.bind(conn=self.conn_id)
+        # the hot path, handled without awaiting anything: a front end may run these inside a
+        # batch of input (Router.begin_input), whose replicas' rounds run at its end
+        self._now = {
+            m.Publish: self.on_publish, m.PublishTo: self.on_publish_to,
+            m.Ack: self.on_ack, m.Nack: self.on_nack,
+        }
         self._handlers = {
-            m.Publish: self.on_publish, m.Ack: self.on_ack, m.Nack: self.on_nack,
             m.ChannelOpen: self.on_channel_open, m.ChannelClose: self.on_channel_close,
             m.QueueDeclare: self.on_queue_declare, m.QueueDelete: self.on_queue_delete,
             m.QueuePurge: self.on_queue_purge, m.BasicQos: self.on_qos,
@@ -173,7 +184,7 @@ class Session:
             m.ConnectionClose: self.on_connection_close,
             m.TxSelect: self.on_tx_select, m.TxCommit: self.on_tx_commit,
             m.TxRollback: self.on_tx_rollback,
-            m.PublishTo: self.on_publish_to, m.ExchangeDeclare: self.on_exchange_declare,
+            m.ExchangeDeclare: self.on_exchange_declare,
             m.ExchangeDelete: self.on_exchange_delete, m.QueueBind: self.on_queue_bind,
             m.QueueUnbind: self.on_queue_unbind, m.BasicRecover: self.on_recover,
             m.ChannelFlow: self.on_flow,
@@ -183,6 +194,12 @@ class Session:
     async def handle(self, msg) -> bool:
         """One client command; True when the client closed the connection. A ChannelError
         closes the channel; any other ProtocolError is the front end's to answer."""
+        now = self._now.get(type(msg))
+        if now is not None:
+            self.handle_now(msg, now)
+            if self.full_links:
+                await self.wait_link_room()
+            return False
         ch_id = getattr(msg, "ch", 0)
         if ch_id in self.closed_channels and type(msg) is not m.ChannelOpen:
             return False  # frames in flight for a channel the server closed
@@ -196,6 +213,24 @@ class Session:
         except ChannelError as exc:
             self._close_channel(ch_id, rid, exc)
             return False
+
+    def handle_now(self, msg, handler=None) -> None:
+        """A publish, ack or nack (`INLINE`), handled without awaiting anything. A ChannelError
+        closes the channel; any other ProtocolError is the front end's to answer."""
+        ch_id = msg.ch
+        if ch_id in self.closed_channels:
+            return  # frames in flight for a channel the server closed
+        try:
+            (handler or self._now[type(msg)])(msg)
+        except ChannelError as exc:
+            self._close_channel(ch_id, 0, exc)
+
+    async def wait_link_room(self) -> None:
+        """Back-pressure for publishes to remote leaders: after a run of publishes, wait while
+        the link to a leader that one of them went to is past its writer's high watermark (the
+        publish itself was queued: a run never waits halfway)."""
+        while self.full_links:
+            await self.router.wait_link_room(self.full_links.pop())
 
     @property
     def has_credit(self) -> bool:
@@ -346,9 +381,10 @@ class Session:
         ch.tx = False
         try:
             for op in pending:
-                await self._handlers[type(op)](op)
+                self._now[type(op)](op)
         finally:
             ch.tx = True
+        await self.wait_link_room()
         if ch.inflight:
             ch.commit_rid = msg.rid
         else:
@@ -492,16 +528,16 @@ class Session:
             raise ProtocolError(COMMAND_INVALID, "publish: props must be nil or parallel to bodies")
         return ch
 
-    async def on_publish(self, msg):
+    def on_publish(self, msg):
         """warren's own publish: the default exchange, the routing key is the queue's name."""
         ch = self._publishing_channel(msg)
         if ch is None:
             return
         qname = msg.queue
         queues = [qname] if qname in self.node.cluster.md.queues else []
-        await self._publish(ch, queues, msg.bodies, msg.props, "", qname, False)
+        self._publish(ch, queues, msg.bodies, msg.props, "", qname, False)
 
-    async def on_publish_to(self, msg):
+    def on_publish_to(self, msg):
         ch = self._publishing_channel(msg)
         if ch is None:
             return
@@ -526,9 +562,9 @@ class Session:
                         item = props[i] if props is not None else None
                         route = routes.route(ex, msg.routing_key, lambda item=item: propsmod.headers_of(item))
                     if i and (i == n or route != last):
-                        await self._publish(ch, last, msg.bodies[start:i],
-                                            props[start:i] if props is not None else None,
-                                            ex, msg.routing_key, msg.mandatory)
+                        self._publish(ch, last, msg.bodies[start:i],
+                                      props[start:i] if props is not None else None,
+                                      ex, msg.routing_key, msg.mandatory)
                         start = i
                     last = route
                 return
@@ -536,10 +572,10 @@ class Session:
             queues = md.routes.route(ex, msg.routing_key)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
-        await self._publish(ch, queues, msg.bodies, props, ex, msg.routing_key, msg.mandatory)
+        self._publish(ch, queues, msg.bodies, props, ex, msg.routing_key, msg.mandatory)
 
-    async def _publish(self, ch: Channel, queues: list, bodies: list, props, exchange: str,
-                       routing_key: str, mandatory: bool) -> None:
+    def _publish(self, ch: Channel, queues: list, bodies: list, props, exchange: str,
+                 routing_key: str, mandatory: bool) -> None:
         """Send a batch to the queues it was routed to; returns, nacks or confirms at once what
         cannot be sent."""
         n = len(bodies)
@@ -585,8 +621,9 @@ class Session:
             ch.inflight += n
             self.inflight_msgs += n
             self.inflight_bytes += size
-            await router.wait_link_room(qname)
-            qdef = node.cluster.md.queues.get(qname)  # as the router sees it now, after the wait
+            if router.link_full(qname):
+                self.full_links.append(qname)  # the front end waits after this run (wait_link_room)
+            qdef = node.cluster.md.queues.get(qname)
             epoch = qdef.get("epoch", 1) if qdef is not None else 0  # None: _send drops it
             self._send(qname, m.QPublish(qname, owner, pseq, bodies, props, False, epoch))
 
@@ -687,7 +724,7 @@ class Session:
                 del table[t]
         return out
 
-    async def on_ack(self, msg):
+    def on_ack(self, msg):
         ch = self._ch(msg.ch)
         if ch.tx:
             ch.tx_pending.append(msg)
@@ -696,7 +733,7 @@ class Session:
         for qname, ids in self._settle(ch, msg.tags, msg.multiple_upto).items():
             self.router.to_leader(qname, m.QSettle(qname, owner, m.ACK, ids))
 
-    async def on_nack(self, msg):
+    def on_nack(self, msg):
         ch = self._ch(msg.ch)
         if ch.tx:
             ch.tx_pending.append(msg)

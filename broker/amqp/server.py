@@ -20,7 +20,7 @@ from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
 from ..framed import CORK, LINGER, Reader, direct_socket, write_now
 from ..memory import PublisherGate
 from ..native import check_login
-from ..session import Session
+from ..session import INLINE, Session
 from . import protocol as proto
 
 READ_SIZE = 256 * 1024
@@ -161,13 +161,43 @@ class AmqpConnection:
                     self.log.exception("AMQP connection failed", peer=self.peer)
                     p.close(INTERNAL_ERROR, f"internal error: {exc!r}"[:200], trio.current_time())
                     events = []
-                for ev in events:
-                    await self._event(ev)
+                i, n = 0, len(events)
+                while i < n:
+                    ev = events[i]
+                    if type(ev) in INLINE and self.session is not None \
+                            and p.state is proto.State.OPENED:
+                        i = self._inline_run(events, i)
+                        if self.session.full_links:
+                            await self.session.wait_link_room()
+                    else:
+                        await self._event(ev)
+                        i += 1
                 self._kick()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             self._stop.set()
+
+    def _inline_run(self, events: list, i: int) -> int:
+        """A run of publishes and acks from events[i] on, as one batch of input (their
+        replicas' rounds run at its end, here, instead of waking their tasks); returns the
+        index after the run."""
+        session = self.session
+        router = self.node.router
+        n = len(events)
+        router.begin_input()
+        try:
+            while i < n and type(events[i]) in INLINE:
+                ev = events[i]
+                i += 1
+                session.handle_now(ev)
+        except ProtocolError as exc:
+            self.log.warning("closing AMQP connection", conn=session.conn_id, code=exc.code,
+                             reason=exc.text)
+            self.proto.close(exc.code, exc.text, trio.current_time())
+        finally:
+            router.end_input()
+        return i
 
     async def _event(self, ev) -> None:
         session = self.session
