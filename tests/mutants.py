@@ -151,6 +151,17 @@ MUTANTS = [
            "        n = 0",
            ["tests/test_cork.py"],
            "corked output is always handed to the writer task (the direct write is dead code)"),
+    Mutant("stopping-node-still-delivers", "broker/session.py",
+           "                if node.leaving:\n                    continue",
+           "                if False:\n                    continue",
+           ["tests/test_dst.py::test_regression_seeds"],
+           "a node whose shutdown record is on its way still shows late deliveries, unflagged, "
+           "after the leader redelivered them elsewhere (dst seed 30123)"),
+    Mutant("link-back-pressure-dropped", "broker/session.py",
+           "                self.full_links.append(qname)",
+           "                pass",
+           ["tests/test_inline_input.py"],
+           "a publisher to a remote leader is never held by a full peer link"),
 ]
 
 
