@@ -65,7 +65,11 @@ class NativeConnection:
                 user, client_name = await self._handshake()
         except ProtocolError as exc:
             self.log.warning("client connection refused", peer=self.peer, reason=exc.text)
-            await self._send_error(exc)
+            with trio.move_on_after(2):  # no writer runs yet: say why straight away
+                try:
+                    await self.framed.send_now(m.Error(exc.code, exc.text))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
             return
         except trio.TooSlowError:
             return
@@ -77,11 +81,16 @@ class NativeConnection:
         try:
             with self.scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write)
+                    written = trio.Event()
+                    nursery.start_soon(self._write, written)
                     error = await self._read(session)
-                    self.outbox.close()  # send what is queued (e.g. the close reply), then stop
                     if error is not None:
-                        await self._send_error(error)
+                        self._tell_error(error)
+                    # the writer sends what is queued (the close reply, the error), then stops;
+                    # nothing else writes meanwhile (two senders on one stream collide)
+                    self.outbox.close()
+                    with trio.move_on_after(2):
+                        await written.wait()
                     nursery.cancel_scope.cancel()
         finally:
             self.gate.close()
@@ -179,22 +188,21 @@ class NativeConnection:
     def _tell_blocked(self, blocked: bool, reason: str) -> None:
         self.outbox.put(m.Blocked(reason) if blocked else m.Unblocked())
 
-    async def _write(self) -> None:
+    async def _write(self, done: trio.Event) -> None:
         try:
             await self.outbox.run()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.scope.cancel()
+        finally:
+            done.set()
 
-    async def _send_error(self, exc: ProtocolError) -> None:
-        """Tell the client why, then close (the node and other connections carry on)."""
+    def _tell_error(self, exc: ProtocolError) -> None:
+        """Tell the client why, after what is queued for it; the connection then closes (the
+        node and other connections carry on)."""
         if self.session is not None:
             self.log.warning("closing client connection", conn=self.session.conn_id, code=exc.code,
                              reason=exc.text)
-        with trio.move_on_after(2):
-            try:
-                await self.framed.send_now(m.Error(exc.code, exc.text))
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
-                pass
+        self.outbox.put(m.Error(exc.code, exc.text))
 
     def force_close(self, code: int, text: str) -> None:
         """Close this connection from the server's side (pause, stop_app)."""

@@ -110,7 +110,9 @@ class Router:
             if md.up.get(me) != self.cluster.incarnation:
                 return
             self._counted = True
-        gone = [n for n in self._up if n not in md.up or md.up[n] != self._up[n]]
+        # node -> its run that went (down, or replaced by a new run): only that run's sessions
+        # are gone; a new run's may have registered already (dst seed 1554)
+        gone = {n: run for n, run in self._up.items() if md.up.get(n) != run}
         self._up = dict(md.up)
         for qname, qdef in md.queues.items():
             here = qdef["leader"] == me or me in qdef.get("mirrors", ())
@@ -122,8 +124,8 @@ class Router:
                 qp = self._start(qname, assign)
             else:
                 qp.deliver(assign)
-            for node in gone:
-                qp.deliver(rp.NodeGone(node, True))
+            for node, run in gone.items():
+                qp.deliver(rp.NodeGone(node, True, run))
         for qname, qp in list(self.replicas.items()):
             qdef = md.queues.get(qname)
             if qdef is None:

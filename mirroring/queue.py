@@ -49,6 +49,7 @@ from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, E
                            EFailover, EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
 
 _msg_id = itemgetter(0)
+SID_RUN_MASK = 0x7FFFFFFF  # a session id's high bits: its node's run (broker/node.py new_session_id)
 MAX_DISPATCH = 2048  # messages handed out per dispatch() call, so one queue cannot hog the loop
 MAX_DISPATCH_BYTES = 1 << 20  # and body bytes: a delivery frame stays far below the frame limit
 
@@ -350,17 +351,28 @@ class QueueState:
         self.last_pseq.pop((node, sid), None)
         return self._owners_gone(lambda o: o[0] == node and o[1] == sid)
 
-    def node_gone(self, node: str, forget_publishers: bool = True) -> int:
+    def node_gone(self, node: str, forget_publishers: bool = True, run: int = 0) -> int:
         """Every session on `node` is gone (the node went down, or the leader lost its link to
         it). With `forget_publishers` (the node is down for good: its sessions never come back)
         their publish de-duplication marks go too; a link that may come back keeps them, so
-        the sessions' resends are still recognised."""
+        the sessions' resends are still recognised.
+
+        `run` (the metadata's word for a node going down or coming back as a new run): only
+        the sessions of that run of the node (its incarnation; a session id carries its run in
+        the high bits, Node.new_session_id) are gone. A newer run's sessions may have registered
+        here before this replica applied the record (dst seed 1554: a consumer of a restarted
+        node, registered just before, was dropped and starved). 0: every run (a lost link)."""
         if self.effects is not None:
-            self.effects.append(ENodeGone(node, forget_publishers))
+            self.effects.append(ENodeGone(node, forget_publishers, run))
+        its = run & SID_RUN_MASK
+
+        def gone(o) -> bool:
+            return o[0] == node and (not its or (o[1] >> 32) == its)
+
         if forget_publishers:
-            for key in [k for k in self.last_pseq if k[0] == node]:
+            for key in [k for k in self.last_pseq if gone(k)]:
                 del self.last_pseq[key]
-        return self._owners_gone(lambda o: o[0] == node)
+        return self._owners_gone(gone)
 
     def failover(self, below: int | None = None) -> list[Consumer]:
         """This replica became leader (spec, "Mirrored Queue Implementation and Semantics"):
@@ -669,7 +681,7 @@ _APPLY = {
     ECancel: lambda q, e: q.remove_consumer(tuple(e.owner), e.tag),
     EOwnerGone: lambda q, e: q.owner_gone(tuple(e.owner)),
     ESessionGone: lambda q, e: q.session_gone(e.node, e.sid),
-    ENodeGone: lambda q, e: q.node_gone(e.node, e.forget_publishers),
+    ENodeGone: lambda q, e: q.node_gone(e.node, e.forget_publishers, e.run),
     EPurge: lambda q, e: q.purge(),
     EFailover: lambda q, e: q.failover(e.redeliver_below),
 }

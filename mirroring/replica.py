@@ -119,9 +119,11 @@ class Assign:
 
 @dataclass(slots=True)
 class NodeGone:
-    """Every client session on `node` is gone (`forget`: for good, the node is down)."""
+    """Every client session of `node`'s run `run` (its incarnation; 0: of every run) is gone
+    (`forget`: for good)."""
     node: str
     forget: bool
+    run: int = 0
 
 
 @dataclass(slots=True)
@@ -348,7 +350,7 @@ class Replica:
 
     def node_gone(self, ev: NodeGone, now: float) -> None:
         if self.state in LEADING:
-            self.q.node_gone(ev.node, ev.forget)
+            self.q.node_gone(ev.node, ev.forget, ev.run)
             self._maybe_auto_delete()
 
     def link_down(self, ev: LinkDown, now: float) -> None:

@@ -298,3 +298,23 @@ def test_ready_between_is_the_ready_run_in_a_window():
     assert [m[0] for m in q.ready_between(3, 8, 10)] == [4, 5, 6, 7]
     assert [m[0] for m in q.ready_between(0, 100, 3)] == [1, 2, 3]
     assert q.ready_between(10, 100, 5) == [] and q.ready_between(4, 5, 5) == []
+
+
+def test_node_gone_of_one_run_keeps_the_sessions_of_a_newer_run():
+    """A node's run (its incarnation) is in its session ids' high bits. When the metadata says
+    run 5 of n2 went, a session of run 7 that registered before this replica heard of it stays
+    (dst seed 1554); `run` 0 (a lost link) takes every run's."""
+    old, new = (5 << 32) | 1, (7 << 32) | 1
+    q = QueueState("q")
+    q.effects = []
+    q.add_consumer(("n2", old, 1), "c-old", False, 0)
+    q.add_consumer(("n2", new, 1), "c-new", False, 0)
+    q.publish([b"a", b"b"], None, ["n2", new], 1)
+    q.dispatch()
+    requeued = q.node_gone("n2", True, 5)
+    assert [key[1] for key in q.consumers] == ["c-new"]
+    assert requeued == 1  # what the old run's consumer held goes back
+    assert ("n2", new) in q.last_pseq  # the new run's publisher is still known
+    assert q.effects[-1].run == 5  # mirrors apply the same (ENodeGone carries the run)
+    q.node_gone("n2", False)
+    assert not q.consumers

@@ -587,9 +587,11 @@ class ESessionGone(Effect, tag="sg"):
 
 class ENodeGone(Effect, tag="ng"):
     """Every owner on `node` is gone; `forget_publishers`: its sessions will not come back (the
-    node is down in the metadata), so their de-duplication marks go too."""
+    node is down in the metadata), so their de-duplication marks go too. `run`: only the
+    sessions of this run of the node (its incarnation) are gone; 0: those of every run."""
     node: str
     forget_publishers: bool
+    run: int = 0
 
 
 class EPurge(Effect, tag="pur"):
