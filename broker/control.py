@@ -173,6 +173,15 @@ async def cmd_forget_cluster_node(node, args):
         raise ProtocolError(NOT_FOUND, f"node {target} is not a member of cluster {node.md.cluster_name}")
     if target in node.running:
         raise ProtocolError(PRECONDITION_FAILED, f"node {target} is running: stop its app first")
+    members = sorted(node.md.members)
+    up = [n for n in members if n == node.name or n in node.running]
+    if 2 * len(up) <= len(members):
+        # the metadata log records a change only with a majority of its members (RabbitMQ's
+        # Mnesia would forget the node anyway; a Raft log cannot without risking a split)
+        raise ProtocolError(PRECONDITION_FAILED, (
+            f"cannot forget {target}: the cluster's metadata changes only with a majority of its "
+            f"{len(members)} members ({', '.join(members)}), and only {', '.join(up)} run; "
+            "start enough of the others first"))
     await node.cluster.propose(["member.remove", target])
     return f"Removing node {target} from the cluster"
 

@@ -272,3 +272,27 @@ async def test_an_idle_cluster_does_not_replan_every_tick(tmp_path, autojump_clo
                                                             "priority": 0, "apply_to": "queues"}])
         await trio.sleep(2)
         assert 1 <= asked.count("replan") <= 3, asked
+
+
+async def test_forgetting_the_other_member_of_a_two_node_cluster_is_refused_at_once(tmp_path, autojump_clock):
+    """The metadata log changes only with a majority of its members: in a two-member cluster
+    whose other member is stopped, forget_cluster_node cannot be recorded. It says so at once,
+    naming the members, instead of waiting out the command's timeout."""
+    from broker.control import ctl_call
+    from broker.simulation import PEER_PORT
+    from wire.errors import ProtocolError
+
+    async def ctl(via, command, **args):
+        return await ctl_call(c.net.host(via), via, PEER_PORT, "test", b"s", command, args)
+
+    async with sim_cluster(tmp_path) as c:
+        c.kill("n3")
+        await ctl("n1", "forget_cluster_node", node="n3")  # two of three run: recorded
+        await c.wait_for(lambda: sorted(c.nodes["n1"].md.members) == ["n1", "n2"], 10)
+        await c.nodes["n2"].stop_app()
+        t0 = trio.current_time()
+        with pytest.raises(ProtocolError) as err:
+            await ctl("n1", "forget_cluster_node", node="n2")
+        assert trio.current_time() - t0 < 1
+        assert "majority of its 2 members (n1, n2), and only n1 run" in str(err.value)
+        assert sorted(c.nodes["n1"].md.members) == ["n1", "n2"]

@@ -175,6 +175,7 @@ class ScheduleRun:
         self.step = "starting"
         self.notes: list[str] = []
         self.heal_now = trio.Event()
+        self.joins_pending: set[str] = set()  # forgotten nodes the cluster could not take back yet
         self.undos: list[trio.Event] = []
         self.publishers: list[Publisher] = []
         self.consumers: list[Consumer] = []
@@ -480,9 +481,16 @@ class ScheduleRun:
 
             async def forgotten():
                 r = await self.ctl(via, "forget_cluster_node", node, timeout=10)
-                return True if r.returncode == 0 else (r.stderr or r.stdout).strip()[-200:]
+                if r.returncode == 0:
+                    return True
+                text = (r.stderr or r.stdout).strip()[-300:]
+                if "majority" in text:  # refused, rightly: the log cannot record it now
+                    rec.detail["refused"] = text
+                    return True
+                return text
             if await self.wait_for(f"forget_cluster_node {node} on {via} to succeed",
-                                   forgotten, 3 * self.opts.net_ticktime + 10, 0.5):
+                                   forgotten, 3 * self.opts.net_ticktime + 10, 0.5) \
+                    and "refused" not in rec.detail:
                 rec.detail["forgotten_via"] = via
             self.say(f"forget {node} ({how}) via {via}")
 
@@ -499,16 +507,13 @@ class ScheduleRun:
                     cmds = [["stop_app"], ["join_cluster", self._join_target(node)], ["start_app"]]
                 else:
                     cmds = [["reset"], ["join_cluster", self._join_target(node)], ["start_app"]]
-                for cmd in cmds:
-                    async def done(cmd=cmd):
-                        if cmd[0] == "join_cluster":  # through a node that runs now: another
-                            cmd = ["join_cluster", self._join_target(node)]  # fault may restart them
-                        r = await self.ctl(node, *cmd, timeout=30)
-                        return True if r.returncode == 0 else (r.stderr or r.stdout).strip()[-200:]
-                    if not await self.wait_for(f"re-joining {node} as a fresh node: warrenctl {cmd[0]}",
-                                               done, 30, 0.5):
-                        break
-                self.down.pop(node, None)
+                if await self._join_fresh(node, cmds, 30):
+                    self.down.pop(node, None)
+                else:
+                    # the cluster could not take it in yet (no majority to record the join):
+                    # it stays out, its app stopped, and the heal takes it in
+                    self.joins_pending.add(node)
+                    self.notes.append(f"{node} re-joins at the heal: the cluster could not take it in")
             self.later(nursery, a, rec, rejoin)
         elif kind == "partition":
             rec.target = node
@@ -547,7 +552,9 @@ class ScheduleRun:
         elif kind == "rolling_restart":
             rec.target = "cluster"
             steps = []
-            for node in list(self.names):
+            # a node another fault holds (killed, stopped, forgotten, paused, cut off) stays as
+            # that fault left it, as in a full restart
+            for node in [n for n in self.names if n not in self.down]:
                 o = await self.observe([n for n in self.names if n != node])
                 why = self.allowance(o, {node}, "shutdown")
                 if why and rec.loss_allowed is None:
@@ -589,6 +596,24 @@ class ScheduleRun:
             self.later(nursery, a, rec, all_up)
         else:
             raise RuntimeError(f"unknown fault kind {kind}")
+
+    async def _join_fresh(self, node: str, cmds: list, timeout: float) -> bool:
+        """Run warrenctl `cmds` (a reset or stop_app, join_cluster, start_app) on a forgotten
+        node; False, without an anomaly, when the join does not go through within `timeout`."""
+        deadline = trio.current_time() + timeout
+        for cmd in cmds:
+            while True:
+                if cmd[0] == "join_cluster":  # through a node that runs now: another fault
+                    cmd = ["join_cluster", self._join_target(node)]  # may restart them
+                r = await self.ctl(node, *cmd, timeout=30)
+                if r.returncode == 0:
+                    break
+                if trio.current_time() >= deadline:
+                    self.notes.append(f"re-joining {node}: warrenctl {cmd[0]}: "
+                                      f"{(r.stderr or r.stdout).strip()[-200:]}")
+                    return False
+                await trio.sleep(0.5)
+        return True
 
     def _join_target(self, node: str) -> str:
         others = [n for n in self.up_nodes() if n != node]
@@ -737,6 +762,12 @@ class ScheduleRun:
                 if n not in self.c.expected_exit:
                     self.anomaly(f"node {n} exited by itself with code {p.returncode}")
                 await self.start_node(n)
+        for n in sorted(self.joins_pending):
+            if await self._join_fresh(n, [["stop_app"], ["join_cluster", self._join_target(n)],
+                                          ["start_app"]], self.opts.heal_timeout):
+                self.joins_pending.discard(n)
+            else:
+                self.anomaly(f"{n}, forgotten, could not re-join the cluster by the heal")
         self.down.clear()
         want = set(self.names)
 
