@@ -174,7 +174,7 @@ async def cmd_forget_cluster_node(node, args):
     if target in node.running:
         raise ProtocolError(PRECONDITION_FAILED, f"node {target} is running: stop its app first")
     members = sorted(node.md.members)
-    up = [n for n in members if n == node.name or n in node.running]
+    up = [n for n in members if n in node.running]  # running: this node and those it links to
     if 2 * len(up) <= len(members):
         # the metadata log records a change only with a majority of its members (RabbitMQ's
         # Mnesia would forget the node anyway; a Raft log cannot without risking a split)

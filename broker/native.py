@@ -158,24 +158,12 @@ class NativeConnection:
                 return None
             if not batch:
                 return None
-            router = self.node.router
             i, n = 0, len(batch)
             while i < n:
                 msg = batch[i]
                 try:
-                    if type(msg) in INLINE:
-                        # a run of publishes and acks: one batch of input, whose replicas'
-                        # rounds run at its end, here, instead of waking their tasks
-                        router.begin_input()
-                        try:
-                            while True:
-                                session.handle_now(msg)
-                                i += 1
-                                if i == n or type(batch[i]) not in INLINE:
-                                    break
-                                msg = batch[i]
-                        finally:
-                            router.end_input()
+                    if type(msg) in INLINE:  # a run of publishes and acks: one batch of input
+                        i = session.handle_run(batch, i)
                         if session.full_links:
                             await session.wait_link_room()
                         continue

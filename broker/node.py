@@ -27,6 +27,7 @@ import trio
 
 from mirroring.exchanges import plain
 from mirroring.metadata import MetaError
+from mirroring.queue import SID_RUN_MASK
 from mirroring.queue import check_arguments as check_queue_arguments
 from mirroring.replica import LEADING
 from wire.errors import (ACCESS_REFUSED, CONNECTION_FORCED, INTERNAL_ERROR, NOT_ALLOWED, NOT_FOUND,
@@ -102,7 +103,7 @@ class Node:
     def new_session_id(self) -> int:
         """Unique across restarts of this node (its incarnation is in the high bits), so a
         queue never mistakes a new session for one it knew (publish de-duplication)."""
-        return ((self.cluster.incarnation & 0x7FFFFFFF) << 32) | next(self._sids)
+        return ((self.cluster.incarnation & SID_RUN_MASK) << 32) | next(self._sids)
 
     def spawn(self, fn, *args) -> None:
         """Run a helper task in the app (dies with the app); nothing once the app is stopping."""

@@ -193,16 +193,19 @@ class Router:
         link.send(msg)
         return True
 
+    def _leader_link(self, qname: str):
+        """The peer link to the queue's leader, when that leader is on another node."""
+        leader = self.leader_of(qname)
+        return self.cluster.links.get(leader) if leader not in (None, self.name) else None
+
     def link_full(self, qname: str) -> bool:
         """Whether the link to the queue's (remote) leader is past its writer's high watermark."""
-        leader = self.leader_of(qname)
-        link = self.cluster.links.get(leader) if leader not in (None, self.name) else None
+        link = self._leader_link(qname)
         return link is not None and link.outbox.full
 
     async def wait_link_room(self, qname: str) -> None:
         """Back-pressure for publishes to a remote leader: wait while that link's writer is full."""
-        leader = self.leader_of(qname)
-        link = self.cluster.links.get(leader) if leader not in (None, self.name) else None
+        link = self._leader_link(qname)
         if link is not None:
             await link.outbox.wait_below_watermark()
 

@@ -194,9 +194,8 @@ class Session:
     async def handle(self, msg) -> bool:
         """One client command; True when the client closed the connection. A ChannelError
         closes the channel; any other ProtocolError is the front end's to answer."""
-        now = self._now.get(type(msg))
-        if now is not None:
-            self.handle_now(msg, now)
+        if type(msg) in INLINE:
+            self.handle_now(msg)
             if self.full_links:
                 await self.wait_link_room()
             return False
@@ -214,16 +213,33 @@ class Session:
             self._close_channel(ch_id, rid, exc)
             return False
 
-    def handle_now(self, msg, handler=None) -> None:
+    def handle_now(self, msg) -> None:
         """A publish, ack or nack (`INLINE`), handled without awaiting anything. A ChannelError
         closes the channel; any other ProtocolError is the front end's to answer."""
         ch_id = msg.ch
         if ch_id in self.closed_channels:
             return  # frames in flight for a channel the server closed
         try:
-            (handler or self._now[type(msg)])(msg)
+            self._now[type(msg)](msg)
         except ChannelError as exc:
             self._close_channel(ch_id, 0, exc)
+
+    def handle_run(self, msgs: list, i: int) -> int:
+        """The run of `INLINE` commands in `msgs` from index i on, as one batch of input
+        (Router.begin_input: the rounds of the replicas it feeds run at its end, in this task);
+        returns the index after the run. A ProtocolError (not a channel's) ends the run and is
+        the front end's to answer. Call `wait_link_room` after it when `full_links`."""
+        router = self.router
+        n = len(msgs)
+        router.begin_input()
+        try:
+            while i < n and type(msgs[i]) in INLINE:
+                msg = msgs[i]
+                i += 1
+                self.handle_now(msg)
+        finally:
+            router.end_input()
+        return i
 
     async def wait_link_room(self) -> None:
         """Back-pressure for publishes to remote leaders: after a run of publishes, wait while

@@ -166,7 +166,7 @@ class AmqpConnection:
                     ev = events[i]
                     if type(ev) in INLINE and self.session is not None \
                             and p.state is proto.State.OPENED:
-                        i = self._inline_run(events, i)
+                        i = self._run_inline(events, i)
                         if self.session.full_links:
                             await self.session.wait_link_room()
                     else:
@@ -178,26 +178,17 @@ class AmqpConnection:
         finally:
             self._stop.set()
 
-    def _inline_run(self, events: list, i: int) -> int:
-        """A run of publishes and acks from events[i] on, as one batch of input (their
-        replicas' rounds run at its end, here, instead of waking their tasks); returns the
-        index after the run."""
+    def _run_inline(self, events: list, i: int) -> int:
+        """A run of publishes and acks as one batch of input (Session.handle_run); a protocol
+        error closes the connection."""
         session = self.session
-        router = self.node.router
-        n = len(events)
-        router.begin_input()
         try:
-            while i < n and type(events[i]) in INLINE:
-                ev = events[i]
-                i += 1
-                session.handle_now(ev)
+            return session.handle_run(events, i)
         except ProtocolError as exc:
             self.log.warning("closing AMQP connection", conn=session.conn_id, code=exc.code,
                              reason=exc.text)
             self.proto.close(exc.code, exc.text, trio.current_time())
-        finally:
-            router.end_input()
-        return i
+            return len(events)  # the rest of the read is not handled: the connection closes
 
     async def _event(self, ev) -> None:
         session = self.session
