@@ -149,19 +149,27 @@ class Encoded:
         self.body = body
 
 
-def encode_many(msgs, max_frame: int) -> bytes:
+def frame_parts(msgs, max_frame: int) -> list:
+    """Messages as the byte strings of their frames, in order (header, body, header, body...):
+    written with one `writev`, they reach the wire without first being joined into one copy."""
     parts = []
+    append = parts.append
+    pack = HEADER.pack
     for m in msgs:
         if type(m) is Encoded:
-            parts.append(m.head)
-            parts.append(m.body)
+            append(m.head)
+            append(m.body)
             continue
         body = encode(m)
         if len(body) > max_frame:
             raise FrameError(f"outgoing {m.KIND!r} frame of {len(body)} bytes exceeds the maximum frame size {max_frame}")
-        parts.append(HEADER.pack(len(body)))
-        parts.append(body)
-    return b"".join(parts)
+        append(pack(len(body)))
+        append(body)
+    return parts
+
+
+def encode_many(msgs, max_frame: int) -> bytes:
+    return b"".join(frame_parts(msgs, max_frame))
 
 
 class Cork:
@@ -218,17 +226,62 @@ def direct_socket(stream):
     return sock if hasattr(sock, "fileno") else None
 
 
-def write_now(sock, data: bytes) -> int:
-    """Write what the socket takes now, without blocking; returns how many bytes. 0 when it takes
-    nothing or fails: the writer task then sends the rest and meets any error itself. The
-    descriptor is read at each call: a closed socket's is -1 (never a number reused since)."""
+IOV_MAX = 1024  # Linux's limit on the buffers of one writev
+
+
+def _unwritten(parts: list, n: int) -> list:
+    """What is left of `parts` after the first `n` bytes went out: the first part left may be
+    the tail of a part, as a memoryview (no copy)."""
+    for i, part in enumerate(parts):
+        size = len(part)
+        if n < size:
+            rest = parts[i:]
+            if n:
+                rest[0] = memoryview(part)[n:]
+            return rest
+        n -= size
+    return []
+
+
+def write_now(sock, parts: list) -> list:
+    """Write what the socket takes now of `parts` (byte strings, in order), without blocking, and
+    return what is left ([] when everything went). A full socket or an error writes nothing more:
+    the writer task sends the rest and meets any error itself. The descriptor is read at each
+    call: a closed socket's is -1 (never a number reused since)."""
     fd = sock.fileno() if sock is not None else -1
-    if fd < 0:
-        return 0
-    try:
-        return os.write(fd, data)
-    except OSError:  # BlockingIOError (full), or a broken connection the writer will report
-        return 0
+    while parts and fd >= 0:
+        chunk = parts if len(parts) <= IOV_MAX else parts[:IOV_MAX]
+        try:
+            n = os.writev(fd, chunk)
+        except OSError:  # BlockingIOError (full), or a broken connection the writer will report
+            return parts
+        if n < sum(map(len, chunk)):
+            return _unwritten(parts, n)  # the socket is full
+        parts = parts[len(chunk):]
+    return parts
+
+
+async def send_parts(stream, sock, parts: list) -> None:
+    """The writer task's send: every part, waiting for room as needed. A socket is written with
+    `writev` (the parts are never joined into one copy); other streams (the simulation's) get
+    the joined bytes through `send_all`. Raises trio's Broken/ClosedResourceError as send_all."""
+    if sock is None:
+        await stream.send_all(parts[0] if len(parts) == 1 else b"".join(parts))
+        return
+    await trio.lowlevel.checkpoint_if_cancelled()
+    while parts:
+        fd = sock.fileno()
+        if fd < 0:
+            raise trio.ClosedResourceError("the connection was closed")
+        chunk = parts if len(parts) <= IOV_MAX else parts[:IOV_MAX]
+        try:
+            n = os.writev(fd, chunk)
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+            continue
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"connection broken: {exc}") from exc
+        parts = _unwritten(parts, n) if n < sum(map(len, chunk)) else parts[len(chunk):]
 
 
 class Outbox:
@@ -242,7 +295,7 @@ class Outbox:
     def __init__(self, framed: FramedStream):
         self.framed = framed
         self._items: list = []
-        self._rest = b""  # bytes a direct write did not get out: the writer sends them first
+        self._rest: list = []  # what a direct write did not get out: the writer sends it first
         self._wake = trio.Event()
         self._sending = False
         self._held = False
@@ -274,10 +327,9 @@ class Outbox:
             self._wake.set()
             return
         batch, self._items = self._items, []
-        data = encode_many(batch, self.framed.max_frame)
-        n = write_now(self._sock, data)
-        if n < len(data):
-            self._rest = data[n:] if n else data
+        rest = write_now(self._sock, frame_parts(batch, self.framed.max_frame))
+        if rest:
+            self._rest = rest
             self._wake.set()
         self._check_below()
 
@@ -317,11 +369,11 @@ class Outbox:
                 self._sending = True
                 try:
                     if self._rest:
-                        rest, self._rest = self._rest, b""
-                        await stream.send_all(rest)
+                        rest, self._rest = self._rest, []
+                        await send_parts(stream, self._sock, rest)
                     if self._items:
                         batch, self._items = self._items, []
-                        await stream.send_all(encode_many(batch, self.framed.max_frame))
+                        await send_parts(stream, self._sock, frame_parts(batch, self.framed.max_frame))
                 finally:
                     self._sending = False
                 self._check_below()

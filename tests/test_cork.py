@@ -101,3 +101,34 @@ async def test_a_message_encoded_once_goes_out_as_the_same_bytes():
         outbox.put(Encoded(msg, DEFAULT_MAX_FRAME))
     got = await read_messages(right, 1)
     assert got == [msg]
+
+
+def test_what_a_write_leaves_is_the_tail_of_the_parts_without_copies():
+    from broker.framed import _unwritten
+
+    parts = [b"abc", b"defg", b"h"]
+    assert _unwritten(parts, 0) == parts
+    assert [bytes(p) for p in _unwritten(parts, 2)] == [b"c", b"defg", b"h"]
+    assert _unwritten(parts, 3) == [b"defg", b"h"]
+    assert [bytes(p) for p in _unwritten(parts, 7)] == [b"h"]
+    assert _unwritten(parts, 8) == []
+
+
+async def test_the_writer_sends_more_parts_than_one_writev_takes_in_order():
+    from broker.framed import IOV_MAX, send_parts
+
+    left, right = stream_pair()
+    left.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    parts = [bytes([i % 251]) * (1 + i % 7) for i in range(3 * IOV_MAX + 5)]
+    want = b"".join(parts)
+    got = bytearray()
+
+    async def read_all():
+        while len(got) < len(want):
+            got.extend(await right.receive_some(65536))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_all)
+        with trio.fail_after(10):
+            await send_parts(left, left.socket, parts)
+    assert bytes(got) == want

@@ -63,6 +63,19 @@ def test_garbage_yields_values_or_frame_error(data, cuts):
         pass
 
 
+def test_an_unfinished_frame_from_a_reused_buffer_is_kept_as_it_was():
+    # the decoder keeps the start of an unfinished frame without copying bytes objects; a
+    # mutable buffer (its owner may refill it) must be copied, or the frame is corrupted
+    data = encode_frame(["a", 1]) + encode_frame(["b" * 50, 2])
+    buf = bytearray(data[:20])
+    dec = FrameDecoder()
+    assert dec.feed(buf) == [["a", 1]]
+    assert dec.pending == 20 - len(encode_frame(["a", 1]))
+    buf[:] = b"\xff" * len(buf)
+    assert dec.feed(data[20:]) == [["b" * 50, 2]]
+    assert dec.pending == 0
+
+
 def test_oversized_frame_refused_on_encode_and_decode():
     with pytest.raises(FrameError, match="5000"):
         encode_frame(b"x" * 4997, max_frame=4096)  # bin32 header: 3 bytes

@@ -35,56 +35,76 @@ def encoded_size(value) -> int:
 
 
 class FrameDecoder:
-    """Feed bytes in, take decoded msgpack values out."""
+    """Feed bytes in, take decoded msgpack values out.
+
+    Frames are decoded straight from the bytes fed in. Only a frame that is not whole yet is
+    kept, as the pieces that came (no copy), until the bytes it needs have arrived; they are
+    then joined once. A large frame that arrives over many reads is copied once, not once per
+    read, and the frames that come whole in one read are not copied at all."""
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, decode=None):
         self.max_frame = max_frame
-        self._buf = bytearray()
+        self._parts: list = []  # the start of a frame not whole yet
+        self._have = 0  # bytes in _parts
+        self._need = 0  # bytes that frame takes, header included (4 while the header is partial)
         self._decode = decode  # frame body bytes -> value; None: generic msgpack
 
     def feed(self, data: bytes) -> list:
         """Add received bytes; return every complete value now available (maybe none)."""
-        buf = self._buf
-        buf += data
+        if self._parts:
+            self._parts.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return []
+            data = b"".join(self._parts)
+            self._parts = []
+            self._have = 0
         out = []
         pos = 0
-        n = len(buf)
-        while n - pos >= 4:
-            (length,) = HEADER.unpack_from(buf, pos)
-            if length > self.max_frame:
-                raise FrameError(
-                    f"frame length {length} exceeds the maximum frame size {self.max_frame}"
-                )
-            if length == 0:
-                raise FrameError("empty frame (length 0)")
-            end = pos + 4 + length
-            if end > n:
-                break
-            body = memoryview(buf)[pos + 4 : end]
-            if self._decode is not None:
-                try:
-                    value = self._decode(body)
-                finally:
-                    body.release()
-            else:
-                try:
-                    value = msgpack.unpackb(body, raw=False, strict_map_key=False)
-                except Exception as exc:  # msgpack raises several types for garbage
-                    raise FrameError(f"frame body is not valid msgpack ({type(exc).__name__}: {exc})")
-                finally:
-                    body.release()
-            out.append(value)
-            pos = end
-        if pos:
-            del buf[:pos]
+        n = len(data)
+        view = memoryview(data)
+        try:
+            while n - pos >= 4:
+                (length,) = HEADER.unpack_from(data, pos)
+                if length > self.max_frame:
+                    raise FrameError(
+                        f"frame length {length} exceeds the maximum frame size {self.max_frame}"
+                    )
+                if length == 0:
+                    raise FrameError("empty frame (length 0)")
+                end = pos + 4 + length
+                if end > n:
+                    break
+                out.append(self._value(view[pos + 4 : end]))
+                pos = end
+            if pos < n:
+                # keep the unfinished frame as it came: the bytes object itself, or a view of
+                # its tail (a mutable buffer, which its owner may reuse, is copied)
+                rest = data if pos == 0 else memoryview(data)[pos:]
+                self._parts = [rest if type(data) is bytes else bytes(rest)]
+                self._have = n - pos
+                self._need = 4 + length if n - pos >= 4 else 4
+        finally:
+            view.release()
         return out
+
+    def _value(self, body: memoryview):
+        try:
+            if self._decode is not None:
+                return self._decode(body)
+            try:
+                return msgpack.unpackb(body, raw=False, strict_map_key=False)
+            except Exception as exc:  # msgpack raises several types for garbage
+                raise FrameError(f"frame body is not valid msgpack ({type(exc).__name__}: {exc})")
+        finally:
+            body.release()
 
     @property
     def pending(self) -> int:
         """Bytes received but not yet part of a whole frame."""
-        return len(self._buf)
+        return self._have
 
     def check_eof(self) -> None:
         """Call at end of stream: a partial frame left over is a truncation error."""
-        if self._buf:
-            raise FrameError(f"connection closed in the middle of a frame ({len(self._buf)} bytes pending)")
+        if self._have:
+            raise FrameError(f"connection closed in the middle of a frame ({self._have} bytes pending)")

@@ -17,7 +17,7 @@ import trio
 
 from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
 
-from ..framed import CORK, LINGER, Reader, direct_socket, write_now
+from ..framed import CORK, LINGER, Reader, direct_socket, send_parts, write_now
 from ..memory import PublisherGate
 from ..native import check_login
 from ..session import INLINE, Session
@@ -49,7 +49,7 @@ class AmqpConnection:
         self._done = False
         self._sending = False  # the writer task is in a send
         self._held = False  # noted by the Cork, to be flushed at the end of the stretch
-        self._rest = b""  # what a direct write did not get out: the writer sends it first
+        self._rest: list = []  # what a direct write did not get out: the writer sends it first
         self._sock = direct_socket(stream)
 
     # --- callbacks of the protocol ---------------------------------------------------------------
@@ -116,9 +116,9 @@ class AmqpConnection:
             return
         data = self.proto.data_to_send(trio.current_time())
         if data:
-            n = write_now(self._sock, data)
-            if n < len(data):
-                self._rest = data[n:] if n else data
+            rest = write_now(self._sock, [data])
+            if rest:
+                self._rest = rest
                 self._wake.set()
 
     async def _reader(self) -> None:
@@ -244,11 +244,11 @@ class AmqpConnection:
                 self._sending = True
                 try:
                     if self._rest:
-                        rest, self._rest = self._rest, b""
-                        await stream.send_all(rest)
+                        rest, self._rest = self._rest, []
+                        await send_parts(stream, self._sock, rest)
                     data = p.data_to_send(trio.current_time())
                     if data:
-                        await stream.send_all(data)
+                        await send_parts(stream, self._sock, [data])
                 finally:
                     self._sending = False
                 if self._done and not p.has_output:

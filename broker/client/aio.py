@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.framed import LINGER, FramedStream, encode_many
+from broker.framed import LINGER, FramedStream, direct_socket, frame_parts, send_parts
 from broker.network import TcpNetwork
 from wire import messages as m
 from wire.errors import ProtocolError
@@ -658,6 +658,7 @@ class Connection:
     async def _write_loop(self, scope) -> None:
         w = self._writer
         framed = self._framed
+        sock = direct_socket(self._stream)
         try:
             while True:
                 if not w.items:
@@ -665,7 +666,7 @@ class Connection:
                 if LINGER is not None:
                     await trio.sleep(LINGER)
                 batch = w.take()  # what the application put meanwhile: one write
-                await self._stream.send_all(encode_many(batch, framed.max_frame))
+                await send_parts(self._stream, sock, frame_parts(batch, framed.max_frame))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._loss = ConnectionLost(f"connection to {self.node} broke: {exc!r}")
             scope.cancel()
