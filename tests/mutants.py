@@ -147,8 +147,8 @@ MUTANTS = [
            PROPERTY + ["tests/test_sim_mirroring.py::test_a_last_ack_reaches_the_mirrors_within_the_settle_linger"],
            "acks alone wait for the next publish batch however long that takes"),
     Mutant("cork-never-writes", "broker/framed.py",
-           "        n = write_now(self._sock, data)",
-           "        n = 0",
+           "        rest = write_now(self._sock, frame_parts(batch, self.framed.max_frame))",
+           "        rest = frame_parts(batch, self.framed.max_frame)",
            ["tests/test_cork.py"],
            "corked output is always handed to the writer task (the direct write is dead code)"),
     Mutant("stopping-node-still-delivers", "broker/session.py",
@@ -184,7 +184,11 @@ def run(m: Mutant) -> tuple[bool, str]:
                                "-m", "not docker and not spark", *tests],
                               cwd=tree, env=env, capture_output=True, text=True)
         tail = (proc.stdout.strip().splitlines() or [""])[-1]
-        return proc.returncode != 0, tail
+        # Only pytest's "tests failed" (exit 1) counts: a collection error, such as a missing
+        # dependency, is a broken harness, not a caught mutant.
+        if proc.returncode not in (0, 1):
+            return False, f"pytest could not run the tests (exit {proc.returncode}): {tail}"
+        return proc.returncode == 1, tail
 
 
 def main(argv=None) -> int:
