@@ -76,6 +76,24 @@ def test_an_unfinished_frame_from_a_reused_buffer_is_kept_as_it_was():
     assert dec.pending == 0
 
 
+@pytest.mark.parametrize("keep", [FrameDecoder.ASSEMBLY_KEEP, 10])
+def test_frames_assembled_across_reads_share_no_memory_with_what_was_decoded(keep):
+    # frames longer than a read are assembled in one buffer the decoder reuses (or, past
+    # ASSEMBLY_KEEP, joined afresh); what a frame decoded to must not change when the next
+    # frame is assembled in the same place, nor may a tail left over from the buffer
+    bodies = [bytes([i]) * 3000 for i in range(1, 5)]
+    stream = b"".join(encode_frame(["m", b]) for b in bodies)
+    dec = FrameDecoder()
+    dec.ASSEMBLY_KEEP = keep
+    got = []
+    for start in range(0, len(stream), 1000):  # reads of 1,000 bytes: every frame spans reads
+        got.extend(dec.feed(stream[start:start + 1000]))
+    assert got == [["m", b] for b in bodies]
+    assert dec.pending == 0
+    if keep > 10:
+        assert len(dec._assembly) >= 3000  # one kept buffer served every frame
+
+
 def test_oversized_frame_refused_on_encode_and_decode():
     with pytest.raises(FrameError, match="5000"):
         encode_frame(b"x" * 4997, max_frame=4096)  # bin32 header: 3 bytes
