@@ -433,7 +433,13 @@ class SimNetwork:
         connection raise BrokenResourceError, and each remote end reads
         whatever the dead host had already sent (its kernel flushes it, subject
         to delay/partition), then EOF; sending to it raises
-        BrokenResourceError.  The host's tasks keep running: cancel them."""
+        BrokenResourceError.  The host's tasks keep running: cancel them.
+
+        A paused host that is killed is no longer paused: SIGKILL ends a SIGSTOPped
+        process, and the process that `revive` later stands for starts running (dst seed
+        20130 from the chaos schedules: a full restart during a pause brought the node back
+        silent for good)."""
+        self._paused.discard(host)
         self._deliver_all_due()
         self._dead.add(host)
         for key in [k for k in self._listeners if k[0] == host]:

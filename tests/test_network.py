@@ -401,6 +401,23 @@ async def test_partition_blocks_connect_but_not_bystanders(autojump_clock):
 
 
 @bounded
+async def test_a_paused_host_that_is_killed_and_revived_is_heard_again(autojump_clock):
+    # SIGKILL ends a SIGSTOPped process: the node started again on that host is not paused
+    # (dst seed 20130 of the chaos schedules: a full restart during a pause left the restarted
+    # node silent to the others for good)
+    net = SimNetwork()
+    async with trio.open_nursery() as nursery:
+        net.pause("n1")
+        net.kill("n1")
+        net.revive("n1")
+        _, port = await start_recorder(nursery, net, "n1")
+        s = await net.host("n2").connect("n1", port)  # a paused host refuses new connections
+        assert net.connections("n1", "n2") == 1
+        await s.aclose()
+        nursery.cancel_scope.cancel()
+
+
+@bounded
 async def test_drop_breaks_both_ends(autojump_clock):
     net = SimNetwork()
     async with trio.open_nursery() as nursery:
