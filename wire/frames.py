@@ -9,6 +9,7 @@ can never make us buffer more than one maximum frame.
 from __future__ import annotations
 
 import struct
+import threading
 
 import msgpack
 
@@ -18,7 +19,7 @@ HEADER = struct.Struct(">I")
 DEFAULT_MAX_FRAME = 8 * 1024 * 1024  # 8 MiB
 MIN_MAX_FRAME = 4096
 
-_packer_default = msgpack.Packer(use_bin_type=True)
+_assembly = threading.local()  # .buf: the bytearray frames are assembled in (FrameDecoder)
 
 
 def encode_frame(value, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
@@ -39,7 +40,7 @@ class FrameDecoder:
 
     Frames are decoded straight from the bytes fed in. Only a frame that is not whole yet is
     kept, as the pieces that came (no copy), until the bytes it needs have arrived; they are
-    then copied once into a buffer this decoder keeps and reuses (`_assembly`). A large frame
+    then copied once into a buffer kept for reuse (`_assembly`, one per thread). A large frame
     that arrives over many reads is copied once, not once per read, and the frames that come
     whole in one read are not copied at all.
 
@@ -48,7 +49,9 @@ class FrameDecoder:
     fresh memory from the kernel each time (malloc gives large blocks back), and the kernel
     zeroes every page before the copy fills it: on a pure mirror under load that zeroing was a
     tenth of the process's CPU. Decoded values never point into the buffer (msgpack and msgspec
-    copy what they return), so it is free again once a feed returns."""
+    copy what they return) and the start of a next frame left over is copied out, so it is free
+    again once a feed returns. That is why one buffer serves every decoder of a thread: a node
+    with thousands of connections keeps one, not one per connection."""
 
     ASSEMBLY_KEEP = 4 * 1024 * 1024  # larger frames are joined into fresh memory, not kept
 
@@ -58,7 +61,6 @@ class FrameDecoder:
         self._have = 0  # bytes in _parts
         self._need = 0  # bytes that frame takes, header included (4 while the header is partial)
         self._decode = decode  # frame body bytes -> value; None: generic msgpack
-        self._assembly = b""  # bytearray once a frame had to be assembled (see the class doc)
 
     def _assemble(self):
         """The pieces of `_parts` as one buffer: a view of `_assembly`, or a fresh join."""
@@ -67,9 +69,11 @@ class FrameDecoder:
         self._have = 0
         if have > self.ASSEMBLY_KEEP:
             return b"".join(parts)
-        if len(self._assembly) < have:
-            self._assembly = bytearray(max(have, 2 * len(self._assembly), 64 * 1024))
-        view = memoryview(self._assembly)
+        buf = getattr(_assembly, "buf", b"")
+        if len(buf) < have:
+            # replaced, never resized: a view of the old one may still be alive
+            buf = _assembly.buf = bytearray(max(have, min(2 * len(buf), self.ASSEMBLY_KEEP), 64 * 1024))
+        view = memoryview(buf)
         pos = 0
         for part in parts:
             end = pos + len(part)
