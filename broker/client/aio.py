@@ -115,6 +115,19 @@ class _Writer:
         items.append(msg)
         self.wake.set()
 
+    def put_ack(self, ch: int, tag: int) -> None:
+        """One acked delivery tag: `put(Ack(ch, [tag], 0))` without building a message for it
+        when the last queued item is an Ack of the same channel (a consumer that acks each
+        message calls this once per message)."""
+        items = self.items
+        if items:
+            last = items[-1]
+            if type(last) is m.Ack and last.ch == ch:
+                last.tags.append(tag)
+                return
+        items.append(m.Ack(ch, [tag], 0))
+        self.wake.set()
+
     def _count(self, msg):
         self.bytes_queued += sum(map(len, msg.bodies))
         if self.bytes_queued > 8 * MAX_BATCH_BYTES and self.room.is_set():
@@ -349,6 +362,11 @@ class Channel:
 
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
         self._check()
+        if not multiple:
+            tag = delivery_tag - self.tag_offset
+            if tag > 0:  # a tag from before a reconnect means nothing to the server now
+                self.conn._writer.put_ack(self.ch, tag)
+            return
         tags, upto = self._server_tags([] if multiple else [delivery_tag], delivery_tag if multiple else 0)
         if tags or upto:
             self.conn._put(m.Ack(self.ch, tags, upto))
