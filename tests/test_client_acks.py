@@ -1,11 +1,13 @@
-"""The native client's ack path: one queued Ack per run of single acks of a channel, and tags
-from before a reconnect never reach the server (they would name other deliveries there)."""
+"""The native client's fast paths: one queued Ack per run of single acks of a channel, tags
+from before a reconnect never sent (they would name other deliveries there), and publishes
+joining the Publish batch at the tail only where they may (same channel and queue, no
+properties on either, batch limits)."""
 
 from __future__ import annotations
 
 import types
 
-from broker.client.aio import Channel, _Writer
+from broker.client.aio import MAX_BATCH_MSGS, Channel, _Writer
 from wire import messages as m
 
 
@@ -46,3 +48,26 @@ def test_tags_from_before_a_reconnect_are_not_sent():
     chan.basic_ack(12)  # the second delivery on the new connection: server tag 2
     assert [x.tags for x in writer.items] == [[2]]
 
+
+
+def test_publishes_join_the_tail_batch_only_where_they_may():
+    chan, writer = channel_with_writer()
+    assert not writer.wake.is_set()
+    chan.publish_nowait("q", b"a")
+    assert writer.wake.is_set()
+    chan.publish_nowait("q", bytearray(b"b"))  # copied: the caller may reuse its buffer
+    chan.publish_nowait("r", b"c")  # another queue
+    chan.publish_nowait("r", b"d", {"content_type": "x"})  # properties: a batch with props
+    chan.publish_nowait("r", b"e")  # not into a batch that carries properties
+    assert [(x.queue, x.bodies, x.props) for x in writer.items] == [
+        ("q", [b"a", b"b"], None), ("r", [b"c"], None), ("r", [b"d"], [{"content_type": "x"}]),
+        ("r", [b"e"], None)]
+    assert type(writer.items[0].bodies[1]) is bytes
+    assert writer.bytes_queued == 5
+
+
+def test_a_full_batch_starts_another():
+    chan, writer = channel_with_writer()
+    for _ in range(MAX_BATCH_MSGS + 1):
+        chan.publish_nowait("q", b"x")
+    assert [len(x.bodies) for x in writer.items] == [MAX_BATCH_MSGS, 1]

@@ -115,6 +115,24 @@ class _Writer:
         items.append(msg)
         self.wake.set()
 
+    def put_body(self, ch: int, queue: str, body: bytes) -> None:
+        """One publish without properties: `put(Publish(ch, queue, [body], None))` without
+        building a message for it when it can join the Publish batch at the tail."""
+        items = self.items
+        if items:
+            last = items[-1]
+            if type(last) is m.Publish and last.ch == ch and last.queue == queue \
+                    and last.props is None and len(last.bodies) < MAX_BATCH_MSGS \
+                    and self._last_bytes < MAX_BATCH_BYTES:
+                last.bodies.append(body)
+                n = len(body)
+                self._last_bytes += n
+                self.bytes_queued += n
+                if self.bytes_queued > 8 * MAX_BATCH_BYTES and self.room.is_set():
+                    self.room = trio.Event()
+                return
+        self.put(m.Publish(ch, queue, [body], None))
+
     def put_ack(self, ch: int, tag: int) -> None:
         """One acked delivery tag: `put(Ack(ch, [tag], 0))` without building a message for it
         when the last queued item is an Ack of the same channel (a consumer that acks each
@@ -283,6 +301,9 @@ class Channel:
             seq = self.next_seq
             self.next_seq += 1
             self.outstanding[seq] = seq
+        if self._held is None and properties is None:
+            self.conn._writer.put_body(self.ch, routing_key, bytes(body))
+            return seq
         msg = m.Publish(self.ch, routing_key, [bytes(body)], None if properties is None else [properties])
         if self._held is not None:
             self._held.append((seq, msg))
