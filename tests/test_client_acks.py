@@ -49,7 +49,6 @@ def test_tags_from_before_a_reconnect_are_not_sent():
     assert [x.tags for x in writer.items] == [[2]]
 
 
-
 def test_publishes_join_the_tail_batch_only_where_they_may():
     chan, writer = channel_with_writer()
     assert not writer.wake.is_set()

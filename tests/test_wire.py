@@ -81,6 +81,8 @@ def test_frames_assembled_across_reads_share_no_memory_with_what_was_decoded(kee
     # frames longer than a read are assembled in one buffer every decoder of the thread reuses
     # (or, past ASSEMBLY_KEEP, joined afresh); what a frame decoded to must not change when the
     # next frame is assembled in the same place, nor may a tail left over from the buffer
+    from wire.frames import _assembly
+    _assembly.__dict__.pop("buf", None)  # start with no kept buffer (other tests made one)
     bodies = [bytes([i]) * 3000 for i in range(1, 5)]
     stream = b"".join(encode_frame(["m", b]) for b in bodies)
     dec = FrameDecoder()
@@ -91,8 +93,9 @@ def test_frames_assembled_across_reads_share_no_memory_with_what_was_decoded(kee
     assert got == [["m", b] for b in bodies]
     assert dec.pending == 0
     if keep > 10:
-        from wire.frames import _assembly
         assert len(_assembly.buf) >= 3000  # one kept buffer served every frame
+    else:
+        assert not hasattr(_assembly, "buf")  # past ASSEMBLY_KEEP nothing is kept
 
 
 def test_oversized_frame_refused_on_encode_and_decode():

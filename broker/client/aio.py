@@ -96,42 +96,37 @@ class _Writer:
         if items:
             last = items[-1]
             t = type(msg)
-            if t is m.Publish and type(last) is m.Publish and last.ch == msg.ch and last.queue == msg.queue \
-                    and len(last.bodies) < MAX_BATCH_MSGS and self._last_bytes < MAX_BATCH_BYTES \
-                    and (last.props is None) == (msg.props is None):
-                last.bodies.extend(msg.bodies)
-                if msg.props is not None:
-                    last.props.extend(msg.props)
-                self._last_bytes += sum(map(len, msg.bodies))
-                self._count(msg)
-                return
-            if t is m.Ack and type(last) is m.Ack and last.ch == msg.ch:
+            if t is m.Publish:
+                batch = self._joinable(msg.ch, msg.queue, msg.props is not None)
+                if batch is not None:
+                    batch.bodies.extend(msg.bodies)
+                    if msg.props is not None:
+                        batch.props.extend(msg.props)
+                    n = sum(map(len, msg.bodies))
+                    self._last_bytes += n
+                    self._add_bytes(n)
+                    return
+            elif t is m.Ack and type(last) is m.Ack and last.ch == msg.ch:
                 last.tags.extend(msg.tags)
                 last.multiple_upto = max(last.multiple_upto, msg.multiple_upto)
                 return
         if type(msg) is m.Publish:
-            self._last_bytes = sum(map(len, msg.bodies))
-            self._count(msg)
+            self._last_bytes = n = sum(map(len, msg.bodies))
+            self._add_bytes(n)
         items.append(msg)
         self.wake.set()
 
     def put_body(self, ch: int, queue: str, body: bytes) -> None:
         """One publish without properties: `put(Publish(ch, queue, [body], None))` without
         building a message for it when it can join the Publish batch at the tail."""
-        items = self.items
-        if items:
-            last = items[-1]
-            if type(last) is m.Publish and last.ch == ch and last.queue == queue \
-                    and last.props is None and len(last.bodies) < MAX_BATCH_MSGS \
-                    and self._last_bytes < MAX_BATCH_BYTES:
-                last.bodies.append(body)
-                n = len(body)
-                self._last_bytes += n
-                self.bytes_queued += n
-                if self.bytes_queued > 8 * MAX_BATCH_BYTES and self.room.is_set():
-                    self.room = trio.Event()
-                return
-        self.put(m.Publish(ch, queue, [body], None))
+        batch = self._joinable(ch, queue, False) if self.items else None
+        if batch is None:
+            self.put(m.Publish(ch, queue, [body], None))
+            return
+        batch.bodies.append(body)
+        n = len(body)
+        self._last_bytes += n
+        self._add_bytes(n)
 
     def put_ack(self, ch: int, tag: int) -> None:
         """One acked delivery tag: `put(Ack(ch, [tag], 0))` without building a message for it
@@ -146,8 +141,18 @@ class _Writer:
         items.append(m.Ack(ch, [tag], 0))
         self.wake.set()
 
-    def _count(self, msg):
-        self.bytes_queued += sum(map(len, msg.bodies))
+    def _joinable(self, ch: int, queue: str, with_props: bool):
+        """The Publish batch at the tail of a non-empty queue if a publish to `queue` on `ch`
+        may join it (both with properties or both without, and the batch not full), else None."""
+        last = self.items[-1]
+        if type(last) is m.Publish and last.ch == ch and last.queue == queue \
+                and (last.props is not None) == with_props \
+                and len(last.bodies) < MAX_BATCH_MSGS and self._last_bytes < MAX_BATCH_BYTES:
+            return last
+        return None
+
+    def _add_bytes(self, n: int) -> None:
+        self.bytes_queued += n
         if self.bytes_queued > 8 * MAX_BATCH_BYTES and self.room.is_set():
             self.room = trio.Event()
 
@@ -388,9 +393,9 @@ class Channel:
             if tag > 0:  # a tag from before a reconnect means nothing to the server now
                 self.conn._writer.put_ack(self.ch, tag)
             return
-        tags, upto = self._server_tags([] if multiple else [delivery_tag], delivery_tag if multiple else 0)
-        if tags or upto:
-            self.conn._put(m.Ack(self.ch, tags, upto))
+        _, upto = self._server_tags([], delivery_tag)
+        if upto:
+            self.conn._put(m.Ack(self.ch, [], upto))
 
     def basic_nack(self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True) -> None:
         self._check()
