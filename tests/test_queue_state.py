@@ -318,3 +318,28 @@ def test_node_gone_of_one_run_keeps_the_sessions_of_a_newer_run():
     assert q.effects[-1].run == 5  # mirrors apply the same (ENodeGone carries the run)
     q.node_gone("n2", False)
     assert not q.consumers
+
+
+def test_one_consumers_dispatch_stops_at_the_byte_limit_and_a_mirror_follows_it():
+    """A dispatch hands one consumer messages up to MAX_DISPATCH_BYTES (the one that reaches it
+    included) and leaves the rest at the head in order; a mirror applying the leader's effects
+    ends in the same state, and so does one given the same delivery with its ids out of order."""
+    from mirroring.queue import MAX_DISPATCH_BYTES
+    from wire.messages import EDeliver
+    leader, mirror, other = QueueState("q"), QueueState("q"), QueueState("q")
+    body = b"x" * (MAX_DISPATCH_BYTES // 3 + 1)
+    for q in (leader, mirror, other):
+        q.add_consumer(A, "c", no_ack=False, prefetch=0)
+        q.publish([body] * 5 + [b"tail"], None)
+    leader.effects = []
+    ((c, batch),) = leader.dispatch()
+    assert ids(batch) == [1, 2, 3]  # the third reaches the limit and goes too
+    assert [m[0] for m in leader.ready] == [4, 5, 6]
+    assert leader.ready_bytes == 2 * len(body) + 4 and c.in_flight == 3
+    assert sorted(leader.unacked) == [1, 2, 3] and leader.unacked[2] == (A, (A, "c"), batch[1])
+    effects, leader.effects = leader.effects, None
+    assert effects == [EDeliver([(A, "c", [1, 2, 3])])]
+    mirror.apply_effects(effects)
+    assert mirror.comparable() == leader.comparable()
+    other.apply_effects([EDeliver([(A, "c", [2, 1, 3])])])
+    assert other.comparable() == leader.comparable()
