@@ -383,3 +383,51 @@ def test_unsupported_methods():
         c.send(f(method, 1))
         (_, close), = c.said()
         assert close.reply_code == code and text in close.reply_text
+
+
+def _flat(events) -> list:
+    """The messages of PublishTo events, one by one: how reads are cut changes the batches only."""
+    return [(e.ch, e.exchange, e.routing_key, e.mandatory, body, None if e.props is None else e.props[i])
+            for e in events if isinstance(e, m.PublishTo) for i, body in enumerate(e.bodies)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_reads_cut_anywhere_give_the_same_messages(seed):
+    """The same stream of publishes (small, empty, with properties, one larger than a frame, on
+    two channels) read whole and read in random pieces, down to single bytes: the same messages
+    in the same order."""
+    import random
+    rng = random.Random(seed)
+    props = C.Basic.Properties(content_type="text/plain", headers={"a": 1})
+    stream = b""
+    for i in range(40):
+        ch = rng.choice([1, 1, 2])
+        size = rng.choice([0, 1, 10, 1024, 5000])
+        stream += f(C.Basic.Publish(0, rng.choice(["", "x"]), "q%d" % (i % 3)), ch)
+        stream += content(ch, bytes([i]) * size, props if i % 5 == 0 else None, frame_max=4096)
+    whole, cut = Client(frame_max=4096), Client(frame_max=4096)
+    for c in (whole, cut):
+        c.open()
+        c.channel(1)
+        c.channel(2)
+    want = _flat(whole.send(stream))
+    assert len(want) == 40
+    got, pos = [], 0
+    while pos < len(stream):
+        n = rng.choice([1, 2, 3, 6, 7, 8, 100, 1500, 4096, 9000])
+        got += _flat(cut.send(stream[pos:pos + n]))
+        pos += n
+    assert got == want
+    assert not cut.said()  # no error
+
+
+def test_a_frame_above_frame_max_is_refused_when_its_head_is_in_even_across_reads():
+    c = Client(frame_max=4096)
+    c.open()
+    c.channel()
+    c.send(f(C.Basic.Publish(0, "", "q"), 1) + f(header.ContentHeader(0, 5000, C.Basic.Properties()), 1))
+    body = f(pbody.ContentBody(b"x" * 5000), 1)
+    assert c.send(body[:3]) == [] and not c.said()  # not even the frame's head yet
+    c.send(body[3:100])
+    (_, close), = c.said()
+    assert close.reply_code == 501 and "larger than frame_max 4096" in close.reply_text
