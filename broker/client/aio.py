@@ -93,26 +93,24 @@ class _Writer:
 
     def put(self, msg) -> None:
         items = self.items
-        if items:
+        t = type(msg)
+        if t is m.Publish:
+            n = sum(map(len, msg.bodies))
+            batch = self._joinable(msg.ch, msg.queue, msg.props is not None) if items else None
+            if batch is None:
+                self._start_batch(msg, n)
+                return
+            batch.bodies.extend(msg.bodies)
+            if msg.props is not None:
+                batch.props.extend(msg.props)
+            self._joined(n)
+            return
+        if t is m.Ack and items:
             last = items[-1]
-            t = type(msg)
-            if t is m.Publish:
-                batch = self._joinable(msg.ch, msg.queue, msg.props is not None)
-                if batch is not None:
-                    batch.bodies.extend(msg.bodies)
-                    if msg.props is not None:
-                        batch.props.extend(msg.props)
-                    n = sum(map(len, msg.bodies))
-                    self._last_bytes += n
-                    self._add_bytes(n)
-                    return
-            elif t is m.Ack and type(last) is m.Ack and last.ch == msg.ch:
+            if type(last) is m.Ack and last.ch == msg.ch:
                 last.tags.extend(msg.tags)
                 last.multiple_upto = max(last.multiple_upto, msg.multiple_upto)
                 return
-        if type(msg) is m.Publish:
-            self._last_bytes = n = sum(map(len, msg.bodies))
-            self._add_bytes(n)
         items.append(msg)
         self.wake.set()
 
@@ -121,12 +119,10 @@ class _Writer:
         building a message for it when it can join the Publish batch at the tail."""
         batch = self._joinable(ch, queue, False) if self.items else None
         if batch is None:
-            self.put(m.Publish(ch, queue, [body], None))
+            self._start_batch(m.Publish(ch, queue, [body], None), len(body))
             return
         batch.bodies.append(body)
-        n = len(body)
-        self._last_bytes += n
-        self._add_bytes(n)
+        self._joined(len(body))
 
     def put_ack(self, ch: int, tag: int) -> None:
         """One acked delivery tag: `put(Ack(ch, [tag], 0))` without building a message for it
@@ -151,7 +147,16 @@ class _Writer:
             return last
         return None
 
-    def _add_bytes(self, n: int) -> None:
+    def _start_batch(self, msg, n: int) -> None:
+        """`msg`, a Publish of `n` body bytes, becomes the batch at the tail."""
+        self.items.append(msg)
+        self.wake.set()
+        self._last_bytes = 0
+        self._joined(n)
+
+    def _joined(self, n: int) -> None:
+        """`n` body bytes joined the Publish batch at the tail."""
+        self._last_bytes += n
         self.bytes_queued += n
         if self.bytes_queued > 8 * MAX_BATCH_BYTES and self.room.is_set():
             self.room = trio.Event()
@@ -388,14 +393,13 @@ class Channel:
 
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
         self._check()
-        if not multiple:
-            tag = delivery_tag - self.tag_offset
-            if tag > 0:  # a tag from before a reconnect means nothing to the server now
-                self.conn._writer.put_ack(self.ch, tag)
+        tag = delivery_tag - self.tag_offset
+        if tag <= 0:  # a tag from before a reconnect means nothing to the server now
             return
-        _, upto = self._server_tags([], delivery_tag)
-        if upto:
-            self.conn._put(m.Ack(self.ch, [], upto))
+        if multiple:
+            self.conn._put(m.Ack(self.ch, [], tag))
+        else:
+            self.conn._writer.put_ack(self.ch, tag)
 
     def basic_nack(self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True) -> None:
         self._check()
