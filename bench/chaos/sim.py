@@ -96,6 +96,14 @@ REGRESSIONS: dict[str, int] = {
     # received the late originals unflagged (fixed: once a node proposes its shutdown record, its
     # sessions show no more deliveries)
     "deliveries-after-the-shutdown-record": 30123,
+    # a bug of the driver, not the broker: a rolling restart restarted a node that a forget held
+    # (killed, out of the cluster); its old metadata, read first, said every mirror was
+    # synchronised, so the restart went on before the restarted nodes had mirrors again and the
+    # leader's node stopped with none synchronised: 2 confirmed messages lost, judged a bug
+    # (fixed: the driver reads the most applied metadata and restarts only the nodes no other
+    # fault holds, as the real driver does); seed 62919 lost 8 the same way
+    "rolling-restart-read-a-forgotten-nodes-metadata": 64117,
+    "rolling-restart-read-a-forgotten-nodes-metadata-2": 62919,
 }
 
 
@@ -198,12 +206,15 @@ class SimRun:
         return await ctl_call(self.c.net.host(where), where, PEER_PORT, "dst", b"s", command, args,
                               timeout=10)
 
-    def queue(self, prefer: str | None = None) -> dict | None:
-        for n in ([prefer] if prefer else []) + self.live():
-            q = self.c.nodes[n].md.queues.get(self.s.queue)
-            if q is not None:
-                return q
-        return None
+    def queue(self) -> dict | None:
+        """The queue's record in the freshest metadata a running node holds: the most applied
+        log, since a node outside the cluster (forgotten, not yet joined) keeps an old one (dst
+        seed 64117: a forgotten node's old view said every mirror was synchronised)."""
+        live = self.live()
+        if not live:
+            return None
+        freshest = max(live, key=lambda n: self.c.nodes[n].cluster.applied)
+        return self.c.nodes[freshest].md.queues.get(self.s.queue)
 
     def allowance(self, targets: set[str], how: str) -> str | None:
         q = self.queue()
@@ -327,7 +338,8 @@ class SimRun:
                 await trio.sleep(a.duration)
                 await self._ctl_quietly(self.live()[0], "cancel_sync_queue", queue=self.s.queue)
         elif k == "rolling_restart":
-            for node in self.names:
+            # a node another fault holds stays as that fault left it (as in the real driver)
+            for node in [n for n in self.names if n not in self.down]:
                 rec.loss_allowed = rec.loss_allowed or self.allowance({node}, "shutdown")
                 await self._break("sigterm", node, a)
                 await self._restore("sigterm", node)
