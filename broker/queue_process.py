@@ -39,6 +39,7 @@ class QueueProcess:
         self._idle = False  # the task waits for input (an inline round may run: after_batch)
         self._sleep: trio.CancelScope | None = None  # its timer while it waits
         self._noted = False  # due a round at the end of the current batch
+        self._in_round = False  # a round runs (catch_up must not start another inside it)
         self.scope = trio.CancelScope()
         self.log = host.log.bind(queue=self.name)
 
@@ -63,6 +64,21 @@ class QueueProcess:
         if not self._idle or self.replica.state is rp.State.STOPPED:
             self._wake.set()
             return
+        self._round_inline()
+
+    def catch_up(self) -> bool:
+        """Apply the inbox now, from the caller's task (a session about to hand out deliveries
+        whose bodies this mirror holds: the replication batch that came before them on the link
+        may still wait here). False if there was nothing to run."""
+        if not self.inbox or self._in_round or self.replica.state is rp.State.STOPPED:
+            return False
+        for _ in range(8):
+            if not self.inbox or self.replica.state is rp.State.STOPPED:
+                break
+            self._round_inline()
+        return True
+
+    def _round_inline(self) -> None:
         try:
             more = self._round(trio.current_time())
         except Exception:  # a bug costs this queue, as it would in its own task
@@ -111,16 +127,20 @@ class QueueProcess:
         could be dispatched at once."""
         replica = self.replica
         inbox = self.inbox
-        with CORK:  # what the round sends leaves at its end, from this task
-            # once per round, before any input: a replica promoted in this round reads it too
-            replica.in_step = self.host.may_deliver(self)
-            for _ in range(BATCH):
-                if not inbox or replica.round_bytes >= rp.ROUND_BYTES:
-                    break
-                self._handle(inbox.popleft(), now)
-            replica.tick(now)
-            more = replica.flush(now)
-            self._carry_out()
+        self._in_round = True
+        try:
+            with CORK:  # what the round sends leaves at its end, from this task
+                # once per round, before any input: a replica promoted in this round reads it too
+                replica.in_step = self.host.may_deliver(self)
+                for _ in range(BATCH):
+                    if not inbox or replica.round_bytes >= rp.ROUND_BYTES:
+                        break
+                    self._handle(inbox.popleft(), now)
+                replica.tick(now)
+                more = replica.flush(now)
+                self._carry_out()
+        finally:
+            self._in_round = False
         return more
 
     def _handle(self, item, now: float) -> None:

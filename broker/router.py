@@ -54,6 +54,7 @@ class Router:
         self._pids = 0
         self._held: set[QueueProcess] = set()  # leaders holding deliveries until in step
         self.batch: list | None = None  # replicas due a round at the end of this peer batch
+        self._for_sessions: list = []  # this peer batch's ToSession messages, for its end
 
     @property
     def cluster(self):
@@ -211,15 +212,24 @@ class Router:
 
     def to_session(self, node: str, sid: int, events: list) -> None:
         if node == self.name:
-            s = self.node.sessions.get(sid)
-            if s is not None:
-                s.queue_events(events)
-            else:
-                self._no_such_session(sid, events)
+            self._to_local_session(sid, events)
             return
         link = self.cluster.links.get(node)
         if link is not None:
             link.send(m.ToSession(sid, events))
+
+    def mirror_bodies(self, ev: m.EvDeliver, owner: tuple) -> list:
+        """The bodies of a delivery its leader sent without them, from this node's mirror of
+        the queue (None for each it lacks). The replication batch that gave the mirror that
+        delivery came first on the link, but may still wait in the mirror's inbox (the reader
+        runs queue rounds at the end of its batch): apply it now and look again."""
+        qp = self.replicas.get(ev.queue)
+        if qp is None:
+            return [None] * len(ev.ids)
+        bodies = qp.replica.local_bodies(owner, ev.ids, ev.epoch)
+        if None in bodies and qp.catch_up():
+            bodies = qp.replica.local_bodies(owner, ev.ids, ev.epoch)
+        return bodies
 
     def _local(self, msg) -> None:
         qp = self.replicas.get(msg.queue)
@@ -250,7 +260,12 @@ class Router:
         self.begin_input()
         try:
             for msg in msgs:
-                self.peer_message(link, msg)
+                if type(msg) is m.ToSession:
+                    # after the batch's queue rounds: a delivery sent without its bodies finds
+                    # them in this node's mirror once the batch before it on the link is applied
+                    self._for_sessions.append(msg)
+                else:
+                    self.peer_message(link, msg)
         finally:
             self.end_input()
 
@@ -269,23 +284,30 @@ class Router:
         try:
             for qp in batch:
                 qp.after_batch()
+            if self._for_sessions:
+                msgs, self._for_sessions = self._for_sessions, []
+                for msg in msgs:
+                    self._to_local_session(msg.sid, msg.events)
         finally:
             CORK.__exit__(None, None, None)
 
     def peer_message(self, link, msg) -> None:
         t = type(msg)
         if t is m.ToSession:
-            s = self.node.sessions.get(msg.sid)
-            if s is not None:
-                s.queue_events(msg.events)
-            else:
-                self._no_such_session(msg.sid, msg.events)
+            self._to_local_session(msg.sid, msg.events)
         elif t in QUEUE_OPS or t in REPLICA_MSGS:
             self._local(msg)
         elif t is m.NodeAlarm:  # not queue traffic, but checked after it: off the hot path
             self.node.memory.peer_alarm(link.name, msg)
         else:
             link.close(f"unexpected message {msg.KIND!r} on a peer link")
+
+    def _to_local_session(self, sid: int, events: list) -> None:
+        s = self.node.sessions.get(sid)
+        if s is not None:
+            s.queue_events(events)
+        else:
+            self._no_such_session(sid, events)
 
     def _no_such_session(self, sid: int, events: list) -> None:
         """Deliveries for a session this node does not have (it ended, or this node restarted

@@ -840,6 +840,10 @@ class Session:
                 if reg is None:
                     self._unknown_consumer(ch, ev)
                     continue
+                if not ev.bodies and ev.ids:
+                    ev = self._bodies_from_mirror(ch, ev)
+                    if ev is None:
+                        continue
                 first = ch.next_tag
                 n = len(ev.ids)
                 ch.next_tag = first + n
@@ -891,6 +895,28 @@ class Session:
                     if b.pseq == ev.pseq:
                         b.rejected = list(ev.indexes)
                         break
+
+    def _bodies_from_mirror(self, ch: Channel, ev: m.EvDeliver) -> m.EvDeliver | None:
+        """A delivery the leader sent without its bodies: this node's mirror of the queue holds
+        them (mirroring/replica.py `local_bodies`). Any it does not hold (it restarted empty
+        meanwhile) go back to the leader, which delivers them again, flagged (the client never
+        saw them), and with their bodies from then on. None when nothing is left to deliver."""
+        owner = self._owner(ch)
+        bodies = self.router.mirror_bodies(ev, owner)
+        if None not in bodies:
+            ev.bodies = bodies
+            return ev
+        keep = [i for i, b in enumerate(bodies) if b is not None]
+        missing = [mid for mid, b in zip(ev.ids, bodies) if b is None]
+        self.log.warning("deliveries whose bodies this node's mirror lacks: given back to the "
+                         "queue's leader", queue=ev.queue, messages=len(missing))
+        self.router.to_leader(ev.queue, m.QSettle(ev.queue, owner, m.LACKED, missing))
+        if not keep:
+            return None
+        new_index = {old: new for new, old in enumerate(keep)}
+        return m.EvDeliver(ev.ch, ev.tag, ev.queue, [ev.ids[i] for i in keep], [bodies[i] for i in keep],
+                           [new_index[i] for i in ev.redelivered if i in new_index],
+                           [ev.props[i] for i in keep] if ev.props is not None else None, ev.epoch)
 
     def _stale_delivery(self, ch: Channel, ev: m.EvDeliver) -> None:
         """Deliveries a leader sent before its epoch ended, arriving after we moved on (a link

@@ -474,7 +474,13 @@ class Replica:
         self.accepted[(owner[0], owner[1])] = msg.pseq
 
     def _op_settle(self, msg: m.QSettle, now: float) -> None:
-        self.q.settle(tuple(msg.owner), msg.how, msg.ids)
+        how = msg.how
+        if how == m.LACKED:  # that node's mirror could not lend the bodies: send them again
+            t = self.rep.mirrors.get(msg.owner[0])
+            if t is not None:
+                t.lends = False
+            how = m.REQUEUE
+        self.q.settle(tuple(msg.owner), how, msg.ids)
 
     def _op_consume(self, msg: m.QConsume, now: float) -> None:
         self.last_used = now
@@ -917,10 +923,21 @@ class Replica:
             if batches:
                 name = self.name
                 below = self.q.redeliver_below
+                me = self.me
+                tracks = self.rep.mirrors
                 for c, batch in batches:
                     props = [x[2] for x in batch]
-                    self.emit(c.owner, m.EvDeliver(
-                        c.owner[2], c.tag, name, [x[0] for x in batch], [x[1] for x in batch],
+                    ids = [x[0] for x in batch]
+                    owner = c.owner
+                    # a consumer on a node with a mirror that holds these messages gets them
+                    # from that mirror: the delivery goes without its bodies (see local_bodies)
+                    t = tracks.get(owner[0]) if owner[0] != me and not c.no_ack else None
+                    if t is not None and t.lends and t.ready and (t.synced or min(ids) >= t.start_id):
+                        bodies = []
+                    else:
+                        bodies = [x[1] for x in batch]
+                    self.emit(owner, m.EvDeliver(
+                        owner[2], c.tag, name, ids, bodies,
                         [i for i, x in enumerate(batch) if x[3] or x[0] < below],
                         props if any(p is not None for p in props) else None, self.epoch))
                 more = bool(self.q.ready)
@@ -937,6 +954,22 @@ class Replica:
         if self.sync is not None:
             self._sync_step(now)
         return more
+
+    def local_bodies(self, owner: tuple, ids: list, epoch: int) -> list:
+        """The bodies of `ids` as this mirror holds them delivered to `owner` by the leader of
+        `epoch`, None for each it does not hold so (a mirror that restarted empty, or has not
+        applied that delivery). A leader sends a delivery to a consumer on a node with one of
+        its mirrors without the bodies (`flush`): that mirror already has them, and the
+        replication batch that delivered them reached its node first, on the same link. Saves
+        the leader a third copy of every body and the consumer's node reading it again."""
+        if self.state not in FOLLOWING or self.follow.epoch != epoch:
+            return [None] * len(ids)
+        unacked = self.q.unacked
+        out = []
+        for mid in ids:
+            e = unacked.get(mid)
+            out.append(e[2][1] if e is not None and e[2] is not None and e[0] == owner else None)
+        return out
 
     def stats(self, now: float) -> dict:
         st = {"pid": self.pid, "role": self.role, "state": self.state.value, "node": self.me,

@@ -37,6 +37,9 @@ class MirrorTrack:
     ready: bool = False  # the mirror answered its start (RMirrorReady)
     since: int = 0  # the batch seq it was started at (names its start among restarts)
     progress_at: float = 0.0  # when it last acknowledged something (or was added)
+    # deliveries to consumers on its node go without their bodies, which it holds (Replica.
+    # local_bodies); False once that node said it lacked some (until the mirror starts again)
+    lends: bool = True
 
 
 class LeaderReplication:

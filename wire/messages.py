@@ -465,12 +465,15 @@ class QGet(Message, tag="q.get"):
     no_ack: bool
 
 
-ACK, REQUEUE, DISCARD = 0, 1, 2
+ACK, REQUEUE, DISCARD, LACKED = 0, 1, 2, 3
+# LACKED: requeue, from a consumer's node whose mirror lacked the bodies of a delivery its leader
+# sent without them (mirroring/replica.py local_bodies); that leader sends the node's deliveries
+# with their bodies from then on, until its mirror starts again
 
 
 @register
 class QSettle(Message, tag="q.settle"):
-    """Acknowledge (how=ACK), requeue (REQUEUE) or drop (DISCARD) delivered message ids."""
+    """Acknowledge (how=ACK), requeue (REQUEUE, LACKED) or drop (DISCARD) delivered message ids."""
     queue: str
     owner: Owner
     how: int
