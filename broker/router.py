@@ -218,7 +218,7 @@ class Router:
         if link is not None:
             link.send(m.ToSession(sid, events))
 
-    def mirror_bodies(self, ev: m.EvDeliver, owner: tuple) -> list:
+    def mirror_bodies(self, ev: m.EvDeliver) -> list:
         """The bodies of a delivery its leader sent without them, from this node's mirror of
         the queue (None for each it lacks). The replication batch that gave the mirror that
         delivery came first on the link, but may still wait in the mirror's inbox (the reader
@@ -226,9 +226,9 @@ class Router:
         qp = self.replicas.get(ev.queue)
         if qp is None:
             return [None] * len(ev.ids)
-        bodies = qp.replica.local_bodies(owner, ev.ids, ev.epoch)
+        bodies = qp.replica.local_bodies(ev.ids)
         if None in bodies and qp.catch_up():
-            bodies = qp.replica.local_bodies(owner, ev.ids, ev.epoch)
+            bodies = qp.replica.local_bodies(ev.ids)
         return bodies
 
     def _local(self, msg) -> None:

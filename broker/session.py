@@ -901,11 +901,11 @@ class Session:
         them (mirroring/replica.py `local_bodies`). Any it does not hold (it restarted empty
         meanwhile) go back to the leader, which delivers them again, flagged (the client never
         saw them), and with their bodies from then on. None when nothing is left to deliver."""
-        owner = self._owner(ch)
-        bodies = self.router.mirror_bodies(ev, owner)
+        bodies = self.router.mirror_bodies(ev)
         if None not in bodies:
             ev.bodies = bodies
             return ev
+        owner = self._owner(ch)
         keep = [i for i, b in enumerate(bodies) if b is not None]
         missing = [mid for mid, b in zip(ev.ids, bodies) if b is None]
         self.log.warning("deliveries whose bodies this node's mirror lacks: given back to the "

@@ -955,20 +955,19 @@ class Replica:
             self._sync_step(now)
         return more
 
-    def local_bodies(self, owner: tuple, ids: list, epoch: int) -> list:
-        """The bodies of `ids` as this mirror holds them delivered to `owner` by the leader of
-        `epoch`, None for each it does not hold so (a mirror that restarted empty, or has not
-        applied that delivery). A leader sends a delivery to a consumer on a node with one of
-        its mirrors without the bodies (`flush`): that mirror already has them, and the
-        replication batch that delivered them reached its node first, on the same link. Saves
-        the leader a third copy of every body and the consumer's node reading it again."""
-        if self.state not in FOLLOWING or self.follow.epoch != epoch:
-            return [None] * len(ids)
+    def local_bodies(self, ids: list) -> list:
+        """The bodies of `ids` that this replica holds as delivered and unacknowledged, None for
+        each it does not (a mirror that restarted empty, or has not applied that delivery yet).
+        A leader sends a delivery to a consumer on a node with one of its mirrors without the
+        bodies (`flush`): that mirror already has them, and the replication batch that delivered
+        them reached its node first, on the same link. An id names one message for the queue's
+        whole life, so whichever delivery of it the entry records, the body is that message's.
+        Saves the leader a third copy of every body and the consumer's node reading it again."""
         unacked = self.q.unacked
         out = []
         for mid in ids:
             e = unacked.get(mid)
-            out.append(e[2][1] if e is not None and e[2] is not None and e[0] == owner else None)
+            out.append(e[2][1] if e is not None and e[2] is not None else None)
         return out
 
     def stats(self, now: float) -> dict:

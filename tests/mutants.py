@@ -162,6 +162,21 @@ MUTANTS = [
            "                pass",
            ["tests/test_inline_input.py"],
            "a publisher to a remote leader is never held by a full peer link"),
+    Mutant("lend-from-a-mirror-that-started-later", "mirroring/replica.py",
+           "(t.synced or min(ids) >= t.start_id)",
+           "True",
+           ["tests/test_sim_lent_bodies.py"],
+           "a leader counts on a mirror for bodies of messages older than its start"),
+    Mutant("lacking-mirror-lends-again", "mirroring/replica.py",
+           "            if t is not None:\n                t.lends = False",
+           "            if t is not None:\n                pass",
+           ["tests/test_sim_lent_bodies.py"],
+           "a leader keeps sending deliveries without bodies to a node whose mirror lacked them"),
+    Mutant("no-catch-up-before-lending", "broker/router.py",
+           "        if None in bodies and qp.catch_up():",
+           "        if False:",
+           ["tests/test_sim_lent_bodies.py"],
+           "a busy mirror lends nothing it has not applied yet: deliveries come back flagged"),
 ]
 
 

@@ -9,13 +9,15 @@ messages, and that a mirror lacking them costs nothing but a redelivery.
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 
 from broker.simulation import sim_cluster
 from wire import messages as m
 
-from tests.test_sim_mirroring import declare_on_all_nodes, replicas_settled, set_policy
+from tests.test_sim_mirroring import declare_on_all_nodes, publish_confirmed, replicas_settled, set_policy
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -31,6 +33,19 @@ def spy_deliveries(c, node: str) -> list:
         real(to, sid, events)
     router.to_session = to_session
     return seen
+
+
+@asynccontextmanager
+async def mirrored_everywhere(tmp_path, consumer_node: str):
+    """A 3-node cluster with queue ha.q led by n1 and mirrored on n2 and n3: (cluster, the
+    deliveries n1 sends, a publishing channel on n1, a channel on `consumer_node`)."""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
+        sent = spy_deliveries(c, "n1")
+        async with c.connect("n1") as c1, c.connect(consumer_node) as cx:
+            ch1, chx = await c1.channel(), await cx.channel()
+            await declare_on_all_nodes(c, ch1, "ha.q")
+            yield c, sent, ch1, chx
 
 
 async def consume(ch, queue, n, auto_ack=False):
@@ -53,20 +68,13 @@ async def test_a_consumer_on_a_mirrors_node_gets_the_bodies_from_that_mirror(tmp
                                                                             busy_mirror):
     """busy_mirror: the mirror's task never runs its round at the end of a peer batch (as when
     it is already due to run): the session has it apply its inbox first (QueueProcess.catch_up)."""
-    async with sim_cluster(tmp_path) as c:
-        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
-        sent = spy_deliveries(c, "n1")
-        async with c.connect("n1") as c1, c.connect("n3") as c3:
-            ch1, ch3 = await c1.channel(), await c3.channel()
-            await declare_on_all_nodes(c, ch1, "ha.q")
-            if busy_mirror:
-                qp = c.nodes["n3"].router.replicas["ha.q"]
-                qp.after_batch = lambda: (setattr(qp, "_noted", False), qp._wake.set())
-            bodies = [b"m%d-" % i + bytes([i % 251]) * (i % 700) for i in range(300)]
-            for b in bodies:
-                ch1.publish_nowait("ha.q", b)
-            assert await ch1.wait_for_confirms(timeout=10)
-            got = await consume(ch3, "ha.q", 300)
+    async with mirrored_everywhere(tmp_path, "n3") as (c, sent, ch1, ch3):
+        if busy_mirror:
+            qp = c.nodes["n3"].router.replicas["ha.q"]
+            qp.after_batch = lambda: (setattr(qp, "_noted", False), qp._wake.set())
+        bodies = [b"m%d-" % i + bytes([i % 251]) * (i % 700) for i in range(300)]
+        assert await publish_confirmed(ch1, "ha.q", bodies)
+        got = await consume(ch3, "ha.q", 300)
     assert got == [(b, False) for b in bodies]  # each its own body, in order, none flagged
     to_n3 = [with_bodies for to, with_bodies in sent if to == "n3"]
     assert to_n3 and not any(to_n3), "the leader sent the mirror's node the bodies again"
@@ -80,10 +88,7 @@ async def test_the_leaders_own_node_and_a_node_without_a_mirror_get_the_bodies(t
             ch1, ch1b, ch3 = await c1.channel(), await c1.channel(), await c3.channel()
             await ch1.queue_declare("two.q", durable=True)
             await replicas_settled(c, "two.q", ["n2"], synced=["n2"])
-            await ch1.confirm_delivery()
-            for i in range(100):
-                ch1.publish_nowait("two.q", b"x%d" % i)
-            assert await ch1.wait_for_confirms(timeout=10)
+            assert await publish_confirmed(ch1, "two.q", [b"x%d" % i for i in range(100)])
             got3 = await consume(ch3, "two.q", 50)
             await ch3.close()
             got1 = await consume(ch1b, "two.q", 50)
@@ -95,16 +100,9 @@ async def test_the_leaders_own_node_and_a_node_without_a_mirror_get_the_bodies(t
 async def test_a_no_ack_consumer_on_a_mirrors_node_gets_the_bodies_from_the_leader(tmp_path, autojump_clock):
     """A mirror keeps no unacknowledged entry for a no-ack consumer's deliveries, so it could
     not lend their bodies."""
-    async with sim_cluster(tmp_path) as c:
-        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
-        sent = spy_deliveries(c, "n1")
-        async with c.connect("n1") as c1, c.connect("n2") as c2:
-            ch1, ch2 = await c1.channel(), await c2.channel()
-            await declare_on_all_nodes(c, ch1, "ha.q")
-            for i in range(80):
-                ch1.publish_nowait("ha.q", b"y%d" % i)
-            assert await ch1.wait_for_confirms(timeout=10)
-            got = await consume(ch2, "ha.q", 80, auto_ack=True)
+    async with mirrored_everywhere(tmp_path, "n2") as (c, sent, ch1, ch2):
+        assert await publish_confirmed(ch1, "ha.q", [b"y%d" % i for i in range(80)])
+        got = await consume(ch2, "ha.q", 80, auto_ack=True)
     assert got == [(b"y%d" % i, False) for i in range(80)]
     assert sent and all(with_bodies for _, with_bodies in sent)
 
@@ -113,29 +111,42 @@ async def test_a_mirror_that_lacks_the_bodies_gives_them_back_and_nothing_is_los
     """As if the mirror had restarted empty just before the delivery reached its node: the
     session gives the messages back (LACKED), the leader delivers them again, flagged and with
     their bodies, and sends that node's later deliveries with their bodies too."""
+    async with mirrored_everywhere(tmp_path, "n3") as (c, sent, ch1, ch3):
+        mirror = c.nodes["n3"].router.replicas["ha.q"].replica
+        real = mirror.local_bodies
+        lacked = set()
+
+        def lacking_the_first(ids):
+            lacked.update(() if lacked else ids)
+            return [None if i in lacked else b for i, b in zip(ids, real(ids))]
+        mirror.local_bodies = lacking_the_first
+        assert await publish_confirmed(ch1, "ha.q", [b"z%d" % i for i in range(200)])
+        got = await consume(ch3, "ha.q", 200)
+        await trio.sleep(1)
+        leader = c.nodes["n1"].router.replicas["ha.q"].replica
+        assert leader.rep.mirrors["n3"].lends is False
+        assert leader.q.stats()["messages"] == 0
+    assert sorted(got) == sorted((b"z%d" % i, i + 1 in lacked) for i in range(200))
+    assert lacked and len(got) == 200
+    to_n3 = [with_bodies for to, with_bodies in sent if to == "n3"]
+    assert to_n3[0] is False and all(to_n3[1:]), to_n3
+
+
+async def test_a_mirror_that_started_after_the_messages_does_not_lend_them(tmp_path, autojump_clock):
+    """Mirrors added to a queue that already holds messages start empty (ha-sync-mode manual):
+    the messages older than a mirror's start go to its node's consumer with their bodies, the
+    newer ones without, and every one arrives unflagged."""
     async with sim_cluster(tmp_path) as c:
-        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
+        await set_policy(c, "ha", r"^ha\.", {"ha-mode": "nodes", "ha-params": ["n1"]})
         sent = spy_deliveries(c, "n1")
         async with c.connect("n1") as c1, c.connect("n3") as c3:
             ch1, ch3 = await c1.channel(), await c3.channel()
-            await declare_on_all_nodes(c, ch1, "ha.q")
-            mirror = c.nodes["n3"].router.replicas["ha.q"].replica
-            real = mirror.local_bodies
-            lacked = set()
-
-            def lacking_the_first(owner, ids, epoch):
-                lacked.update(() if lacked else ids)
-                return [None if i in lacked else b for i, b in zip(ids, real(owner, ids, epoch))]
-            mirror.local_bodies = lacking_the_first
-            for i in range(200):
-                ch1.publish_nowait("ha.q", b"z%d" % i)
-            assert await ch1.wait_for_confirms(timeout=10)
-            got = await consume(ch3, "ha.q", 200)
-            await trio.sleep(1)
-            leader = c.nodes["n1"].router.replicas["ha.q"].replica
-            assert leader.rep.mirrors["n3"].lends is False
-            assert leader.q.stats()["messages"] == 0
-    assert sorted(got) == sorted((b"z%d" % i, i + 1 in lacked) for i in range(200))
-    assert [b for b, _ in got] != [] and len(got) == 200
+            await ch1.queue_declare("ha.q", durable=True)
+            assert await publish_confirmed(ch1, "ha.q", [b"old%d" % i for i in range(60)])
+            await set_policy(c, "ha", r"^ha\.", {"ha-mode": "all"})
+            await replicas_settled(c, "ha.q", ["n2", "n3"], synced=[])
+            assert await publish_confirmed(ch1, "ha.q", [b"new%d" % i for i in range(60)])
+            got = await consume(ch3, "ha.q", 120)
+    assert got == [(b"old%d" % i, False) for i in range(60)] + [(b"new%d" % i, False) for i in range(60)]
     to_n3 = [with_bodies for to, with_bodies in sent if to == "n3"]
-    assert to_n3[0] is False and all(to_n3[1:]), to_n3
+    assert True in to_n3 and False in to_n3
