@@ -217,6 +217,23 @@ class Router:
         link = self.cluster.links.get(node)
         if link is not None:
             link.send(m.ToSession(sid, events))
+        else:
+            self._deliveries_lost(node, events)
+
+    def _deliveries_lost(self, node: str, events: list) -> None:
+        """Events for a node this one has no link to go nowhere, yet a leader counts the
+        deliveries among them in flight: a leader promoted while that node was frozen, on a
+        node that restarted meanwhile, may never have had a link to it, so no link-down ever
+        gave them back (dst seed 67947: 50 messages sat with a sleeping node's consumer until
+        the end). Give them back as for a replaced link: requeued, flagged, and that node's
+        consumers dropped until its sessions register them again, which they do when the link
+        comes up."""
+        for qname in {ev.queue for ev in events if type(ev) is m.EvDeliver}:
+            qp = self.replicas.get(qname)
+            if qp is not None:
+                self.log.info("no link to the node of a delivery: given back to the queue",
+                              queue=qname, peer=node)
+                qp.deliver(rp.LinkReplaced(node))
 
     def mirror_bodies(self, ev: m.EvDeliver) -> list:
         """The bodies of a delivery its leader sent without them, from this node's mirror of

@@ -162,6 +162,12 @@ MUTANTS = [
            "                pass",
            ["tests/test_inline_input.py"],
            "a publisher to a remote leader is never held by a full peer link"),
+    Mutant("deliveries-to-an-unlinked-node-kept", "broker/router.py",
+           "        else:\n            self._deliveries_lost(node, events)\n",
+           "\n",
+           ["tests/test_dst.py::test_regression_seeds"],
+           "a leader with no link to a consumer's node drops its deliveries but counts them in "
+           "flight (dst seed 67947)"),
     Mutant("lend-from-a-mirror-that-started-later", "mirroring/replica.py",
            "(t.synced or min(ids) >= t.start_id)",
            "True",
