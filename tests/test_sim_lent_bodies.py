@@ -1,5 +1,6 @@
-"""Deliveries whose bodies come from the consumer's node's own mirror (mirroring/replica.py
-`local_bodies`, broker/session.py `_bodies_from_mirror`), on the simulated network.
+"""Deliveries on the simulated network: bodies that come from the consumer's node's own mirror
+(mirroring/replica.py `local_bodies`, broker/session.py `_bodies_from_mirror`), and deliveries
+for a consumer its node no longer has, which go back to the queue.
 
 A leader sends a delivery for a consumer on a node that holds a mirror of the queue without its
 bodies; that node's session takes them from its mirror. These tests check that the consumer gets
@@ -150,3 +151,23 @@ async def test_a_mirror_that_started_after_the_messages_does_not_lend_them(tmp_p
     assert got == [(b"old%d" % i, False) for i in range(60)] + [(b"new%d" % i, False) for i in range(60)]
     to_n3 = [with_bodies for to, with_bodies in sent if to == "n3"]
     assert True in to_n3 and False in to_n3
+
+
+@pytest.mark.parametrize("stale", ["session", "channel"])
+async def test_deliveries_for_a_consumer_its_node_no_longer_has_go_back(tmp_path, autojump_clock, stale):
+    """A leader may still count a consumer whose session or channel is gone (a promoted mirror
+    that never heard of the close: dst seeds 9550, 2281). Its node tells the leader the owner is
+    gone (QOwnerGone): that consumer goes, and what was in flight to it reaches the consumer
+    that is there. The stale consumer is registered here straight at the leader, as the old
+    leader's replication would have left it."""
+    async with mirrored_everywhere(tmp_path, "n2") as (c, sent, ch1, ch2):
+        sid = next(iter(c.nodes["n2"].sessions))
+        owner = ("n2", sid + 12345, 1) if stale == "session" else ("n2", sid, 99)
+        c.nodes["n2"].router.to_leader("ha.q", m.QConsume("ha.q", owner, 0, "ghost", False, 20, False, {}))
+        await trio.sleep(0.5)
+        assert await publish_confirmed(ch1, "ha.q", [b"g%d" % i for i in range(60)])
+        await trio.sleep(0.5)
+        got = await consume(ch2, "ha.q", 60)
+        leader = c.nodes["n1"].router.replicas["ha.q"].replica
+        assert all(key[1] != "ghost" for key in leader.q.consumers)
+    assert sorted(b for b, _ in got) == sorted(b"g%d" % i for i in range(60))
