@@ -27,6 +27,7 @@ from wire.messages import RRep
 from .framed import CORK
 
 BATCH = 512
+CATCH_UP_ROUNDS = 8  # rounds catch_up runs at most (each takes up to BATCH inputs)
 
 
 class QueueProcess:
@@ -72,7 +73,7 @@ class QueueProcess:
         may still wait here). False if there was nothing to run."""
         if not self.inbox or self._in_round or self.replica.state is rp.State.STOPPED:
             return False
-        for _ in range(8):
+        for _ in range(CATCH_UP_ROUNDS):
             if not self.inbox or self.replica.state is rp.State.STOPPED:
                 break
             self._round_inline()
