@@ -300,6 +300,14 @@ def test_disallowed_kind_and_error_passthrough():
 
 # --- handshake ----------------------------------------------------------------------------
 
+def test_secrets_that_differ_by_trailing_nuls_do_not_prove_each_other():
+    # HMAC pads short keys with zero bytes: keyed by the raw secret, b"abc" proved b"abc\0"
+    # (found by hypothesis: b"\0" against b"\0\0")
+    nonce = handshake.new_nonce()
+    for a, b in ((b"\0", b"\0\0"), (b"abc", b"abc\0")):
+        assert not handshake.check_proof(b, nonce, "ctx", handshake.proof(a, nonce, "ctx"))
+
+
 @FAST
 @given(st.binary(min_size=1, max_size=16), st.binary(min_size=1, max_size=16), st.text(max_size=10))
 def test_handshake_proof(secret, other, context):
