@@ -31,10 +31,13 @@ Theory of operation (the Raft paper, with the usual production extensions):
 * `in_step(now)` is this node's *read index*: it knows the metadata as the cluster has it now.
   A follower is in step when an append of the current leader came within the election timeout
   and it holds and has handed out everything that append said is committed; a leader, while a
-  majority answered within the election timeout. A node woken from a freeze is out of step
-  until a leader's word comes *after* the freeze (the node's peer links drop what they buffered
-  across one: broker/peers.py), so what it does on the strength of the metadata (a queue
-  leader's deliveries) waits until it knows whether it was replaced meanwhile.
+  majority answered within the election timeout. "Within" is measured on the node's own clock
+  by a round trip, not by when a message was read: every append echoes the follower's clock
+  from its latest reply the leader had (`echo`), every reply the leader's clock from the
+  append it answers. A node woken from a freeze reads first what waited in its sockets, sent
+  before the freeze; those echoes are old, so it stays out of step until a leader's word comes
+  *after* the freeze, and what it does on the strength of the metadata (a queue leader's
+  deliveries, a session showing them) waits until it knows whether it was replaced meanwhile.
 * `transfer_leadership` hands the leadership to an up-to-date voter (`RaftTimeoutNow`), for a
   controlled stop of the leader's node.
 """
@@ -135,6 +138,8 @@ class Raft:
         self._heard_leader_at = -1e18
         self._leader_commit = 0  # the commit index the leader's last append told us of
         self._in_step_until = -1e18  # in step until then, if caught up with that commit
+        self._reply_to = (-1e18, now)  # (the leader's clock on the append we answer, ours)
+        self._echo_for: dict[str, float] = {}  # leader: each follower's clock on its last reply
         # a node that boots knows of no leader: ask soon (pre-vote makes an early ask harmless)
         self._election_at = now if self.voters == (me,) else now + self._soon()
         self._votes: set[str] = set()
@@ -447,7 +452,8 @@ class Raft:
         prev = nxt - 1
         lo = nxt - self.snap_index - 1
         entries = [[t, c] for t, c in self.log[lo:lo + MAX_APPEND]]
-        self.out.append((peer, m.RaftAppend(self.term, prev, self.term_at(prev), entries, self.commit)))
+        self.out.append((peer, m.RaftAppend(self.term, prev, self.term_at(prev), entries, self.commit,
+                                            self._now, self._echo_for.get(peer, -1e18))))
         self._next[peer] = nxt + len(entries)  # pipelined: a refusal winds it back
 
     def _advance_commit(self) -> None:
@@ -468,14 +474,17 @@ class Raft:
 
     def _on_append(self, now: float, peer: str, msg: m.RaftAppend) -> None:
         if msg.term < self.term:
-            self.out.append((peer, m.RaftAppendReply(self.term, False, 0)))
+            self.out.append((peer, m.RaftAppendReply(self.term, False, 0, now, -1e18)))  # stale leader
             return
         self._become_follower(msg.term, peer, now)
         self._leader_commit = msg.commit
-        self._in_step_until = now + self.timeout
+        # fresh only as of our own reply the leader had heard when it sent this: an append that
+        # waited in a socket through a freeze says nothing about now
+        self._in_step_until = min(msg.echo, now) + self.timeout
+        self._reply_to = (msg.sent, now)
         prev = msg.prev_index
         if prev > self.last_index:
-            self.out.append((peer, m.RaftAppendReply(self.term, False, self.last_index + 1)))
+            self._reply(peer, False, self.last_index + 1)
             return
         entries = msg.entries
         if prev < self.snap_index:  # the start is already in our snapshot (committed): skip it
@@ -483,7 +492,7 @@ class Raft:
             entries = entries[skip:]
             prev = self.snap_index
             if msg.prev_index + len(msg.entries) < self.snap_index:
-                self.out.append((peer, m.RaftAppendReply(self.term, True, self.snap_index)))
+                self._reply(peer, True, self.snap_index)
                 return
         elif self.term_at(prev) != msg.prev_term:
             # a conflict: retry from the first index of our conflicting term
@@ -491,7 +500,7 @@ class Raft:
             back = prev
             while back > self.snap_index + 1 and self.term_at(back - 1) == bad:
                 back -= 1
-            self.out.append((peer, m.RaftAppendReply(self.term, False, max(back, self.commit + 1))))
+            self._reply(peer, False, max(back, self.commit + 1))
             return
         index = prev
         for term, change in entries:
@@ -506,7 +515,12 @@ class Raft:
             self.dirty = True
         if msg.commit > self.commit:
             self.commit = min(msg.commit, index)
-        self.out.append((peer, m.RaftAppendReply(self.term, True, index)))
+        self._reply(peer, True, index)
+
+    def _reply(self, peer: str, ok: bool, index: int) -> None:
+        """Answer the leader's latest append or snapshot, echoing the clock it was sent at."""
+        sent, now = self._reply_to
+        self.out.append((peer, m.RaftAppendReply(self.term, ok, index, now, sent)))
 
     def _on_append_reply(self, now: float, peer: str, msg: m.RaftAppendReply) -> None:
         if msg.term > self.term:
@@ -514,7 +528,12 @@ class Raft:
             return
         if self.role is not Role.LEADER or msg.term != self.term:
             return
-        self._acked_at[peer] = now
+        # heard as of the append this answers (a reply that waited in a socket is old news)
+        heard = min(msg.echo, now)
+        if heard > self._acked_at.get(peer, -1e18):
+            self._acked_at[peer] = heard
+        if msg.sent > self._echo_for.get(peer, -1e18):
+            self._echo_for[peer] = msg.sent
         if msg.ok:
             if msg.index > self._match.get(peer, 0):
                 self._match[peer] = msg.index
@@ -529,11 +548,12 @@ class Raft:
 
     def _on_snapshot(self, now: float, peer: str, msg: m.RaftSnapshot) -> None:
         if msg.term < self.term:
-            self.out.append((peer, m.RaftAppendReply(self.term, False, 0)))
+            self.out.append((peer, m.RaftAppendReply(self.term, False, 0, now, -1e18)))  # stale leader
             return
         self._become_follower(msg.term, peer, now)
+        self._reply_to = (-1e18, now)  # a snapshot carries no clock: its reply credits nothing
         if msg.index <= self.commit:
-            self.out.append((peer, m.RaftAppendReply(self.term, True, self.commit)))
+            self._reply(peer, True, self.commit)
             return
         if self.term_at(msg.index) == msg.last_term:
             del self.log[:msg.index - self.snap_index]  # keep what follows it
@@ -546,7 +566,7 @@ class Raft:
         self._taken = min(self._taken, msg.index)
         self._snapshot_due = True
         self.dirty = True
-        self.out.append((peer, m.RaftAppendReply(self.term, True, msg.index)))
+        self._reply(peer, True, msg.index)
 
     def _on_timeout_now(self, now: float, peer: str, msg: m.RaftTimeoutNow) -> None:
         if msg.term == self.term and self.me in self.voters and self.role is not Role.LEADER:

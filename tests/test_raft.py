@@ -248,7 +248,7 @@ def test_in_step_means_a_leaders_word_came_lately_and_everything_it_committed_is
     # still out of step (it would act on old metadata), until it has applied it
     node, leader = w.nodes[loner], w.nodes[lead]
     node.receive(w.now, lead, m.RaftAppend(leader.term, leader.last_index, leader.last_term, [],
-                                           leader.commit))
+                                           leader.commit, w.now, w.now))  # fresh: echoes now
     w._flush(loner)
     assert not node.in_step(w.now) and ["moved-while-away"] not in w.applied[loner]
     w.heal()
@@ -259,6 +259,33 @@ def test_in_step_means_a_leaders_word_came_lately_and_everything_it_committed_is
     w.partition([lead], [n for n in w.names if n != lead])
     w.run(TIMEOUT * 1.1)
     assert not w.nodes[lead].in_step(w.now)
+
+
+def test_words_that_waited_in_a_socket_through_a_freeze_do_not_put_a_node_in_step():
+    """A node frozen (SIGSTOP) reads on waking what its peers sent before: an append of the
+    leader it knew, or replies to its own appends if it led. Received now, they were sent
+    before the freeze, and the cluster may have moved on meanwhile (dst seed 68350: a woken
+    node took a leader's buffered heartbeat for fresh word and showed its consumer deliveries
+    already redelivered elsewhere). Freshness is measured on the receiver's own clock, by the
+    reply of its own that the word echoes."""
+    w = World(["a", "b", "c"], seed=8)
+    lead = w.wait_leader()
+    w.run(0.5)
+    follower = next(n for n in w.names if n != lead)
+    node, leader = w.nodes[follower], w.nodes[lead]
+    assert node.in_step(w.now)
+    # a heartbeat the leader sent just before the freeze, read 3 election timeouts later
+    stale = m.RaftAppend(leader.term, leader.last_index, leader.last_term, [], leader.commit,
+                         w.now, leader._echo_for[follower])
+    node.receive(w.now + 3 * TIMEOUT, lead, stale)
+    assert not node.in_step(w.now + 3 * TIMEOUT)
+    # the leader's side: a majority's replies that waited through its freeze are no quorum
+    others = [n for n in w.names if n != lead]
+    sent_at = w.now
+    for n in others:
+        leader.receive(w.now + 3 * TIMEOUT, n, m.RaftAppendReply(leader.term, True, leader.last_index,
+                                                                 w.nodes[n]._reply_to[1], sent_at))
+    assert not leader.in_step(w.now + 3 * TIMEOUT)
 
 
 def test_a_node_back_from_a_partition_does_not_disturb_the_leader():
@@ -350,8 +377,8 @@ def test_leadership_transfer_is_quick_and_keeps_the_log():
 
 def test_vote_messages_decode_as_wire_messages():
     from wire.schema import decode, to_wire
-    for msg in (m.RaftVote(3, 10, 2, True, False), m.RaftAppend(3, 9, 2, [[3, ["noop"]]], 8),
-                m.RaftAppendReply(3, True, 10), m.RaftSnapshot(3, 9, 2, ["a"], {"x": 1}),
+    for msg in (m.RaftVote(3, 10, 2, True, False), m.RaftAppend(3, 9, 2, [[3, ["noop"]]], 8, 1.5, 1.25),
+                m.RaftAppendReply(3, True, 10, 2.5, 1.5), m.RaftSnapshot(3, 9, 2, ["a"], {"x": 1}),
                 m.RaftVoteReply(3, False, False), m.RaftTimeoutNow(4)):
         assert decode(to_wire(msg)) == msg
 

@@ -815,20 +815,28 @@ class RaftVoteReply(Message, tag="raft.vote.reply"):
 
 @register
 class RaftAppend(Message, tag="raft.append"):
-    """Entries [[term, change], ...] following prev_index; an empty list is a heartbeat."""
+    """Entries [[term, change], ...] following prev_index; an empty list is a heartbeat.
+    `sent`: the leader's clock when it sent this; `echo`: the follower's own clock from the
+    latest reply the leader had from it (so the follower knows how fresh the word is, whatever
+    waited in a socket: mirroring/raft.py `in_step`)."""
     term: int
     prev_index: int
     prev_term: int
     entries: list
     commit: int
+    sent: float
+    echo: float
 
 
 @register
 class RaftAppendReply(Message, tag="raft.append.reply"):
-    """ok: the follower's log matches up to `index`. Not ok: retry from `index`."""
+    """ok: the follower's log matches up to `index`. Not ok: retry from `index`. `sent`: the
+    follower's clock when it answered; `echo`: the leader's clock from the append answered."""
     term: int
     ok: bool
     index: int
+    sent: float
+    echo: float
 
 
 @register
