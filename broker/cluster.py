@@ -306,6 +306,8 @@ class Cluster:
             p = self._inflight.pop(index, None)
             if p is not None:
                 p.done(True, value, 0, "")
+            if item[0] == "node.down":
+                self._close_link_to_counted_down(item)
             if item[0] != "noop":
                 self.hooks.meta_changed(item)
         ev, self._changed = self._changed, trio.Event()
@@ -315,6 +317,18 @@ class Cluster:
             self.save_state(raft.persistent(), raft.commit)
         elif not self.persist and len(raft.log) > COMPACT_AFTER:
             raft.compact(self.applied, self.md.snapshot())
+
+    def _close_link_to_counted_down(self, item: list) -> None:
+        """The log counted a run of a node down for a failure while our link to that run is up
+        (it was frozen, or a partition cut it from the log's leader only). Our queue leaders
+        requeue, flagged, what they sent its sessions: close the link, so nothing more sent
+        before this record reaches the node once it is in step again (broker/router.py
+        `counted_down`); it links again, and its sessions register their consumers anew."""
+        node, run = item[1], item[2]
+        kind = item[3] if len(item) > 3 else "failure"
+        link = self.links.get(node)
+        if kind == "failure" and link is not None and link.incarnation == run:
+            link.close("the cluster counted the node down: what the link carried is stale")
 
     async def wait_changed(self) -> None:
         await self._changed.wait()

@@ -242,12 +242,26 @@ class Node:
         counted = self.md.up.get(self.name) == self.cluster.incarnation
         back = counted and self._counted_down
         self._counted_down = not counted and self.md.up.get(self.name) is None and self.name in self.md.down
+        if change is not None and change[0] == "node.down" and change[1] == self.name \
+                and change[2] == self.cluster.incarnation and not self.leaving:
+            self._counted_down_while_running()
         for s in list(self.sessions.values()):
             s.meta_changed()
             if back:
                 # the cluster counted this node down (a link to the log's leader broke) and now
                 # up again, the same run of it: queue leaders forgot its sessions meanwhile
                 s.resend_all()
+
+    def _counted_down_while_running(self) -> None:
+        """The log records this very run of the node down (a freeze, a partition, a slow link
+        outlived net_ticktime somewhere). Every queue leader requeues, flagged, what it had sent
+        our sessions once it applies the same record, and closes its link to us; what the
+        sessions were sent before it and still hold unseen is given back (Router.counted_down;
+        dst seed 68350). They register their consumers again on the new links, and when the
+        log records us up (`resend_all`)."""
+        self.log.warning("the cluster counted this node down while it ran: deliveries held "
+                         "for its sessions are given back unseen")
+        self.router.counted_down()
 
     def link_up(self, node: str) -> None:
         self.memory.link_up(node)

@@ -17,6 +17,12 @@ queue replicas this node runs.
 * A leader replica asks `may_deliver` every round: it hands out deliveries and confirms only
   while this node is in step with the metadata log (or the only node recorded running); the
   ones that held are woken when the log says the node is in step again (`in_step`).
+* The sessions' side of the same rule: what peers send this node's sessions is handed on only
+  while the node is in step, and held (in order) otherwise. A node woken from a freeze reads
+  first what waited in its sockets, deliveries among it; if the log counted this run of the
+  node down meanwhile, their leaders requeued them, flagged, for other consumers, so the held
+  deliveries are given back instead of shown (`counted_down`), and every peer closes its link
+  to a node the log counted down, so nothing sent before reaches it later.
 * Deliveries for a session this node does not have are answered with the owner gone, so the
   queue's leader stops feeding a consumer nobody reads (`_no_such_session`).
 """
@@ -55,6 +61,7 @@ class Router:
         self._held: set[QueueProcess] = set()  # leaders holding deliveries until in step
         self.batch: list | None = None  # replicas due a round at the end of this peer batch
         self._for_sessions: list = []  # this peer batch's ToSession messages, for its end
+        self._held_for_sessions: list = []  # ToSession messages from peers held until in step
 
     @property
     def cluster(self):
@@ -68,18 +75,43 @@ class Router:
         redelivered, to other consumers. Or while the metadata records no other node running
         (the last node of a full restart, its peers' stops recorded): it is out of step, but no
         one else can lead its queues. `qp` is woken again once the node is in step."""
-        cluster = self.cluster
-        if cluster.in_step() or set(cluster.md.up) <= {self.name}:
+        if self._in_step():
             return True
         self._held.add(qp)
         return False
 
+    def _in_step(self) -> bool:
+        cluster = self.cluster
+        return cluster.in_step() or set(cluster.md.up) <= {self.name}
+
     def in_step(self) -> None:
-        """The log says this node is in step: wake the leaders that held their deliveries."""
+        """The log says this node is in step: wake the leaders that held their deliveries, and
+        hand on what the sessions' peers sent meanwhile."""
         if self._held:
             held, self._held = self._held, set()
             for qp in held:
                 qp.kick()
+        if self._held_for_sessions:
+            self._to_sessions([])
+
+    def counted_down(self) -> None:
+        """The log records this very run of the node down: every leader requeues (flagged) what
+        it had sent our sessions, once it applies the same record, drops their consumers until
+        they register again, and closes its link to us (broker/cluster.py
+        `_close_link_to_counted_down`). What is held here came before that record (a node
+        applies it before it is in step again): give its deliveries back rather than show them
+        (dst seed 68350: a node paused for 1.7 s, counted down 1.3 s into it by a peer whose
+        silence began with a partition, showed its consumer 50 deliveries that another
+        consumer had been given, flagged, meanwhile). A leader that no longer holds them as
+        ours ignores them; one that has not applied the record yet requeues them."""
+        held, self._held_for_sessions = self._held_for_sessions, []
+        sessions = self.node.sessions
+        for msg in held:
+            s = sessions.get(msg.sid)
+            if s is not None:
+                s.superseded(msg.events)
+            else:
+                self._no_such_session(msg.sid, msg.events)
 
     def _config(self) -> rp.ReplicaConfig:
         cfg = self.node.config
@@ -303,16 +335,24 @@ class Router:
                 qp.after_batch()
             if self._for_sessions:
                 msgs, self._for_sessions = self._for_sessions, []
-                for msg in msgs:
-                    self._to_local_session(msg.sid, msg.events)
+                self._to_sessions(msgs)
         finally:
             CORK.__exit__(None, None, None)
 
+    def _to_sessions(self, msgs: list) -> None:
+        """Hand peers' ToSession messages on, after any held before them; hold them all while
+        this node is out of step with the metadata log (`counted_down`)."""
+        if self._held_for_sessions:
+            msgs, self._held_for_sessions = self._held_for_sessions + msgs, []
+        if not self._in_step():
+            self._held_for_sessions = msgs
+            return
+        for msg in msgs:
+            self._to_local_session(msg.sid, msg.events)
+
     def peer_message(self, link, msg) -> None:
         t = type(msg)
-        if t is m.ToSession:
-            self._to_local_session(msg.sid, msg.events)
-        elif t in QUEUE_OPS or t in REPLICA_MSGS:
+        if t in QUEUE_OPS or t in REPLICA_MSGS:
             self._local(msg)
         elif t is m.NodeAlarm:  # not queue traffic, but checked after it: off the hot path
             self.node.memory.peer_alarm(link.name, msg)

@@ -926,6 +926,20 @@ class Session:
         given back to it to deliver again (ids it does not hold as ours are ignored)."""
         self.router.to_leader(ev.queue, m.QSettle(ev.queue, self._owner(ch), m.REQUEUE, ev.ids))
 
+    def superseded(self, events: list) -> None:
+        """Events held while our node was out of step, which the log then counted down
+        (Router.counted_down): their deliveries go back to the queue's leader unseen (one that
+        requeued them already ignores them); everything else is handled as usual."""
+        rest = []
+        channels = self.channels
+        for ev in events:
+            if type(ev) is m.EvDeliver and ev.ch in channels:
+                self._stale_delivery(channels[ev.ch], ev)
+            else:
+                rest.append(ev)
+        if rest:
+            self.queue_events(rest)
+
     def _closed_channel_delivery(self, ev: m.EvDeliver) -> None:
         """Deliveries for a channel this session no longer has. Its close told the leader of
         the day (owner_gone), but that leader may have died with the news before replicating

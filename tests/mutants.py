@@ -183,6 +183,28 @@ MUTANTS = [
            "        if False:",
            ["tests/test_sim_lent_bodies.py"],
            "a busy mirror lends nothing it has not applied yet: deliveries come back flagged"),
+    Mutant("sessions-shown-out-of-step", "broker/router.py",
+           "        if not self._in_step():\n            self._held_for_sessions = msgs",
+           "        if False:\n            self._held_for_sessions = msgs",
+           ["tests/test_sim_freeze.py", "tests/test_dst.py::test_regression_seeds"],
+           "a node woken from a freeze shows its sessions what waited in its sockets before it "
+           "knows whether the cluster counted it down"),
+    Mutant("in-step-on-a-buffered-append", "mirroring/raft.py",
+           "        self._in_step_until = min(msg.echo, now) + self.timeout",
+           "        self._in_step_until = now + self.timeout",
+           ["tests/test_raft.py", "tests/test_sim_freeze.py"],
+           "a node woken from a freeze takes an append that waited in its socket for fresh word"),
+    Mutant("quorum-on-buffered-replies", "mirroring/raft.py",
+           "        heard = min(msg.echo, now)",
+           "        heard = now",
+           ["tests/test_raft.py"],
+           "a leader woken from a freeze takes its followers' buffered replies for a quorum"),
+    Mutant("links-to-a-counted-down-node-kept", "broker/cluster.py",
+           "        if kind == \"failure\" and link is not None and link.incarnation == run:",
+           "        if False:",
+           ["tests/test_sim_freeze.py"],
+           "a node keeps its link to a node the log counted down: what it sent before the record "
+           "reaches that node's consumer after the flagged redelivery elsewhere"),
 ]
 
 

@@ -1,0 +1,109 @@
+"""A node frozen (SIGSTOP, a paused VM) that the cluster counted down while it slept.
+
+When it wakes it reads first what waited in its sockets: deliveries its queue leaders sent
+before the freeze. The leaders requeued those, flagged, for other consumers when the log
+recorded the node down, so the node's sessions must not show them (broker/router.py
+`counted_down`: held while the node is out of step with the log and given back once it learns
+it was counted down; what comes later on a link opened before that is never read). The freeze here is shorter than the peer links' own freeze rule (0.7 x
+net_ticktime), so only this rule stands between the client and an unflagged repeat; a peer
+whose silence from the node began earlier can count it down that soon (dst seed 68350).
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from broker.simulation import sim_cluster
+from tests.test_sim_partitions import qdef, set_policy
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 40
+# net_ticktime for these runs: the links tick every 5 s, so the frozen node writes nothing to the
+# leader's node between that node closing its end and the frozen node reading what waited (the
+# simulated network fails a write to a closed end at once; real TCP fails only the next one)
+TICK = 20.0
+FREEZE = 2.5  # longer than the election timeout (2 s), far shorter than the links' freeze rule
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["read-before-the-record", "read-after-the-record"])
+async def test_deliveries_waiting_for_a_frozen_node_counted_down_are_not_shown(tmp_path, autojump_clock, late):
+    """`late`: the leader's link to the frozen node is slow, so what waited for it arrives after
+    the node has learnt from the log's leader that it was counted down (the link is reset);
+    otherwise it arrives first and is held until then (the node is out of step)."""
+    async with sim_cluster(tmp_path, net_ticktime=TICK) as c:
+        await set_policy(c, {"ha-mode": "nodes", "ha-params": ["n2", "n1"], "ha-sync-mode": "automatic"})
+        async with c.connect("n2") as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("p.f", durable=True)
+        await c.wait_for(lambda: qdef(c, "p.f")["leader"] == "n2" and qdef(c, "p.f")["synced"] == ["n1"],
+                         20, "the queue led on n2, mirrored on n1")
+        seen: list[tuple[str, int, bool]] = []  # (consumer, id, redelivered), in arrival order
+
+        async def consume(name: str, node: str, ready: trio.Event, task_status=trio.TASK_STATUS_IGNORED):
+            async with c.connect(node) as sub:
+                sch = await sub.channel()
+                await sch.basic_qos(100)
+                deliveries = await sch.basic_consume("p.f")
+                task_status.started()
+                async for msg in deliveries:
+                    seen.append((name, int.from_bytes(msg.body, "big"), msg.redelivered))
+                    if len(seen) >= N:
+                        ready.set()
+                    if name == "other":  # the frozen node's consumer holds its messages unacked
+                        sch.basic_ack(msg.delivery_tag)
+
+        frozen = c.nodes["n3"]
+        run = frozen.cluster.incarnation
+        done = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consume, "frozen", "n3", done)
+            c.pause("n3")
+            paused_at = trio.current_time()
+            resume_at = paused_at + FREEZE
+            if late:
+                c.net.delay("n2", "n3", FREEZE + 0.8)
+            async with c.connect("n2") as conn:  # the leader delivers these to n3, into its socket
+                ch = await conn.channel()
+                await ch.confirm_delivery()
+                for i in range(N):
+                    ch.publish_nowait("p.f", i.to_bytes(4, "big"))
+                assert await ch.wait_for_confirms(timeout=5)
+            await trio.sleep(0.2)
+            # the log (led by n1, which formed the cluster) counts n3 down, as a peer whose
+            # silence from it began before the freeze would: the leader requeues what it sent there
+            await c.nodes["n1"].cluster.propose(["node.down", "n3", run, "failure"])
+            await nursery.start(consume, "other", "n1", done)
+            with trio.fail_after(5):
+                await done.wait()
+            # n3 wakes out of step with the log (the freeze is longer than the election
+            # timeout) but before the links' own freeze rule would act
+            await trio.sleep_until(resume_at)
+            c.resume("n3")
+            if late:  # the stale bytes arrive 0.3 s after the wake
+                await trio.sleep(1)
+                c.net.delay("n2", "n3", 0)
+            await c.wait_for(lambda: c.nodes["n2"].md.up.get("n3") == run and "n2" in frozen.cluster.links,
+                             30, "n3 recorded up again and linked to the leader's node")
+            await trio.sleep(1)
+            # the frozen node's consumer is registered again and served: more messages are shared
+            # between the two consumers
+            async with c.connect("n2") as conn:
+                ch = await conn.channel()
+                await ch.confirm_delivery()
+                for i in range(N, 2 * N):
+                    ch.publish_nowait("p.f", i.to_bytes(4, "big"))
+                assert await ch.wait_for_confirms(timeout=5)
+            await c.wait_for(lambda: {i for _, i, _ in seen} >= set(range(2 * N)), 10, "every message")
+            nursery.cancel_scope.cancel()
+        first = [(who, i, red) for who, i, red in seen if i < N]
+        assert sorted(i for who, i, _ in first if who == "other") == list(range(N))
+        assert all(red for who, _, red in first if who == "other"), "requeued, so flagged"
+        shown_by_frozen = [(i, red) for who, i, red in first if who == "frozen"]
+        assert all(red for _, red in shown_by_frozen), \
+            f"{sum(not r for _, r in shown_by_frozen)} ids repeated unflagged by the frozen node's consumer"
+        later = [(who, i, red) for who, i, red in seen if i >= N]
+        assert sorted(i for _, i, _ in later) == list(range(N, 2 * N)), "each later message once"
+        assert not any(red for _, _, red in later)
+        assert {who for who, _, _ in later} == {"frozen", "other"}, "both consumers served"
