@@ -2,12 +2,17 @@
 
 Start-up problems a user can fix (a port already in use, a `--cluster-seed` that names no known
 node, a bad setting) end the process with one line on stderr and a non-zero exit, not a traceback.
+
+The cyclic garbage collector is tuned for a broker (`tune_gc`): every message makes short-lived
+containers, so at the default threshold (700) a young collection ran every hundred messages or
+so; objects that live from start-up on are frozen out of every collection.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import signal
 import socket
 import sys
@@ -20,6 +25,15 @@ from .network import TcpNetwork
 from .node import Node
 
 STOP_REPLY_GRACE = 0.05  # let `warrenctl stop` have its answer before the node starts stopping
+GC_THRESHOLDS = (100_000, 50, 100)  # young collections per 100k new containers, not per 700
+
+
+def tune_gc() -> None:
+    """Measured with `warren-bench run` (throughput-r1 and -all, 6 interleaved pairs): `all`
+    confirmed 132.5k -> 137.6k msgs/s by medians, non-mirrored unchanged; latency at 2,000/s
+    unchanged. What a cycle holds waits at most one young collection longer."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def parse_args(argv=None) -> dict:
@@ -144,6 +158,7 @@ def main(argv=None) -> None:
         problem = _port_problem(cfg.host, port, option)
         if problem:
             _fail(problem, 1)
+    tune_gc()
     try:
         trio.run(serve, cfg, node)
     except (OSError, BaseExceptionGroup) as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -242,3 +243,10 @@ def test_a_client_never_creates_the_cookie(home):
     config.resolve_secret(None, None, env={})  # a node creates it
     assert (home / "cookie").exists()
     assert config.resolve_secret(None, None, env={}, create=False) == (home / "cookie").read_bytes().strip()
+
+
+def test_a_node_process_freezes_its_start_up_objects_and_collects_young_garbage_less_often():
+    code = ("import gc; from broker.server import GC_THRESHOLDS, tune_gc; tune_gc(); "
+            "print(gc.get_threshold() == GC_THRESHOLDS, gc.get_freeze_count() > 1000)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True"], out.stderr
