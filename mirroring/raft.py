@@ -38,6 +38,9 @@ Theory of operation (the Raft paper, with the usual production extensions):
   before the freeze; those echoes are old, so it stays out of step until a leader's word comes
   *after* the freeze, and what it does on the strength of the metadata (a queue leader's
   deliveries, a session showing them) waits until it knows whether it was replaced meanwhile.
+  The price: a node whose round trip to the log's leader takes longer than the election timeout
+  less a heartbeat is out of step for as long as the link is that slow (its queue leaders hold
+  deliveries and confirms; it cannot tell a slow link from a freeze).
 * `transfer_leadership` hands the leadership to an up-to-date voter (`RaftTimeoutNow`), for a
   controlled stop of the leader's node.
 """
