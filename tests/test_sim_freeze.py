@@ -7,6 +7,10 @@ recorded the node down, so the node's sessions must not show them (broker/router
 it was counted down; what comes later on a link opened before that is never read). The freeze here is shorter than the peer links' own freeze rule (0.7 x
 net_ticktime), so only this rule stands between the client and an unflagged repeat; a peer
 whose silence from the node began earlier can count it down that soon (dst seed 68350).
+
+The same holds for a node under stop_app whose links are slow: what reaches it after its
+shutdown record was committed is not shown (dst seed 30123, which no longer reaches that case
+since the driver and Raft changed; the last test stages it).
 """
 
 from __future__ import annotations
@@ -107,3 +111,57 @@ async def test_deliveries_waiting_for_a_frozen_node_counted_down_are_not_shown(t
         assert sorted(i for _, i, _ in later) == list(range(N, 2 * N)), "each later message once"
         assert not any(red for _, _, red in later)
         assert {who for who, _, _ in later} == {"frozen", "other"}, "both consumers served"
+
+
+async def test_deliveries_reaching_a_stopping_node_after_its_shutdown_record_are_not_shown(tmp_path, autojump_clock):
+    """stop_app of a consumer's node whose links are slow: its shutdown record is committed
+    (and the queue's leader requeues, flagged, for another consumer what it had sent there)
+    before the deliveries on their way there arrive, and before the node hears its record
+    committed and closes its clients' connections. Those late deliveries must not be shown
+    (broker/node.py `leaving`; dst seed 30123 found it first)."""
+    async with sim_cluster(tmp_path, net_ticktime=TICK) as c:
+        await set_policy(c, {"ha-mode": "nodes", "ha-params": ["n2", "n1"], "ha-sync-mode": "automatic"})
+        async with c.connect("n2") as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("p.s", durable=True)
+        await c.wait_for(lambda: qdef(c, "p.s")["leader"] == "n2" and qdef(c, "p.s")["synced"] == ["n1"],
+                         20, "the queue led on n2, mirrored on n1")
+        seen: list[tuple[str, int, bool]] = []
+
+        async def consume(name: str, node: str, task_status=trio.TASK_STATUS_IGNORED):
+            try:
+                async with c.connect(node) as sub:
+                    sch = await sub.channel()
+                    await sch.basic_qos(100)
+                    deliveries = await sch.basic_consume("p.s")
+                    task_status.started()
+                    async for msg in deliveries:
+                        seen.append((name, int.from_bytes(msg.body, "big"), msg.redelivered))
+                        if name == "other":
+                            sch.basic_ack(msg.delivery_tag)
+            except Exception:  # noqa: BLE001 - the stopping node closes its clients' connections
+                pass
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consume, "stopping", "n3")
+            await nursery.start(consume, "other", "n1")
+            # the record reaches the log's leader (n1) in 0.6 s and its result comes back in 1.2 s;
+            # the leader's deliveries reach n3 in 0.9 s: after the record, before the close
+            c.net.delay("n1", "n3", 0.6)
+            c.net.delay("n2", "n3", 0.9)
+            async with c.connect("n2") as conn:
+                ch = await conn.channel()
+                for i in range(N):
+                    ch.publish_nowait("p.s", i.to_bytes(4, "big"))
+                await trio.sleep(0)
+            await c.nodes["n3"].stop_app()
+            await c.wait_for(lambda: {i for _, i, _ in seen} >= set(range(N)), 10, "every message")
+            await trio.sleep(1)
+            nursery.cancel_scope.cancel()
+        first: dict[int, tuple] = {}
+        unflagged = []
+        for who, i, red in seen:
+            if i in first and not red:
+                unflagged.append((first[i], (who, i)))
+            first.setdefault(i, (who, i))
+        assert not unflagged, f"{len(unflagged)} repeats without redelivered, e.g. {unflagged[:2]}"
