@@ -18,6 +18,7 @@ from __future__ import annotations
 import pytest
 import trio
 
+from broker.client.errors import AMQPConnectionError
 from broker.simulation import sim_cluster
 from tests.test_sim_partitions import qdef, set_policy
 
@@ -31,38 +32,62 @@ TICK = 20.0
 FREEZE = 2.5  # longer than the election timeout (2 s), far shorter than the links' freeze rule
 
 
+async def declare_led_on_n2(c, name: str) -> None:
+    """A queue led on n2 and mirrored on n1 only: n3 holds no mirror, so its consumers'
+    deliveries carry their bodies."""
+    await set_policy(c, {"ha-mode": "nodes", "ha-params": ["n2", "n1"], "ha-sync-mode": "automatic"})
+    async with c.connect("n2") as conn:
+        ch = await conn.channel()
+        await ch.queue_declare(name, durable=True)
+    await c.wait_for(lambda: qdef(c, name)["leader"] == "n2" and qdef(c, name)["synced"] == ["n1"],
+                     20, "the queue led on n2, mirrored on n1")
+
+
+async def consume(c, queue: str, seen: list, name: str, node: str, ack: bool, ready=None,
+                  task_status=trio.TASK_STATUS_IGNORED):
+    """A consumer on `node` (prefetch 100) recording (name, id, redelivered) in arrival order;
+    `ack`: acknowledge each, or hold them all. Sets `ready` once N deliveries were seen in all.
+    Its connection may be closed under it (a stopping node)."""
+    try:
+        async with c.connect(node) as sub:
+            sch = await sub.channel()
+            await sch.basic_qos(100)
+            deliveries = await sch.basic_consume(queue)
+            task_status.started()
+            async for msg in deliveries:
+                seen.append((name, int.from_bytes(msg.body, "big"), msg.redelivered))
+                if ready is not None and len(seen) >= N:
+                    ready.set()
+                if ack:
+                    sch.basic_ack(msg.delivery_tag)
+    except AMQPConnectionError:
+        pass
+
+
+def unflagged_repeats(seen: list) -> list:
+    first: dict[int, tuple] = {}
+    out = []
+    for who, i, red in seen:
+        if i in first and not red:
+            out.append((first[i], (who, i)))
+        first.setdefault(i, (who, i))
+    return out
+
+
 @pytest.mark.parametrize("late", [False, True], ids=["read-before-the-record", "read-after-the-record"])
 async def test_deliveries_waiting_for_a_frozen_node_counted_down_are_not_shown(tmp_path, autojump_clock, late):
     """`late`: the leader's link to the frozen node is slow, so what waited for it arrives after
     the node has learnt from the log's leader that it was counted down (the link is reset);
     otherwise it arrives first and is held until then (the node is out of step)."""
     async with sim_cluster(tmp_path, net_ticktime=TICK) as c:
-        await set_policy(c, {"ha-mode": "nodes", "ha-params": ["n2", "n1"], "ha-sync-mode": "automatic"})
-        async with c.connect("n2") as conn:
-            ch = await conn.channel()
-            await ch.queue_declare("p.f", durable=True)
-        await c.wait_for(lambda: qdef(c, "p.f")["leader"] == "n2" and qdef(c, "p.f")["synced"] == ["n1"],
-                         20, "the queue led on n2, mirrored on n1")
+        await declare_led_on_n2(c, "p.f")
         seen: list[tuple[str, int, bool]] = []  # (consumer, id, redelivered), in arrival order
-
-        async def consume(name: str, node: str, ready: trio.Event, task_status=trio.TASK_STATUS_IGNORED):
-            async with c.connect(node) as sub:
-                sch = await sub.channel()
-                await sch.basic_qos(100)
-                deliveries = await sch.basic_consume("p.f")
-                task_status.started()
-                async for msg in deliveries:
-                    seen.append((name, int.from_bytes(msg.body, "big"), msg.redelivered))
-                    if len(seen) >= N:
-                        ready.set()
-                    if name == "other":  # the frozen node's consumer holds its messages unacked
-                        sch.basic_ack(msg.delivery_tag)
 
         frozen = c.nodes["n3"]
         run = frozen.cluster.incarnation
         done = trio.Event()
         async with trio.open_nursery() as nursery:
-            await nursery.start(consume, "frozen", "n3", done)
+            await nursery.start(consume, c, "p.f", seen, "frozen", "n3", False, done)
             c.pause("n3")
             paused_at = trio.current_time()
             resume_at = paused_at + FREEZE
@@ -78,7 +103,7 @@ async def test_deliveries_waiting_for_a_frozen_node_counted_down_are_not_shown(t
             # the log (led by n1, which formed the cluster) counts n3 down, as a peer whose
             # silence from it began before the freeze would: the leader requeues what it sent there
             await c.nodes["n1"].cluster.propose(["node.down", "n3", run, "failure"])
-            await nursery.start(consume, "other", "n1", done)
+            await nursery.start(consume, c, "p.f", seen, "other", "n1", True, done)
             with trio.fail_after(5):
                 await done.wait()
             # n3 wakes out of step with the log (the freeze is longer than the election
@@ -120,31 +145,12 @@ async def test_deliveries_reaching_a_stopping_node_after_its_shutdown_record_are
     committed and closes its clients' connections. Those late deliveries must not be shown
     (broker/node.py `leaving`; dst seed 30123 found it first)."""
     async with sim_cluster(tmp_path, net_ticktime=TICK) as c:
-        await set_policy(c, {"ha-mode": "nodes", "ha-params": ["n2", "n1"], "ha-sync-mode": "automatic"})
-        async with c.connect("n2") as conn:
-            ch = await conn.channel()
-            await ch.queue_declare("p.s", durable=True)
-        await c.wait_for(lambda: qdef(c, "p.s")["leader"] == "n2" and qdef(c, "p.s")["synced"] == ["n1"],
-                         20, "the queue led on n2, mirrored on n1")
+        await declare_led_on_n2(c, "p.s")
         seen: list[tuple[str, int, bool]] = []
 
-        async def consume(name: str, node: str, task_status=trio.TASK_STATUS_IGNORED):
-            try:
-                async with c.connect(node) as sub:
-                    sch = await sub.channel()
-                    await sch.basic_qos(100)
-                    deliveries = await sch.basic_consume("p.s")
-                    task_status.started()
-                    async for msg in deliveries:
-                        seen.append((name, int.from_bytes(msg.body, "big"), msg.redelivered))
-                        if name == "other":
-                            sch.basic_ack(msg.delivery_tag)
-            except Exception:  # noqa: BLE001 - the stopping node closes its clients' connections
-                pass
-
         async with trio.open_nursery() as nursery:
-            await nursery.start(consume, "stopping", "n3")
-            await nursery.start(consume, "other", "n1")
+            await nursery.start(consume, c, "p.s", seen, "stopping", "n3", False)
+            await nursery.start(consume, c, "p.s", seen, "other", "n1", True)
             # the record reaches the log's leader (n1) in 0.6 s and its result comes back in 1.2 s;
             # the leader's deliveries reach n3 in 0.9 s: after the record, before the close
             c.net.delay("n1", "n3", 0.6)
@@ -158,10 +164,5 @@ async def test_deliveries_reaching_a_stopping_node_after_its_shutdown_record_are
             await c.wait_for(lambda: {i for _, i, _ in seen} >= set(range(N)), 10, "every message")
             await trio.sleep(1)
             nursery.cancel_scope.cancel()
-        first: dict[int, tuple] = {}
-        unflagged = []
-        for who, i, red in seen:
-            if i in first and not red:
-                unflagged.append((first[i], (who, i)))
-            first.setdefault(i, (who, i))
+        unflagged = unflagged_repeats(seen)
         assert not unflagged, f"{len(unflagged)} repeats without redelivered, e.g. {unflagged[:2]}"
