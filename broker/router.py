@@ -105,13 +105,8 @@ class Router:
         consumer had been given, flagged, meanwhile). A leader that no longer holds them as
         ours ignores them; one that has not applied the record yet requeues them."""
         held, self._held_for_sessions = self._held_for_sessions, []
-        sessions = self.node.sessions
         for msg in held:
-            s = sessions.get(msg.sid)
-            if s is not None:
-                s.superseded(msg.events)
-            else:
-                self._no_such_session(msg.sid, msg.events)
+            self._to_local_session(msg.sid, msg.events, superseded=True)
 
     def _config(self) -> rp.ReplicaConfig:
         cfg = self.node.config
@@ -359,12 +354,15 @@ class Router:
         else:
             link.close(f"unexpected message {msg.KIND!r} on a peer link")
 
-    def _to_local_session(self, sid: int, events: list) -> None:
+    def _to_local_session(self, sid: int, events: list, superseded: bool = False) -> None:
+        """`superseded`: sent before a record of this node down (`counted_down`)."""
         s = self.node.sessions.get(sid)
-        if s is not None:
-            s.queue_events(events)
-        else:
+        if s is None:
             self._no_such_session(sid, events)
+        elif superseded:
+            s.superseded(events)
+        else:
+            s.queue_events(events)
 
     def _no_such_session(self, sid: int, events: list) -> None:
         """Deliveries for a session this node does not have (it ended, or this node restarted
