@@ -44,6 +44,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from itertools import repeat
+from operator import itemgetter
 
 import trio
 
@@ -63,6 +64,7 @@ from wire.errors import (
     ProtocolError,
 )
 
+_entry_queue, _entry_id = itemgetter(0), itemgetter(1)  # a channel's tag table entry: (queue, message id)
 WINDOW_MSGS = 20_000
 WINDOW_BYTES = 32 << 20
 
@@ -712,6 +714,15 @@ class Session:
         """Delivery tags -> {queue: [message ids]}; unknown tags are a channel error."""
         out: dict[str, list] = {}
         table = ch.tags
+        n = len(tags)
+        if n and not upto:
+            # the usual case, in C loops: known tags, all of one queue
+            entries = list(map(table.pop, tags, repeat(None, n)))
+            if None not in entries:
+                queues = list(map(_entry_queue, entries))
+                if queues.count(queues[0]) == n:
+                    return {queues[0]: list(map(_entry_id, entries))}
+            table.update((t, e) for t, e in zip(tags, entries) if e is not None)  # go tag by tag
         for t in tags:
             entry = table.pop(t, None)
             if entry is None:

@@ -39,9 +39,10 @@ ready messages from its start id on.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from heapq import merge
+from itertools import accumulate, islice, repeat
 from operator import itemgetter
 
 from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
@@ -49,6 +50,8 @@ from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, E
                            EFailover, EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
 
 _msg_id = itemgetter(0)
+_msg_body = itemgetter(1)
+_entry_owner, _entry_key, _entry_msg = itemgetter(0), itemgetter(1), itemgetter(2)  # an unacked entry
 SID_RUN_MASK = 0x7FFFFFFF  # a session id's high bits: its node's run (broker/node.py new_session_id)
 MAX_DISPATCH = 2048  # messages handed out per dispatch() call, so one queue cannot hog the loop
 MAX_DISPATCH_BYTES = 1 << 20  # and body bytes: a delivery frame stays far below the frame limit
@@ -407,17 +410,17 @@ class QueueState:
         ready = self.ready
         budget = MAX_DISPATCH
         if len(active) == 1:
+            # one consumer (the usual case): the run is taken from the head in one go, in C
+            # loops, and what passes the byte cap goes back
             c = active[0]
             n = min(c.credit(), len(ready), budget)
-            batch = []
-            size = 0
             popleft = ready.popleft
-            for _ in range(n):
-                m = popleft()
-                batch.append(m)
-                size += len(m[1])
-                if size >= MAX_DISPATCH_BYTES:
-                    break
+            batch = [popleft() for _ in repeat(None, n)]
+            sizes = list(accumulate(map(len, map(_msg_body, batch))))
+            if sizes[-1] >= MAX_DISPATCH_BYTES:
+                keep = bisect_left(sizes, MAX_DISPATCH_BYTES) + 1  # up to the one that crosses it
+                ready.extendleft(reversed(batch[keep:]))
+                del batch[keep:]
             out[(c.owner, c.tag)] = batch
         else:
             credits = [c.credit() for c in active]
@@ -445,14 +448,14 @@ class QueueState:
         unacked = self.unacked
         for key, batch in out.items():
             c = self.consumers[key]
-            self.ready_bytes -= sum(len(m[1]) for m in batch)
+            self.ready_bytes -= sum(map(len, map(_msg_body, batch)))
             if not c.no_ack:
-                c.in_flight += len(batch)
-                for m in batch:
-                    unacked[m[0]] = (c.owner, key, m)
+                n = len(batch)
+                c.in_flight += n
+                unacked.update(zip(map(_msg_id, batch), zip(repeat(c.owner, n), repeat(key, n), batch)))
             result.append((c, batch))
         if self.effects is not None:
-            self.effects.append(EDeliver([(c.owner, c.tag, [m[0] for m in batch]) for c, batch in result]))
+            self.effects.append(EDeliver([(c.owner, c.tag, list(map(_msg_id, batch))) for c, batch in result]))
         # rotate: the consumer served first goes to the back, for fairness across calls
         if len(self.consumers) > 1:
             first = next(iter(self.consumers))
@@ -473,6 +476,31 @@ class QueueState:
 
     # --- settlement ------------------------------------------------------------------------
     def _take(self, owner: tuple, ids) -> list[tuple]:
+        """Remove `owner`'s unacknowledged entries for `ids` and return their messages; an id
+        that is not unacknowledged by `owner` (settled already, or requeued by a failover and
+        delivered to another owner since) is ignored."""
+        unacked = self.unacked
+        n = len(ids)
+        # the usual case, in C loops: every id is the owner's, all from one consumer
+        entries = list(map(unacked.pop, ids, repeat(None, n)))
+        # (list.count compares by identity first: entries of one delivery share their objects)
+        if n and None not in entries and list(map(_entry_owner, entries)).count(owner) == n:
+            keys = list(map(_entry_key, entries))
+            if keys.count(keys[0]) == n:
+                counts = ((keys[0], n),)
+            else:
+                counts = Counter(keys).items()
+            for key, k in counts:
+                if key is not None:
+                    c = self.consumers.get(key)
+                    if c is not None:
+                        c.in_flight -= k
+            return list(map(_entry_msg, entries))
+        # otherwise put back what was popped and go id by id
+        unacked.update((mid, e) for mid, e in zip(ids, entries) if e is not None)
+        return self._take_each(owner, ids)
+
+    def _take_each(self, owner: tuple, ids) -> list[tuple]:
         taken = []
         unacked = self.unacked
         consumers = self.consumers
@@ -638,10 +666,29 @@ class QueueState:
 
     def _apply_deliveries(self, eff: EDeliver) -> None:
         rounds = eff.rounds
+        ready = self.ready
+        if len(rounds) == 1:
+            # the usual case: one consumer took a run from the head of the queue, which this
+            # replica holds in the same order; done in C loops
+            owner, tag, ids = rounds[0]
+            n = len(ids)
+            if n and len(ready) >= n and ready[0][0] == ids[0] and list(map(_msg_id, islice(ready, n))) == ids:
+                popleft = ready.popleft
+                msgs = [popleft() for _ in repeat(None, n)]
+                self.ready_bytes -= sum(map(len, map(_msg_body, msgs)))
+                owner = tuple(owner)
+                key = (owner, tag)
+                c = self.consumers.get(key)
+                if c is not None and not c.no_ack:
+                    c.in_flight += n
+                    self.unacked.update(zip(ids, zip(repeat(owner, n), repeat(key, n), msgs)))
+                if len(self.consumers) > 1:
+                    first = next(iter(self.consumers))
+                    self.consumers[first] = self.consumers.pop(first)
+                return
         delivered = set()
         for _, _, ids in rounds:
             delivered.update(ids)
-        ready = self.ready
         have = {}
         while ready and ready[0][0] in delivered:
             m = ready.popleft()

@@ -310,3 +310,21 @@ async def test_a_second_link_that_replaces_the_first_gives_back_what_was_in_flig
             redelivered = [b for d in p.of(m.Deliver)[1:] for i, b in enumerate(d.bodies) if i in d.redelivered]
             assert sorted(redelivered) == sorted(first), (first, redelivered, again)
             nursery.cancel_scope.cancel()
+
+
+def test_an_ack_over_two_queues_settles_each_queue_its_own_ids():
+    """One ack may name deliveries of several queues on a channel: each queue is told its own
+    message ids. An unknown tag is a channel error."""
+    from types import SimpleNamespace
+
+    from broker.session import ChannelError
+    ch = SimpleNamespace(tags={1: ("q1", 10), 2: ("q2", 20), 3: ("q1", 11)}, next_tag=4)
+    assert Session._settle(None, ch, [1, 2, 3], 0) == {"q1": [10, 11], "q2": [20]}
+    assert ch.tags == {}
+    ch.tags, ch.next_tag = {4: ("q1", 12), 5: ("q1", 13)}, 6
+    assert Session._settle(None, ch, [5, 4], 0) == {"q1": [13, 12]}
+    ch.tags, ch.next_tag = {6: ("q1", 14), 7: ("q2", 21), 8: ("q2", 22)}, 9
+    assert Session._settle(None, ch, [8], 7) == {"q1": [14], "q2": [22, 21]}  # and all up to 7
+    ch.tags, ch.next_tag = {9: ("q1", 15)}, 11
+    with pytest.raises(ChannelError, match="unknown delivery tag 10"):
+        Session._settle(None, ch, [9, 10], 0)
