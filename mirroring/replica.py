@@ -61,7 +61,9 @@ LIVE_SYNC_BATCH_BYTES = 128 << 10  # a background sync's batches are small (see 
 # redelivers, flagged, what was acked in it). At a steady moderate rate this halves the batches,
 # and so the mirrors' answers and every node's wake-ups (see "Acks ride with publishes").
 SETTLE_LINGER = 0.004
-_entry_msg, _msg_body = itemgetter(2), itemgetter(1)  # an unacknowledged entry's message; a message's body
+# a message (id, body, props, redelivered), and an unacknowledged entry's message
+_msg_id, _msg_body, _msg_props, _msg_redelivered = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
+_entry_msg = itemgetter(2)
 
 
 class State(enum.Enum):
@@ -928,8 +930,9 @@ class Replica:
                 me = self.me
                 tracks = self.rep.mirrors
                 for c, batch in batches:
-                    props = [x[2] for x in batch]
-                    ids = [x[0] for x in batch]
+                    # (map over itemgetters: C loops, the batch may hold a thousand messages)
+                    ids = list(map(_msg_id, batch))
+                    props = list(map(_msg_props, batch))
                     owner = c.owner
                     # a consumer on a node with a mirror that holds these messages gets them
                     # from that mirror: the delivery goes without its bodies (see local_bodies)
@@ -937,11 +940,14 @@ class Replica:
                     if t is not None and t.lends and t.ready and (t.synced or min(ids) >= t.start_id):
                         bodies = []
                     else:
-                        bodies = [x[1] for x in batch]
+                        bodies = list(map(_msg_body, batch))
+                    if min(ids) < below or any(map(_msg_redelivered, batch)):
+                        again = [i for i, x in enumerate(batch) if x[3] or x[0] < below]
+                    else:
+                        again = []
                     self.emit(owner, m.EvDeliver(
-                        owner[2], c.tag, name, ids, bodies,
-                        [i for i, x in enumerate(batch) if x[3] or x[0] < below],
-                        props if any(p is not None for p in props) else None, self.epoch))
+                        owner[2], c.tag, name, ids, bodies, again,
+                        props if props.count(None) != len(props) else None, self.epoch))
                 more = bool(self.q.ready)
             if limits is not NO_LIMITS:
                 if q.expiry or q.expired_upto:
