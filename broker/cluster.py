@@ -292,8 +292,12 @@ class Cluster:
             return
         for kind, index, item in items:
             if kind == "snapshot":
+                was_up = self.md.up
                 self.md = Metadata.from_snapshot(item)
                 self.applied = index
+                for node, run in was_up.items():  # runs counted down in what it compacted
+                    if self.md.up.get(node) is None:
+                        self._close_link_to_counted_down(node, run, self.md.down.get(node))
                 self.hooks.meta_changed(None)
                 continue
             value = None
@@ -307,7 +311,7 @@ class Cluster:
             if p is not None:
                 p.done(True, value, 0, "")
             if item[0] == "node.down":
-                self._close_link_to_counted_down(item)
+                self._close_link_to_counted_down(item[1], item[2], item[3] if len(item) > 3 else "failure")
             if item[0] != "noop":
                 self.hooks.meta_changed(item)
         ev, self._changed = self._changed, trio.Event()
@@ -318,14 +322,12 @@ class Cluster:
         elif not self.persist and len(raft.log) > COMPACT_AFTER:
             raft.compact(self.applied, self.md.snapshot())
 
-    def _close_link_to_counted_down(self, item: list) -> None:
-        """The log counted a run of a node down for a failure while our link to that run is up
-        (it was frozen, or a partition cut it from the log's leader only). Our queue leaders
+    def _close_link_to_counted_down(self, node: str, run: int, kind: str | None) -> None:
+        """The log counted run `run` of `node` down for a failure while our link to that run is
+        up (it was frozen, or a partition cut it from the log's leader only). Our queue leaders
         requeue, flagged, what they sent its sessions: close the link, so nothing more sent
         before this record reaches the node once it is in step again (broker/router.py
         `counted_down`); it links again, and its sessions register their consumers anew."""
-        node, run = item[1], item[2]
-        kind = item[3] if len(item) > 3 else "failure"
         link = self.links.get(node)
         if kind == "failure" and link is not None and link.incarnation == run:
             link.close("the cluster counted the node down: what the link carried is stale")

@@ -80,6 +80,7 @@ class Node:
         self.amqp_port = config.amqp_port
         self._sids = itertools.count(1)
         self._counted_down = False  # the metadata records this very run of the node as down
+        self._counted_up = False  # it records this very run up (as of the last change applied)
         # the shutdown record is on its way: deliveries are no longer shown (see _hand_over_on_shutdown)
         self.leaving = False
         self._app_scope: trio.CancelScope | None = None
@@ -239,12 +240,20 @@ class Node:
     # --- the cluster's news --------------------------------------------------------------------
     def meta_changed(self, change) -> None:
         self.router.reconcile()
-        counted = self.md.up.get(self.name) == self.cluster.incarnation
+        run = self.cluster.incarnation
+        counted = self.md.up.get(self.name) == run
         back = counted and self._counted_down
+        was_up, self._counted_up = self._counted_up, counted
         self._counted_down = not counted and self.md.up.get(self.name) is None and self.name in self.md.down
-        if change is not None and change[0] == "node.down" and change[1] == self.name \
-                and change[2] == self.cluster.incarnation and not self.leaving:
-            self._counted_down_while_running()
+        if not self.leaving:
+            if change is not None:
+                down_now = change[0] == "node.down" and change[1] == self.name and change[2] == run
+            else:
+                # a snapshot of the log (we lagged past its compaction): it holds no record, but
+                # this run was up before it and is down in it, and nothing else puts it down
+                down_now = was_up and self._counted_down
+            if down_now:
+                self._counted_down_while_running()
         for s in list(self.sessions.values()):
             s.meta_changed()
             if back:

@@ -475,9 +475,14 @@ class Raft:
                 self.role = Role.FOLLOWER
                 self.leader = None
 
+    def _refuse_stale(self, now: float, peer: str) -> None:
+        """Answer a leader of an older term with ours (it steps down); the reply echoes no clock
+        of its, so it credits that leader with nothing."""
+        self.out.append((peer, m.RaftAppendReply(self.term, False, 0, now, -1e18)))
+
     def _on_append(self, now: float, peer: str, msg: m.RaftAppend) -> None:
         if msg.term < self.term:
-            self.out.append((peer, m.RaftAppendReply(self.term, False, 0, now, -1e18)))  # stale leader
+            self._refuse_stale(now, peer)
             return
         self._become_follower(msg.term, peer, now)
         self._leader_commit = msg.commit
@@ -551,7 +556,7 @@ class Raft:
 
     def _on_snapshot(self, now: float, peer: str, msg: m.RaftSnapshot) -> None:
         if msg.term < self.term:
-            self.out.append((peer, m.RaftAppendReply(self.term, False, 0, now, -1e18)))  # stale leader
+            self._refuse_stale(now, peer)
             return
         self._become_follower(msg.term, peer, now)
         self._reply_to = (-1e18, now)  # a snapshot carries no clock: its reply credits nothing

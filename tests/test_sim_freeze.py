@@ -166,3 +166,29 @@ async def test_deliveries_reaching_a_stopping_node_after_its_shutdown_record_are
             nursery.cancel_scope.cancel()
         unflagged = unflagged_repeats(seen)
         assert not unflagged, f"{len(unflagged)} repeats without redelivered, e.g. {unflagged[:2]}"
+
+
+async def test_a_run_counted_down_in_a_snapshot_is_acted_on_as_a_record_would_be(tmp_path, autojump_clock, monkeypatch):
+    """A node that lagged past the log's compaction learns the news from a snapshot, which holds
+    no record. If its own run was up before and is down in it, it gives back what its sessions
+    were sent and hold unseen, as on the record; a peer that learns that way that another
+    node's run went down closes its link to that run, as on the record."""
+    from mirroring.metadata import Metadata
+
+    async with sim_cluster(tmp_path, net_ticktime=TICK) as c:
+        n2, n3 = c.nodes["n2"], c.nodes["n3"]
+        run = n3.cluster.incarnation
+        md = Metadata.from_snapshot(n3.md.snapshot())
+        md.apply(["node.down", "n3", run, "failure"])
+        snapshot = md.snapshot()
+        given_back = []
+        monkeypatch.setattr(n3.router, "counted_down", lambda: given_back.append(True))
+        link = n2.cluster.links["n3"]
+        assert link.incarnation == run
+
+        for node in (n3, n2):  # each installs the snapshot as Raft hands it over
+            monkeypatch.setattr(node.cluster.raft, "take_committed",
+                                lambda: [("snapshot", node.cluster.applied + 1, snapshot)])
+            node.cluster._apply_committed()
+        assert given_back == [True], "the node did not give back what its sessions held"
+        assert link.cancel_scope.cancel_called, "the peer kept its link to the run counted down"
