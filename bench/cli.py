@@ -24,6 +24,11 @@ starts a one-node cluster of real processes (or uses `--nodes HOST:PORT`), runs 
 with pipelined confirms (at most --window unconfirmed) and one consumer with manual acks on one
 non-mirrored queue, both at once, and prints msgs/s for each.
 
+    warren-bench wakeup [--round-trips 20000]
+
+what one process wake-up over loopback TCP costs on this machine (CPU and wall time per round
+trip between two processes, with and without trio's run loop): the floor under every hop.
+
 A problem the user can fix (no node at --nodes, a cluster that does not start, a bad workload)
 is one line on stderr and a non-zero exit.
 """
@@ -367,6 +372,10 @@ def main(argv=None) -> None:
     d.add_argument("--replay", action="store_true",
                    help="run the schedule of --seed alone and say what happened, with its trace digest")
     d.add_argument("--trace", action="store_true", help="with --replay: print every event of the run")
+    w = sub.add_parser("wakeup", help="what one process wake-up over loopback TCP costs here: the floor "
+                                      "under latency (bench/wakeup.py)")
+    w.add_argument("--round-trips", type=int, default=20_000)
+    w.add_argument("--modes", default="blocking,trio", help="comma-separated: blocking, trio")
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
     sub.add_parser("analyse", aliases=["analyze"], add_help=False,
@@ -392,6 +401,13 @@ def main(argv=None) -> None:
         sys.exit(chaos(args))
     if args.command == "dst":
         sys.exit(dst(args, argv))
+    if args.command == "wakeup":
+        from bench.wakeup import run as run_wakeup
+        try:
+            run_wakeup(args.round_trips, args.modes.split(","))
+        except ValueError as exc:
+            sys.exit(f"warren-bench wakeup: {exc}")
+        return
     if args.command == "sync":
         from bench.sync_bench import run_sync_bench
         rows = run_sync_bench(args.messages, args.size, [int(x) for x in args.batch_sizes.split(",")],
