@@ -345,14 +345,20 @@ def test_one_consumers_dispatch_stops_at_the_byte_limit_and_a_mirror_follows_it(
     assert other.comparable() == leader.comparable()
 
 
+def four_given_to(owner_of_b: tuple) -> QueueState:
+    """A queue whose consumers "a" (owner A) and "b" (`owner_of_b`) hold ids 1, 3 and 2, 4."""
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 0)
+    q.add_consumer(owner_of_b, "b", False, 0)
+    q.publish([b"x"] * 4, None)
+    assert by_tag(q.dispatch()) == {"a": [1, 3], "b": [2, 4]}
+    return q
+
+
 def test_one_ack_over_two_consumers_of_an_owner_frees_both_their_credit():
     """An owner (a channel) with two consumers acks what both were given in one settle: each
     consumer gets its own share of credit back."""
-    q = QueueState("q")
-    q.add_consumer(A, "a", False, 2)
-    q.add_consumer(A, "b", False, 2)
-    q.publish([b"x"] * 4, None)
-    assert by_tag(q.dispatch()) == {"a": [1, 3], "b": [2, 4]}
+    q = four_given_to(A)
     assert q.ack(A, [1, 2, 3, 4]) == 4
     assert q.consumers[(A, "a")].in_flight == 0 and q.consumers[(A, "b")].in_flight == 0
     assert not q.unacked
@@ -362,11 +368,7 @@ def test_a_settle_naming_another_owners_message_takes_only_the_owners_own():
     """A settle may name ids that are no longer the owner's (requeued by a failover and given to
     another consumer since): those stay with their new owner, unacknowledged, and a repeated id
     counts once."""
-    q = QueueState("q")
-    q.add_consumer(A, "a", False, 0)
-    q.add_consumer(B, "b", False, 0)
-    q.publish([b"x"] * 4, None)
-    assert by_tag(q.dispatch()) == {"a": [1, 3], "b": [2, 4]}
+    q = four_given_to(B)
     assert q.ack(A, [1, 2, 3, 3]) == 2
     assert sorted(q.unacked) == [2, 4] and q.unacked[2][0] == B
     assert q.consumers[(A, "a")].in_flight == 0 and q.consumers[(B, "b")].in_flight == 2
