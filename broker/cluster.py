@@ -295,11 +295,10 @@ class Cluster:
                 was_up = self.md.up
                 self.md = Metadata.from_snapshot(item)
                 self.applied = index
-                for node, run in was_up.items():  # runs counted down in what it compacted
-                    if self.md.up.get(node) is None:
-                        self._close_link_to_counted_down(node, run, self.md.down.get(node))
+                self._close_links_to_runs_counted_down(was_up)  # in what it compacted
                 self.hooks.meta_changed(None)
                 continue
+            was_up = dict(self.md.up) if item[0] == "node.down" else None
             value = None
             try:
                 value = self.md.apply(item)
@@ -310,8 +309,8 @@ class Cluster:
             p = self._inflight.pop(index, None)
             if p is not None:
                 p.done(True, value, 0, "")
-            if item[0] == "node.down":
-                self._close_link_to_counted_down(item[1], item[2], item[3] if len(item) > 3 else "failure")
+            if was_up is not None:
+                self._close_links_to_runs_counted_down(was_up)
             if item[0] != "noop":
                 self.hooks.meta_changed(item)
         ev, self._changed = self._changed, trio.Event()
@@ -322,15 +321,19 @@ class Cluster:
         elif not self.persist and len(raft.log) > COMPACT_AFTER:
             raft.compact(self.applied, self.md.snapshot())
 
-    def _close_link_to_counted_down(self, node: str, run: int, kind: str | None) -> None:
-        """The log counted run `run` of `node` down for a failure while our link to that run is
-        up (it was frozen, or a partition cut it from the log's leader only). Our queue leaders
-        requeue, flagged, what they sent its sessions: close the link, so nothing more sent
-        before this record reaches the node once it is in step again (broker/router.py
-        `counted_down`); it links again, and its sessions register their consumers anew."""
-        link = self.links.get(node)
-        if kind == "failure" and link is not None and link.incarnation == run:
-            link.close("the cluster counted the node down: what the link carried is stale")
+    def _close_links_to_runs_counted_down(self, was_up: dict) -> None:
+        """Runs in `was_up` (node -> run, before a record or a snapshot) that the metadata now
+        has down for a failure, while our link to that run is up (it was frozen, or a partition
+        cut it from the log's leader only). Our queue leaders requeue, flagged, what they sent
+        its sessions: close the link, so nothing more sent before this reaches the node once it
+        is in step again (broker/router.py `counted_down`); it links again, and its sessions
+        register their consumers anew."""
+        md = self.md
+        for node, run in was_up.items():
+            link = self.links.get(node)
+            if md.up.get(node) is None and md.down.get(node) == "failure" \
+                    and link is not None and link.incarnation == run:
+                link.close("the cluster counted the node down: what the link carried is stale")
 
     async def wait_changed(self) -> None:
         await self._changed.wait()

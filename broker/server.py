@@ -31,7 +31,8 @@ GC_THRESHOLDS = (100_000, 50, 100)  # young collections per 100k new containers,
 def tune_gc() -> None:
     """Measured with `warren-bench run` (throughput-r1 and -all, 6 interleaved pairs): `all`
     confirmed 132.5k -> 137.6k msgs/s by medians, non-mirrored unchanged; latency at 2,000/s
-    unchanged (the "off" side came from a temporary switch, README "Numbers"). What a cycle holds waits at most one young collection longer."""
+    unchanged (the "off" side came from a temporary switch, README "Numbers"). What a cycle
+    holds waits at most one young collection longer."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
 

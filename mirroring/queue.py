@@ -445,22 +445,29 @@ class QueueState:
                 if lst:
                     out[(c.owner, c.tag)] = lst
         result = []
-        unacked = self.unacked
         for key, batch in out.items():
             c = self.consumers[key]
             self.ready_bytes -= sum(map(len, map(_msg_body, batch)))
             if not c.no_ack:
-                n = len(batch)
-                c.in_flight += n
-                unacked.update(zip(map(_msg_id, batch), zip(repeat(c.owner, n), repeat(key, n), batch)))
+                c.in_flight += len(batch)
+                self._hold(c.owner, key, map(_msg_id, batch), batch)
             result.append((c, batch))
         if self.effects is not None:
             self.effects.append(EDeliver([(c.owner, c.tag, list(map(_msg_id, batch))) for c, batch in result]))
-        # rotate: the consumer served first goes to the back, for fairness across calls
+        self._rotate()
+        return result
+
+    def _rotate(self) -> None:
+        """The consumer served first goes to the back, for fairness across dispatches (a mirror
+        applying a delivery does the same, so its rotation order stays its leader's)."""
         if len(self.consumers) > 1:
             first = next(iter(self.consumers))
             self.consumers[first] = self.consumers.pop(first)
-        return result
+
+    def _hold(self, owner: tuple, key: tuple, ids, msgs: list) -> None:
+        """Record `msgs` (with ids `ids`) as delivered to consumer `key` of `owner`, unacknowledged."""
+        n = len(msgs)
+        self.unacked.update(zip(ids, zip(repeat(owner, n), repeat(key, n), msgs)))
 
     def get(self, owner: tuple, no_ack: bool) -> tuple | None:
         """basic.get: take the head message, tracking it as unacked unless no_ack."""
@@ -681,10 +688,8 @@ class QueueState:
                 c = self.consumers.get(key)
                 if c is not None and not c.no_ack:
                     c.in_flight += n
-                    self.unacked.update(zip(ids, zip(repeat(owner, n), repeat(key, n), msgs)))
-                if len(self.consumers) > 1:
-                    first = next(iter(self.consumers))
-                    self.consumers[first] = self.consumers.pop(first)
+                    self._hold(owner, key, ids, msgs)
+                self._rotate()
                 return
         delivered = set()
         for _, _, ids in rounds:
@@ -704,9 +709,7 @@ class QueueState:
             c.in_flight += len(ids)
             for mid in ids:
                 unacked[mid] = (owner, key, have.get(mid))
-        if len(self.consumers) > 1:
-            first = next(iter(self.consumers))
-            self.consumers[first] = self.consumers.pop(first)
+        self._rotate()
 
     def comparable(self) -> tuple:
         """The whole state as plain values, to compare a mirror with its leader in tests."""

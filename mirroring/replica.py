@@ -936,12 +936,13 @@ class Replica:
                     owner = c.owner
                     # a consumer on a node with a mirror that holds these messages gets them
                     # from that mirror: the delivery goes without its bodies (see local_bodies)
+                    low = min(ids)
                     t = tracks.get(owner[0]) if owner[0] != me and not c.no_ack else None
-                    if t is not None and t.lends and t.ready and (t.synced or min(ids) >= t.start_id):
+                    if t is not None and t.lends and t.ready and (t.synced or low >= t.start_id):
                         bodies = []
                     else:
                         bodies = list(map(_msg_body, batch))
-                    if min(ids) < below or any(map(_msg_redelivered, batch)):
+                    if low < below or any(map(_msg_redelivered, batch)):
                         again = [i for i, x in enumerate(batch) if x[3] or x[0] < below]
                     else:
                         again = []
