@@ -1,0 +1,90 @@
+"""A microbenchmark of one queue's hot path, leader and mirror, with no I/O: nanoseconds per
+message of each step a delivery's life takes in mirroring/queue.py.
+
+    python -m bench.queue_micro [--batch 100] [--rounds 3000]
+
+Per round the leader `QueueState` takes a publish batch, dispatches it to one consumer and has
+it acknowledged (each step recording its effects), and a mirror `QueueState` applies the three
+effect batches. Best of five runs, per message: `publish`, `dispatch`, `settle` on the leader,
+`m_enq`, `m_del`, `m_settle` on the mirror. The mirror ends equal to its leader (checked). This
+is a figure for comparing two versions of mirroring/queue.py on one machine, not a throughput:
+the benchmarks of `warren-bench run` are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from mirroring.queue import QueueState
+from wire.messages import ACK
+
+STEPS = ("publish", "dispatch", "settle", "m_enq", "m_del", "m_settle")
+
+
+def run_once(batch: int, rounds: int) -> dict[str, float]:
+    leader, mirror = QueueState("q"), QueueState("q")
+    leader.effects = []
+    owner = ("n2", 5, 1)
+    leader.add_consumer(owner, "c", False, 100_000)
+    mirror.apply_effects(leader.effects)
+    leader.effects = []
+    body = b"x" * 1024
+    spent = dict.fromkeys(STEPS, 0.0)
+    clock = time.perf_counter
+
+    def effects() -> list:
+        out, leader.effects = leader.effects, []
+        return out
+
+    for r in range(rounds):
+        t0 = clock()
+        leader.publish([body] * batch, None, ["n1", 7], r + 1)
+        t1 = clock()
+        enq = effects()
+        t2 = clock()
+        out = leader.dispatch()
+        t3 = clock()
+        ids = [m[0] for _, msgs in out for m in msgs]
+        deliver = effects()
+        t4 = clock()
+        leader.settle(owner, ACK, ids)
+        t5 = clock()
+        settle = effects()
+        t6 = clock()
+        mirror.apply_effects(enq)
+        t7 = clock()
+        mirror.apply_effects(deliver)
+        t8 = clock()
+        mirror.apply_effects(settle)
+        t9 = clock()
+        for step, took in zip(STEPS, (t1 - t0, t3 - t2, t5 - t4, t7 - t6, t8 - t7, t9 - t8)):
+            spent[step] += took
+    if mirror.comparable() != leader.comparable():
+        raise AssertionError("the mirror does not equal its leader")
+    return {step: s / (rounds * batch) * 1e9 for step, s in spent.items()}
+
+
+def run(batch: int = 100, rounds: int = 3000, repeat: int = 5) -> dict[str, float]:
+    """Best of `repeat` runs, ns per message for each step."""
+    best: dict[str, float] = {}
+    for _ in range(repeat):
+        for step, ns in run_once(batch, rounds).items():
+            best[step] = min(best.get(step, ns), ns)
+    return best
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.queue_micro", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=100, help="messages per publish batch")
+    p.add_argument("--rounds", type=int, default=3000)
+    args = p.parse_args(argv)
+    best = run(args.batch, args.rounds)
+    mirror = best["m_enq"] + best["m_del"] + best["m_settle"]
+    print(f"batch {args.batch}, ns per message: "
+          + "  ".join(f"{step} {ns:.0f}" for step, ns in best.items()) + f"  mirror total {mirror:.0f}")
+
+
+if __name__ == "__main__":
+    main()

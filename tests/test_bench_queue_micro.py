@@ -1,0 +1,10 @@
+"""bench/queue_micro.py: the queue hot-path microbenchmark times every step and its mirror ends
+equal to its leader."""
+
+from bench import queue_micro
+
+
+def test_every_step_is_timed_and_the_mirror_follows_its_leader():
+    best = queue_micro.run(batch=20, rounds=50, repeat=1)  # raises if the mirror differs
+    assert set(best) == set(queue_micro.STEPS)
+    assert all(ns > 0 for ns in best.values())
