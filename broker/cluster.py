@@ -292,13 +292,16 @@ class Cluster:
             return
         for kind, index, item in items:
             if kind == "snapshot":
-                was_up = self.md.up
+                before = self.md
                 self.md = Metadata.from_snapshot(item)
                 self.applied = index
-                self._close_links_to_runs_counted_down(was_up)  # in what it compacted
+                self._close_links_to_runs_counted_down(before.up, before.times_down)  # compacted
                 self.hooks.meta_changed(None)
                 continue
-            was_up = dict(self.md.up) if item[0] == "node.down" else None
+            if item[0] == "node.down":
+                was_up, was_down = dict(self.md.up), dict(self.md.times_down)
+            else:
+                was_up = was_down = None
             value = None
             try:
                 value = self.md.apply(item)
@@ -310,7 +313,7 @@ class Cluster:
             if p is not None:
                 p.done(True, value, 0, "")
             if was_up is not None:
-                self._close_links_to_runs_counted_down(was_up)
+                self._close_links_to_runs_counted_down(was_up, was_down)
             if item[0] != "noop":
                 self.hooks.meta_changed(item)
         ev, self._changed = self._changed, trio.Event()
@@ -321,18 +324,22 @@ class Cluster:
         elif not self.persist and len(raft.log) > COMPACT_AFTER:
             raft.compact(self.applied, self.md.snapshot())
 
-    def _close_links_to_runs_counted_down(self, was_up: dict) -> None:
-        """Runs in `was_up` (node -> run, before a record or a snapshot) that the metadata now
-        has down for a failure, while our link to that run is up (it was frozen, or a partition
-        cut it from the log's leader only). Our queue leaders requeue, flagged, what they sent
-        its sessions: close the link, so nothing more sent before this reaches the node once it
-        is in step again (broker/router.py `counted_down`); it links again, and its sessions
-        register their consumers anew."""
+    def _close_links_to_runs_counted_down(self, was_up: dict, was_down: dict) -> None:
+        """Runs in `was_up` (node -> run, before a record or a snapshot; `was_down`: the
+        metadata's `times_down` then) that were since counted down for a failure, while our
+        link to that run is up (it was frozen, or a partition cut it from the log's leader
+        only). Our queue leaders requeue, flagged, what they sent its sessions: close the link,
+        so nothing more sent before this reaches the node once it is in step again
+        (broker/router.py `counted_down`); it links again, and its sessions register their
+        consumers anew. A snapshot may show the same run up again: its count of times down
+        tells that it went down meanwhile (only a failure brings the same run back)."""
         md = self.md
         for node, run in was_up.items():
             link = self.links.get(node)
-            if md.up.get(node) is None and md.down.get(node) == "failure" \
-                    and link is not None and link.incarnation == run:
+            if link is None or link.incarnation != run \
+                    or md.times_down.get(node, 0) == was_down.get(node, 0):
+                continue
+            if md.up.get(node) == run or (md.up.get(node) is None and md.down.get(node) == "failure"):
                 link.close("the cluster counted the node down: what the link carried is stale")
 
     async def wait_changed(self) -> None:

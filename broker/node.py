@@ -81,6 +81,7 @@ class Node:
         self._sids = itertools.count(1)
         self._counted_down = False  # the metadata records this very run of the node as down
         self._counted_up = False  # it records this very run up (as of the last change applied)
+        self._times_down = 0  # the metadata's count of this node's runs recorded down, as of then
         # the shutdown record is on its way: deliveries are no longer shown (see _hand_over_on_shutdown)
         self.leaving = False
         self._app_scope: trio.CancelScope | None = None
@@ -241,17 +242,22 @@ class Node:
     def meta_changed(self, change) -> None:
         self.router.reconcile()
         run = self.cluster.incarnation
-        counted = self.md.up.get(self.name) == run
+        md = self.md
+        counted = md.up.get(self.name) == run
         back = counted and self._counted_down
         was_up, self._counted_up = self._counted_up, counted
-        self._counted_down = not counted and self.md.up.get(self.name) is None and self.name in self.md.down
+        self._counted_down = not counted and md.up.get(self.name) is None and self.name in md.down
+        times_down = md.times_down.get(self.name, 0)
+        went_down, self._times_down = times_down != self._times_down, times_down
         if not self.leaving:
             if change is not None:
                 down_now = change[0] == "node.down" and change[1] == self.name and change[2] == run
             else:
                 # a snapshot of the log (we lagged past its compaction): it holds no record, but
-                # this run was up before it and is down in it, and nothing else puts it down
-                down_now = was_up and self._counted_down
+                # this run was up before it and was counted down since: it is down in it, or up
+                # again (only a failure brings the same run back, which the count shows)
+                down_now = was_up and (self._counted_down or counted and went_down)
+                back = back or down_now and counted
             if down_now:
                 self._counted_down_while_running()
         for s in list(self.sessions.values()):

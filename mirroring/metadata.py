@@ -13,7 +13,9 @@ the log's leader only (mirroring/planner.py) and travel inside the change as exp
 
 Members are `up` with an *incarnation* (a new number every time a node's app starts) or `down`
 ("failure" or "shutdown"). A node that restarts comes back as a new incarnation: whatever its
-replicas held is gone, and the log says so before anything counts on them again.
+replicas held is gone, and the log says so before anything counts on them again. The same run
+can be recorded down and then up again (it was cut off, not stopped); `times_down` counts every
+run's down records per member, so a node that learns the news from a snapshot still sees it.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ class Metadata:
         self.policies: dict[str, dict] = {}
         self.down: dict[str, str] = {}  # member -> "failure" | "shutdown"
         self.up: dict[str, int] = {}  # member -> incarnation, for members recorded running
+        # member -> how many times a run of it was recorded down: a node that learns the news
+        # from a snapshot sees by it that a run went down even if it came back up since
+        self.times_down: dict[str, int] = {}
 
     # --- snapshots -------------------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -89,6 +94,7 @@ class Metadata:
             "policies": clone(self.policies),
             "down": dict(self.down),
             "up": dict(self.up),
+            "times_down": dict(self.times_down),
         }
 
     @classmethod
@@ -102,6 +108,7 @@ class Metadata:
         md.policies = clone(snap.get("policies", {}))
         md.down = dict(snap.get("down", {}))
         md.up = dict(snap.get("up", {}))
+        md.times_down = dict(snap.get("times_down", {}))
         return md
 
     def copy(self) -> "Metadata":
@@ -115,6 +122,7 @@ class Metadata:
         md.policies = clone(self.policies)
         md.down = dict(self.down)
         md.up = dict(self.up)
+        md.times_down = dict(self.times_down)
         return md
 
     def digest(self) -> str:
@@ -293,6 +301,7 @@ class Metadata:
         if node in self.members and self.up.get(node) == incarnation:
             del self.up[node]
             self.down[node] = kind
+            self.times_down[node] = self.times_down.get(node, 0) + 1
         return self._apply_updates(list(updates))
 
     def _c_node_up(self, node: str, incarnation: int, updates: list = ()):

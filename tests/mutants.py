@@ -200,11 +200,17 @@ MUTANTS = [
            ["tests/test_raft.py"],
            "a leader woken from a freeze takes its followers' buffered replies for a quorum"),
     Mutant("links-to-a-counted-down-node-kept", "broker/cluster.py",
-           "            if md.up.get(node) is None and md.down.get(node) == \"failure\" \\\n",
-           "            if False and md.up.get(node) is None \\\n",
+           "            if md.up.get(node) == run or (md.up.get(node) is None and md.down.get(node) == \"failure\"):\n",
+           "            if False:\n",
            ["tests/test_sim_freeze.py"],
            "a node keeps its link to a node the log counted down: what it sent before the record "
            "reaches that node's consumer after the flagged redelivery elsewhere"),
+    Mutant("down-and-up-in-a-snapshot-unseen", "broker/node.py",
+           "                down_now = was_up and (self._counted_down or counted and went_down)\n",
+           "                down_now = was_up and self._counted_down\n",
+           ["tests/test_sim_freeze.py"],
+           "a node that learns from a snapshot that its run went down and came back up shows its "
+           "consumers deliveries the leaders already requeued, flagged, for others"),
 ]
 
 

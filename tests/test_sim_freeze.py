@@ -168,11 +168,15 @@ async def test_deliveries_reaching_a_stopping_node_after_its_shutdown_record_are
         assert not unflagged, f"{len(unflagged)} repeats without redelivered, e.g. {unflagged[:2]}"
 
 
-async def test_a_run_counted_down_in_a_snapshot_is_acted_on_as_a_record_would_be(tmp_path, autojump_clock, monkeypatch):
+@pytest.mark.parametrize("back_up", [False, True], ids=["down", "down-and-up-again"])
+async def test_a_run_counted_down_in_a_snapshot_is_acted_on_as_a_record_would_be(
+        tmp_path, autojump_clock, monkeypatch, back_up):
     """A node that lagged past the log's compaction learns the news from a snapshot, which holds
-    no record. If its own run was up before and is down in it, it gives back what its sessions
-    were sent and hold unseen, as on the record; a peer that learns that way that another
-    node's run went down closes its link to that run, as on the record."""
+    no record. If its own run was up before and was counted down since (down in the snapshot,
+    or up again: the metadata counts each run's times down), it gives back what its sessions
+    were sent and hold unseen, as on the record, and when up again registers its consumers
+    anew; a peer that learns that way that another node's run went down closes its link to
+    that run, as on the record."""
     from mirroring.metadata import Metadata
 
     async with sim_cluster(tmp_path, net_ticktime=TICK) as c:
@@ -180,15 +184,22 @@ async def test_a_run_counted_down_in_a_snapshot_is_acted_on_as_a_record_would_be
         run = n3.cluster.incarnation
         md = Metadata.from_snapshot(n3.md.snapshot())
         md.apply(["node.down", "n3", run, "failure"])
+        if back_up:
+            md.apply(["node.up", "n3", run])
+            assert md.up["n3"] == run
         snapshot = md.snapshot()
-        given_back = []
+        given_back, resent = [], []
         monkeypatch.setattr(n3.router, "counted_down", lambda: given_back.append(True))
-        link = n2.cluster.links["n3"]
-        assert link.incarnation == run
+        async with c.connect("n3"):
+            session, = n3.sessions.values()
+            monkeypatch.setattr(session, "resend_all", lambda: resent.append(True))
+            link = n2.cluster.links["n3"]
+            assert link.incarnation == run
 
-        for node in (n3, n2):  # each installs the snapshot as Raft hands it over
-            monkeypatch.setattr(node.cluster.raft, "take_committed",
-                                lambda: [("snapshot", node.cluster.applied + 1, snapshot)])
-            node.cluster._apply_committed()
-        assert given_back == [True], "the node did not give back what its sessions held"
-        assert link.cancel_scope.cancel_called, "the peer kept its link to the run counted down"
+            for node in (n3, n2):  # each installs the snapshot as Raft hands it over
+                monkeypatch.setattr(node.cluster.raft, "take_committed",
+                                    lambda: [("snapshot", node.cluster.applied + 1, snapshot)])
+                node.cluster._apply_committed()
+            assert given_back == [True], "the node did not give back what its sessions held"
+            assert resent == ([True] if back_up else []), "consumers not registered anew"
+            assert link.cancel_scope.cancel_called, "the peer kept its link to the run counted down"
