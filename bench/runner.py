@@ -716,9 +716,11 @@ def latency_summary(sdir: Path, t_measure: float, max_lines: int = 3_000_000) ->
     """Latency percentiles over the measured window for the summary line, from the merged logs:
     publish->confirm and publish->first delivery measured from the intended send time when the
     lines carry one (open loop: coordinated omission corrected), else from t_pub; and the
-    generator's own lag (t_pub - t_int). The Spark job computes the same from the same lines."""
+    generator's own lag (t_pub - t_int), and publish->confirm from the actual send (t_conf -
+    t_pub, `confirm_sent`: without that lag). The Spark job computes the same from the same
+    lines."""
     pub: dict[int, float] = {}
-    conf, lag = [], []
+    conf, lag, sent = [], [], []
     try:
         with open(sdir / "publish.jsonl") as f:
             for i, line in enumerate(f):
@@ -729,10 +731,13 @@ def latency_summary(sdir: Path, t_measure: float, max_lines: int = 3_000_000) ->
                 if t0 < t_measure:
                     continue
                 pub[d["id"]] = t0
+                acked = d.get("conf") == "ack" and d.get("t_conf")
+                if acked:
+                    conf.append((d["t_conf"] - t0) * 1000)
                 if d.get("t_int"):
                     lag.append((d["t_pub"] - d["t_int"]) * 1000)
-                if d.get("conf") == "ack" and d.get("t_conf"):
-                    conf.append((d["t_conf"] - t0) * 1000)
+                    if acked:
+                        sent.append((d["t_conf"] - d["t_pub"]) * 1000)
         first: dict[int, float] = {}
         with open(sdir / "deliver.jsonl") as f:
             for line in f:
@@ -745,13 +750,15 @@ def latency_summary(sdir: Path, t_measure: float, max_lines: int = 3_000_000) ->
            "delivery": _percentiles([(t - pub[i]) * 1000 for i, t in first.items()])}
     if lag:
         out["send_lag"] = _percentiles(lag)
+    if sent:
+        out["confirm_sent"] = _percentiles(sent)
     return out
 
 
 def _summary_line(s: dict) -> str:
     lat = s.get("latency") or {}
     extra = ""
-    for kind in ("confirm", "delivery", "send_lag"):
+    for kind in ("confirm", "delivery", "send_lag", "confirm_sent"):
         v = lat.get(kind) or {}
         if v.get("n"):
             extra += f"; {kind} p50/p99/p99.9 {v['p50_ms']:g}/{v['p99_ms']:g}/{v['p999_ms']:g} ms"

@@ -519,7 +519,8 @@ def openloop(tmp_path_factory, session):
         expect[target] = {
             "confirm": np.array([(p["t_conf"] - p["t_int"]) * 1000 for p in inside]),
             "delivery": np.array([(p["t_pub"] + 0.003 - p["t_int"]) * 1000 for p in inside]),
-            "send_lag": np.array([(p["t_pub"] - p["t_int"]) * 1000 for p in inside])}
+            "send_lag": np.array([(p["t_pub"] - p["t_int"]) * 1000 for p in inside]),
+            "confirm_sent": np.array([(p["t_conf"] - p["t_pub"]) * 1000 for p in inside])}
     idle = {**_meta("idle-10k", False, T0, T0 + 12), "run_id": run_dir.name, "target": "rabbitmq",
             "idle": {"node": "rabbit-1@localhost", "connections": 10000, "opened": 10000,
                      "rss_before_mib": 100.0, "rss_held_mib": 1000.0, "rss_after_mib": 200.0,
@@ -543,6 +544,7 @@ def test_open_loop_latency_is_measured_from_the_intended_time_after_warmup(openl
         assert s["open_loop"] is True and s["published"] == 100
         assert s["confirm_p999_ms"] == pytest.approx(np.percentile(kinds["confirm"], 99.9), rel=1e-6)
         assert s["send_lag_p99_ms"] == pytest.approx(np.percentile(kinds["send_lag"], 99), rel=1e-6)
+        assert s["confirm_sent_p99_ms"] == pytest.approx(np.percentile(kinds["confirm_sent"], 99), rel=1e-6)
     # the held-back messages count from when they were meant to go: p99 sees the 200 ms stall
     assert [r for r in res.tables["latency"] if r["target"] == "warren-native" and r["kind"] == "confirm"][0][
         "p99_ms"] > 200

@@ -16,7 +16,9 @@ Rules of this module:
   loop: a stalled broker cannot hide the wait of the messages queued behind the stall, i.e.
   coordinated omission corrected), else from `t_pub`; only messages whose start time is inside
   the measured window (at or after scenario.json's `t_measure`, i.e. after warmup) count. The
-  generator's own lag `t_pub - t_int` is the `send_lag` kind.
+  generator's own lag `t_pub - t_int` is the `send_lag` kind, and publish->confirm from the
+  actual send `t_conf - t_pub` (the broker's and the client's part, without that lag) is the
+  `confirm_sent` kind; both only for open-loop lines.
 
 Definitions (see also bench/LOGS.md):
 
@@ -60,6 +62,7 @@ from urllib.request import url2pathname
 KEY = ["run_id", "scenario", "target"]
 KEY_TYPES = [(k, "STRING") for k in KEY]
 PERCENTILES = [("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999)]
+LATENCY_KINDS = ("confirm", "delivery", "send_lag", "confirm_sent")  # see the module doc
 WINDOW_BEFORE, WINDOW_AFTER = 1.0, 30.0
 FINE_BUCKET, FINE_BEFORE, FINE_AFTER = 0.1, 2.0, 5.0  # seconds: the buckets around each fault
 NOT_FAULTS = ("sync_progress", "sync_done")
@@ -85,6 +88,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("confirm_p50_ms", "DOUBLE"), ("confirm_p99_ms", "DOUBLE"),
         ("delivery_p50_ms", "DOUBLE"), ("delivery_p99_ms", "DOUBLE"), ("delivery_p999_ms", "DOUBLE"),
         ("confirm_p999_ms", "DOUBLE"), ("open_loop", "BOOLEAN"), ("send_lag_p99_ms", "DOUBLE"),
+        ("confirm_sent_p99_ms", "DOUBLE"),
         ("redelivered", "LONG"), ("dup_ids", "LONG"), ("dup_extra", "LONG"), ("lost", "LONG"),
         ("unknown_ids", "LONG"), ("faults", "LONG"), ("max_gap_s", "DOUBLE"),
         ("sync_msgs_per_s", "DOUBLE"),
@@ -318,9 +322,11 @@ def _per_scenario(spark, pub, dlv, metas: dict):
     conf_ms = F.when(inside, (F.col("t_conf") - start) * 1000.0)  # null when either is null
     del_ms = F.when(inside, (F.col("t_first") - start) * 1000.0)
     lag_ms = F.when(inside, (F.col("t_pub") - F.col("t_int")) * 1000.0)
+    sent_ms = F.when(inside & F.col("t_int").isNotNull(), (F.col("t_conf") - F.col("t_pub")) * 1000.0)
     fractions = [p for _, p in PERCENTILES]
     lat = [F.max(F.col("t_int").isNotNull()).alias("open_loop")]
-    for kind, ms in (("confirm", conf_ms), ("delivery", del_ms), ("send_lag", lag_ms)):
+    for kind, ms in (("confirm", conf_ms), ("delivery", del_ms), ("send_lag", lag_ms),
+                     ("confirm_sent", sent_ms)):
         lat += [F.count(ms).alias(f"{kind}_n"), F.min(ms).alias(f"{kind}_min"),
                 F.avg(ms).alias(f"{kind}_mean"), F.percentile(ms, fractions).alias(f"{kind}_pct"),
                 F.max(ms).alias(f"{kind}_max")]
@@ -343,7 +349,7 @@ def _per_scenario(spark, pub, dlv, metas: dict):
 def _latency_rows(count_rows: dict) -> list[dict]:
     out = []
     for k, c in sorted(count_rows.items()):
-        for kind in ("confirm", "delivery", "send_lag"):
+        for kind in LATENCY_KINDS:
             if not c.get(f"{kind}_n"):
                 continue
             pct = c[f"{kind}_pct"]
@@ -594,6 +600,7 @@ def analyse(spark, input_path: str) -> Results:
 
         lat_c, lat_d = latency.get((*k, "confirm"), {}), latency.get((*k, "delivery"), {})
         lat_l = latency.get((*k, "send_lag"), {})
+        lat_s = latency.get((*k, "confirm_sent"), {})
         kf = [f for f in faults_out if _key(f) == k]
         gaps = [f["gap_s"] for f in kf if f["gap_s"] is not None]
         rates = [s["msgs_per_s"] for s in sync_out if _key(s) == k and s["msgs_per_s"] is not None]
@@ -614,6 +621,7 @@ def analyse(spark, input_path: str) -> Results:
             "delivery_p50_ms": lat_d.get("p50_ms"), "delivery_p99_ms": lat_d.get("p99_ms"),
             "delivery_p999_ms": lat_d.get("p999_ms"), "confirm_p999_ms": lat_c.get("p999_ms"),
             "open_loop": c.get("open_loop") if c else None, "send_lag_p99_ms": lat_l.get("p99_ms"),
+            "confirm_sent_p99_ms": lat_s.get("p99_ms"),
             "lost": c.get("lost") if drain is True and c else None,
             "faults": len(kf), "max_gap_s": max(gaps) if gaps else None,
             "sync_msgs_per_s": max(rates) if rates else None,
