@@ -140,7 +140,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("warren_delivery_p99_ms", "DOUBLE"), ("rabbitmq_delivery_p99_ms", "DOUBLE"),
         ("p99_ratio", "DOUBLE"),
         ("warren_confirm_p99_ms", "DOUBLE"), ("rabbitmq_confirm_p99_ms", "DOUBLE"),
-        ("confirm_p99_ratio", "DOUBLE"),
+        ("confirm_p99_ratio", "DOUBLE"), ("confirm_sent_p99_ratio", "DOUBLE"),
     ],
 }
 
@@ -648,6 +648,7 @@ def analyse(spark, input_path: str) -> Results:
             "p99_ratio": ratio(w["delivery_p99_ms"], r["delivery_p99_ms"]),
             "warren_confirm_p99_ms": w["confirm_p99_ms"], "rabbitmq_confirm_p99_ms": r["confirm_p99_ms"],
             "confirm_p99_ratio": ratio(w["confirm_p99_ms"], r["confirm_p99_ms"]),
+            "confirm_sent_p99_ratio": ratio(w["confirm_sent_p99_ms"], r["confirm_sent_p99_ms"]),
         })
 
     chaos = _chaos(spark, base, by_key)
