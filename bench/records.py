@@ -16,6 +16,8 @@ ID_SHIFT = 40  # message id = producer index * 2**40 + sequence
 BLOCK = 20_000  # lines per write
 
 CONF_NONE, CONF_ACK, CONF_NACK = 0, 1, 2
+# the latency kinds computed from these lines (LOGS.md), by the runner and by the Spark job alike
+LATENCY_KINDS = ("confirm", "delivery", "send_lag", "confirm_sent")
 _CONF_TEXT = {CONF_NONE: "null", CONF_ACK: '"ack"', CONF_NACK: '"nack"'}
 
 

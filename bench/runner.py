@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from bench import worker as workermod
+from bench.records import LATENCY_KINDS
 from bench.runinfo import new_meta, new_run_id, write_meta
 from bench.targets import (
     NullTarget,
@@ -758,7 +759,7 @@ def latency_summary(sdir: Path, t_measure: float, max_lines: int = 3_000_000) ->
 def _summary_line(s: dict) -> str:
     lat = s.get("latency") or {}
     extra = ""
-    for kind in ("confirm", "delivery", "send_lag", "confirm_sent"):
+    for kind in LATENCY_KINDS:
         v = lat.get(kind) or {}
         if v.get("n"):
             extra += f"; {kind} p50/p99/p99.9 {v['p50_ms']:g}/{v['p99_ms']:g}/{v['p999_ms']:g} ms"

@@ -699,7 +699,6 @@ class QueueState:
             m = ready.popleft()
             have[m[0]] = m
             self.ready_bytes -= len(m[1])
-        unacked = self.unacked
         for owner, tag, ids in rounds:
             owner = tuple(owner)
             key = (owner, tag)
@@ -707,8 +706,7 @@ class QueueState:
             if c is None or c.no_ack:
                 continue
             c.in_flight += len(ids)
-            for mid in ids:
-                unacked[mid] = (owner, key, have.get(mid))
+            self._hold(owner, key, ids, [have.get(mid) for mid in ids])  # None: a message it lacked
         self._rotate()
 
     def comparable(self) -> tuple:

@@ -59,10 +59,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
+from bench.records import LATENCY_KINDS
+
 KEY = ["run_id", "scenario", "target"]
 KEY_TYPES = [(k, "STRING") for k in KEY]
 PERCENTILES = [("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999)]
-LATENCY_KINDS = ("confirm", "delivery", "send_lag", "confirm_sent")  # see the module doc
 WINDOW_BEFORE, WINDOW_AFTER = 1.0, 30.0
 FINE_BUCKET, FINE_BEFORE, FINE_AFTER = 0.1, 2.0, 5.0  # seconds: the buckets around each fault
 NOT_FAULTS = ("sync_progress", "sync_done")
@@ -325,8 +326,9 @@ def _per_scenario(spark, pub, dlv, metas: dict):
     sent_ms = F.when(inside & F.col("t_int").isNotNull(), (F.col("t_conf") - F.col("t_pub")) * 1000.0)
     fractions = [p for _, p in PERCENTILES]
     lat = [F.max(F.col("t_int").isNotNull()).alias("open_loop")]
-    for kind, ms in (("confirm", conf_ms), ("delivery", del_ms), ("send_lag", lag_ms),
-                     ("confirm_sent", sent_ms)):
+    exprs = {"confirm": conf_ms, "delivery": del_ms, "send_lag": lag_ms, "confirm_sent": sent_ms}
+    for kind in LATENCY_KINDS:
+        ms = exprs[kind]
         lat += [F.count(ms).alias(f"{kind}_n"), F.min(ms).alias(f"{kind}_min"),
                 F.avg(ms).alias(f"{kind}_mean"), F.percentile(ms, fractions).alias(f"{kind}_pct"),
                 F.max(ms).alias(f"{kind}_max")]
