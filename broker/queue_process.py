@@ -80,8 +80,9 @@ class QueueProcess:
         return True
 
     def _round_inline(self) -> None:
+        now = trio.current_time()
         try:
-            more = self._round(trio.current_time())
+            more = self._round(now)
         except Exception:  # a bug costs this queue, as it would in its own task
             self.log.exception("queue process failed")
             self.scope.cancel()
@@ -89,8 +90,11 @@ class QueueProcess:
         if more or self.inbox or self.replica.state is rp.State.STOPPED:
             self._wake.set()
         elif self._sleep is not None:
-            deadline = self.replica.next_deadline(trio.current_time())
-            self._sleep.deadline = deadline if deadline is not None else math.inf
+            deadline = self.replica.next_deadline(now)
+            if deadline is None:
+                deadline = math.inf
+            if deadline != self._sleep.deadline:  # (moving a trio deadline is not cheap)
+                self._sleep.deadline = deadline
 
     def kick(self) -> None:
         """Run a round even with nothing new in the inbox (the node came in step)."""

@@ -150,6 +150,8 @@ class Raft:
         self._next: dict[str, int] = {}
         self._match: dict[str, int] = {}
         self._acked_at: dict[str, float] = {}
+        self._quorum_until = -1e18  # _quorum_heard's kept answer: heard until then, for these voters
+        self._quorum_for: tuple | None = None
         self._heartbeat_at = now
         self._transferring = False
         self._now = now
@@ -277,9 +279,18 @@ class Raft:
                 self._election_at = now + self._timeout()
 
     def _quorum_heard(self, now: float) -> bool:
-        heard = sum(1 for p in self.voters
-                    if p == self.me or now - self._acked_at.get(p, -1e18) <= self.timeout)
-        return heard >= self._majority()
+        # Asked at every round of every queue leader (`in_step`), so the answer is kept: the
+        # time until which the majority heard from stays heard. It only moves later while the
+        # voters and the record of who acknowledged when stay as they are (acknowledgements
+        # only ever raise a time); whatever lowers one (a peer down, a new term) drops it.
+        voters = self.voters
+        if now < self._quorum_until and voters is self._quorum_for:
+            return True
+        acked = self._acked_at
+        times = sorted((1e18 if p == self.me else acked.get(p, -1e18) for p in voters), reverse=True)
+        until = times[self._majority() - 1] + self.timeout
+        self._quorum_until, self._quorum_for = until, voters
+        return now <= until
 
     def has_quorum_contact(self, now: float) -> bool:
         """Is this node in touch with a working majority (a leader it heard from lately, or
@@ -302,6 +313,7 @@ class Raft:
             self._election_at = min(self._election_at, now + self._turn_after_leader_lost(peer))
         elif self.role is Role.LEADER:
             self._acked_at.pop(peer, None)
+            self._quorum_until = -1e18
 
     def peer_up(self, now: float, peer: str) -> None:
         """A link to `peer` came up: a leader brings it up to date at once."""
@@ -375,6 +387,7 @@ class Raft:
         self._next = {p: self.last_index + 1 for p in self.voters if p != self.me}
         self._match = {p: 0 for p in self._next}
         self._acked_at = {p: now for p in self._next}
+        self._quorum_until = -1e18
         self._append(NOOP)  # commits everything before it, and allows membership changes
         self._broadcast_append(now)
         self._advance_commit()

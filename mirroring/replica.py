@@ -75,6 +75,10 @@ class State(enum.Enum):
     LEADER_SYNCING_LIVE = "leader, syncing in the background"
     STOPPED = "stopped"
 
+    # members are singletons: hash them as objects, in C (Enum's own hash is Python code, and
+    # the state is looked up in LEADING and its kin several times a round)
+    __hash__ = object.__hash__
+
 
 S = State
 LEADING = frozenset({S.LEADER, S.LEADER_SYNCING, S.LEADER_SYNCING_LIVE})
@@ -274,6 +278,7 @@ class Replica:
         self._events: dict[tuple, list] = {}
         self._out: list = []
         self._synced_check_at = 0.0
+        self._periodic_at = -1.0  # next_deadline's once-a-second wake-up while it has mirrors
         self._proposed: dict[tuple, float] = {}  # what we asked the metadata for, and when
         self._stopped_reason = ""
         self.last_used = now  # x-expires: when a client last used the queue
@@ -438,7 +443,14 @@ class Replica:
     def next_deadline(self, now: float) -> float | None:
         if self.state not in LEADING:
             return None
-        times = [now + 1.0] if self.rep.mirrors else []
+        if self.rep.mirrors:
+            # at least once a second (tick's checks); kept from round to round, so that the
+            # task's timer is not moved by every round (QueueProcess sets it only on a change)
+            if self._periodic_at <= now:
+                self._periodic_at = now + 1.0
+            times = [self._periodic_at]
+        else:
+            times = []
         if self._settles_since is not None:
             times.append(self._settles_since + SETTLE_LINGER)
         at = self.q.next_expiry()

@@ -261,6 +261,26 @@ def test_in_step_means_a_leaders_word_came_lately_and_everything_it_committed_is
     assert not w.nodes[lead].in_step(w.now)
 
 
+def test_a_leaders_kept_quorum_answer_ends_with_its_last_majority_word_or_a_lost_peer():
+    """The leader keeps its answer to `in_step` (asked at every round of every queue leader):
+    heard from a majority until the majority's latest word plus the timeout. A peer lost
+    (`peer_down`) ends it at once, and so does time: never answered from the kept value."""
+    w = World(["a", "b", "c"], seed=8)
+    lead = w.wait_leader()
+    w.run(0.5)
+    leader = w.nodes[lead]
+    others = [n for n in w.names if n != lead]
+    now = w.now
+    assert leader.in_step(now) and leader.in_step(now)  # the second answer is the kept one
+    # the majority's word: the later of the two peers' last acknowledgements
+    until = max(leader._acked_at[n] for n in others) + leader.timeout
+    assert leader.in_step(until) and not leader.in_step(until + 1e-6)
+    assert leader.in_step(now)
+    for n in others:
+        leader.peer_down(now, n)
+    assert not leader.in_step(now)
+
+
 def test_words_that_waited_in_a_socket_through_a_freeze_do_not_put_a_node_in_step():
     """A node frozen (SIGSTOP) reads on waking what its peers sent before: an append of the
     leader it knew, or replies to its own appends if it led. Received now, they were sent
