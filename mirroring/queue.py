@@ -483,9 +483,9 @@ class QueueState:
 
     # --- settlement ------------------------------------------------------------------------
     def _take(self, owner: tuple, ids) -> list[tuple]:
-        """Remove `owner`'s unacknowledged entries for `ids` and return their messages; an id
-        that is not unacknowledged by `owner` (settled already, or requeued by a failover and
-        delivered to another owner since) is ignored."""
+        """Remove `owner`'s unacknowledged entries for `ids` and return them ((owner, key,
+        message) each); an id that is not unacknowledged by `owner` (settled already, or
+        requeued by a failover and delivered to another owner since) is ignored."""
         unacked = self.unacked
         n = len(ids)
         # the usual case, in C loops: every id is the owner's, all from one consumer
@@ -502,7 +502,7 @@ class QueueState:
                     c = self.consumers.get(key)
                     if c is not None:
                         c.in_flight -= k
-            return list(map(_entry_msg, entries))
+            return entries
         # otherwise put back what was popped and go id by id
         unacked.update((mid, e) for mid, e in zip(ids, entries) if e is not None)
         return self._take_each(owner, ids)
@@ -521,7 +521,7 @@ class QueueState:
                 c = consumers.get(key)
                 if c is not None:
                     c.in_flight -= 1
-            taken.append(entry[2])
+            taken.append(entry)
         return taken
 
     def settle(self, owner: tuple, how: int, ids) -> int:
@@ -542,7 +542,8 @@ class QueueState:
         return self.settle(owner, REQUEUE, ids)
 
     def _requeue(self, owner: tuple, ids) -> int:
-        msgs = [m for m in self._take(owner, ids) if m is not None]  # None: a mirror never had it
+        # (a message None: a mirror never had it)
+        msgs = [m for m in map(_entry_msg, self._take(owner, ids)) if m is not None]
         if not msgs:
             return 0
         back = sorted((m[0], m[1], m[2], True) for m in msgs)
