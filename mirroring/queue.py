@@ -542,7 +542,7 @@ class QueueState:
         return self.settle(owner, REQUEUE, ids)
 
     def _requeue(self, owner: tuple, ids) -> int:
-        # (a message None: a mirror never had it)
+        # an entry's message is None where a mirror never had it: nothing to put back
         msgs = [m for m in map(_entry_msg, self._take(owner, ids)) if m is not None]
         if not msgs:
             return 0

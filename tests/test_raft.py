@@ -263,8 +263,8 @@ def test_in_step_means_a_leaders_word_came_lately_and_everything_it_committed_is
 
 def test_a_leaders_kept_quorum_answer_ends_with_its_last_majority_word_or_a_lost_peer():
     """The leader keeps its answer to `in_step` (asked at every round of every queue leader):
-    heard from a majority until the majority's latest word plus the timeout. A peer lost
-    (`peer_down`) ends it at once, and so does time: never answered from the kept value."""
+    heard from a majority until the majority's latest word plus the timeout, and not a moment
+    longer. A peer lost (`peer_down`) ends the kept answer at once."""
     w = World(["a", "b", "c"], seed=8)
     lead = w.wait_leader()
     w.run(0.5)
