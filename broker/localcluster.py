@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -40,20 +41,57 @@ DEMO_SECRET = "warren-local-demo-secret"
 PID_FILE = "pids.json"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (bind port 0, then close)."""
+# Why not bind port 0: the kernel hands out a port from its ephemeral range, and the same range
+# supplies the local port of every outgoing connection.  A port picked now and bound seconds later
+# (a node started after others, a node restarted after a kill) can by then be the local end of
+# some peer link or client socket, and the node fails with "address already in use".  Ports below
+# the ephemeral range are never given to outgoing connections, so a free one stays free until a
+# listener of ours takes it.
+_PORT_FLOOR = 10000
+_pick = random.Random()  # its own generator: a test that seeds `random` must not make picks repeat
+_picked: set[int] = set()  # this process's earlier picks, not given out twice
+
+
+def _listening_range() -> range:
+    """The ports we pick from: from _PORT_FLOOR up to the kernel's ephemeral range."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    return range(_PORT_FLOOR, low) if low - _PORT_FLOOR >= 1000 else range(low, 65536)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
-def _free_ports(count: int) -> list[int]:
+def pick_free_ports(count: int, span: int = 1) -> list[int]:
+    """`count` ports on 127.0.0.1 (each the first of `span` consecutive free ones) that nothing
+    listens on and no outgoing connection will take: picked at random below the ephemeral range."""
     ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
+    candidates = _listening_range()
+    for _ in range(2000):
+        if len(ports) == count:
+            return ports
+        base = _pick.choice(candidates[:len(candidates) - span + 1])
+        run = range(base, base + span)
+        if any(p in _picked for p in run) or not all(_bindable(p) for p in run):
+            continue
+        _picked.update(run)
+        ports.append(base)
+    if len(ports) == count:
+        return ports
+    raise RuntimeError(f"no {count} free runs of {span} port(s) in {candidates}")
+
+
+def free_port() -> int:
+    """One TCP port on 127.0.0.1 that nothing listens on right now (see `pick_free_ports`)."""
+    return pick_free_ports(1)[0]
 
 
 def executable(name: str) -> str:
@@ -80,7 +118,7 @@ class LocalCluster:
         self.net_ticktime = net_ticktime
         self.server_args = list(server_args)
         if free_ports:
-            found = _free_ports(3 * nodes)
+            found = pick_free_ports(3 * nodes)
             self.ports = {name: (found[3 * i], found[3 * i + 1]) for i, name in enumerate(self.names)}
             self.amqp_ports = {name: found[3 * i + 2] for i, name in enumerate(self.names)}
         else:

@@ -31,12 +31,13 @@ import fcntl
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from broker.localcluster import free_port
 
 # A cold run installs packages and debootstraps the base image.
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
@@ -68,12 +69,6 @@ def _run(args, *, timeout=60.0, env=None, check=False):
 def _tail(proc: subprocess.CompletedProcess, lines: int = 8) -> str:
     text = (proc.stdout + proc.stderr).strip().splitlines()
     return " | ".join(text[-lines:])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _engine_answers() -> bool:
@@ -251,8 +246,8 @@ def _host_amqp_client(port: int, password: str) -> None:
 
 def _cluster_scenario(docker: str) -> None:
     env = dict(os.environ, WARREN_IMAGE=IMAGE)
-    env.update({f"WARREN_PORT_{n.upper()}": str(_free_port()) for n in NODES})
-    env.update({f"WARREN_AMQP_PORT_{n.upper()}": str(_free_port()) for n in NODES})
+    env.update({f"WARREN_PORT_{n.upper()}": str(free_port()) for n in NODES})
+    env.update({f"WARREN_AMQP_PORT_{n.upper()}": str(free_port()) for n in NODES})
     env["WARREN_PASSWORD"] = "docker-test-password"  # the compose file takes it from the host
     compose = ["docker-compose", "-f", str(COMPOSE_FILE), "-p", PROJECT]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.localcluster import PID_FILE, executable, free_port, is_node_process
+from broker.localcluster import PID_FILE, executable, free_port, is_node_process, pick_free_ports
 from cluster_procs import ProcessCluster, running_cluster
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
@@ -34,6 +35,31 @@ def _spawned(argv: list[str]) -> subprocess.Popen:
     while cmdline.read_bytes().split(b"\0")[0] != argv[0].encode() and time.monotonic() < deadline:
         time.sleep(0.01)
     return proc
+
+
+def test_free_ports_stay_free_while_outgoing_connections_come_and_go():
+    """A picked port must still be free when a node binds it later: picks lie below the kernel's
+    ephemeral range, so no outgoing connection made in between can take one as its local port
+    (CI once lost the README's n4 that way: its peer port, picked at the session's start, was the
+    local end of a connection by the time n4 started)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    picked = pick_free_ports(20)
+    runs = pick_free_ports(3, span=4)
+    ports = set(picked) | {base + i for base in runs for i in range(4)}
+    assert len(ports) == 20 + 12, "a port was given out twice"
+    assert all(port < low for port in ports), (sorted(ports), low)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(512)
+        outgoing = [socket.create_connection(listener.getsockname()) for _ in range(300)]
+        try:
+            assert not {s.getsockname()[1] for s in outgoing} & ports
+        finally:
+            for s in outgoing:
+                s.close()
+    for port in sorted(ports):  # and each is bindable, now and by the node that gets it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
 
 
 def test_is_node_process_checks_program_and_name(tmp_path):

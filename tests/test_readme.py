@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -118,21 +117,11 @@ def test_every_block_can_be_run_or_says_why_not():
 # --- the session ------------------------------------------------------------------------------
 
 def _free_base(span: int = 4) -> int:
-    """A base port B with B+1..B+span all free (for node i at B+i)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1] - 1
-        if base + span >= 65535:
-            continue
-        try:
-            for port in range(base + 1, base + span + 1):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no run of free ports found")
+    """A base port B with B+1..B+span all free (for node i at B+i), below the ephemeral range: n4
+    binds its ports minutes after the pick, and an outgoing connection must not have taken them."""
+    from broker.localcluster import pick_free_ports
+
+    return pick_free_ports(1, span)[0] - 1
 
 
 def _copy_tree(dest: Path) -> None:
