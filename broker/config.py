@@ -55,6 +55,9 @@ class NodeConfig:
     mirroring_sync_max_throughput: int = 0  # bytes/s for batch sync; 0 = no limit
     # a fraction of the memory (RabbitMQ's default 0.4) or an absolute size ("512MiB", "2GB")
     memory_high_watermark: str | float = "0.4"
+    # Linux scheduling policy of the node process: "batch" (SCHED_BATCH: a peer it wakes does not
+    # preempt it mid-round; see broker/server.py) or "other" (SCHED_OTHER, the usual one)
+    sched_policy: str = "batch"
 
     @property
     def memory_watermark(self) -> Watermark:
@@ -79,6 +82,8 @@ class NodeConfig:
             raise ConfigError(f"max_frame must be at least {MIN_MAX_FRAME}")
         if self.queue_leader_locator not in ("client-local", "balanced"):
             raise ConfigError("queue_leader_locator must be 'client-local' or 'balanced'")
+        if self.sched_policy not in ("batch", "other"):
+            raise ConfigError(f"sched_policy must be 'batch' or 'other', not {self.sched_policy!r}")
         if self.mirroring_sync_batch_size < 1:
             raise ConfigError("mirroring_sync_batch_size must be at least 1")
         if self.mirroring_sync_max_throughput < 0:
@@ -114,6 +119,7 @@ _FIELDS = {
     "mirroring_sync_batch_size": ("WARREN_MIRRORING_SYNC_BATCH_SIZE", int),
     "mirroring_sync_max_throughput": ("WARREN_MIRRORING_SYNC_MAX_THROUGHPUT", int),
     "memory_high_watermark": ("WARREN_MEMORY_HIGH_WATERMARK", str),
+    "sched_policy": ("WARREN_SCHED_POLICY", str),
     "users": ("WARREN_USERS", "users"),
     "loopback_users": ("WARREN_LOOPBACK_USERS", "names"),
 }

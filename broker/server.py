@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import errno
 import gc
+import os
 import signal
 import socket
 import sys
@@ -35,6 +36,28 @@ def tune_gc() -> None:
     holds waits at most one young collection longer."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+# Why SCHED_BATCH by default. A node's round ends with writes to several sockets: the replication
+# batch to each mirror, confirms to publishers. Under SCHED_OTHER each write that wakes a process
+# on this machine (a mirror node, a client) lets that process preempt the writer at once, on the
+# writer's CPU (a loopback write is a "sync" wake-up). The round's next write then waits for the
+# woken process to finish its own work, so the mirrors of one message are served one after the
+# other, and throughput pays a context switch per write. SCHED_BATCH keeps normal priority and
+# fairness (its nice value still counts) but a task woken by this one no longer preempts it: the
+# round finishes its writes, then blocks, and the woken ones run, on the idle CPU if there is one.
+# On machines of their own (a real cluster) nodes rarely share a CPU, and the policy changes
+# little. Measured in README "Numbers" (`--sched-policy other` gives the old behaviour).
+def apply_sched_policy(policy: str) -> str | None:
+    """Put this process under `policy` ("batch" or "other"); a reason when that is impossible."""
+    wanted = {"batch": getattr(os, "SCHED_BATCH", None), "other": getattr(os, "SCHED_OTHER", None)}[policy]
+    if wanted is None or not hasattr(os, "sched_setscheduler"):
+        return f"this system has no SCHED_{policy.upper()} (the node runs under its default policy)"
+    try:
+        os.sched_setscheduler(0, wanted, os.sched_param(0))
+    except OSError as exc:
+        return f"SCHED_{policy.upper()} refused: {exc.strerror or exc}"
+    return None
 
 
 def parse_args(argv=None) -> dict:
@@ -71,6 +94,10 @@ def parse_args(argv=None) -> dict:
                    help="memory alarm: a fraction of the machine's memory (default 0.4) or an absolute "
                         "size such as 512MiB or 2GB; above it, publishing connections are held "
                         "(WARREN_MEMORY_HIGH_WATERMARK)")
+    p.add_argument("--sched-policy", dest="sched_policy", choices=["batch", "other"],
+                   help="Linux scheduling policy of the node: batch (SCHED_BATCH: processes it "
+                        "wakes do not preempt it mid-round) or other (SCHED_OTHER) "
+                        "(WARREN_SCHED_POLICY, default batch)")
     p.add_argument("--config", help="TOML configuration file (WARREN_CONFIG_FILE)")
     return vars(p.parse_args(argv))
 
@@ -160,6 +187,9 @@ def main(argv=None) -> None:
         if problem:
             _fail(problem, 1)
     tune_gc()
+    sched_problem = apply_sched_policy(cfg.sched_policy)
+    if sched_problem:
+        node.log.warning("scheduling policy not applied", policy=cfg.sched_policy, reason=sched_problem)
     try:
         trio.run(serve, cfg, node)
     except (OSError, BaseExceptionGroup) as exc:

@@ -24,6 +24,7 @@ secret_file = "{secret_file}"
 net_ticktime = 7.5
 log_format = "json"
 data_dir = "{data_dir}"
+sched_policy = "other"
 """
 
 
@@ -54,6 +55,7 @@ def test_toml_file_sets_name_ports_secret_ticktime_and_log_format(tmp_path):
     assert cfg.net_ticktime == 7.5
     assert cfg.log_format == "json"
     assert cfg.data_dir == str(tmp_path / "data")
+    assert cfg.sched_policy == "other"
 
 
 def test_toml_secret_string_is_used(tmp_path):
@@ -194,6 +196,8 @@ def test_server_runs_from_a_toml_file(tmp_path, home):
         status = json.loads(r.stdout)
         assert (status["node"], status["client_port"], status["peer_port"]) == ("toml-node", client, peer)
         assert status["net_ticktime"] == 7.5
+        # the file's sched_policy = "other" (a default node is SCHED_BATCH: test_localcluster)
+        assert os.sched_getscheduler(proc.pid) == os.SCHED_OTHER
         wrong = subprocess.run([*ctl, "--secret", "not-it", "status", "-t", "2"],
                                capture_output=True, text=True, timeout=20)
         assert wrong.returncode != 0
@@ -223,6 +227,7 @@ def test_users_and_loopback_users_from_environment_and_flags(tmp_path):
     ({"WARREN_USERS": "a:b,:c"}, "WARREN_USERS: ':c' is not NAME:PASSWORD"),
     ({"WARREN_LOOPBACK_USERS": "guest,,x"}, "WARREN_LOOPBACK_USERS: 'guest,,x' is not a comma-separated"),
     ({"WARREN_LOG_LEVEL": "chatty"}, "log_level must be 'debug', 'info', 'warning' or 'error'"),
+    ({"WARREN_SCHED_POLICY": "fifo"}, "sched_policy must be 'batch' or 'other', not 'fifo'"),
 ])
 def test_bad_environment_values_are_clear_errors(env, message):
     with pytest.raises(ConfigError) as info:

@@ -209,6 +209,12 @@ def one(request, tmp_path_factory):
         yield c
 
 
+def test_a_node_runs_under_sched_batch_by_default(one):
+    """So that a mirror or client it wakes does not preempt it mid-round (broker/server.py); the
+    `other` policy is tested through a TOML file in test_config."""
+    assert os.sched_getscheduler(one.procs["n1"].pid) == os.SCHED_BATCH
+
+
 def test_sigstop_freezes_and_sigcont_thaws(one):
     one.sigstop("n1")
     try:
