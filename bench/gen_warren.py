@@ -7,7 +7,8 @@ recorded); consumes through the client's delivery callback (no per-message task 
 through the client's coalescing writer (`ack: multiple`: one multiple ack per MULTIPLE_EVERY
 deliveries, and whatever is left every 5 ms). Per-message work is: build the body, one
 `publish_nowait`, two or three array appends; on the consumer side, decode the 8-byte id, four
-appends and one ack.
+appends and one ack. Short waits end to the microsecond (`bench.fineloop.fine_trio_timers`), as
+the AMQP generator's do, so both generators send on time alike.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 import trio
 import trio.lowlevel
 
+from bench import fineloop
 from bench.records import (
     CONF_ACK,
     CONF_NACK,
@@ -106,6 +108,7 @@ class _Gate:
 
 async def _run_role(spec: dict, shared: Shared, records: list, task) -> list:
     """Run `task` once per record behind one start gate, reporting per-second totals."""
+    fineloop.fine_trio_timers()  # a paced producer's next send ends on time, not a millisecond late
     totals = [0, 0, 0, 0]
     last = [0, 0, 0, 0]
     gate = _Gate(shared, len(records))
