@@ -1,10 +1,11 @@
-"""An asyncio event loop whose timers wake on time, for the open-loop load generator.
+"""Event loops whose timers wake on time, for the open-loop load generators (asyncio's, and trio's
+through `fine_trio_timers`).
 
 Theory: asyncio waits for its next timer in `epoll_wait`, whose timeout is whole milliseconds;
 Python rounds a wait up to the next millisecond, so a producer that owes its next message in
 0.3 ms sleeps 1 ms and sends it 0.7 ms late. At 2,000 msgs/s (one message every 0.5 ms) that
 lag is in every latency the generator reports, for every broker alike, and it was the largest
-part of a quiet run's p50 (bench/README.md, "Generator lag").
+part of a quiet run's p50 (bench/README.md, "How the load is generated").
 
 `select()` takes microseconds. An epoll instance is itself a file descriptor that is readable
 when any of its descriptors is ready, so a short wait is done as `select()` on that one
