@@ -24,16 +24,24 @@ import selectors
 LONG_WAIT = 0.02  # seconds: from here on, epoll's millisecond rounding is not worth a syscall
 
 
+_NOTHING = object()  # a short wait ended with nothing ready
+
+
+def _wait_short(fd: int, timeout):
+    """The timeout to hand on to epoll: a short one is first waited out in `select()` on the
+    epoll descriptor `fd` (then 0 if something is ready, else _NOTHING); others pass unchanged."""
+    if timeout is not None and 0 < timeout < LONG_WAIT:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return 0 if ready else _NOTHING
+    return timeout
+
+
 class FineEpollSelector(selectors.EpollSelector):
     """An epoll selector whose short timeouts are kept to the microsecond (see above)."""
 
     def select(self, timeout=None):
-        if timeout is not None and 0 < timeout < LONG_WAIT:
-            ready, _, _ = select.select([self._selector.fileno()], [], [], timeout)
-            if not ready:
-                return []
-            timeout = 0
-        return super().select(timeout)
+        timeout = _wait_short(self._selector.fileno(), timeout)
+        return [] if timeout is _NOTHING else super().select(timeout)
 
 
 class _FineEpoll:
@@ -44,12 +52,8 @@ class _FineEpoll:
         self._fd = epoll.fileno()
 
     def poll(self, timeout=-1, maxevents=-1):
-        if timeout is not None and 0 < timeout < LONG_WAIT:
-            ready, _, _ = select.select([self._fd], [], [], timeout)
-            if not ready:
-                return []
-            timeout = 0
-        return self._epoll.poll(timeout, maxevents)
+        timeout = _wait_short(self._fd, timeout)
+        return [] if timeout is _NOTHING else self._epoll.poll(timeout, maxevents)
 
     def __getattr__(self, name):  # register, modify, unregister, close, fileno
         return getattr(self._epoll, name)
