@@ -72,3 +72,55 @@ def test_trio_short_sleeps_end_on_time_with_fine_timers():
 
     plain, fine = trio.run(main)
     assert plain >= 0.001 and fine < 0.0009, (plain, fine)
+
+
+def test_trio_sleep_is_on_time_in_order_and_cancellable():
+    """`trio_sleep`, the generator's cheap short sleep: on time like a fine trio.sleep, sleepers
+    woken in deadline order, a cancelled sleep ends at once and leaves no wake-up behind, and
+    without the wrapper it is trio's own sleep."""
+    import trio
+
+    async def shortest(tries: int = 20) -> float:
+        best = 1.0
+        for _ in range(tries):
+            t = time.perf_counter()
+            await fineloop.trio_sleep(0.0003)
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    async def main():
+        assert fineloop._fine_epoll() is None
+        t = time.perf_counter()
+        await fineloop.trio_sleep(0.0003)  # no wrapper yet: trio's sleep, a millisecond
+        assert time.perf_counter() - t >= 0.001
+        assert fineloop.fine_trio_timers()
+        fine = fineloop._fine_epoll()
+        assert await shortest() < 0.0009
+        order: list[float] = []
+
+        async def sleeper(d):
+            await fineloop.trio_sleep(d)
+            order.append(d)
+
+        async with trio.open_nursery() as n:
+            for d in (0.006, 0.002, 0.004):
+                n.start_soon(sleeper, d)
+        assert order == [0.002, 0.004, 0.006]
+        with trio.move_on_after(0.001) as scope:
+            await fineloop.trio_sleep(0.015)
+        assert scope.cancelled_caught
+        assert [e[2] for e in fine.timers] == [None]  # dropped when its time comes
+        await trio.sleep(0.02)
+        assert fine.timers == []
+
+    trio.run(main)
+
+
+def test_tight_timer_slack_asks_linux_for_waits_that_end_on_time():
+    import subprocess
+    import sys
+
+    code = ("from bench import fineloop; print(fineloop.tight_timer_slack()); "
+            "print(open('/proc/self/timerslack_ns').read().strip())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "1"]

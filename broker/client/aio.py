@@ -11,7 +11,9 @@
             ch.basic_ack(msg.delivery_tag)
 
 Batching: publishes and acks are queued and coalesced by one writer task, so a burst becomes one
-frame per queue. Reconnection: when the connection breaks the client tries the nodes in turn with
+frame per queue. What a consumer's callbacks queue while one read is handled (their acks), and
+what the application sends with `conn.flush()` after a burst of `publish_nowait`, is written
+straight from that task when the writer task is idle (see `_Writer`). Reconnection: when the connection breaks the client tries the nodes in turn with
 back-off, re-opens its channels, re-declares the queues it declared, re-creates its consumers and
 calls `on_reconnect(node)`. Publishes not yet confirmed when the connection broke are reported as
 nacks with reason "connection lost", so the application can publish them again. Delivery tags keep
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.framed import LINGER, FramedStream, direct_socket, frame_parts, send_parts
+from broker.framed import CORK, LINGER, FramedStream, direct_socket, frame_parts, send_parts, write_now
 from broker.network import TcpNetwork
 from wire import messages as m
 from wire.errors import ProtocolError
@@ -81,7 +83,13 @@ class DeclareOk:
 
 
 class _Writer:
-    """Queue of outgoing messages; consecutive publishes (and acks) of one channel coalesce."""
+    """Queue of outgoing messages; consecutive publishes (and acks) of one channel coalesce.
+
+    What is queued goes out from one of two places, never both at once: the connection's writer
+    task, or `flush()` straight from the task that queued it while the writer task is idle (at the
+    end of a corked stretch such as the handling of one read, see broker.framed.Cork, or when the
+    application calls `Connection.flush()`). A direct write saves the writer task's wake-up, a pass
+    of trio's scheduler, on every burst: a consumer's acks for one read, a producer's publishes."""
 
     def __init__(self):
         self.items: deque = deque()
@@ -90,6 +98,16 @@ class _Writer:
         self.room = trio.Event()
         self.room.set()
         self._last_bytes = 0  # body bytes in the Publish batch at the tail of items
+        self.sock = None  # the connected socket while the writer task runs (None: no direct writes)
+        self.max_frame = DEFAULT_MAX_FRAME
+        self.sending = False  # the writer task has a send in flight
+        self.rest: list = []  # what a direct write did not get out: the writer task sends it first
+        self._held = False  # noted by the cork, flushed at its end
+
+    def _queued(self) -> None:
+        """A new item is queued: flush at the end of the corked stretch, or wake the writer."""
+        if not CORK.hold(self):
+            self.wake.set()
 
     def put(self, msg) -> None:
         items = self.items
@@ -112,7 +130,7 @@ class _Writer:
                 last.multiple_upto = max(last.multiple_upto, msg.multiple_upto)
                 return
         items.append(msg)
-        self.wake.set()
+        self._queued()
 
     def put_body(self, ch: int, queue: str, body: bytes) -> None:
         """One publish without properties: `put(Publish(ch, queue, [body], None))` without
@@ -135,7 +153,7 @@ class _Writer:
                 last.tags.append(tag)
                 return
         items.append(m.Ack(ch, [tag], 0))
-        self.wake.set()
+        self._queued()
 
     def _joinable(self, ch: int, queue: str, with_props: bool):
         """The Publish batch at the tail of a non-empty queue if a publish to `queue` on `ch`
@@ -150,7 +168,7 @@ class _Writer:
     def _start_batch(self, msg, n: int) -> None:
         """`msg`, a Publish of `n` body bytes, becomes the batch at the tail."""
         self.items.append(msg)
-        self.wake.set()
+        self._queued()
         self._last_bytes = 0
         self._joined(n)
 
@@ -162,12 +180,33 @@ class _Writer:
             self.room = trio.Event()
 
     def take(self) -> list:
+        """Everything queued, in order; the queue is then empty and has room again."""
         out = list(self.items)
         self.items.clear()
-        self.wake = trio.Event()
         self.bytes_queued = 0
         self.room.set()
         return out
+
+    def flush(self) -> None:
+        """Write what is queued now, straight to the socket, if the writer task is idle; what the
+        socket does not take now (or everything, when a send is in flight or there is no socket)
+        is left to the writer task."""
+        self._held = False
+        if not self.items:
+            return
+        if self.sending or self.rest or self.sock is None:
+            self.wake.set()
+            return
+        rest = write_now(self.sock, frame_parts(self.take(), self.max_frame))
+        if rest:
+            self.rest = rest
+            self.wake.set()
+
+    def drop(self) -> None:
+        """The connection is gone: nothing queued or half-written will be sent on it."""
+        self.take()
+        self.rest = []
+        self.sock = None
 
 
 class Consumer:
@@ -527,6 +566,12 @@ class Connection:
                     pass
         self._nursery.cancel_scope.cancel()
 
+    def flush(self) -> None:
+        """Send what `publish_nowait` and `basic_ack` queued, now, from the calling task, if the
+        connection's writer task is idle (else that task sends it, as it would anyway). A producer
+        that publishes a burst and then waits saves the writer task's wake-up this way."""
+        self._writer.flush()
+
     # --- plumbing --------------------------------------------------------------------------
     def _put(self, msg) -> None:
         self._writer.put(msg)
@@ -642,7 +687,7 @@ class Connection:
 
     def _lost(self, error) -> None:
         """The connection went away: fail requests, report unconfirmed publishes, keep tags monotonic."""
-        self._writer.take()
+        self._writer.drop()
         err = error if isinstance(error, AMQPConnectionError) else ConnectionLost(f"connection lost: {error}")
         for rid in list(self._pending):
             self._resolve(rid, "err", err)
@@ -705,19 +750,30 @@ class Connection:
 
     async def _write_loop(self, scope) -> None:
         w = self._writer
-        framed = self._framed
-        sock = direct_socket(self._stream)
+        stream = self._stream
+        sock = direct_socket(stream)
+        w.sock, w.max_frame = sock, self._framed.max_frame
         try:
             while True:
-                if not w.items:
+                if not w.items and not w.rest:
                     await w.wake.wait()
+                w.wake = trio.Event()  # what is put from here on wakes the next turn
                 if LINGER is not None:
                     await trio.sleep(LINGER)
-                batch = w.take()  # what the application put meanwhile: one write
-                await send_parts(self._stream, sock, frame_parts(batch, framed.max_frame))
+                w.sending = True
+                try:
+                    if w.rest:  # a direct write's tail goes first
+                        rest, w.rest = w.rest, []
+                        await send_parts(stream, sock, rest)
+                    if w.items:  # what the application put meanwhile: one write
+                        await send_parts(stream, sock, frame_parts(w.take(), w.max_frame))
+                finally:
+                    w.sending = False
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._loss = ConnectionLost(f"connection to {self.node} broke: {exc!r}")
             scope.cancel()
+        finally:
+            w.sock = None  # no direct writes to a connection that is going away
 
     async def _read_loop(self, scope) -> None:
         framed = self._framed
@@ -737,45 +793,48 @@ class Connection:
                 self._loss = ConnectionLost(f"node {self.node} closed the connection")
                 scope.cancel()
                 return
-            for msg in batch:
-                t = type(msg)
-                if t is m.Deliver:
-                    ch = channels.get(msg.ch)
-                    if ch is not None:
-                        ch._on_deliver(msg)
-                elif t is m.Confirm:
-                    ch = channels.get(msg.ch)
-                    if ch is not None:
-                        for a, b in msg.acks:
-                            ch._confirm(a, b, True, "")
-                        for a, b in msg.nacks:
-                            ch._confirm(a, b, False, msg.reason)
-                elif t is m.Reply:
-                    self._resolve(msg.rid, "ok", msg.value)
-                elif t is m.Fail:
-                    err = ChannelClosedByBroker(msg.code, msg.text)
-                    ch = channels.get(msg.ch)
-                    if ch is not None:
-                        ch.is_open = False
-                        ch.close_reason = err
-                        channels.pop(msg.ch, None)
-                        for c in ch.consumers.values():
-                            c._cancelled(f"channel closed: {msg.text}")
-                    self._resolve(msg.rid, "err", err)
-                elif t is m.Cancelled:
-                    ch = channels.get(msg.ch)
-                    if ch is not None:
-                        c = ch.consumers.pop(msg.consumer_tag, None)
-                        if c is not None:
-                            c._cancelled(msg.reason)
-                elif t is m.Blocked:
-                    self._set_blocked(True, msg.reason)
-                elif t is m.Unblocked:
-                    self._set_blocked(False, "")
-                elif t is m.Error:
-                    self._loss = ConnectionClosedByBroker(msg.code, msg.text)
-                    scope.cancel()
-                    return
+            # replies written by the handlers (a consumer's acks) go out together at the end of
+            # this read, straight from this task when the writer is idle (see _Writer)
+            with CORK:
+                for msg in batch:
+                    t = type(msg)
+                    if t is m.Deliver:
+                        ch = channels.get(msg.ch)
+                        if ch is not None:
+                            ch._on_deliver(msg)
+                    elif t is m.Confirm:
+                        ch = channels.get(msg.ch)
+                        if ch is not None:
+                            for a, b in msg.acks:
+                                ch._confirm(a, b, True, "")
+                            for a, b in msg.nacks:
+                                ch._confirm(a, b, False, msg.reason)
+                    elif t is m.Reply:
+                        self._resolve(msg.rid, "ok", msg.value)
+                    elif t is m.Fail:
+                        err = ChannelClosedByBroker(msg.code, msg.text)
+                        ch = channels.get(msg.ch)
+                        if ch is not None:
+                            ch.is_open = False
+                            ch.close_reason = err
+                            channels.pop(msg.ch, None)
+                            for c in ch.consumers.values():
+                                c._cancelled(f"channel closed: {msg.text}")
+                        self._resolve(msg.rid, "err", err)
+                    elif t is m.Cancelled:
+                        ch = channels.get(msg.ch)
+                        if ch is not None:
+                            c = ch.consumers.pop(msg.consumer_tag, None)
+                            if c is not None:
+                                c._cancelled(msg.reason)
+                    elif t is m.Blocked:
+                        self._set_blocked(True, msg.reason)
+                    elif t is m.Unblocked:
+                        self._set_blocked(False, "")
+                    elif t is m.Error:
+                        self._loss = ConnectionClosedByBroker(msg.code, msg.text)
+                        scope.cancel()
+                        return
 
 
 @asynccontextmanager

@@ -1,0 +1,170 @@
+"""The native client's direct writes (broker/client/aio.py `_Writer`): a consumer's acks for one
+read, and a producer's burst ended with `Connection.flush()`, go out straight from the task that
+made them, without waking the connection's writer task; while that task has a send in flight, or
+the socket takes only part of a write, everything still goes out, in order, through that task.
+
+The node side is a few lines of raw sockets speaking the peer protocol's frames, so the test can
+see each frame the client writes and count the writer task's sends."""
+
+from __future__ import annotations
+
+import socket
+
+import trio
+
+from broker.client import aio
+from broker.framed import CORK, FramedStream, encode_many
+from wire import messages as m
+from wire.frames import DEFAULT_MAX_FRAME
+
+
+class FakeNode:
+    """Accepts one client, answers its handshake and requests, and records what it sends."""
+
+    def __init__(self, listener):
+        self.listener = listener
+        self.port = listener.socket.getsockname()[1]
+        self.framed: FramedStream | None = None
+        self.got: list = []
+        self.arrived = trio.Event()
+
+    async def serve(self):
+        stream = await self.listener.accept()
+        framed = self.framed = FramedStream(stream, DEFAULT_MAX_FRAME)
+        await framed.send_now(m.Hello(m.PROTOCOL_VERSION, "n1", b"x" * 16, DEFAULT_MAX_FRAME))
+        assert type(await framed.receive(frozenset({"client.auth"}))) is m.ClientAuth
+        await framed.send_now(m.Welcome("n1", "c", DEFAULT_MAX_FRAME))
+        while True:
+            batch = await framed.receive_batch()
+            if not batch:
+                return
+            for msg in batch:
+                if hasattr(msg, "rid"):
+                    value = "ctag" if type(msg) is m.BasicConsume else None
+                    await framed.send_now(m.Reply(msg.rid, value))
+                else:
+                    self.got.append(msg)
+                    self.arrived.set()
+
+    async def wait_for(self, kind, count: int) -> list:
+        with trio.fail_after(10):
+            while sum(len(getattr(x, "tags", getattr(x, "bodies", []))) for x in self.got if type(x) is kind) < count:
+                self.arrived = trio.Event()
+                await self.arrived.wait()
+        return [x for x in self.got if type(x) is kind]
+
+
+def count_writer_sends(monkeypatch) -> list:
+    """Each send of the client's writer task, as the number of parts it wrote."""
+    sends: list = []
+    real = aio.send_parts
+
+    async def counting(stream, sock, parts):
+        sends.append(len(parts))
+        await real(stream, sock, parts)
+
+    monkeypatch.setattr(aio, "send_parts", counting)
+    return sends
+
+
+async def with_node(body):
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    node = FakeNode(listener)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(node.serve)
+        async with aio.open_connection(f"127.0.0.1:{node.port}", reconnect=False) as conn:
+            await body(node, conn)
+            conn.closing = True  # the fake node does not answer a close: just hang up
+            conn._nursery.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_consumers_acks_for_one_read_go_out_from_the_reader_in_one_frame(monkeypatch):
+    sends = count_writer_sends(monkeypatch)
+
+    async def body(node, conn):
+        ch = await conn.channel()
+        seen: list[int] = []
+
+        def on_message(channel, msg):
+            seen.append(msg.delivery_tag)
+            channel.basic_ack(msg.delivery_tag)
+
+        await ch.basic_consume("q", on_message_callback=on_message)
+        sends.clear()
+        # three deliveries arrive in one read: their three acks leave as one Ack frame, written
+        # by the reader at the end of the read, not by the writer task
+        await node.framed.stream.send_all(encode_many(
+            [m.Deliver(ch.ch, "ctag", 1, [b"a", b"b"], [], None), m.Deliver(ch.ch, "ctag", 3, [b"c"], [], None)],
+            DEFAULT_MAX_FRAME))
+        acks = await node.wait_for(m.Ack, 3)
+        assert seen == [1, 2, 3]
+        assert [a.tags for a in acks] == [[1, 2, 3]]
+        assert sends == []
+
+    await with_node(body)
+
+
+async def test_a_producers_flush_sends_its_burst_without_the_writer_task(monkeypatch):
+    sends = count_writer_sends(monkeypatch)
+
+    async def body(node, conn):
+        ch = await conn.channel()
+        await trio.testing.wait_all_tasks_blocked()
+        sends.clear()
+        for i in range(5):
+            ch.publish_nowait("q", b"%d" % i)
+        conn.flush()  # before any checkpoint: the writer task has had no chance to run
+        assert not conn._writer.items
+        publishes = await node.wait_for(m.Publish, 5)
+        assert [b for p in publishes for b in p.bodies] == [b"0", b"1", b"2", b"3", b"4"]
+        assert sends == []
+
+    await with_node(body)
+
+
+async def test_without_a_flush_the_writer_task_sends(monkeypatch):
+    sends = count_writer_sends(monkeypatch)
+
+    async def body(node, conn):
+        ch = await conn.channel()
+        await trio.testing.wait_all_tasks_blocked()
+        sends.clear()
+        ch.publish_nowait("q", b"x")
+        await node.wait_for(m.Publish, 1)
+        assert len(sends) == 1
+
+    await with_node(body)
+
+
+async def test_a_flush_during_a_send_in_flight_leaves_everything_to_the_writer_in_order(monkeypatch):
+    async def body(node, conn):
+        ch = await conn.channel()
+        w = conn._writer
+        w.sending = True  # as if the writer task were waiting for room in the socket
+        ch.publish_nowait("q", b"first")
+        conn.flush()
+        assert list(w.items), "a direct write must not overtake a send in flight"
+        w.sending = False
+        publishes = await node.wait_for(m.Publish, 1)
+        assert publishes[0].bodies == [b"first"]
+
+    await with_node(body)
+
+
+async def test_a_partial_direct_write_leaves_the_rest_to_the_writer_task_in_order():
+    async def body(node, conn):
+        ch = await conn.channel()
+        await trio.testing.wait_all_tasks_blocked()
+        w = conn._writer
+        w.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        n = 3000  # about 3 MB of publishes: far more than the socket takes at once
+        with CORK:
+            for i in range(n):
+                ch.publish_nowait(f"q{i}", b"y" * 1000)
+        assert w.rest, "the socket should have taken only part of the write"
+        ch.publish_nowait("last", b"z")  # queued behind the rest: must not overtake it
+        publishes = await node.wait_for(m.Publish, n + 1)
+        assert [p.queue for p in publishes] == [f"q{i}" for i in range(n)] + ["last"]
+
+    await with_node(body)
