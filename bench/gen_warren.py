@@ -7,8 +7,9 @@ recorded); consumes through the client's delivery callback (no per-message task 
 through the client's coalescing writer (`ack: multiple`: one multiple ack per MULTIPLE_EVERY
 deliveries, and whatever is left every 5 ms). Per-message work is: build the body, one
 `publish_nowait`, two or three array appends; on the consumer side, decode the 8-byte id, four
-appends and one ack. A producer's burst leaves with `conn.flush()` and a consumer's acks at the
-end of each read, both without waking the client's writer task. Short waits end to the
+appends and one ack. A paced producer sends what is due with `conn.flush()` before it sleeps,
+and a consumer's acks for a read that emptied the socket leave at the end of that read, both
+without waking the client's writer task. Short waits end to the
 microsecond (`bench.fineloop.fine_trio_timers`, and a tight timer slack), as the AMQP generator's
 do, so both generators send on time alike; a paced producer sleeps with `fineloop.trio_sleep`,
 which spares the cancel scope of `trio.sleep` (about 50 us of CPU per message here).
@@ -220,6 +221,7 @@ async def _publish(spec, gate: _Gate, conn, ch, rec: PublishRecord, t0: float, t
             n = min(n, window - (sent - state["resolved"]))
         if n <= 0:
             if pacer is not None and pacer.due(now) <= sent:
+                conn.flush()  # all that is due is out: send it now, without waking the writer
                 await fineloop.trio_sleep(pacer.wait(sent, now))
             else:
                 state["room"] = trio.Event()
@@ -255,7 +257,6 @@ async def _publish(spec, gate: _Gate, conn, ch, rec: PublishRecord, t0: float, t
                 t_int.append(pacer.intended(sent))
             sent += 1
         totals[PUBLISHED] += n
-        conn.flush()  # the burst goes out from here, without waking the connection's writer
         await trio.lowlevel.checkpoint()
     # wait for the outstanding confirms
     rec.grow_confirms()

@@ -48,23 +48,32 @@ class Reader:
     memory alarm's interruptible read relies on that).
 
     Other streams (the simulation's) are read with `receive_some`.
+
+    `on_wait`, if set, is called each time the reader is about to yield (it found the socket
+    empty, or it is at the end of a streak, or the stream is not a socket): the native client
+    sends what its handlers queued there, once the reads in a row are over.
     """
 
     STREAK = 8
 
-    __slots__ = ("stream", "_sock", "_streak")
+    __slots__ = ("stream", "_sock", "_streak", "on_wait")
 
     def __init__(self, stream) -> None:
         self.stream = stream
         self._sock = direct_socket(stream)
         self._streak = 0
+        self.on_wait = None
 
     async def receive_some(self, max_bytes: int) -> bytes:
         sock = self._sock
         if sock is None:
+            if self.on_wait is not None:
+                self.on_wait()
             return await self.stream.receive_some(max_bytes)
         if self._streak >= self.STREAK:
             self._streak = 0
+            if self.on_wait is not None:
+                self.on_wait()
             await trio.lowlevel.checkpoint()
         while True:
             fd = sock.fileno()
@@ -74,6 +83,8 @@ class Reader:
                 data = os.read(fd, max_bytes)
             except BlockingIOError:
                 self._streak = 0
+                if self.on_wait is not None:
+                    self.on_wait()
                 await trio.lowlevel.wait_readable(sock)
                 continue
             except OSError as exc:

@@ -1,7 +1,9 @@
-"""The native client's direct writes (broker/client/aio.py `_Writer`): a consumer's acks for one
-read, and a producer's burst ended with `Connection.flush()`, go out straight from the task that
-made them, without waking the connection's writer task; while that task has a send in flight, or
-the socket takes only part of a write, everything still goes out, in order, through that task.
+"""The native client's direct writes (broker/client/aio.py `_Writer`): a consumer's acks, sent by
+the reader when it is about to wait (the acks of several reads in a row together), and a
+producer's burst ended with `Connection.flush()`, go out straight from the task that made them,
+without waking the connection's writer task; publishes without a flush are left to that task;
+while it has a send in flight, or the socket takes only part of a write, everything still goes
+out, in order, through that task.
 
 The node side is a few lines of raw sockets speaking the peer protocol's frames, so the test can
 see each frame the client writes and count the writer task's sends."""
@@ -13,7 +15,7 @@ import socket
 import trio
 
 from broker.client import aio
-from broker.framed import CORK, FramedStream, encode_many
+from broker.framed import FramedStream, encode_many
 from wire import messages as m
 from wire.frames import DEFAULT_MAX_FRAME
 
@@ -54,6 +56,21 @@ class FakeNode:
         return [x for x in self.got if type(x) is kind]
 
 
+def count_writer_wakes(monkeypatch) -> list:
+    """Each time queuing something woke the client's writer task (a pass of trio's scheduler)."""
+    wakes: list = []
+
+    class CountingWriter(aio._Writer):
+        def _queued(self):
+            was = self.wake.is_set()
+            super()._queued()
+            if self.wake.is_set() and not was:
+                wakes.append(len(self.items))
+
+    monkeypatch.setattr(aio, "_Writer", CountingWriter)
+    return wakes
+
+
 def count_writer_sends(monkeypatch) -> list:
     """Each send of the client's writer task, as the number of parts it wrote."""
     sends: list = []
@@ -81,6 +98,7 @@ async def with_node(body):
 
 async def test_a_consumers_acks_for_one_read_go_out_from_the_reader_in_one_frame(monkeypatch):
     sends = count_writer_sends(monkeypatch)
+    wakes = count_writer_wakes(monkeypatch)
 
     async def body(node, conn):
         ch = await conn.channel()
@@ -91,7 +109,9 @@ async def test_a_consumers_acks_for_one_read_go_out_from_the_reader_in_one_frame
             channel.basic_ack(msg.delivery_tag)
 
         await ch.basic_consume("q", on_message_callback=on_message)
+        await trio.testing.wait_all_tasks_blocked()
         sends.clear()
+        wakes.clear()
         # three deliveries arrive in one read: their three acks leave as one Ack frame, written
         # by the reader at the end of the read, not by the writer task
         await node.framed.stream.send_all(encode_many(
@@ -100,6 +120,29 @@ async def test_a_consumers_acks_for_one_read_go_out_from_the_reader_in_one_frame
         acks = await node.wait_for(m.Ack, 3)
         assert seen == [1, 2, 3]
         assert [a.tags for a in acks] == [[1, 2, 3]]
+        assert sends == [] and wakes == []  # the writer task was neither woken nor used
+
+    await with_node(body)
+
+
+async def test_acks_of_several_reads_in_a_row_leave_together_when_the_reader_waits(monkeypatch):
+    from broker import framed as framed_mod
+
+    sends = count_writer_sends(monkeypatch)
+    monkeypatch.setattr(framed_mod, "READ_SIZE", 16)  # each delivery below takes several reads
+    monkeypatch.setattr(framed_mod.Reader, "STREAK", 1000)
+
+    async def body(node, conn):
+        ch = await conn.channel()
+        await ch.basic_consume("q", on_message_callback=lambda channel, msg: channel.basic_ack(msg.delivery_tag))
+        await trio.testing.wait_all_tasks_blocked()
+        sends.clear()
+        await node.framed.stream.send_all(encode_many(
+            [m.Deliver(ch.ch, "ctag", 1, [b"a" * 40], [], None), m.Deliver(ch.ch, "ctag", 2, [b"b" * 40], [], None)],
+            DEFAULT_MAX_FRAME))
+        acks = await node.wait_for(m.Ack, 2)
+        # two reads handled a delivery each; the acks left once, when the socket was empty
+        assert [a.tags for a in acks] == [[1, 2]]
         assert sends == []
 
     await with_node(body)
@@ -159,9 +202,9 @@ async def test_a_partial_direct_write_leaves_the_rest_to_the_writer_task_in_orde
         w = conn._writer
         w.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         n = 3000  # about 3 MB of publishes: far more than the socket takes at once
-        with CORK:
-            for i in range(n):
-                ch.publish_nowait(f"q{i}", b"y" * 1000)
+        for i in range(n):
+            ch.publish_nowait(f"q{i}", b"y" * 1000)
+        conn.flush()
         assert w.rest, "the socket should have taken only part of the write"
         ch.publish_nowait("last", b"z")  # queued behind the rest: must not overtake it
         publishes = await node.wait_for(m.Publish, n + 1)

@@ -11,9 +11,7 @@
             ch.basic_ack(msg.delivery_tag)
 
 Batching: publishes and acks are queued and coalesced by one writer task, so a burst becomes one
-frame per queue. What a consumer's callbacks queue while one read is handled (their acks), and
-what the application sends with `conn.flush()` after a burst of `publish_nowait`, is written
-straight from that task when the writer task is idle (see `_Writer`). Reconnection: when the connection breaks the client tries the nodes in turn with
+frame per queue. Reconnection: when the connection breaks the client tries the nodes in turn with
 back-off, re-opens its channels, re-declares the queues it declared, re-creates its consumers and
 calls `on_reconnect(node)`. Publishes not yet confirmed when the connection broke are reported as
 nacks with reason "connection lost", so the application can publish them again. Delivery tags keep
@@ -39,7 +37,7 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.framed import CORK, LINGER, FramedStream, direct_socket, frame_parts, send_parts, write_now
+from broker.framed import LINGER, FramedStream, direct_socket, frame_parts, send_parts, write_now
 from broker.network import TcpNetwork
 from wire import messages as m
 from wire.errors import ProtocolError
@@ -86,10 +84,12 @@ class _Writer:
     """Queue of outgoing messages; consecutive publishes (and acks) of one channel coalesce.
 
     What is queued goes out from one of two places, never both at once: the connection's writer
-    task, or `flush()` straight from the task that queued it while the writer task is idle (at the
-    end of a corked stretch such as the handling of one read, see broker.framed.Cork, or when the
-    application calls `Connection.flush()`). A direct write saves the writer task's wake-up, a pass
-    of trio's scheduler, on every burst: a consumer's acks for one read, a producer's publishes."""
+    task, or `flush()` straight from the task that queued it while the writer task is idle. A
+    direct write saves the writer task's wake-up, a pass of trio's scheduler. It is for a burst
+    after which its task waits anyway: the acks a consumer's callbacks made, sent when the reader
+    is about to wait (after the last of several reads in a row, as the writer task would have
+    sent them, so they still leave together: a write after every read cut `all`'s throughput),
+    or a producer's burst before it sleeps (`Connection.flush()`)."""
 
     def __init__(self):
         self.items: deque = deque()
@@ -102,11 +102,11 @@ class _Writer:
         self.max_frame = DEFAULT_MAX_FRAME
         self.sending = False  # the writer task has a send in flight
         self.rest: list = []  # what a direct write did not get out: the writer task sends it first
-        self._held = False  # noted by the cork, flushed at its end
+        self.holding = False  # the reader is handling a read: it sends what is queued before it waits
 
     def _queued(self) -> None:
-        """A new item is queued: flush at the end of the corked stretch, or wake the writer."""
-        if not CORK.hold(self):
+        """A new item is queued: wake the writer task, unless the reader sends it later."""
+        if not self.holding:
             self.wake.set()
 
     def put(self, msg) -> None:
@@ -191,7 +191,6 @@ class _Writer:
         """Write what is queued now, straight to the socket, if the writer task is idle; what the
         socket does not take now (or everything, when a send is in flight or there is no socket)
         is left to the writer task."""
-        self._held = False
         if not self.items:
             return
         if self.sending or self.rest or self.sock is None:
@@ -568,8 +567,9 @@ class Connection:
 
     def flush(self) -> None:
         """Send what `publish_nowait` and `basic_ack` queued, now, from the calling task, if the
-        connection's writer task is idle (else that task sends it, as it would anyway). A producer
-        that publishes a burst and then waits saves the writer task's wake-up this way."""
+        connection's writer task is idle (else that task sends it, as it would anyway). For a
+        producer about to wait (a paced one before its next send): it saves the writer task's
+        wake-up. One that keeps publishing should not: the writer task joins its bursts."""
         self._writer.flush()
 
     # --- plumbing --------------------------------------------------------------------------
@@ -778,6 +778,8 @@ class Connection:
     async def _read_loop(self, scope) -> None:
         framed = self._framed
         channels = self.channels
+        w = self._writer
+        framed.reader.on_wait = w.flush
         while True:
             try:
                 batch = await framed.receive_batch()
@@ -793,9 +795,11 @@ class Connection:
                 self._loss = ConnectionLost(f"node {self.node} closed the connection")
                 scope.cancel()
                 return
-            # replies written by the handlers (a consumer's acks) go out together at the end of
-            # this read, straight from this task when the writer is idle (see _Writer)
-            with CORK:
+            # what the handlers queue (a consumer's acks) is held, not handed to the writer task:
+            # the reader sends it itself when it is about to wait (`on_wait`, set above), so the
+            # acks of several reads in a row still leave together, without that task's wake-up
+            w.holding = True
+            try:
                 for msg in batch:
                     t = type(msg)
                     if t is m.Deliver:
@@ -835,6 +839,8 @@ class Connection:
                         self._loss = ConnectionClosedByBroker(msg.code, msg.text)
                         scope.cancel()
                         return
+            finally:
+                w.holding = False
 
 
 @asynccontextmanager
