@@ -148,13 +148,19 @@ async def test_acks_of_several_reads_in_a_row_leave_together_when_the_reader_wai
     await with_node(body)
 
 
+async def settled_channel(conn, sends: list):
+    """A new channel, once the client is idle again, with the writer's sends counted from here."""
+    ch = await conn.channel()
+    await trio.testing.wait_all_tasks_blocked()
+    sends.clear()
+    return ch
+
+
 async def test_a_producers_flush_sends_its_burst_without_the_writer_task(monkeypatch):
     sends = count_writer_sends(monkeypatch)
 
     async def body(node, conn):
-        ch = await conn.channel()
-        await trio.testing.wait_all_tasks_blocked()
-        sends.clear()
+        ch = await settled_channel(conn, sends)
         for i in range(5):
             ch.publish_nowait("q", b"%d" % i)
         conn.flush()  # before any checkpoint: the writer task has had no chance to run
@@ -170,9 +176,7 @@ async def test_without_a_flush_the_writer_task_sends(monkeypatch):
     sends = count_writer_sends(monkeypatch)
 
     async def body(node, conn):
-        ch = await conn.channel()
-        await trio.testing.wait_all_tasks_blocked()
-        sends.clear()
+        ch = await settled_channel(conn, sends)
         ch.publish_nowait("q", b"x")
         await node.wait_for(m.Publish, 1)
         assert len(sends) == 1

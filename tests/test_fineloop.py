@@ -46,23 +46,25 @@ def test_the_loop_runs_coroutines():
     assert fineloop.run(main()) == 7
 
 
+async def _shortest_sleep(sleep, tries: int = 20) -> float:
+    """The shortest of `tries` sleeps of 0.3 ms with `sleep`, in seconds."""
+    best = 1.0
+    for _ in range(tries):
+        t = time.perf_counter()
+        await sleep(0.0003)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def test_trio_short_sleeps_end_on_time_with_fine_timers():
     """The warren-native generator's loop: trio's 0.3 ms sleeps last a whole millisecond on
     plain epoll, and well under it once `fine_trio_timers` is in place; I/O still wakes it."""
     import trio
 
-    async def shortest(tries: int = 20) -> float:
-        best = 1.0
-        for _ in range(tries):
-            t = time.perf_counter()
-            await trio.sleep(0.0003)
-            best = min(best, time.perf_counter() - t)
-        return best
-
     async def main():
-        plain = await shortest()
+        plain = await _shortest_sleep(trio.sleep)
         assert fineloop.fine_trio_timers()
-        fine = await shortest()
+        fine = await _shortest_sleep(trio.sleep)
         a, b = trio.socket.socketpair()
         with a, b:
             await b.send(b"x")
@@ -80,14 +82,6 @@ def test_trio_sleep_is_on_time_in_order_and_cancellable():
     without the wrapper it is trio's own sleep."""
     import trio
 
-    async def shortest(tries: int = 20) -> float:
-        best = 1.0
-        for _ in range(tries):
-            t = time.perf_counter()
-            await fineloop.trio_sleep(0.0003)
-            best = min(best, time.perf_counter() - t)
-        return best
-
     async def main():
         assert fineloop._fine_epoll() is None
         t = time.perf_counter()
@@ -95,7 +89,7 @@ def test_trio_sleep_is_on_time_in_order_and_cancellable():
         assert time.perf_counter() - t >= 0.001
         assert fineloop.fine_trio_timers()
         fine = fineloop._fine_epoll()
-        assert await shortest() < 0.0009
+        assert await _shortest_sleep(fineloop.trio_sleep) < 0.0009
         order: list[float] = []
 
         async def sleeper(d):
