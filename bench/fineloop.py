@@ -16,7 +16,8 @@ connections the loop holds, and no spinning: the process sleeps in the kernel ei
 
 A trio sleep costs more than its wait: `trio.sleep` opens a cancel scope with a deadline, and
 when the deadline passes trio cancels the scope and raises Cancelled through the sleeping task to
-end it; here that was about 50 us of CPU per sleep, more than the generator's own work for a
+end it; here that costs tens of microseconds of CPU per sleep more than the wait itself
+(`python -m bench.fineloop` measures it), about as much as the generator's own work for a
 message. A paced producer sleeps before nearly every message, so `trio_sleep` keeps short sleeps
 in a heap of its own inside the wrapped epoll: `poll` shortens its timeout to the earliest one and
 wakes the tasks whose time has come with `trio.lowlevel.reschedule`, as trio's I/O manager wakes a
@@ -89,12 +90,17 @@ class _FineEpoll:
 _sequence = itertools.count()
 
 
+def _io_manager():
+    """This trio run's I/O manager (None outside a run). Private: trio has no public hook for
+    its wait."""
+    from trio._core import _run
+
+    return getattr(getattr(_run.GLOBAL_RUN_CONTEXT, "runner", None), "io_manager", None)
+
+
 def _fine_epoll():
     """This trio run's wrapped epoll, or None."""
-    from trio._core import _run  # private: trio has no public hook for its wait
-
-    runner = getattr(_run.GLOBAL_RUN_CONTEXT, "runner", None)
-    epoll = getattr(getattr(runner, "io_manager", None), "_epoll", None)
+    epoll = getattr(_io_manager(), "_epoll", None)
     return epoll if isinstance(epoll, _FineEpoll) else None
 
 
@@ -118,10 +124,7 @@ async def trio_sleep(seconds: float) -> None:
 def fine_trio_timers() -> bool:
     """Call inside `trio.run`: the loop's short waits then end on time, and `trio_sleep` is cheap
     (see above). False when this trio's I/O manager is not the epoll one this knows."""
-    from trio._core import _run  # private: trio has no public hook for its wait
-
-    runner = getattr(_run.GLOBAL_RUN_CONTEXT, "runner", None)
-    io_manager = getattr(runner, "io_manager", None)
+    io_manager = _io_manager()
     epoll = getattr(io_manager, "_epoll", None)
     if isinstance(epoll, _FineEpoll):
         return True
@@ -136,9 +139,8 @@ PR_SET_TIMERSLACK = 29
 
 def tight_timer_slack() -> bool:
     """Ask Linux to end this process's timed waits on time: by default it may let a wait run up
-    to 50 us long (the timer slack, to batch wake-ups), which here added about 55 us to a paced
-    producer's send lag at the median (`trio_sleep` of 0.5 ms: 90 us late against 35). False
-    where that is not possible."""
+    to 50 us long (the timer slack, to batch wake-ups), which adds to a paced producer's send lag
+    (`measure_sleeps` shows it). False where that is not possible."""
     try:
         import ctypes
 
@@ -156,3 +158,36 @@ def run(coro):
     tight_timer_slack()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(coro)
+
+
+def measure_sleeps(n: int = 3000, seconds: float = 0.0005) -> list[tuple[str, float, float, float]]:
+    """What a short sleep costs a trio task here: (how, CPU us per sleep, lateness p50 and p99 in
+    us) for `trio.sleep` and `trio_sleep` under fine timers, with the default timer slack and
+    then a tight one. `python -m bench.fineloop` prints it (the figures in bench/README.md)."""
+    import os
+
+    async def one(sleep) -> tuple[float, float, float]:
+        late = []
+        t = os.times()
+        for _ in range(n):
+            start = time.perf_counter()
+            await sleep(seconds)
+            late.append((time.perf_counter() - start - seconds) * 1e6)
+        used = os.times()
+        late.sort()
+        cpu = (used.user - t.user + used.system - t.system) / n * 1e6
+        return cpu, late[n // 2], late[int(n * 0.99)]
+
+    async def both(slack: str) -> list:
+        fine_trio_timers()
+        return [(f"{name}, {slack} slack", *await one(sleep))
+                for name, sleep in (("trio.sleep", trio.sleep), ("trio_sleep", trio_sleep))]
+
+    rows = trio.run(both, "default")
+    tight_timer_slack()
+    return rows + trio.run(both, "tight")
+
+
+if __name__ == "__main__":
+    for how, cpu, p50, p99 in measure_sleeps():
+        print(f"{how:30s} CPU {cpu:5.1f} us per sleep, late p50 {p50:5.1f} us, p99 {p99:6.1f} us")
