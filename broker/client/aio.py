@@ -777,7 +777,6 @@ class Connection:
 
     async def _read_loop(self, scope) -> None:
         framed = self._framed
-        channels = self.channels
         w = self._writer
         framed.reader.on_wait = w.flush
         while True:
@@ -800,47 +799,54 @@ class Connection:
             # acks of several reads in a row still leave together, without that task's wake-up
             w.holding = True
             try:
-                for msg in batch:
-                    t = type(msg)
-                    if t is m.Deliver:
-                        ch = channels.get(msg.ch)
-                        if ch is not None:
-                            ch._on_deliver(msg)
-                    elif t is m.Confirm:
-                        ch = channels.get(msg.ch)
-                        if ch is not None:
-                            for a, b in msg.acks:
-                                ch._confirm(a, b, True, "")
-                            for a, b in msg.nacks:
-                                ch._confirm(a, b, False, msg.reason)
-                    elif t is m.Reply:
-                        self._resolve(msg.rid, "ok", msg.value)
-                    elif t is m.Fail:
-                        err = ChannelClosedByBroker(msg.code, msg.text)
-                        ch = channels.get(msg.ch)
-                        if ch is not None:
-                            ch.is_open = False
-                            ch.close_reason = err
-                            channels.pop(msg.ch, None)
-                            for c in ch.consumers.values():
-                                c._cancelled(f"channel closed: {msg.text}")
-                        self._resolve(msg.rid, "err", err)
-                    elif t is m.Cancelled:
-                        ch = channels.get(msg.ch)
-                        if ch is not None:
-                            c = ch.consumers.pop(msg.consumer_tag, None)
-                            if c is not None:
-                                c._cancelled(msg.reason)
-                    elif t is m.Blocked:
-                        self._set_blocked(True, msg.reason)
-                    elif t is m.Unblocked:
-                        self._set_blocked(False, "")
-                    elif t is m.Error:
-                        self._loss = ConnectionClosedByBroker(msg.code, msg.text)
-                        scope.cancel()
-                        return
+                if not self._handle_batch(batch):
+                    scope.cancel()
+                    return
             finally:
                 w.holding = False
+
+    def _handle_batch(self, batch: list) -> bool:
+        """Act on one read's messages; False when the node closed the connection (Error)."""
+        channels = self.channels
+        for msg in batch:
+            t = type(msg)
+            if t is m.Deliver:
+                ch = channels.get(msg.ch)
+                if ch is not None:
+                    ch._on_deliver(msg)
+            elif t is m.Confirm:
+                ch = channels.get(msg.ch)
+                if ch is not None:
+                    for a, b in msg.acks:
+                        ch._confirm(a, b, True, "")
+                    for a, b in msg.nacks:
+                        ch._confirm(a, b, False, msg.reason)
+            elif t is m.Reply:
+                self._resolve(msg.rid, "ok", msg.value)
+            elif t is m.Fail:
+                err = ChannelClosedByBroker(msg.code, msg.text)
+                ch = channels.get(msg.ch)
+                if ch is not None:
+                    ch.is_open = False
+                    ch.close_reason = err
+                    channels.pop(msg.ch, None)
+                    for c in ch.consumers.values():
+                        c._cancelled(f"channel closed: {msg.text}")
+                self._resolve(msg.rid, "err", err)
+            elif t is m.Cancelled:
+                ch = channels.get(msg.ch)
+                if ch is not None:
+                    c = ch.consumers.pop(msg.consumer_tag, None)
+                    if c is not None:
+                        c._cancelled(msg.reason)
+            elif t is m.Blocked:
+                self._set_blocked(True, msg.reason)
+            elif t is m.Unblocked:
+                self._set_blocked(False, "")
+            elif t is m.Error:
+                self._loss = ConnectionClosedByBroker(msg.code, msg.text)
+                return False
+        return True
 
 
 @asynccontextmanager
