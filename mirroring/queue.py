@@ -30,6 +30,15 @@ Redelivery: a message is delivered with `redelivered` set when it was requeued, 
 below `redeliver_below` (set on a failover: the old leader may have delivered any message the new
 leader holds, and it cannot know which).
 
+Unacknowledged deliveries are held in two forms. `_runs` keeps the newest ones as they were
+handed out, one [owner, consumer key, ids, messages] per consumer batch, oldest first; the dict
+`_unacked` (id -> (owner, consumer key or None, message)) holds the rest. A consumer acks in the
+order it was served, so an ack is nearly always a prefix of the oldest run: `_ack_runs` settles
+it by comparing and cutting two lists, in C, with no per-message entry ever made or removed.
+Anything else (an ack out of order or from another owner, a requeue, a cancel, a failover, a
+basic.get, a snapshot, a late mirror's sync) reads `unacked`, which first moves the runs into
+the dict (`_spill`); every rule then works id by id on the dict. `_held` counts the runs' ids.
+
 A mirror that started late (unsynchronised) lacks the queue's older messages: it keeps an
 unacknowledged entry with no message (`None`) for deliveries it never had, so consumer credit
 and acks stay exact, and it ignores the rest. Its ready messages are then always the leader's
@@ -42,7 +51,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from heapq import merge
-from itertools import accumulate, islice, repeat
+from itertools import accumulate, islice, repeat, starmap
 from operator import itemgetter
 
 from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
@@ -160,7 +169,9 @@ class QueueState:
         self.ready: deque[tuple] = deque()
         self.next_id = 1
         self.consumers: dict[tuple, Consumer] = {}  # (owner, tag) -> Consumer, in rotation order
-        self.unacked: dict[int, tuple] = {}  # msg id -> (owner, consumer key or None, message)
+        self._unacked: dict[int, tuple] = {}  # msg id -> (owner, consumer key or None, message)
+        self._runs: deque[list] = deque()  # [owner, key, ids, msgs]: deliveries not spilled yet
+        self._held = 0  # ids in _runs
         self.ready_bytes = 0
         self.had_consumer = False
         self.last_pseq: dict[tuple, int] = {}  # (node, sid) -> last publish batch applied
@@ -175,16 +186,90 @@ class QueueState:
         """Was this publish batch already applied (a resend after a failover)?"""
         return self.last_pseq.get((origin[0], origin[1]), 0) >= pseq
 
+    # --- unacknowledged deliveries (see the module docstring) -----------------------------------
+    @property
+    def unacked(self) -> dict[int, tuple]:
+        """Every unacknowledged delivery by id: (owner, consumer key or None, message)."""
+        if self._runs:
+            self._spill()
+        return self._unacked
+
+    @unacked.setter
+    def unacked(self, entries: dict[int, tuple]) -> None:
+        self._runs.clear()
+        self._held = 0
+        self._unacked = entries
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self._unacked) + self._held
+
+    def _spill(self) -> None:
+        unacked = self._unacked
+        for owner, key, ids, msgs in self._runs:
+            n = len(ids)
+            unacked.update(zip(ids, zip(repeat(owner, n), repeat(key, n), msgs)))
+        self._runs.clear()
+        self._held = 0
+
+    def _hold(self, owner: tuple, key: tuple, ids: list, msgs: list) -> None:
+        """Record `msgs` (with ids `ids`) as delivered to consumer `key` of `owner`,
+        unacknowledged. Neither list is changed later (settling cuts copies)."""
+        self._runs.append([owner, key, ids, msgs])
+        self._held += len(ids)
+
+    def _ack_runs(self, owner: tuple, ids: list) -> int:
+        """Settle the longest prefix of `ids` that continues `owner`'s oldest runs, in order;
+        returns its length (the rest, if any, is for the dict)."""
+        runs = self._runs
+        consumers = self.consumers
+        n = len(ids)
+        done = 0
+        while runs and done < n:
+            run = runs[0]
+            if run[0] != owner:
+                break
+            rids = run[2]
+            k = len(rids)
+            if k <= n - done:  # the whole run
+                if rids != (ids if k == n else ids[done:done + k]):
+                    break
+                runs.popleft()
+            else:  # its head
+                k = n - done
+                if rids[:k] != (ids if done == 0 else ids[done:]):
+                    break
+                run[2] = rids[k:]
+                run[3] = run[3][k:]
+            c = consumers.get(run[1])
+            if c is not None:
+                c.in_flight -= k
+            done += k
+        self._held -= done
+        return done
+
+    def held_bodies(self, ids: list) -> list | None:
+        """The bodies of `ids` if they are one recent run of deliveries not yet acked (what a
+        leader just handed out), else None: see replica.local_bodies."""
+        for run in islice(reversed(self._runs), 8):
+            if run[2] == ids:
+                msgs = run[3]
+                if None not in msgs:
+                    return list(map(_msg_body, msgs))
+                return None
+        return None
+
     # --- queries ---------------------------------------------------------------------------
     @property
     def message_count(self) -> int:
         return len(self.ready)
 
     def stats(self) -> dict:
+        unacked = self.unacked_count
         return {
             "messages_ready": len(self.ready),
-            "messages_unacknowledged": len(self.unacked),
-            "messages": len(self.ready) + len(self.unacked),
+            "messages_unacknowledged": unacked,
+            "messages": len(self.ready) + unacked,
             "consumers": len(self.consumers),
             "ready_bytes": self.ready_bytes,
         }
@@ -414,8 +499,7 @@ class QueueState:
             # loops, and what passes the byte cap goes back
             c = active[0]
             n = min(c.credit(), len(ready), budget)
-            popleft = ready.popleft
-            batch = [popleft() for _ in repeat(None, n)]
+            batch = list(starmap(ready.popleft, repeat((), n)))
             sizes = list(accumulate(map(len, map(_msg_body, batch))))
             if sizes[-1] >= MAX_DISPATCH_BYTES:
                 keep = bisect_left(sizes, MAX_DISPATCH_BYTES) + 1  # up to the one that crosses it
@@ -445,15 +529,18 @@ class QueueState:
                 if lst:
                     out[(c.owner, c.tag)] = lst
         result = []
+        rounds = []
         for key, batch in out.items():
             c = self.consumers[key]
             self.ready_bytes -= sum(map(len, map(_msg_body, batch)))
+            ids = list(map(_msg_id, batch))
             if not c.no_ack:
                 c.in_flight += len(batch)
-                self._hold(c.owner, key, map(_msg_id, batch), batch)
+                self._hold(c.owner, key, ids, batch)
             result.append((c, batch))
+            rounds.append((c.owner, c.tag, ids))
         if self.effects is not None:
-            self.effects.append(EDeliver([(c.owner, c.tag, list(map(_msg_id, batch))) for c, batch in result]))
+            self.effects.append(EDeliver(rounds))
         self._rotate()
         return result
 
@@ -464,10 +551,6 @@ class QueueState:
             first = next(iter(self.consumers))
             self.consumers[first] = self.consumers.pop(first)
 
-    def _hold(self, owner: tuple, key: tuple, ids, msgs: list) -> None:
-        """Record `msgs` (with ids `ids`) as delivered to consumer `key` of `owner`, unacknowledged."""
-        n = len(msgs)
-        self.unacked.update(zip(ids, zip(repeat(owner, n), repeat(key, n), msgs)))
 
     def get(self, owner: tuple, no_ack: bool) -> tuple | None:
         """basic.get: take the head message, tracking it as unacked unless no_ack."""
@@ -530,6 +613,13 @@ class QueueState:
             self.effects.append(ESettle(owner, how, ids))
         if how == REQUEUE:
             return self._requeue(owner, ids)
+        if self._runs:
+            if type(ids) is not list:
+                ids = list(ids)
+            done = self._ack_runs(owner, ids)
+            if done == len(ids):
+                return done
+            return done + len(self._take(owner, ids[done:]))
         return len(self._take(owner, ids))
 
     def ack(self, owner: tuple, ids) -> int:
@@ -681,8 +771,7 @@ class QueueState:
             owner, tag, ids = rounds[0]
             n = len(ids)
             if n and len(ready) >= n and ready[0][0] == ids[0] and list(map(_msg_id, islice(ready, n))) == ids:
-                popleft = ready.popleft
-                msgs = [popleft() for _ in repeat(None, n)]
+                msgs = list(starmap(ready.popleft, repeat((), n)))
                 self.ready_bytes -= sum(map(len, map(_msg_body, msgs)))
                 owner = tuple(owner)
                 key = (owner, tag)

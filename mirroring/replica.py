@@ -984,6 +984,9 @@ class Replica:
         them reached its node first, on the same link. An id names one message for the queue's
         whole life, so whichever delivery of it the entry records, the body is that message's.
         Saves the leader a third copy of every body and the consumer's node reading it again."""
+        bodies = self.q.held_bodies(ids)
+        if bodies is not None:  # the usual case: one recent run of deliveries
+            return bodies
         unacked = self.q.unacked
         entries = list(map(unacked.get, ids))
         if None not in entries:  # the usual case, in C loops: every one held, with its message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import pytest
 from hypothesis import given, settings
@@ -373,3 +374,108 @@ def test_a_settle_naming_another_owners_message_takes_only_the_owners_own():
     assert sorted(q.unacked) == [2, 4] and q.unacked[2][0] == B
     assert q.consumers[(A, "a")].in_flight == 0 and q.consumers[(B, "b")].in_flight == 2
     assert q.requeue(A, [2, 4]) == 0 and sorted(q.unacked) == [2, 4]
+
+
+# --- unacknowledged deliveries kept as runs (QueueState._runs) ----------------------------------
+
+def test_in_order_acks_settle_runs_without_an_entry_per_message():
+    """The usual ack is a prefix of the oldest run of deliveries: it is settled by cutting the
+    run, with no per-message dict entry made; a partial ack, one spanning two runs, and the
+    counts all stay exact."""
+    q = QueueState("q")
+    q.add_consumer(A, "c", False, 0)
+    q.publish([b"m%d" % i for i in range(1, 7)], None)
+    for _ in range(2):  # two runs: 1-3, then 4-6
+        q.consumers[(A, "c")].prefetch = q.consumers[(A, "c")].in_flight + 3
+        q.dispatch()
+    assert q.stats()["messages_unacknowledged"] == 6 and not q._unacked
+    assert q.ack(A, [1, 2]) == 2  # the head of the first run
+    assert q.ack(A, [3, 4]) == 2  # its tail and the head of the next
+    assert not q._unacked and q.unacked_count == 2
+    assert q.consumers[(A, "c")].in_flight == 2
+    assert q.ack(A, [5, 6, 99]) == 2  # the rest, and an id nobody holds
+    assert q.unacked_count == 0 and q.consumers[(A, "c")].in_flight == 0 and not q.unacked
+
+
+def test_an_ack_out_of_order_or_of_another_owner_falls_back_to_the_dict():
+    q = four_given_to(A)  # A's consumers a and b: 1, 3 to a, 2, 4 to b (two runs)
+    assert q.ack(A, [4]) == 1  # not a prefix of the oldest run: every run goes to the dict
+    assert q._runs == deque() and sorted(q._unacked) == [1, 2, 3]
+    assert q.consumers[(A, "b")].in_flight == 1 and q.consumers[(A, "a")].in_flight == 2
+    assert q.ack(A, [1, 2, 3]) == 3 and not q.unacked
+    q = four_given_to(B)
+    assert q.ack(A, [2]) == 0  # B's, behind A's run: A's run is not cut
+    assert q.unacked_count == 4 and q.consumers[(A, "a")].in_flight == 2
+
+
+def test_held_bodies_finds_a_recent_run_only():
+    q = QueueState("q")
+    q.add_consumer(A, "c", False, 2)
+    q.publish([b"a", b"b", b"c"], None)
+    q.dispatch()
+    assert q.held_bodies([1, 2]) == [b"a", b"b"]
+    assert q.held_bodies([1]) is None and q.held_bodies([2, 3]) is None
+    q.ack(A, [1])  # the run is cut: it no longer names [1, 2]
+    assert q.held_bodies([1, 2]) is None and q.held_bodies([2]) == [b"b"]
+
+
+def _ack_pick(rng: random.Random, ref: QueueState, owner) -> list:
+    """What a client acks: mostly the oldest of its owner's deliveries in order, sometimes a
+    random subset with an unknown id."""
+    mine = sorted(mid for mid, (o, _, _) in ref.unacked.items() if o == owner)
+    if rng.random() < 0.7:
+        return mine[:rng.randint(0, len(mine))]
+    return rng.sample(mine, rng.randint(0, len(mine))) + [rng.randint(1, ref.next_id + 2)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_runs_settle_exactly_as_the_dict_alone(seed):
+    """Differential: one queue keeps deliveries as runs, the other spills every run into the
+    dict at once (the plain id-by-id rules). The same operations give the same answers, the
+    same consumer credit after every step, and the same state at the end."""
+    rng = random.Random(seed)
+    runs, ref = QueueState("q"), QueueState("q")
+    plain_hold = QueueState._hold
+
+    def hold_and_spill(self, *args):
+        plain_hold(self, *args)
+        self._spill()
+    ref._hold = hold_and_spill.__get__(ref)
+    for step in range(300):
+        op = rng.choice(["publish", "consume", "dispatch", "dispatch", "ack", "ack", "ack",
+                         "nack", "requeue", "cancel", "gone", "get", "bodies"])
+        owner = rng.choice(OWNERS)
+        if op == "publish":
+            bodies = [b"x%d" % rng.randint(0, 9) for _ in range(rng.randint(1, 5))]
+            outs = [q.publish(list(bodies), None) for q in (runs, ref)]
+        elif op == "consume":
+            args = (owner, rng.choice(TAGS), rng.random() < 0.1, rng.choice([0, 1, 2, 3, 8]))
+            outs = []
+            for q in (runs, ref):
+                try:
+                    outs.append(q.add_consumer(*args).tag)
+                except ProtocolError as exc:
+                    outs.append(exc.code)
+        elif op == "dispatch":
+            outs = [[(c.tag, ids(b)) for c, b in q.dispatch()] for q in (runs, ref)]
+        elif op in ("ack", "nack", "requeue"):
+            pick = _ack_pick(rng, ref, owner)
+            how = {"ack": ref.ack, "nack": ref.discard, "requeue": ref.requeue}[op].__name__
+            outs = [getattr(q, how)(owner, list(pick)) for q in (runs, ref)]
+        elif op == "cancel":
+            tag = rng.choice(TAGS)
+            outs = [q.remove_consumer(owner, tag) is not None for q in (runs, ref)]
+        elif op == "gone":
+            outs = [q.owner_gone(owner) for q in (runs, ref)]
+        elif op == "get":
+            no_ack = rng.random() < 0.5
+            outs = [q.get(owner, no_ack) for q in (runs, ref)]
+        else:
+            recent = [r[2] for r in runs._runs][-2:]
+            outs = [[runs.held_bodies(list(r)) for r in recent],
+                    [[ref.unacked[mid][2][1] for mid in r] for r in recent]]
+        assert outs[0] == outs[1], f"seed {seed} step {step} {op}: {outs}"
+        assert runs.unacked_count == len(ref.unacked)
+        assert [(k, c.in_flight) for k, c in runs.consumers.items()] == \
+               [(k, c.in_flight) for k, c in ref.consumers.items()], f"seed {seed} step {step}"
+    assert runs.comparable() == ref.comparable()
