@@ -11,7 +11,10 @@ session never touches a socket, so it is tested without one.
 Theory of operation:
 * Like RabbitMQ's channel process, the session assigns delivery tags and publish sequence
   numbers, turns acks into per-queue id lists, and sends every operation to the queue's leader,
-  local or on another node (broker/router.py).
+  local or on another node (broker/router.py). A channel keeps each delivery as one run (first
+  tag, queue, ids), and an ack of the oldest runs' tags in order (what consumers send) becomes
+  id lists by slicing them; anything else reads `tags`, the tag -> (queue, id) table the runs
+  spill into first (the same two forms as a queue's unacknowledged messages, mirroring/queue.py).
 * Publishes stay *in flight* here, bodies and all, until the queue's leader says every mirror
   has them (`EvAccepted`); then confirm-mode channels get their confirms and transactions their
   commit-ok. That set is the credit window: past WINDOW_MSGS messages or WINDOW_BYTES bytes the
@@ -114,7 +117,7 @@ class Batch:
 
 
 class Channel:
-    __slots__ = ("id", "prefetch", "confirm", "next_seq", "next_tag", "tags", "consumers",
+    __slots__ = ("id", "prefetch", "confirm", "next_seq", "next_tag", "_tags", "tag_runs", "consumers",
                  "touched", "tx", "tx_pending", "inflight", "commit_rid", "tx_failed",
                  "order", "held", "active", "paused", "last_queue")
 
@@ -124,7 +127,8 @@ class Channel:
         self.confirm = False
         self.next_seq = 1
         self.next_tag = 1
-        self.tags: dict[int, tuple] = {}  # delivery tag -> (queue, message id)
+        self._tags: dict[int, tuple] = {}  # delivery tag -> (queue, message id)
+        self.tag_runs: deque[list] = deque()  # [first tag, queue, ids]: deliveries not in _tags yet
         self.consumers: dict[str, m.QConsume] = {}  # consumer tag -> its registration
         self.touched: set[str] = set()  # queues holding consumers or deliveries of this channel
         self.tx = False  # transaction mode: publishes and acks wait in tx_pending for tx.commit
@@ -137,6 +141,52 @@ class Channel:
         self.active = True  # channel.flow
         self.paused: list = []  # deliveries held while the flow is off
         self.last_queue: str | None = None  # the queue an empty name stands for (AMQP)
+
+    @property
+    def tags(self) -> dict[int, tuple]:
+        """Every unacknowledged delivery tag: tag -> (queue, message id)."""
+        if self.tag_runs:
+            table = self._tags
+            for first, qname, ids in self.tag_runs:
+                table.update(zip(range(first, first + len(ids)), zip(repeat(qname), ids)))
+            self.tag_runs.clear()
+        return self._tags
+
+    @tags.setter
+    def tags(self, table: dict[int, tuple]) -> None:
+        self.tag_runs.clear()
+        self._tags = table
+
+    def record_delivery(self, first: int, qname: str, ids: list) -> None:
+        """Tags first.. were given to the messages `ids` of `qname`, to be acknowledged."""
+        self.tag_runs.append([first, qname, ids])
+
+    def take_runs(self, tags: list, out: dict) -> int:
+        """Settle the prefix of `tags` that continues the oldest delivery runs, in order, into
+        `out` ({queue: [ids]}); returns how many tags that was (the rest are for `tags`)."""
+        runs = self.tag_runs
+        n = len(tags)
+        done = 0
+        while runs and done < n:
+            run = runs[0]
+            first, qname, ids = run
+            k = len(ids)
+            if k > n - done:
+                k = n - done
+            if (tags if k == n else tags[done:done + k]) != list(range(first, first + k)):
+                break
+            lst = out.get(qname)
+            if lst is None:
+                out[qname] = ids[:k]
+            else:
+                lst.extend(ids[:k])
+            if k == len(ids):
+                runs.popleft()
+            else:
+                run[0] = first + k
+                run[2] = ids[k:]
+            done += k
+        return done
 
 
 class Session:
@@ -713,10 +763,18 @@ class Session:
     def _settle(self, ch: Channel, tags, upto: int) -> dict[str, list]:
         """Delivery tags -> {queue: [message ids]}; unknown tags are a channel error."""
         out: dict[str, list] = {}
-        table = ch.tags
         n = len(tags)
-        if n and not upto:
-            # the usual case, in C loops: known tags, all of one queue
+        if n and not upto and ch.tag_runs:  # the usual case: the oldest deliveries, in order
+            if type(tags) is not list:
+                tags = list(tags)
+            done = ch.take_runs(tags, out)
+            if done == n:
+                return out
+            tags = tags[done:]
+            n = len(tags)
+        table = ch.tags
+        if n and not upto and not out:
+            # known tags, all of one queue: in C loops
             entries = list(map(table.pop, tags, repeat(None, n)))
             if None not in entries:
                 queues = list(map(_entry_queue, entries))
@@ -859,7 +917,7 @@ class Session:
                 n = len(ev.ids)
                 ch.next_tag = first + n
                 if not reg.no_ack:
-                    ch.tags.update(zip(range(first, first + n), zip(repeat(ev.queue), ev.ids)))
+                    ch.record_delivery(first, ev.queue, ev.ids)
                 self._deliver_out(ch, m.Deliver(ev.ch, ev.tag, first, ev.bodies, ev.redelivered, ev.props))
             elif t is m.EvAccepted:
                 self._accepted(ev.queue, ev.pseq)

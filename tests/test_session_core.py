@@ -315,10 +315,9 @@ async def test_a_second_link_that_replaces_the_first_gives_back_what_was_in_flig
 def test_an_ack_over_two_queues_settles_each_queue_its_own_ids():
     """One ack may name deliveries of several queues on a channel: each queue is told its own
     message ids. An unknown tag is a channel error."""
-    from types import SimpleNamespace
-
-    from broker.session import ChannelError
-    ch = SimpleNamespace(tags={1: ("q1", 10), 2: ("q2", 20), 3: ("q1", 11)}, next_tag=4)
+    from broker.session import Channel, ChannelError
+    ch = Channel(1)
+    ch.tags, ch.next_tag = {1: ("q1", 10), 2: ("q2", 20), 3: ("q1", 11)}, 4
     assert Session._settle(None, ch, [1, 2, 3], 0) == {"q1": [10, 11], "q2": [20]}
     assert ch.tags == {}
     ch.tags, ch.next_tag = {4: ("q1", 12), 5: ("q1", 13)}, 6
@@ -328,3 +327,70 @@ def test_an_ack_over_two_queues_settles_each_queue_its_own_ids():
     ch.tags, ch.next_tag = {9: ("q1", 15)}, 11
     with pytest.raises(ChannelError, match="unknown delivery tag 10"):
         Session._settle(None, ch, [9, 10], 0)
+
+
+def _channel_with_runs(deliveries):
+    """A channel that made `deliveries` [(queue, ids), ...] in order: as runs, and the same as
+    a plain tag table."""
+    from broker.session import Channel
+    runs, plain = Channel(1), Channel(1)
+    for qname, ids in deliveries:
+        runs.tag_runs.append([runs.next_tag, qname, list(ids)])
+        for i in ids:
+            plain.tags[plain.next_tag] = (qname, i)
+            plain.next_tag += 1
+        runs.next_tag = plain.next_tag
+    return runs, plain
+
+
+def test_acks_of_delivery_runs_in_order_settle_by_slicing():
+    """A channel keeps each delivery as a run (first tag, queue, ids): acks of the oldest tags
+    in order, over one run, part of one, or two of different queues, become id lists without
+    the tag table; anything else falls back to the table, with the same answers."""
+    from broker.session import ChannelError
+    ch, _ = _channel_with_runs([("q1", [10, 11, 12]), ("q2", [20, 21]), ("q1", [13])])
+    assert Session._settle(None, ch, [1, 2], 0) == {"q1": [10, 11]}
+    assert Session._settle(None, ch, [3, 4], 0) == {"q1": [12], "q2": [20]}
+    assert not ch._tags and [r[0] for r in ch.tag_runs] == [5, 6]
+    assert Session._settle(None, ch, [5, 6], 0) == {"q2": [21], "q1": [13]}
+    assert not ch.tag_runs and not ch._tags
+    ch, _ = _channel_with_runs([("q1", [10, 11, 12])])
+    assert Session._settle(None, ch, [1, 3], 0) == {"q1": [10, 12]}  # a gap: the table
+    assert ch.tags == {2: ("q1", 11)}
+    ch, _ = _channel_with_runs([("q1", [10, 11])])
+    with pytest.raises(ChannelError, match="unknown delivery tag 3"):
+        Session._settle(None, ch, [1, 2, 3], 0)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_delivery_runs_settle_as_the_tag_table_alone(seed):
+    """Differential: random deliveries and acks (mostly in order, sometimes out of order, with
+    multiple, or naming an unknown tag) give a channel with runs the same answers and the same
+    table as one that keeps only the table."""
+    import random
+
+    from broker.session import ChannelError
+    rng = random.Random(seed)
+    deliveries = [(rng.choice(["q1", "q2"]), [rng.randint(1, 99) for _ in range(rng.randint(1, 4))])
+                  for _ in range(12)]
+    runs, plain = _channel_with_runs(deliveries)
+    while plain.tags:
+        live = sorted(plain.tags)
+        r = rng.random()
+        upto = 0
+        if r < 0.6:
+            tags = live[:rng.randint(1, len(live))]
+        elif r < 0.8:
+            tags = rng.sample(live, rng.randint(1, len(live)))
+        elif r < 0.9:
+            tags, upto = [], rng.choice(live)
+        else:
+            tags = live[:1] + [plain.next_tag + 5]
+        outs = []
+        for ch in (runs, plain):
+            try:
+                outs.append(Session._settle(None, ch, list(tags), upto))
+            except ChannelError as exc:
+                outs.append(str(exc))
+        assert outs[0] == outs[1], (seed, tags, upto, outs)
+        assert runs.tags == plain.tags, (seed, tags, upto)
