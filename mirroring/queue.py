@@ -506,6 +506,7 @@ class QueueState:
                 ready.extendleft(reversed(batch[keep:]))
                 del batch[keep:]
             out[(c.owner, c.tag)] = batch
+            size = sizes[len(batch) - 1]
         else:
             credits = [c.credit() for c in active]
             lists = [[] for _ in active]
@@ -532,7 +533,6 @@ class QueueState:
         rounds = []
         for key, batch in out.items():
             c = self.consumers[key]
-            self.ready_bytes -= sum(map(len, map(_msg_body, batch)))
             ids = list(map(_msg_id, batch))
             if not c.no_ack:
                 c.in_flight += len(batch)
@@ -540,7 +540,8 @@ class QueueState:
             result.append((c, batch))
             rounds.append((c.owner, c.tag, ids))
         if self.effects is not None:
-            self.effects.append(EDeliver(rounds))
+            self.effects.append(EDeliver(rounds, size))
+        self.ready_bytes -= size  # the bodies of everything either path took
         self._rotate()
         return result
 
@@ -772,7 +773,8 @@ class QueueState:
             n = len(ids)
             if n and len(ready) >= n and ready[0][0] == ids[0] and list(map(_msg_id, islice(ready, n))) == ids:
                 msgs = list(starmap(ready.popleft, repeat((), n)))
-                self.ready_bytes -= sum(map(len, map(_msg_body, msgs)))
+                # (the same messages as the leader's run: its size is theirs)
+                self.ready_bytes -= eff.size or sum(map(len, map(_msg_body, msgs)))
                 owner = tuple(owner)
                 key = (owner, tag)
                 c = self.consumers.get(key)

@@ -324,12 +324,13 @@ def test_node_gone_of_one_run_keeps_the_sessions_of_a_newer_run():
 def test_one_consumers_dispatch_stops_at_the_byte_limit_and_a_mirror_follows_it():
     """A dispatch hands one consumer messages up to MAX_DISPATCH_BYTES (the one that reaches it
     included) and leaves the rest at the head in order; a mirror applying the leader's effects
-    ends in the same state, and so does one given the same delivery with its ids out of order."""
+    ends in the same state, and so does one given the same delivery with its ids out of order
+    or without its size."""
     from mirroring.queue import MAX_DISPATCH_BYTES
     from wire.messages import EDeliver
-    leader, mirror, other = QueueState("q"), QueueState("q"), QueueState("q")
+    leader, mirror, other, unsized = (QueueState("q") for _ in range(4))
     body = b"x" * (MAX_DISPATCH_BYTES // 3 + 1)
-    for q in (leader, mirror, other):
+    for q in (leader, mirror, other, unsized):
         q.add_consumer(A, "c", no_ack=False, prefetch=0)
         q.publish([body] * 5 + [b"tail"], None)
     leader.effects = []
@@ -339,11 +340,13 @@ def test_one_consumers_dispatch_stops_at_the_byte_limit_and_a_mirror_follows_it(
     assert leader.ready_bytes == 2 * len(body) + 4 and c.in_flight == 3
     assert sorted(leader.unacked) == [1, 2, 3] and leader.unacked[2] == (A, (A, "c"), batch[1])
     effects, leader.effects = leader.effects, None
-    assert effects == [EDeliver([(A, "c", [1, 2, 3])])]
+    assert effects == [EDeliver([(A, "c", [1, 2, 3])], 3 * len(body))]  # and the bytes it took
     mirror.apply_effects(effects)
     assert mirror.comparable() == leader.comparable()
     other.apply_effects([EDeliver([(A, "c", [2, 1, 3])])])
     assert other.comparable() == leader.comparable()
+    unsized.apply_effects([EDeliver([(A, "c", [1, 2, 3])])])  # no size given: counted here
+    assert unsized.comparable() == leader.comparable()
 
 
 def four_given_to(owner_of_b: tuple) -> QueueState:

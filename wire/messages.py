@@ -549,8 +549,10 @@ class EDrop(Effect, tag="drop"):
 
 
 class EDeliver(Effect, tag="dlv"):
-    """One dispatch round: [(owner, consumer tag, [ids]), ...]."""
+    """One dispatch round: [(owner, consumer tag, [ids]), ...], and the body bytes it took
+    (`size`: a mirror that holds the same run need not add them up again; 0 when unknown)."""
     rounds: list[tuple[Owner, str, list[int]]]
+    size: int = 0
 
 
 class EGet(Effect, tag="get"):
