@@ -296,29 +296,70 @@ async def send_parts(stream, sock, parts: list) -> None:
         parts = _unwritten(parts, n) if n < sum(map(len, chunk)) else parts[len(chunk):]
 
 
+class DirectWrites:
+    """How a connection's queued output leaves, for each of the three writers (the node's
+    `Outbox` of the native protocol, the AMQP port's connection, the native client's writer):
+    from the connection's writer task (`send`), or straight from the task that queued it
+    (`write`) while the writer task has no send in flight and no earlier tail is pending
+    (`can_write`). A direct write saves the writer task's wake-up, a pass of trio's scheduler.
+    What the socket does not take at once stays in `rest`, and the writer task sends it before
+    anything queued later, so bytes leave in the order they were queued."""
+
+    __slots__ = ("sock", "sending", "rest")
+
+    def __init__(self, sock=None) -> None:
+        self.sock = sock  # None: every write is the writer task's (the simulation's streams)
+        self.sending = False  # the writer task has a send in flight
+        self.rest: list = []  # what a direct write did not get out
+
+    def can_write(self) -> bool:
+        return not self.sending and not self.rest and self.sock is not None
+
+    def write(self, parts: list) -> bool:
+        """Write `parts` now (only when `can_write()`); True if a tail is left for the writer
+        task, which the caller then wakes."""
+        rest = write_now(self.sock, parts)
+        if rest:
+            self.rest = rest
+            return True
+        return False
+
+    async def send(self, stream, take) -> None:
+        """The writer task's send: a direct write's tail first, then the parts `take()` returns
+        (what was queued meanwhile: one write; None when nothing was)."""
+        self.sending = True
+        try:
+            if self.rest:
+                rest, self.rest = self.rest, []
+                await send_parts(stream, self.sock, rest)
+            parts = take()
+            if parts:
+                await send_parts(stream, self.sock, parts)
+        finally:
+            self.sending = False
+
+
 class Outbox:
     """The single writer of a connection. `put` never blocks; `run` drains and sends.
 
-    Output goes out from one of two places, never both at once: the writer task (`run`), or
-    `flush`, called at the end of a corked stretch (see Cork) while the writer task is idle."""
+    Output goes out from one of two places, never both at once (`DirectWrites`): the writer
+    task (`run`), or `flush`, called at the end of a corked stretch (see Cork)."""
 
     HIGH_WATERMARK = 4096  # queued messages (each may be a batch) before data senders wait
 
     def __init__(self, framed: FramedStream):
         self.framed = framed
         self._items: list = []
-        self._rest: list = []  # what a direct write did not get out: the writer sends it first
+        self._direct = DirectWrites(direct_socket(framed.stream))
         self._wake = trio.Event()
-        self._sending = False
         self._held = False
-        self._sock = direct_socket(framed.stream)
         self._below = trio.Event()
         self._below.set()
         self.closed = False
 
     @property
     def _queued(self) -> int:
-        return len(self._items) + bool(self._rest)
+        return len(self._items) + bool(self._direct.rest)
 
     def put(self, msg) -> None:
         if self.closed:
@@ -335,15 +376,20 @@ class Outbox:
         self._held = False
         if not self._items:
             return
-        if self._sending or self._rest or self.closed or self._sock is None:
+        direct = self._direct
+        if self.closed or not direct.can_write():
             self._wake.set()
             return
-        batch, self._items = self._items, []
-        rest = write_now(self._sock, frame_parts(batch, self.framed.max_frame))
-        if rest:
-            self._rest = rest
+        if direct.write(self._take_parts()):
             self._wake.set()
         self._check_below()
+
+    def _take_parts(self) -> list | None:
+        """Everything queued, framed for one write (None if nothing is)."""
+        if not self._items:
+            return None
+        batch, self._items = self._items, []
+        return frame_parts(batch, self.framed.max_frame)
 
     @property
     def full(self) -> bool:
@@ -366,9 +412,10 @@ class Outbox:
 
     async def run(self) -> None:
         stream = self.framed.stream
+        direct = self._direct
         try:
             while True:
-                if not self._items and not self._rest:
+                if not self._items and not direct.rest:
                     if self.closed:
                         return
                     await self._wake.wait()
@@ -378,16 +425,7 @@ class Outbox:
                 # a send is in flight (send_parts yields to the other tasks) forms the next batch
                 if LINGER is not None:
                     await trio.sleep(LINGER)
-                self._sending = True
-                try:
-                    if self._rest:
-                        rest, self._rest = self._rest, []
-                        await send_parts(stream, self._sock, rest)
-                    if self._items:
-                        batch, self._items = self._items, []
-                        await send_parts(stream, self._sock, frame_parts(batch, self.framed.max_frame))
-                finally:
-                    self._sending = False
+                await direct.send(stream, self._take_parts)
                 self._check_below()
         finally:
             self.closed = True

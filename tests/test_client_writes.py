@@ -14,6 +14,7 @@ import socket
 
 import trio
 
+from broker import framed
 from broker.client import aio
 from broker.framed import FramedStream, encode_many
 from wire import messages as m
@@ -72,15 +73,16 @@ def count_writer_wakes(monkeypatch) -> list:
 
 
 def count_writer_sends(monkeypatch) -> list:
-    """Each send of the client's writer task, as the number of parts it wrote."""
+    """Each send of the client's writer task, as the number of parts it wrote (the fake node
+    sends with `send_now`, never through `send_parts`)."""
     sends: list = []
-    real = aio.send_parts
+    real = framed.send_parts
 
     async def counting(stream, sock, parts):
         sends.append(len(parts))
         await real(stream, sock, parts)
 
-    monkeypatch.setattr(aio, "send_parts", counting)
+    monkeypatch.setattr(framed, "send_parts", counting)
     return sends
 
 
@@ -188,11 +190,11 @@ async def test_a_flush_during_a_send_in_flight_leaves_everything_to_the_writer_i
     async def body(node, conn):
         ch = await conn.channel()
         w = conn._writer
-        w.sending = True  # as if the writer task were waiting for room in the socket
+        w.direct.sending = True  # as if the writer task were waiting for room in the socket
         ch.publish_nowait("q", b"first")
         conn.flush()
         assert list(w.items), "a direct write must not overtake a send in flight"
-        w.sending = False
+        w.direct.sending = False
         publishes = await node.wait_for(m.Publish, 1)
         assert publishes[0].bodies == [b"first"]
 
@@ -204,12 +206,12 @@ async def test_a_partial_direct_write_leaves_the_rest_to_the_writer_task_in_orde
         ch = await conn.channel()
         await trio.testing.wait_all_tasks_blocked()
         w = conn._writer
-        w.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        w.direct.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         n = 3000  # about 3 MB of publishes: far more than the socket takes at once
         for i in range(n):
             ch.publish_nowait(f"q{i}", b"y" * 1000)
         conn.flush()
-        assert w.rest, "the socket should have taken only part of the write"
+        assert w.direct.rest, "the socket should have taken only part of the write"
         ch.publish_nowait("last", b"z")  # queued behind the rest: must not overtake it
         publishes = await node.wait_for(m.Publish, n + 1)
         assert [p.queue for p in publishes] == [f"q{i}" for i in range(n)] + ["last"]

@@ -64,7 +64,7 @@ async def test_a_partial_direct_write_leaves_the_rest_to_the_writer_in_order():
     with CORK:
         for i in range(n):
             outbox.put(m.Publish(1, f"q{i}", [body], None))
-    assert outbox._rest, "the socket should have taken only part of the write"
+    assert outbox._direct.rest, "the socket should have taken only part of the write"
     async with trio.open_nursery() as nursery:
         nursery.start_soon(outbox.run)
         # more output while the rest is pending: it must follow, not overtake

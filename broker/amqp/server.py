@@ -17,7 +17,7 @@ import trio
 
 from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
 
-from ..framed import CORK, LINGER, Reader, direct_socket, send_parts, write_now
+from ..framed import CORK, LINGER, DirectWrites, Reader, direct_socket
 from ..memory import PublisherGate
 from ..native import check_login
 from ..session import INLINE, Session
@@ -47,10 +47,8 @@ class AmqpConnection:
         self._wake = trio.Event()
         self._stop = trio.Event()
         self._done = False
-        self._sending = False  # the writer task is in a send
         self._held = False  # noted by the Cork, to be flushed at the end of the stretch
-        self._rest: list = []  # what a direct write did not get out: the writer sends it first
-        self._sock = direct_socket(stream)
+        self._direct = DirectWrites(direct_socket(stream))
 
     # --- callbacks of the protocol ---------------------------------------------------------------
     def _authenticate(self, mechanism: str, user: str, password: str) -> None:
@@ -111,15 +109,18 @@ class AmqpConnection:
         """End of a corked stretch (broker/framed.py Cork): write the output now if the writer
         task is idle, else leave it to the writer."""
         self._held = False
-        if self._sending or self._rest or self._done or self._sock is None:
+        direct = self._direct
+        if self._done or not direct.can_write():
             self._wake.set()
             return
+        parts = self._take_output()
+        if parts and direct.write(parts):
+            self._wake.set()
+
+    def _take_output(self) -> list | None:
+        """The protocol's pending output as one write (None if there is none)."""
         data = self.proto.data_to_send(trio.current_time())
-        if data:
-            rest = write_now(self._sock, [data])
-            if rest:
-                self._rest = rest
-                self._wake.set()
+        return [data] if data else None
 
     async def _reader(self) -> None:
         p = self.proto
@@ -241,16 +242,7 @@ class AmqpConnection:
                 self._wake = trio.Event()
                 # no waiting for more: what the other tasks produce while this send is in
                 # flight (send_all yields) forms the next write
-                self._sending = True
-                try:
-                    if self._rest:
-                        rest, self._rest = self._rest, []
-                        await send_parts(stream, self._sock, rest)
-                    data = p.data_to_send(trio.current_time())
-                    if data:
-                        await send_parts(stream, self._sock, [data])
-                finally:
-                    self._sending = False
+                await self._direct.send(stream, self._take_output)
                 if self._done and not p.has_output:
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.framed import LINGER, FramedStream, direct_socket, frame_parts, send_parts, write_now
+from broker.framed import LINGER, DirectWrites, FramedStream, direct_socket, frame_parts
 from broker.network import TcpNetwork
 from wire import messages as m
 from wire.errors import ProtocolError
@@ -83,13 +83,13 @@ class DeclareOk:
 class _Writer:
     """Queue of outgoing messages; consecutive publishes (and acks) of one channel coalesce.
 
-    What is queued goes out from one of two places, never both at once: the connection's writer
-    task, or `flush()` straight from the task that queued it while the writer task is idle. A
-    direct write saves the writer task's wake-up, a pass of trio's scheduler. It is for a burst
-    after which its task waits anyway: the acks a consumer's callbacks made, sent when the reader
-    is about to wait (after the last of several reads in a row, as the writer task would have
-    sent them, so they still leave together: a write after every read cut `all`'s throughput),
-    or a producer's burst before it sleeps (`Connection.flush()`)."""
+    What is queued goes out from one of two places, never both at once (broker/framed.py
+    `DirectWrites`): the connection's writer task, or `flush()` straight from the task that
+    queued it while the writer task is idle. A direct write is for a burst after which its task
+    waits anyway: the acks a consumer's callbacks made, sent when the reader is about to wait
+    (after the last of several reads in a row, as the writer task would have sent them, so they
+    still leave together: a write after every read cut `all`'s throughput), or a producer's
+    burst before it sleeps (`Connection.flush()`)."""
 
     def __init__(self):
         self.items: deque = deque()
@@ -98,10 +98,8 @@ class _Writer:
         self.room = trio.Event()
         self.room.set()
         self._last_bytes = 0  # body bytes in the Publish batch at the tail of items
-        self.sock = None  # the connected socket while the writer task runs (None: no direct writes)
+        self.direct = DirectWrites()  # its socket is set while the writer task runs
         self.max_frame = DEFAULT_MAX_FRAME
-        self.sending = False  # the writer task has a send in flight
-        self.rest: list = []  # what a direct write did not get out: the writer task sends it first
         self.holding = False  # the reader is handling a read: it sends what is queued before it waits
 
     def _queued(self) -> None:
@@ -193,19 +191,19 @@ class _Writer:
         is left to the writer task."""
         if not self.items:
             return
-        if self.sending or self.rest or self.sock is None:
+        direct = self.direct
+        if not direct.can_write() or direct.write(self.take_parts()):
             self.wake.set()
-            return
-        rest = write_now(self.sock, frame_parts(self.take(), self.max_frame))
-        if rest:
-            self.rest = rest
-            self.wake.set()
+
+    def take_parts(self) -> list | None:
+        """Everything queued, framed for one write (None if nothing is)."""
+        return frame_parts(self.take(), self.max_frame) if self.items else None
 
     def drop(self) -> None:
         """The connection is gone: nothing queued or half-written will be sent on it."""
         self.take()
-        self.rest = []
-        self.sock = None
+        self.direct.rest = []
+        self.direct.sock = None
 
 
 class Consumer:
@@ -751,29 +749,22 @@ class Connection:
     async def _write_loop(self, scope) -> None:
         w = self._writer
         stream = self._stream
-        sock = direct_socket(stream)
-        w.sock, w.max_frame = sock, self._framed.max_frame
+        direct = w.direct
+        direct.sock, w.max_frame = direct_socket(stream), self._framed.max_frame
         try:
             while True:
-                if not w.items and not w.rest:
+                if not w.items and not direct.rest:
                     await w.wake.wait()
                 w.wake = trio.Event()  # what is put from here on wakes the next turn
                 if LINGER is not None:
                     await trio.sleep(LINGER)
-                w.sending = True
-                try:
-                    if w.rest:  # a direct write's tail goes first
-                        rest, w.rest = w.rest, []
-                        await send_parts(stream, sock, rest)
-                    if w.items:  # what the application put meanwhile: one write
-                        await send_parts(stream, sock, frame_parts(w.take(), w.max_frame))
-                finally:
-                    w.sending = False
+                # a direct write's tail first, then what the application put meanwhile: one write
+                await direct.send(stream, w.take_parts)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._loss = ConnectionLost(f"connection to {self.node} broke: {exc!r}")
             scope.cancel()
         finally:
-            w.sock = None  # no direct writes to a connection that is going away
+            direct.sock = None  # no direct writes to a connection that is going away
 
     async def _read_loop(self, scope) -> None:
         framed = self._framed
