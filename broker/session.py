@@ -128,7 +128,8 @@ class Channel:
         self.next_seq = 1
         self.next_tag = 1
         self._tags: dict[int, tuple] = {}  # delivery tag -> (queue, message id)
-        self.tag_runs: deque[list] = deque()  # [first tag, queue, ids]: deliveries not in _tags yet
+        # [first tag, queue, ids, settled]: deliveries not in _tags yet, the first `settled` acked
+        self.tag_runs: deque[list] = deque()
         self.consumers: dict[str, m.QConsume] = {}  # consumer tag -> its registration
         self.touched: set[str] = set()  # queues holding consumers or deliveries of this channel
         self.tx = False  # transaction mode: publishes and acks wait in tx_pending for tx.commit
@@ -147,8 +148,8 @@ class Channel:
         """Every unacknowledged delivery tag: tag -> (queue, message id)."""
         if self.tag_runs:
             table = self._tags
-            for first, qname, ids in self.tag_runs:
-                table.update(zip(range(first, first + len(ids)), zip(repeat(qname), ids)))
+            for first, qname, ids, settled in self.tag_runs:
+                table.update(zip(range(first + settled, first + len(ids)), zip(repeat(qname), ids[settled:])))
             self.tag_runs.clear()
         return self._tags
 
@@ -159,32 +160,33 @@ class Channel:
 
     def record_delivery(self, first: int, qname: str, ids: list) -> None:
         """Tags first.. were given to the messages `ids` of `qname`, to be acknowledged."""
-        self.tag_runs.append([first, qname, ids])
+        self.tag_runs.append([first, qname, ids, 0])
 
     def take_runs(self, tags: list, out: dict) -> int:
         """Settle the prefix of `tags` that continues the oldest delivery runs, in order, into
-        `out` ({queue: [ids]}); returns how many tags that was (the rest are for `tags`)."""
+        `out` ({queue: [ids]}); returns how many tags that was (the rest are for `tags`). Time
+        in proportion to the ack, not to the runs (a run's mark moves; nothing is cut)."""
         runs = self.tag_runs
         n = len(tags)
         done = 0
         while runs and done < n:
             run = runs[0]
-            first, qname, ids = run
-            k = len(ids)
-            if k > n - done:
-                k = n - done
-            if (tags if k == n else tags[done:done + k]) != list(range(first, first + k)):
+            first, qname, ids, settled = run
+            left = len(ids) - settled
+            k = left if left <= n - done else n - done
+            start = first + settled
+            if (tags if k == n else tags[done:done + k]) != list(range(start, start + k)):
                 break
+            part = ids[settled:settled + k]
             lst = out.get(qname)
             if lst is None:
-                out[qname] = ids[:k]
+                out[qname] = part
             else:
-                lst.extend(ids[:k])
-            if k == len(ids):
+                lst.extend(part)
+            if k == left:
                 runs.popleft()
             else:
-                run[0] = first + k
-                run[2] = ids[k:]
+                run[3] = settled + k
             done += k
         return done
 

@@ -31,10 +31,13 @@ below `redeliver_below` (set on a failover: the old leader may have delivered an
 leader holds, and it cannot know which).
 
 Unacknowledged deliveries are held in two forms. `_runs` keeps the newest ones as they were
-handed out, one [owner, consumer key, ids, messages] per consumer batch, oldest first; the dict
+handed out, one [owner, consumer key, ids, messages, settled] per consumer batch, oldest first
+(the first `settled` of its ids are acknowledged already, their messages let go); the dict
 `_unacked` (id -> (owner, consumer key or None, message)) holds the rest. A consumer acks in the
-order it was served, so an ack is nearly always a prefix of the oldest run: `_ack_runs` settles
-it by comparing and cutting two lists, in C, with no per-message entry ever made or removed.
+order it was served, so an ack nearly always continues the oldest run: `_ack_runs` settles it by
+comparing ids and moving the run's mark, in C loops and in time proportional to the ack (never
+to the run: one ack at a time from a run of thousands must stay cheap), with no per-message
+entry ever made or removed.
 Anything else (an ack out of order or from another owner, a requeue, a cancel, a failover, a
 basic.get, a snapshot, a late mirror's sync) reads `unacked`, which first moves the runs into
 the dict (`_spill`); every rule then works id by id on the dict. `_held` counts the runs' ids.
@@ -206,7 +209,9 @@ class QueueState:
 
     def _spill(self) -> None:
         unacked = self._unacked
-        for owner, key, ids, msgs in self._runs:
+        for owner, key, ids, msgs, settled in self._runs:
+            if settled:
+                ids, msgs = ids[settled:], msgs[settled:]
             n = len(ids)
             unacked.update(zip(ids, zip(repeat(owner, n), repeat(key, n), msgs)))
         self._runs.clear()
@@ -214,8 +219,9 @@ class QueueState:
 
     def _hold(self, owner: tuple, key: tuple, ids: list, msgs: list) -> None:
         """Record `msgs` (with ids `ids`) as delivered to consumer `key` of `owner`,
-        unacknowledged. Neither list is changed later (settling cuts copies)."""
-        self._runs.append([owner, key, ids, msgs])
+        unacknowledged. `msgs` becomes the queue's (an acknowledged message's place in it is
+        set to None); `ids` is never changed."""
+        self._runs.append([owner, key, ids, msgs, 0])
         self._held += len(ids)
 
     def _ack_runs(self, owner: tuple, ids: list) -> int:
@@ -229,18 +235,19 @@ class QueueState:
             run = runs[0]
             if run[0] != owner:
                 break
-            rids = run[2]
-            k = len(rids)
-            if k <= n - done:  # the whole run
-                if rids != (ids if k == n else ids[done:done + k]):
+            rids, settled = run[2], run[4]
+            left = len(rids) - settled
+            k = left if left <= n - done else n - done
+            if k == n and k == len(rids):  # the whole of one run: one comparison, no copies
+                if rids != ids:
                     break
+            elif rids[settled:settled + k] != ids[done:done + k]:
+                break
+            if k == left:
                 runs.popleft()
-            else:  # its head
-                k = n - done
-                if rids[:k] != (ids if done == 0 else ids[done:]):
-                    break
-                run[2] = rids[k:]
-                run[3] = run[3][k:]
+            else:
+                run[3][settled:settled + k] = repeat(None, k)  # let the messages go
+                run[4] = settled + k
             c = consumers.get(run[1])
             if c is not None:
                 c.in_flight -= k
@@ -249,14 +256,13 @@ class QueueState:
         return done
 
     def held_bodies(self, ids: list) -> list | None:
-        """The bodies of `ids` if they are one recent run of deliveries not yet acked (what a
-        leader just handed out), else None: see replica.local_bodies."""
-        for run in islice(reversed(self._runs), 8):
-            if run[2] == ids:
-                msgs = run[3]
-                if None not in msgs:
-                    return list(map(_msg_body, msgs))
-                return None
+        """The bodies of `ids` if they are what is unacknowledged of one recent run of
+        deliveries (what a leader just handed out), else None: see replica.local_bodies."""
+        for _, _, rids, msgs, settled in islice(reversed(self._runs), 8):
+            if settled:
+                rids, msgs = rids[settled:], msgs[settled:]
+            if rids == ids:
+                return list(map(_msg_body, msgs)) if None not in msgs else None
         return None
 
     # --- queries ---------------------------------------------------------------------------
@@ -536,7 +542,7 @@ class QueueState:
             ids = list(map(_msg_id, batch))
             if not c.no_ack:
                 c.in_flight += len(batch)
-                self._hold(c.owner, key, ids, batch)
+                self._hold(c.owner, key, ids, batch.copy())  # (batch is the caller's)
             result.append((c, batch))
             rounds.append((c.owner, c.tag, ids))
         if self.effects is not None:
