@@ -462,6 +462,39 @@ def test_a_leader_out_of_step_holds_its_deliveries_and_confirms_until_it_is_back
     assert w.accepted[OWNERS[0][:2]] == 2
 
 
+def test_a_new_epoch_confirms_what_the_leader_had_accepted_and_not_confirmed():
+    """dst seed 31170: a leader's node, frozen, was counted down and came back; the publishing
+    session's node learned of the leader's new epoch first and resent its in-flight batches,
+    which reached the leader before the new epoch did. The leader recognised them, then started
+    the epoch and dropped what it had accepted: 500 publishes never confirmed, and no resend
+    came again. Whatever a leader accepted and had not confirmed (held while out of step, or
+    waiting for an old mirror) is confirmed in the new epoch once its mirrors acknowledge it."""
+    w = World(random.Random(8), "manual", 4)
+    w.op("add_mirror")
+    w.settle_all()
+    session = OWNERS[0][:2]
+
+    def new_epoch(epoch: int) -> None:
+        w.links.clear()  # the node was counted down: what its links carried is gone
+        for r in w.replicas.values():
+            r.assign_now(Assign("L", epoch, list(w.mirrors), [], w.ha), w.now)
+        w.leader.in_step = True
+        w.pump("L")
+        w.pump("M1")
+        w.settle_all()
+
+    w.leader.in_step = False
+    w.op("publish", OWNERS[0], 3)  # pseq 1: the mirror acknowledges it, the confirm is held
+    w.settle_all()
+    assert w.accepted.get(session, 0) == 0
+    new_epoch(2)
+    assert w.accepted[session] == 1
+    w.op("publish", OWNERS[0], 2)  # pseq 2: waits for the mirror's acknowledgement
+    assert w.accepted[session] == 1
+    new_epoch(3)
+    assert w.accepted[session] == 2
+
+
 def test_acks_alone_wait_for_the_next_publish_batch_at_most_settle_linger():
     from mirroring.replica import SETTLE_LINGER
 

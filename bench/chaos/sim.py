@@ -53,6 +53,11 @@ POLICY = "chaos-ha"
 # since the driver change of fef11dd, 9550 and 2281 no longer reach their bugs, which
 # tests/test_sim_lent_bodies.py now stages directly)
 REGRESSIONS: dict[str, int] = {
+    # the publishing session's node learned of the queue leader's new epoch (its node had been
+    # counted down while frozen) before the leader did, and resent its 104 in-flight batches;
+    # the leader de-duplicated them, then started the epoch and dropped their acceptance: 500
+    # publishes never confirmed (fixed: a new epoch carries what was accepted and unconfirmed)
+    "resends-before-the-leaders-new-epoch": 31170,
     # a consumer's node was counted down by the log's leader (one link dropped) and up again,
     # the same run of it: the queue's leader had forgotten its sessions, nobody re-registered
     # the consumer, and 284 messages waited for it (fixed: sessions resend everything then)
