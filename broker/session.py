@@ -149,7 +149,8 @@ class Channel:
         if self.tag_runs:
             table = self._tags
             for first, qname, ids, settled in self.tag_runs:
-                table.update(zip(range(first + settled, first + len(ids)), zip(repeat(qname), ids[settled:])))
+                table.update(zip(range(first + settled, first + len(ids)),
+                                 zip(repeat(qname), ids[settled:])))
             self.tag_runs.clear()
         return self._tags
 

@@ -173,7 +173,7 @@ class QueueState:
         self.next_id = 1
         self.consumers: dict[tuple, Consumer] = {}  # (owner, tag) -> Consumer, in rotation order
         self._unacked: dict[int, tuple] = {}  # msg id -> (owner, consumer key or None, message)
-        self._runs: deque[list] = deque()  # [owner, key, ids, msgs]: deliveries not spilled yet
+        self._runs: deque[list] = deque()  # [owner, key, ids, msgs, settled], oldest first
         self._held = 0  # ids in _runs
         self.ready_bytes = 0
         self.had_consumer = False
@@ -557,7 +557,6 @@ class QueueState:
         if len(self.consumers) > 1:
             first = next(iter(self.consumers))
             self.consumers[first] = self.consumers.pop(first)
-
 
     def get(self, owner: tuple, no_ack: bool) -> tuple | None:
         """basic.get: take the head message, tracking it as unacked unless no_ack."""
