@@ -718,12 +718,8 @@ class Replica:
             for node in self.rep.mirrors:
                 self._send(node, msg)
             self._release(released)
-        elif accepted:
-            if self.rep.mirrors:
-                _, released = self.rep.record(accepted)
-                self._release(released)
-            else:
-                self._release(accepted)
+        elif accepted:  # resends recognised: nothing to replicate, no batch number to use
+            self._release(self.rep.after_sent(accepted))
 
     def holds_between(self, lo: int, hi: int) -> bool:
         """Does this replica hold a message with lo < id < hi?"""

@@ -72,6 +72,17 @@ class LeaderReplication:
             self.pending.append((self.seq, accepted))
         return self.seq, {}
 
+    def after_sent(self, accepted: dict) -> dict:
+        """Acceptances that need no batch of their own (resent publishes this leader had
+        applied already): they wait for every mirror to acknowledge what was sent so far, under
+        no new seq, for a seq no batch carries is a gap to every mirror (which then restarts
+        empty: dst seed 36073). Returns what is accepted now."""
+        if not self.mirrors:
+            return accepted
+        if accepted:
+            self.pending.append((self.seq, accepted))
+        return self._release()
+
     def acknowledged(self, node: str, seq: int, now: float = 0.0) -> dict:
         track = self.mirrors.get(node)
         if track is None or seq <= track.acked:

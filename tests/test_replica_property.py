@@ -495,6 +495,32 @@ def test_a_new_epoch_confirms_what_the_leader_had_accepted_and_not_confirmed():
     assert w.accepted[session] == 2
 
 
+def test_a_resend_the_leader_already_applied_uses_no_replication_batch_number():
+    """dst seed 36073: sessions resent their in-flight publishes to the same leader (their
+    link to it came back); it recognised them, and accepting them took a replication batch
+    number that no batch carried. Its mirror saw the gap, restarted empty, and the leader asked
+    to drop it: the only synchronised copy, 268 confirmed messages lost when the leader's node
+    then stopped. A recognised resend waits for the mirrors' acknowledgement of what was sent
+    so far, under no new number."""
+    w = World(random.Random(9), "manual", 4)
+    w.op("add_mirror")
+    w.settle_all()
+    owner = OWNERS[0]
+    w.op("publish", owner, 3)
+    w.settle_all()
+    assert w.accepted[owner[:2]] == 1
+    seq = w.leader.rep.seq
+    w.leader.handle(m.QPublish("q", owner, 1, [b"m0", b"m1", b"m2"], None, True, 1), w.now)
+    w.pump("L")
+    assert w.leader.rep.seq == seq, "a recognised resend took a batch number"
+    w.settle_all()
+    w.op("publish", owner, 2)
+    w.settle_all()
+    mirror = w.replicas["M1"]
+    assert mirror.follow.last_seq == w.leader.rep.seq and w.leader.rep.mirrors["M1"].synced
+    assert w.accepted[owner[:2]] == 2 and mirror.q.comparable() == w.leader.q.comparable()
+
+
 def test_acks_alone_wait_for_the_next_publish_batch_at_most_settle_linger():
     from mirroring.replica import SETTLE_LINGER
 
