@@ -3,7 +3,10 @@
 Theory of operation (the messages themselves are sent by broker/queue_process.py):
 
 * The leader numbers each batch of effects it sends (`seq`, per leader epoch). A mirror applies
-  batches in order and answers with the highest seq it has applied (`rep_ok`).
+  batches in order and answers with the highest seq it has applied (`rep_ok`); a gap makes it
+  restart empty, so a number is only ever taken by a batch that is sent (`record`).
+  Acceptances with nothing to replicate (resends the leader had applied) wait under the last
+  number sent (`after_sent`).
 * Publishes are *accepted* (confirmed to the publisher, and released from the publishing
   session's flow-control window) only once every mirror that was following when they were
   applied has acknowledged their batch (spec: "a message will only be confirmed to the
