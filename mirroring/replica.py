@@ -47,7 +47,7 @@ from wire.errors import PRECONDITION_FAILED, ProtocolError
 
 from .policy import HA
 from .queue import NO_LIMITS, Limits, QueueState
-from .replication import LeaderReplication, MirrorFollow
+from .replication import LeaderReplication, MirrorFollow, merge_accepted
 from .sync import BatchSync, message_size, progress_line
 
 ROUND_BYTES = 2 << 20  # publish bytes applied per round: a replication batch stays far below the frame limit
@@ -608,9 +608,7 @@ class Replica:
         self._ship(now)  # what the old mirrors lack goes to them
         carried = self._held_confirms
         for _, accepted in self.rep.pending:
-            for key, pseq in accepted.items():
-                if pseq > carried.get(key, -1):
-                    carried[key] = pseq
+            merge_accepted(carried, accepted)
         self.epoch = a.epoch
         self.rep = LeaderReplication()
         self.accepted = carried  # shipped with the new epoch's first batch
@@ -677,10 +675,7 @@ class Replica:
 
     def _release(self, accepted: dict) -> None:
         if not self.in_step:
-            held = self._held_confirms
-            for key, pseq in accepted.items():
-                if pseq > held.get(key, -1):
-                    held[key] = pseq
+            merge_accepted(self._held_confirms, accepted)
             return
         name = self.name
         for key, pseq in accepted.items():

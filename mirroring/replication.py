@@ -30,6 +30,15 @@ from collections import deque
 from dataclasses import dataclass
 
 
+def merge_accepted(into: dict, more: dict) -> dict:
+    """Acceptances {session key: highest publish batch}: `more` folded into `into` (the higher
+    batch wins, as an EvAccepted covers every batch up to it); returns `into`."""
+    for key, pseq in more.items():
+        if into.get(key, 0) < pseq:
+            into[key] = pseq
+    return into
+
+
 @dataclass(slots=True)
 class MirrorTrack:
     node: str
@@ -106,10 +115,7 @@ class LeaderReplication:
         out: dict = {}
         pending = self.pending
         while pending and pending[0][0] <= low:
-            _, acc = pending.popleft()
-            for key, pseq in acc.items():
-                if out.get(key, 0) < pseq:
-                    out[key] = pseq
+            merge_accepted(out, pending.popleft()[1])
         return out
 
     def mirror_state(self, node: str, start_id: int, synced_upto: int = 0) -> None:
