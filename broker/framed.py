@@ -44,8 +44,7 @@ class Reader:
     2,000 msgs/s), that pass is paid at every hop. Here a read that finds data returns it at once;
     a read that finds nothing waits for the socket (`wait_readable`, a checkpoint). So that a
     stream that always has data cannot keep the other tasks waiting, every STREAK-th read in a
-    row checkpoints first, before it takes any bytes: a cancelled read has taken nothing (the
-    memory alarm's interruptible read relies on that).
+    row checkpoints first, before it takes any bytes: a cancelled read has taken nothing.
 
     Other streams (the simulation's) are read with `receive_some`.
 

@@ -20,9 +20,13 @@ Theory of operation:
 * The state front ends use: `blocked`, `reason`, `await wait_unblocked()`, and `hooks`
   (callables `hook(blocked, reason)`, run when `blocked` changes). `PublisherGate` wraps them
   for one client connection: its reader calls `hold()` before each read, which returns at once
-  unless the connection publishes and publishers are blocked; the gate tells its client through
-  the front end's `tell(blocked, reason)` (warren's protocol: `Blocked`/`Unblocked` frames; AMQP:
-  connection.blocked/unblocked). A connection that only consumes and acks is never held.
+  unless the connection publishes and publishers are blocked, and again after a read that finds
+  them blocked (the alarm went on while the read waited): what that read brought is handled only
+  once the alarm is over. So a connection takes at most one read (256 KiB) past the alarm, and
+  no wait for the client needs a cancel scope of its own (one per read cost a busy node a few
+  percent of its CPU). The gate tells its client through the front end's `tell(blocked,
+  reason)` (warren's protocol: `Blocked`/`Unblocked` frames; AMQP: connection.blocked/unblocked).
+  A connection that only consumes and acks is never held.
 """
 
 from __future__ import annotations
@@ -279,34 +283,25 @@ class NodeMemory:
 
 class PublisherGate:
     """One client connection's view of the alarm (see the module docstring): `await hold()`
-    before each read; `close()` when the connection ends. `tell(blocked, reason)` sends the
+    before each read, and after one that finds publishers blocked; `close()` when the
+    connection ends. `tell(blocked, reason)` sends the
     front end's notification; it is called once when the connection is held and once when it
     is released."""
 
-    __slots__ = ("memory", "session", "tell", "told", "_reading")
+    __slots__ = ("memory", "session", "tell", "told")
 
     def __init__(self, memory: NodeMemory, session, tell):
         self.memory = memory
         self.session = session
         self.tell = tell
         self.told = False  # the client was told it is blocked
-        self._reading: trio.CancelScope | None = None
         memory.add_hook(self._on_change)
-
-    def interruptible(self) -> trio.CancelScope:
-        """A scope for the reader's wait for a publishing client: cancelled when publishers
-        become blocked, so the reader goes back to `hold()` at once instead of after the next
-        read (a cancelled receive has taken no bytes)."""
-        self._reading = trio.CancelScope()
-        return self._reading
 
     def _on_change(self, blocked: bool, reason: str) -> None:
         if blocked:
             if self.session.publisher and not self.told:
                 self.told = True
                 self.tell(True, reason)
-            if self._reading is not None:
-                self._reading.cancel()
         elif self.told:
             self.told = False
             self.tell(False, "")

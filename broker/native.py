@@ -141,23 +141,19 @@ class NativeConnection:
             if memory.blocked and session.publisher:
                 await gate.hold()
             try:
-                if session.publisher:
-                    # an alarm that goes on while we wait for the client interrupts the wait
-                    # (nothing is lost: a receive that is cancelled has taken no bytes), so
-                    # nothing the client sends after it is told it is blocked is read
-                    with gate.interruptible() as scope:
-                        batch = await self.framed.receive_batch(CLIENT_KINDS)
-                    if scope.cancelled_caught:
-                        continue
-                    memory.took(self.framed.last_read)
-                else:
-                    batch = await self.framed.receive_batch(CLIENT_KINDS)
+                batch = await self.framed.receive_batch(CLIENT_KINDS)
             except ProtocolError as exc:
                 return exc
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return None
             if not batch:
                 return None
+            if session.publisher:
+                memory.took(self.framed.last_read)
+                if memory.blocked:
+                    # the alarm went on while this read waited: what it brought is held, not
+                    # handled, until the alarm is over (one read of this client's at most)
+                    await gate.hold()
             i, n = 0, len(batch)
             while i < n:
                 msg = batch[i]

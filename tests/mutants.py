@@ -216,6 +216,14 @@ MUTANTS = [
            ["tests/test_sim_freeze.py"],
            "a node that learns from a snapshot that its run went down and came back up shows its "
            "consumers deliveries the leaders already requeued, flagged, for others"),
+    Mutant("alarm-read-handled", "broker/native.py",
+           "                if memory.blocked:\n"
+           "                    # the alarm went on while this read waited: what it brought is held, not\n",
+           "                if False:\n"
+           "                    # the alarm went on while this read waited: what it brought is held, not\n",
+           ["tests/test_memory_alarm.py::test_one_nodes_alarm_blocks_publishers_on_every_node_and_consumers_keep_draining"],
+           "a publisher's read that waited while the memory alarm went on is handled at once: "
+           "what the client sent after it was told it is blocked is confirmed"),
 ]
 
 

@@ -139,23 +139,18 @@ class AmqpConnection:
                     p.hold_reading(False, trio.current_time())
                     self._kick()
                 gate = self.gate
-                if gate is not None and session.publisher:
-                    if memory.blocked:
-                        p.hold_reading(True, trio.current_time())
-                        await gate.hold()
-                        p.hold_reading(False, trio.current_time())
-                    # an alarm that goes on while we wait for the client interrupts the wait (a
-                    # cancelled receive has taken no bytes): nothing sent after the client was
-                    # told it is blocked is read
-                    with gate.interruptible() as scope:
-                        data = await stream.receive_some(READ_SIZE)
-                    if scope.cancelled_caught:
-                        continue
-                    memory.took(len(data))
-                else:
-                    data = await stream.receive_some(READ_SIZE)
+                publisher = gate is not None and session.publisher
+                if publisher and memory.blocked:
+                    await self._hold(gate)
+                data = await stream.receive_some(READ_SIZE)
                 if not data:
                     return  # the client went away
+                if publisher:
+                    memory.took(len(data))
+                    if memory.blocked:
+                        # the alarm went on while this read waited: what it brought is held,
+                        # not handled, until the alarm is over (one read of this client's at most)
+                        await self._hold(gate)
                 try:
                     events = p.receive_data(data, trio.current_time())
                 except Exception as exc:  # a bug must cost this connection only, with a reason
@@ -178,6 +173,14 @@ class AmqpConnection:
             pass
         finally:
             self._stop.set()
+
+    async def _hold(self, gate) -> None:
+        """Read nothing from this publishing client while publishers are blocked (its
+        heartbeats are not checked meanwhile: Protocol.hold_reading)."""
+        p = self.proto
+        p.hold_reading(True, trio.current_time())
+        await gate.hold()
+        p.hold_reading(False, trio.current_time())
 
     def _run_inline(self, events: list, i: int) -> int:
         """A run of publishes and acks as one batch of input (Session.handle_run); a protocol
