@@ -136,15 +136,27 @@ class SimCluster:
                                         for n in names), timeout, f"nodes {sorted(want)} running")
 
     async def _run_node(self, name, node, scope, task_status):
+        started = False
+
+        class Status:
+            def started(self, value=None):
+                nonlocal started
+                started = True
+                task_status.started(value)
         try:
             with scope:
-                await node.run(task_status=task_status)
+                await node.run(task_status=Status())
         except BaseException as exc:  # noqa: BLE001
             if not (scope.cancel_called and name in self.killed):
                 raise
             # The process is dead; what its tasks raised while dying cannot matter to the
             # others. Kept for inspection.
             self.dead_node_errors.append((name, exc))
+        if not started and name in self.killed:
+            # killed while it started (a full restart's SIGTERM that came while another fault
+            # restarted it: dst seed 50524): to whoever started it, a process that started and
+            # died, as `warren-server` would be
+            task_status.started(node)
 
     # --- faults ------------------------------------------------------------------------------
     def kill(self, name: str) -> None:

@@ -101,8 +101,8 @@ def test_a_crashed_simulation_is_a_failed_schedule_with_its_seed(monkeypatch, ca
 
 def test_regression_seeds():
     """Schedules that once found a bug (bench/chaos/sim.py REGRESSIONS) stay fixed."""
-    from bench.chaos.sim import REGRESSIONS, run_seed
-    runs = {name: run_seed(seed) for name, seed in REGRESSIONS.items()}
+    from bench.chaos.sim import REGRESSIONS, regression_run
+    runs = {name: regression_run(value) for name, value in REGRESSIONS.items()}
     bad = {name: r.line() for name, r in runs.items() if not r.verdict.ok}
     assert not bad, bad
 
