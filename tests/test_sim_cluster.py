@@ -296,3 +296,44 @@ async def test_forgetting_the_other_member_of_a_two_node_cluster_is_refused_at_o
         assert trio.current_time() - t0 < 1
         assert "majority of its 2 members (n1, n2), and only n1 run" in str(err.value)
         assert sorted(c.nodes["n1"].md.members) == ["n1", "n2"]
+
+
+async def test_a_member_that_missed_a_rejoin_follows_the_rejoined_log_leader(tmp_path, autojump_clock):
+    """n3 is cut off (and restarts) while n2, forgotten, joins again as a new node and then leads
+    the metadata log. n3's own view still has n2 removed, yet n2 is the leader the majority elected: once
+    the cut heals, n3 takes the log from it and is in step at once (dst seed 50115: n3 ignored
+    n2 as a non-member for 30 s, until n2 stopped; its queue leader, cut off from the log,
+    could not give way to the one promoted meanwhile)."""
+    from broker.control import ctl_call
+    from broker.simulation import PEER_PORT
+
+    async def ctl(via, command, **args):
+        return await ctl_call(c.net.host(via), via, PEER_PORT, "test", b"s", command, args)
+
+    async with sim_cluster(tmp_path) as c:
+        c.kill("n2")
+        await ctl("n1", "forget_cluster_node", node="n2")
+        await c.wait_for(lambda: all(sorted(c.nodes[n].md.members) == ["n1", "n3"] for n in ("n1", "n3")),
+                         10, "n2 forgotten on n1 and n3")
+        c.net.partition(["n3"], ["n1", "n2"])
+        c.start_fresh("n2", "n1")  # a new node n2 joins through n1 while n3 is cut off
+        await c.wait_for(lambda: sorted(c.nodes["n1"].md.members) == ["n1", "n2", "n3"]
+                         and c.nodes["n2"].app_running, 20, "n2 back as a member")
+        # n3 restarts, still cut off: what n1 had sent it meanwhile (n2's joining) is lost with
+        # its old process; then n1 restarts and hands the log's leadership to n2
+        await c.nodes["n3"].stop_app()
+        c.kill("n3")
+        await c.restart("n3")
+        await c.nodes["n1"].stop_app()
+        c.kill("n1")
+        await c.wait_for(lambda: c.nodes["n2"].cluster.leader == "n2", 10, "n2 leading the log")
+        await c.restart("n1")
+        await c.wait_for(lambda: c.nodes["n1"].app_running and c.nodes["n2"].cluster.leader == "n2",
+                         10, "n1 back, n2 still leading")
+        assert sorted(c.nodes["n3"].md.members) == ["n1", "n3"]  # n3 has not heard of it
+        c.net.heal()
+        healed = trio.current_time()
+        await c.wait_for(lambda: sorted(c.nodes["n3"].md.members) == ["n1", "n2", "n3"]
+                         and c.nodes["n3"].cluster.in_step(), 3 * TICKTIME, "n3 in step with the log")
+        assert c.nodes["n2"].cluster.leader == "n2"
+        assert trio.current_time() - healed < 2 * TICKTIME
