@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from wire import handshake
 from wire import messages  # noqa: F401  (registers every kind)
-from wire.errors import FrameError, ProtocolError
+from wire.errors import COMMAND_INVALID, FrameError, ProtocolError
 from wire.frames import HEADER, FrameDecoder, encode_frame
 from wire.schema import REGISTRY, decode, to_wire
 
@@ -296,6 +296,18 @@ def test_disallowed_kind_and_error_passthrough():
     with pytest.raises(ProtocolError) as ei:
         decode(["error", 403, "nope"], allowed=frozenset({"welcome"}))
     assert ei.value.code == 403 and ei.value.text == "nope"
+
+
+def test_a_disallowed_kind_with_bad_fields_is_refused_as_disallowed():
+    """A client that sends a peer-only kind hears that the kind is not allowed, not what is
+    wrong with the fields it gave it (found by tests/test_native_fuzz.py)."""
+    from wire.schema import decode_bytes
+    data = msgpack.packb(["q.publish", "q", [], 1, [], None, True, 1])
+    with pytest.raises(ProtocolError) as ei:
+        decode_bytes(data, allowed=frozenset({"publish", "ack"}))
+    assert ei.value.code == COMMAND_INVALID and ei.value.text == "message 'q.publish' is not allowed here"
+    with pytest.raises(ProtocolError, match="field 'ch'"):  # an allowed kind still hears which field
+        decode_bytes(msgpack.packb(["ack", "one", [1], 0]), allowed=frozenset({"publish", "ack"}))
 
 
 # --- handshake ----------------------------------------------------------------------------

@@ -113,6 +113,10 @@ def decode_bytes(data, allowed: frozenset[str] | None = None):
             value = msgpack.unpackb(data, raw=False, strict_map_key=False)
         except Exception:  # noqa: BLE001 - the frame layer has already checked it decodes
             value = None
+        if allowed is not None and isinstance(value, list) and value and value[0] in REGISTRY \
+                and value[0] not in allowed:
+            # a kind that has no business here: say that, not what is wrong with its fields
+            raise ProtocolError(COMMAND_INVALID, f"message {value[0]!r} is not allowed here") from None
         raise _explain(exc, value) from None
     except msgspec.DecodeError as exc:
         raise ProtocolError(SYNTAX_ERROR, f"frame body is not valid msgpack ({exc})") from None
