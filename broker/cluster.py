@@ -48,12 +48,13 @@ LIVENESS_EVERY = 0.5  # seconds between the leader's liveness and placement chec
 COMPACT_AFTER = 512  # log entries kept before compacting into a snapshot
 RAFT_MESSAGES = (m.RaftVote, m.RaftVoteReply, m.RaftAppend, m.RaftAppendReply, m.RaftSnapshot,
                  m.RaftTimeoutNow)
-# What a log leader sends its followers. Taken from any linked node, member or not in our view:
-# our view may be behind the log, and the leader a node added since (dst seed 50115: a node cut
-# off while another was forgotten and joined again ignored that node, the log's new leader, for
-# 30 s). As in Raft, a follower does not ask who the leader is, only whether its term is current;
-# only a majority of the members can have made it leader. Votes from non-members stay ignored, so
-# a node removed from the cluster cannot disturb elections.
+# What a log leader sends its followers. Taken from any linked node, member or not in our view,
+# if its term is at least ours: our view may be behind the log, and the leader a node added
+# since (dst seed 50115: a node cut off while another was forgotten and joined again ignored
+# that node, the log's new leader, for 30 s). As in Raft, a follower does not ask who the
+# leader is, only whether its term is current: only a majority of the members can have made it
+# leader. A non-member's older term gets no answer (an answer would carry our term to it), and
+# votes from non-members stay ignored, so a node removed from the cluster cannot disturb it.
 LEADER_MESSAGES = (m.RaftAppend, m.RaftSnapshot)
 
 
@@ -649,7 +650,8 @@ class Cluster:
         for msg in batch:
             t = type(msg)
             if t in RAFT_MESSAGES:
-                if self.raft is not None and (self.is_member(link.name) or t in LEADER_MESSAGES):
+                if self.raft is not None and (self.is_member(link.name) or (
+                        t in LEADER_MESSAGES and msg.term >= self.raft.term)):
                     self.raft.receive(now, link.name, msg)
                     raft_touched = True
             elif t is m.Tick:
