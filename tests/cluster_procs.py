@@ -23,7 +23,8 @@ A `ProcessCluster` (a `broker.localcluster.LocalCluster`) offers:
   `spawn(name, extra_args)` (start one node without waiting);
 - `start()`, `stop(kill=False)`, `cleanup()` (stop and remove the temporary directory).
 
-`server_args=[...]` passes extra flags to every `warren-server`.
+`server_args=[...]` passes extra flags to every `warren-server`. `wait_no_consumers(ch, queue)`
+waits until a queue has no consumer (through a blocking channel of pika or of warren's client).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from broker.localcluster import LocalCluster, free_port  # noqa: F401  (free_port: for tests)
@@ -64,3 +66,12 @@ def running_cluster(request, tmp_path_factory, n: int = 3, net_ticktime: float =
         yield c
         if request.session.testsfailed > failed_before:
             c.dump_logs()
+
+
+def wait_no_consumers(ch, queue: str, timeout: float = 5.0) -> None:
+    """Until `queue` has no consumer (those of a connection that just closed go with it), through
+    a blocking channel of pika or of warren's client; fails after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while (n := ch.queue_declare(queue, passive=True).method.consumer_count) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert n == 0, f"{n} consumer(s) of a closed connection still on queue {queue!r} after {timeout:g} s"

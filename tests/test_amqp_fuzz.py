@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 
 import pika
 import pytest
@@ -19,7 +18,7 @@ from pamqp import commands as C
 from pamqp import frame, header
 
 from amqp_raw import Closed, RawClient
-from cluster_procs import running_cluster
+from cluster_procs import running_cluster, wait_no_consumers
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]
 
@@ -109,13 +108,6 @@ def read_until_quiet(client: RawClient, quiet: float = 0.15) -> tuple[list, bool
                 client.method(0, C.Connection.CloseOk())
             except OSError:
                 pass
-
-
-def wait_no_consumers(ch, queue: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (n := ch.queue_declare(queue, passive=True).method.consumer_count) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert n == 0, f"{n} consumer(s) of a closed connection still on queue {queue!r} after {timeout:g} s"
 
 
 @settings(max_examples=100, deadline=None,

@@ -28,7 +28,7 @@ from wire import messages as m
 from wire import schema
 from wire.frames import HEADER, FrameDecoder
 
-from cluster_procs import running_cluster
+from cluster_procs import running_cluster, wait_no_consumers
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]
 
@@ -178,13 +178,6 @@ class RawNative:
 
     def close(self) -> None:
         self.sock.close()
-
-
-def wait_no_consumers(ch, queue: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (n := ch.queue_declare(queue, passive=True).method.consumer_count) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert n == 0, f"{n} consumer(s) of a closed connection still on queue {queue!r} after {timeout:g} s"
 
 
 @settings(max_examples=150, deadline=None,
