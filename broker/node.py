@@ -75,6 +75,7 @@ class Node:
         self.sessions: dict[int, Session] = {}
         self.connections: dict[int, object] = {}  # NativeConnection or AmqpConnection: force_close
         self.app_running = False
+        self.joining_seed: str | None = None  # first boot: the seed being joined, until it answers
         self.peer_port = config.peer_port
         self.client_port = config.client_port
         self.amqp_port = config.amqp_port
@@ -127,7 +128,11 @@ class Node:
             self.cluster.peer_addr = [self.config.advertise_host, self.peer_port]
             self.log.info("node listening", peer_port=self.peer_port)
             if self.config.cluster_seed and not self.has_state():
-                await self._join_seed(self.config.cluster_seed)
+                self.joining_seed = self.config.cluster_seed
+                try:
+                    await self._join_seed(self.config.cluster_seed)
+                finally:
+                    self.joining_seed = None
             await self.start_app()
             if self.persist:
                 configmod.register(self.name, (self.config.advertise_host, self.peer_port),
@@ -154,6 +159,13 @@ class Node:
     async def start_app(self) -> None:
         if self.app_running:
             return
+        if self.joining_seed is not None:
+            # started now, the app would run a cluster of its own and the join could never
+            # finish (it needs the app stopped): dst seed 54014, a stop_app/start_app during
+            # the join left the node alone for good
+            raise ProtocolError(NOT_ALLOWED, f"node {self.name} is still joining the cluster through "
+                                             f"its seed {self.joining_seed}: its app starts once it "
+                                             "has joined")
         await self.root.start(self._app)
 
     async def _app(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -12,6 +12,11 @@ carries out what the replica asked for: messages to other replicas, events to se
 metadata proposals, log lines. The round runs corked (broker/framed.py `Cork`): what it sends
 is written at its end, straight from this task, one write per connection. Timers come from the
 replica's `next_deadline`.
+
+An Assign (what the metadata says of the queue) that a newer Assign follows in the inbox is
+not acted on (`Replica.assign_superseded`): a node that applies several metadata changes at
+once, catching up, queues one per change, and the replica must act on where the metadata is
+now, not on the states it passed through.
 """
 
 from __future__ import annotations
@@ -43,10 +48,15 @@ class QueueProcess:
         self._in_round = False  # a round runs (catch_up must not start another inside it)
         self.scope = trio.CancelScope()
         self.log = host.log.bind(queue=self.name)
+        # the newest Assign delivered: an older one still in the inbox is superseded (the
+        # replica acts on what the metadata says now, not on a state it has already left)
+        self._newest_assign: rp.Assign | None = None
 
     def deliver(self, item) -> None:
         """Queue an input for the replica: a wire message, a replica.* record, or a callable
         `fn(replica, now)` (control-plane queries and commands)."""
+        if type(item) is rp.Assign:
+            self._newest_assign = item
         self.inbox.append(item)
         batch = self.host.batch
         if batch is not None and self._idle:
@@ -152,7 +162,9 @@ class QueueProcess:
         replica = self.replica
         t = type(item)
         handler = _INPUTS.get(t)
-        if handler is not None:
+        if t is rp.Assign and item is not self._newest_assign:
+            replica.assign_superseded(item, now)
+        elif handler is not None:
             handler(replica, item, now)
         elif callable(item) and not hasattr(item, "KIND"):
             item(replica, now)

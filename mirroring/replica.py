@@ -255,6 +255,9 @@ class Replica:
         self.state = S.WAITING
         self.q = QueueState(name)
         self.assign = assign
+        # whether the metadata, as last seen (an Assign acted on or one already superseded),
+        # listed this replica synchronised: what a promotion's log line reports
+        self.listed_synced = self.me in assign.synced
         self.epoch = -1  # the epoch we lead (leaders)
         self.reign = -1  # the first epoch of our present leadership (leaders; _restart_epoch keeps it)
         self.follow = MirrorFollow()  # what we follow (mirrors)
@@ -338,12 +341,13 @@ class Replica:
     def assign_now(self, a: Assign, now: float) -> None:
         """The metadata changed: lead, follow, or go."""
         old = self.assign
+        was_synced, self.listed_synced = self.listed_synced, self.me in a.synced
         self.assign = a
         if self.state is S.STOPPED:
             return
         if a.leader == self.me:
             if self.state in FOLLOWING:
-                self._become_leader(a, now, synchronised=self.me in old.synced)
+                self._become_leader(a, now, synchronised=was_synced)
             elif a.epoch != self.epoch:
                 self._restart_epoch(a, now)
             else:
@@ -358,6 +362,16 @@ class Replica:
                 self.leader_node = a.leader
         else:
             self.stop(Stop("queue moved", cancel_consumers=False), now)
+
+    def assign_superseded(self, a: Assign, now: float) -> None:
+        """An Assign that a newer one has overtaken before this replica got to it (its node
+        applied several metadata changes at once: catching up after a partition, say). Nothing
+        is done on it but noting what it listed: acting on a state the metadata has already
+        left could confirm what the newer state makes unsafe (dst seed 53705: a leader cut
+        off by a partition caught up, dropped its only synchronised mirror as an older policy
+        change said, confirmed 231 messages only it held, and stepped down in the same round
+        because a newer change had promoted another replica: they were lost)."""
+        self.listed_synced = self.me in a.synced
 
     def node_gone(self, ev: NodeGone, now: float) -> None:
         if self.state in LEADING:

@@ -337,3 +337,32 @@ async def test_a_member_that_missed_a_rejoin_follows_the_rejoined_log_leader(tmp
                          and c.nodes["n3"].cluster.in_step(), 3 * TICKTIME, "n3 in step with the log")
         assert c.nodes["n2"].cluster.leader == "n2"
         assert trio.current_time() - healed < 2 * TICKTIME
+
+
+async def test_start_app_on_a_node_still_joining_its_seed_is_refused(tmp_path, autojump_clock):
+    """A new node waits to join through its seed. `warrenctl start_app` then is refused with why,
+    and the node joins and starts its app by itself once the seed answers (dst seed 54014: a
+    stop_app/start_app during the wait started the app alone, and the join loop then failed
+    for good with "stop the app first")."""
+    from broker.control import ctl_call
+    from broker.simulation import PEER_PORT
+    from wire.errors import ProtocolError
+
+    async def ctl(via, command, **args):
+        return await ctl_call(c.net.host(via), via, PEER_PORT, "test", b"s", command, args)
+
+    async with sim_cluster(tmp_path) as c:
+        c.kill("n3")
+        await ctl("n1", "forget_cluster_node", node="n3")
+        await c.wait_for(lambda: sorted(c.nodes["n1"].md.members) == ["n1", "n2"], 10)
+        c.net.partition(["n1", "n2"], ["n3"])  # the seed cannot be reached for now
+        c.start_fresh("n3", "n1")
+        await c.wait_for(lambda: c.nodes["n3"].joining_seed is not None, 5, "n3 waiting for its seed")
+        with pytest.raises(ProtocolError) as err:
+            await ctl("n3", "start_app")
+        assert "still joining the cluster through its seed n1" in str(err.value)
+        assert not c.nodes["n3"].app_running
+        c.net.heal()
+        await c.wait_for(lambda: c.nodes["n3"].app_running and c.nodes["n3"].running == {"n1", "n2", "n3"},
+                         20, "n3 joined and running with the others")
+        assert sorted(c.nodes["n3"].md.members) == ["n1", "n2", "n3"]
