@@ -224,6 +224,23 @@ MUTANTS = [
            ["tests/test_memory_alarm.py::test_one_nodes_alarm_blocks_publishers_on_every_node_and_consumers_keep_draining"],
            "a publisher's read that waited while the memory alarm went on is handled at once: "
            "what the client sent after it was told it is blocked is confirmed"),
+    Mutant("overtaken-assign-acted-on", "broker/queue_process.py",
+           "        if t is rp.Assign and item is not self._newest_assign:\n",
+           "        if False:\n",
+           ["tests/test_queue_process.py"],
+           "a replica acts on every Assign its inbox holds, in turn: a leader catching up confirms "
+           "what only it holds on an older change, then steps down for a newer one (dst seed 53705)"),
+    Mutant("overtaken-assign-synced-forgotten", "mirroring/replica.py",
+           "        self.listed_synced = self.me in a.synced\n\n    def node_gone",
+           "        pass\n\n    def node_gone",
+           ["tests/test_queue_process.py"],
+           "a mirror listed synchronised by an overtaken Assign, promoted by the next, is logged as "
+           "an unsynchronised promotion (the chaos checkers would allow a loss they should not)"),
+    Mutant("start-app-while-joining", "broker/node.py",
+           "        if self.joining_seed is not None:\n            # started now",
+           "        if False:\n            # started now",
+           ["tests/test_sim_cluster.py::test_start_app_on_a_node_still_joining_its_seed_is_refused"],
+           "start_app on a node still joining its seed runs the app alone: the join never finishes"),
 ]
 
 
