@@ -19,7 +19,6 @@ class Host:
     def __init__(self):
         self.log = structlog.get_logger()
         self.batch = None
-        self.sent: list = []
         self.events: list = []
 
     def may_deliver(self, qp) -> bool:
@@ -29,7 +28,7 @@ class Host:
         return None
 
     def to_node(self, node, msg, encoded=None):
-        self.sent.append((node, msg))
+        pass  # replication to the mirror: these tests look at the confirms only
 
     def to_session(self, node, sid, evs):
         self.events.extend(evs)
@@ -38,13 +37,16 @@ class Host:
         pass
 
 
+def config(node: str) -> ReplicaConfig:
+    return ReplicaConfig(node=node, pid=f"<{node}.1.0>", sync_batch_size=4, max_sync_bytes=1 << 20,
+                         sync_max_throughput=0, stall_after=1e9)
+
+
 def leader_with_a_mirror() -> tuple[QueueProcess, Host]:
     """n3 leads epoch 1 of queue q, n2 follows; one publish waits for n2's acknowledgement."""
     host = Host()
     ha = HA(mode="all")
-    cfg = ReplicaConfig(node="n3", pid="<n3.1.0>", sync_batch_size=4, max_sync_bytes=1 << 20,
-                        sync_max_throughput=0, stall_after=1e9)
-    replica = Replica("q", cfg, Assign("n3", 1, ["n2"], ["n2"], ha), 0.0)
+    replica = Replica("q", config("n3"), Assign("n3", 1, ["n2"], ["n2"], ha), 0.0)
     qp = QueueProcess(host, replica)
     qp._carry_out()
     qp.deliver(m.QPublish("q", OWNER, 1, [b"only the leader has this"], None, False, 1))
@@ -82,9 +84,7 @@ def test_a_promotion_reports_what_the_overtaken_assign_listed():
     is logged as a synchronised promotion (the chaos checkers read that line)."""
     host = Host()
     ha = HA(mode="all")
-    cfg = ReplicaConfig(node="n2", pid="<n2.1.0>", sync_batch_size=4, max_sync_bytes=1 << 20,
-                        sync_max_throughput=0, stall_after=1e9)
-    replica = Replica("q", cfg, Assign("n3", 1, ["n2"], [], ha), 0.0)
+    replica = Replica("q", config("n2"), Assign("n3", 1, ["n2"], [], ha), 0.0)
     qp = QueueProcess(host, replica)
     qp.deliver(Assign("n3", 1, ["n2"], ["n2"], ha))  # n2 recorded synchronised
     qp.deliver(Assign("n2", 2, [], [], ha))  # n3 gone: n2 promoted
