@@ -130,7 +130,8 @@ def _run(args) -> int:
         runner = Runner(args.out, procs=args.procs, progress=progress)
         folder = runner.run(args.workloads, targets, args.nodes.split(",") if args.nodes else None,
                             args.rabbitmq_dir, args.run_id,
-                            amqp_addresses=args.amqp_addresses.split(",") if args.amqp_addresses else None)
+                            amqp_addresses=args.amqp_addresses.split(",") if args.amqp_addresses else None,
+                            only=args.scenario.split(",") if args.scenario else None)
         print(f"results in {folder}")
         return 130 if runner.interrupted else 0
     except WorkloadError as exc:
@@ -329,6 +330,9 @@ def main(argv=None) -> None:
     r.add_argument("--procs", type=int, default=1,
                    help="processes per role: producers are spread over N processes, consumers over N more")
     r.add_argument("--run-id", help="name of the run folder (default YYYYmmdd-HHMMSS-hex)")
+    r.add_argument("--scenario", metavar="NAME[,NAME...]",
+                   help="run only these scenarios of the workloads (`warren-bench check` lists them), "
+                        "e.g. --scenario latency-r3-2000")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--progress", action="store_true", default=None, help="progress line even when not a tty")
     g.add_argument("--quiet", action="store_true", help="no progress line")

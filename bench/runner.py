@@ -36,7 +36,7 @@ from bench.targets import (
     rabbitmq_available,
 )
 from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
-from bench.workload import Scenario, load, resolve
+from bench.workload import Scenario, load, resolve, select
 
 TARGETS = ("warren-native", "warren-amqp", "rabbitmq", "null")
 ALIASES = {"warren": ["warren-native"], "both": ["warren-native", "rabbitmq"],
@@ -271,9 +271,10 @@ class Runner:
 
     def run(self, workload_args: list[str], targets: list[str], warren_nodes: list[str] | None = None,
             rabbit_dir: Path | None = None, run_id: str | None = None,
-            amqp_addresses: list[str] | None = None) -> Path:
+            amqp_addresses: list[str] | None = None, only: list[str] | None = None) -> Path:
         files = [resolve(a) for a in workload_args]
-        scenarios = [s for f in files for s in load(f)]  # every file is checked before anything starts
+        # every file is checked before anything starts
+        scenarios = select([s for f in files for s in load(f)], only)
         run_id = run_id or new_run_id()
         folder = self.out / run_id
         folder.mkdir(parents=True, exist_ok=True)

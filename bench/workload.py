@@ -428,6 +428,19 @@ def _display(path: Path) -> str:
         return str(path)
 
 
+def select(scenarios: list[Scenario], names: list[str] | None) -> list[Scenario]:
+    """The scenarios named in `names` (`warren-bench run --scenario`), in the files' order; all of
+    them when `names` is None. A name no file defines is an error that lists the ones they do."""
+    if names is None:
+        return scenarios
+    known = [s.name for s in scenarios]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise WorkloadError(f"--scenario: no scenario named {', '.join(unknown)} in these workloads "
+                            f"(they define: {', '.join(known)})")
+    return [s for s in scenarios if s.name in names]
+
+
 WORKLOAD_DIR = Path(__file__).parent / "workloads"
 
 

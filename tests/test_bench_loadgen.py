@@ -110,3 +110,30 @@ def test_warren_amqp_port_smoke(tmp_path):
     pubs = read_jsonl(d / "publish.jsonl")
     assert len(pubs) == 1000 and all(p["conf"] == "ack" for p in pubs)
     assert sorted(x["id"] for x in read_jsonl(d / "deliver.jsonl")) == sorted(p["id"] for p in pubs)
+
+
+@pytest.mark.timeout(120)
+def test_run_scenario_picks_scenarios_by_name(tmp_path, capsys):
+    """`warren-bench run FILE --scenario NAME`: only the named scenario runs; a name the files do
+    not define stops the run before anything starts, naming the ones they do."""
+    from bench.cli import main
+    workload = tmp_path / "w.yaml"
+    workload.write_text("""
+defaults: {message_size: 64, duration: 0.5, producer_rate: 200, drain_timeout: 5}
+scenarios: [{name: first}, {name: second}]
+""")
+    out = tmp_path / "results"
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", str(workload), "--target", "null", "--scenario", "second,third", "--out", str(out)])
+    assert exit_.value.code == 2
+    assert "--scenario: no scenario named third in these workloads (they define: first, second)" \
+        in capsys.readouterr().err
+    assert not out.exists()
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", str(workload), "--target", "null", "--scenario", "second", "--out", str(out),
+              "--run-id", "s1", "--quiet"])
+    assert exit_.value.code == 0
+    assert sorted(p.name for p in (out / "s1").iterdir() if p.is_dir()) == ["second"]
+    pubs = read_jsonl(out / "s1" / "second" / "null" / "publish.jsonl")
+    assert len(pubs) == 100  # 200 msgs/s for 0.5 s

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.workload import WORKLOAD_DIR, WorkloadError, load, parse
+from bench.workload import WORKLOAD_DIR, WorkloadError, load, parse, select
 
 
 def error_of(data, origin="workloads/x.yaml") -> str:
@@ -90,3 +90,12 @@ def test_chaos_field_defaults_checks_and_the_shipped_suite():
     assert "chaos.faults: must be N or MIN-MAX" in error_of({"name": "c", "chaos": {"faults": "3-1"}})
     [shipped] = load(WORKLOAD_DIR / "chaos.yaml")
     assert shipped.chaos["schedules"] == 10 and shipped.chaos["seed"] == 1
+
+
+def test_select_keeps_the_files_order_and_rejects_unknown_names():
+    scenarios = parse({"defaults": {"duration": 1},
+                       "scenarios": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})
+    assert [s.name for s in select(scenarios, ["c", "a"])] == ["a", "c"]
+    assert select(scenarios, None) == scenarios
+    with pytest.raises(WorkloadError, match=r"no scenario named x, y in these workloads \(they define: a, b, c\)"):
+        select(scenarios, ["a", "x", "y"])
