@@ -379,7 +379,7 @@ def main(argv=None) -> None:
     w = sub.add_parser("wakeup", help="what one process wake-up over loopback TCP costs here: the floor "
                                       "under latency (bench/wakeup.py)")
     w.add_argument("--round-trips", type=int, default=20_000)
-    w.add_argument("--modes", default="blocking,trio", help="comma-separated: blocking, trio")
+    w.add_argument("--modes", default="blocking,epoll,trio", help="comma-separated: blocking, epoll, trio")
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
     sub.add_parser("analyse", aliases=["analyze"], add_help=False,

@@ -8,8 +8,10 @@ cheaper, only rarer. This measures it: two processes bounce a 100-byte message o
 TCP, N round trips, each side waking once per round trip, and report CPU time per round trip
 of each side and wall time per round trip.
 
-Two ways, so the difference is trio's own share:
+Three ways, so the differences are an event loop's share and trio's:
 * `blocking`: a blocking `read` and a `write`, no event loop (the least any Python process pays);
+* `epoll`: a non-blocking `os.read`, and on EAGAIN a bare `epoll_wait` on that one socket: the
+  system calls any event loop makes, with no loop around them;
 * `trio`: the way warren's nodes read (broker/framed.py `Reader`): a non-blocking `os.read`,
   and on EAGAIN `trio.lowlevel.wait_readable`, so each wake-up is a pass of trio's run loop.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import time
 
@@ -54,19 +57,45 @@ async def _trio_side(sock: socket.socket, first: bool, n: int) -> tuple[float, f
     return time.process_time() - t0, time.monotonic() - w0
 
 
+def _epoll_side(fd: int, first: bool, n: int) -> tuple[float, float]:
+    poller = select.epoll()
+    poller.register(fd, select.EPOLLIN)
+    t0, w0 = time.process_time(), time.monotonic()
+    try:
+        for _ in range(n):
+            if first:
+                os.write(fd, MESSAGE)
+            while True:
+                try:
+                    os.read(fd, 65536)
+                    break
+                except BlockingIOError:
+                    poller.poll()
+            if not first:
+                os.write(fd, MESSAGE)
+        return time.process_time() - t0, time.monotonic() - w0
+    finally:
+        poller.close()
+
+
+MODES = ("blocking", "epoll", "trio")
+
+
 def _side(mode: str, sock: socket.socket, first: bool, n: int) -> tuple[float, float]:
     if mode == "blocking":
         sock.setblocking(True)
         return _blocking_side(sock.fileno(), first, n)
     sock.setblocking(False)
+    if mode == "epoll":
+        return _epoll_side(sock.fileno(), first, n)
     return trio.run(_trio_side, sock, first, n)
 
 
 def measure(mode: str, round_trips: int) -> dict:
-    """One run of `mode` ("blocking" or "trio"): microseconds of CPU per round trip for each
-    side (the side that starts each round trip, and the one that answers) and of wall time."""
-    if mode not in ("blocking", "trio"):
-        raise ValueError(f"unknown mode {mode!r} (blocking or trio)")
+    """One run of `mode` (one of MODES): microseconds of CPU per round trip for each side (the
+    side that starts each round trip, and the one that answers) and of wall time."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
