@@ -65,6 +65,8 @@ async def serve_ctl(node, framed: FramedStream, who: str) -> None:
             await framed.send_now(m.CtlReply(msg.rid, False, exc.code, exc.text))
         except trio.TooSlowError:
             await framed.send_now(m.CtlReply(msg.rid, False, NOT_ALLOWED, "timed out"))
+        except configmod.ConfigError as exc:  # e.g. join_cluster to a node name nobody registered
+            await framed.send_now(m.CtlReply(msg.rid, False, COMMAND_INVALID, str(exc)))
         except (KeyError, TypeError, ValueError) as exc:
             await framed.send_now(m.CtlReply(msg.rid, False, COMMAND_INVALID,
                                              f"bad arguments for {msg.command}: {exc!r}"))
