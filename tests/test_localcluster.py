@@ -245,3 +245,33 @@ def test_kill9_leaves_the_registry_behind(one):
     one.restart("n1")
     assert one.ctl("n1", "status").returncode == 0
     assert os.path.exists(one.log_path("n1"))
+
+
+def test_call_answers_as_warrenctl_does_and_says_why_it_cannot(one):
+    """`LocalCluster.call` (what starting a cluster asks, without a warrenctl process per
+    question) returns the value `warrenctl --formatter json` prints; a refusal and a node that
+    does not answer are ControlErrors that name the command, the node and the reason."""
+    from broker.localcluster import ControlError
+
+    printed = json.loads(one.ctl_ok("n1", "cluster_status", "--formatter", "json"))
+    assert one.call("n1", "cluster_status") == printed
+    # a name no node registered: the node answers why (it used to drop the connection and log
+    # a traceback)
+    with pytest.raises(ControlError, match=r"^join_cluster on node n1: unknown node 'nowhere'"):
+        one.call("n1", "join_cluster", {"node": "nowhere"})
+    assert "Traceback" not in one.log_path("n1").read_text()
+    stranger = ProcessCluster(1)  # never started: nothing listens on its ports
+    try:
+        with pytest.raises(ControlError, match=r"^status on node n1: not reachable on its peer port"):
+            stranger.call("n1", "status", timeout=2)
+        stranger.ports = one.ports  # n1's port, asked with another secret
+        stranger.env["WARREN_SECRET"] = "not-the-cluster-secret"
+        with pytest.raises(ControlError, match=r"^status on node n1: .*secret"):
+            stranger.call("n1", "status")
+    finally:
+        stranger.cleanup()
+
+
+async def test_call_works_from_inside_a_trio_run(one):
+    """An async test may ask too: the call runs its own trio loop in a thread of its own."""
+    assert one.call("n1", "status")["app_running"] is True
