@@ -14,8 +14,12 @@ demo: install
 
 # The docker cluster test (tests/test_docker_cluster.py) may install docker.io, docker-compose and
 # debootstrap with apt and start dockerd as root; it stops the dockerd it started when it ends.
+# The files run on TEST_WORKERS parallel workers (pytest-xdist), each file whole on one worker, in
+# its order (the README's blocks build on each other; a module's cluster is started once). Most
+# process tests wait on nodes more than they compute, so one worker more than two cores pays.
+TEST_WORKERS ?= 3
 test: install
-	$(PYTHON) -m pytest -q -p no:cacheprovider
+	$(PYTHON) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 # the fault explorer on the deterministic simulation: SEEDS seeded chaos schedules (a failure
 # prints the one command that replays it)

@@ -52,8 +52,24 @@ _pick = random.Random()  # its own generator: a test that seeds `random` must no
 _picked: set[int] = set()  # this process's earlier picks, not given out twice
 
 
+FREE_PORTS_ENV = "WARREN_FREE_PORTS"
+
+
 def _listening_range() -> range:
-    """The ports we pick from: from _PORT_FLOOR up to the kernel's ephemeral range."""
+    """The ports we pick from: $WARREN_FREE_PORTS (LOW-HIGH, both included) when set, else from
+    _PORT_FLOOR up to the kernel's ephemeral range. Processes that pick at the same time (the
+    test suite's parallel workers, each with its own share of the range) set it so that no two
+    of them can pick the same port in the moment before its node binds it."""
+    text = os.environ.get(FREE_PORTS_ENV, "").strip()
+    if text:
+        low, sep, high = text.partition("-")
+        try:
+            if not sep or not 1024 <= int(low) <= int(high) <= 65535:
+                raise ValueError
+        except ValueError:
+            raise RuntimeError(f"{FREE_PORTS_ENV}={text!r}: expected LOW-HIGH, two ports from 1024 "
+                               f"to 65535, LOW first (e.g. 20000-24999)") from None
+        return range(int(low), int(high) + 1)
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):

@@ -62,6 +62,18 @@ def test_free_ports_stay_free_while_outgoing_connections_come_and_go():
             s.bind(("127.0.0.1", port))
 
 
+def test_free_ports_come_from_warren_free_ports_when_set(monkeypatch):
+    """WARREN_FREE_PORTS=LOW-HIGH bounds the picks (the suite's parallel workers get one share
+    each, tests/conftest.py); a malformed value is an error that says what is expected."""
+    monkeypatch.setenv("WARREN_FREE_PORTS", "21000-21199")
+    picked = pick_free_ports(10)
+    assert all(21000 <= p <= 21199 for p in picked), picked
+    for bad in ("21000", "high-low", "21199-21000", "80-90"):
+        monkeypatch.setenv("WARREN_FREE_PORTS", bad)
+        with pytest.raises(RuntimeError, match=r"WARREN_FREE_PORTS=.*expected LOW-HIGH"):
+            pick_free_ports(1)
+
+
 def test_is_node_process_checks_program_and_name(tmp_path):
     sleeper = _spawned(["sleep", "30"])
     try:
