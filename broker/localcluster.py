@@ -343,13 +343,13 @@ class LocalCluster:
         from .network import TcpNetwork
 
         secret = self.env["WARREN_SECRET"].encode()
+        where = (self.peer_host(name), self.peer_port(name))
         outcome: dict = {}
 
         def ask() -> None:
             try:
-                outcome["value"] = trio.run(ctl_call, TcpNetwork(), "127.0.0.1", self.peer_port(name),
-                                            f"localcluster-{os.getpid()}", secret, command,
-                                            args or {}, timeout)
+                outcome["value"] = trio.run(ctl_call, TcpNetwork(), *where, f"localcluster-{os.getpid()}",
+                                            secret, command, args or {}, timeout)
             except ProtocolError as exc:
                 outcome["error"] = exc.text
             except trio.TooSlowError:
@@ -413,6 +413,10 @@ class LocalCluster:
 
     def peer_port(self, name: str) -> int:
         return self.ports[name][1]
+
+    def peer_host(self, name: str) -> str:
+        """The address node `name` listens on (a subclass may put nodes elsewhere)."""
+        return "127.0.0.1"
 
     def client_addr(self, name: str) -> str:
         return f"127.0.0.1:{self.client_port(name)}"

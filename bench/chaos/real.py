@@ -142,9 +142,10 @@ class ChaosCluster(LocalCluster):
         return str(d)
 
     def client_addr(self, name: str) -> str:
-        if self.ns is not None:
-            return f"{self.ns.addr(name)}:{self.ports[name][0]}"
-        return super().client_addr(name)
+        return f"{self.peer_host(name)}:{self.ports[name][0]}"
+
+    def peer_host(self, name: str) -> str:
+        return self.ns.addr(name) if self.ns is not None else super().peer_host(name)
 
     def tail(self, name: str, lines: int = 30) -> str:
         try:
@@ -222,8 +223,7 @@ class ScheduleRun:
     async def query(self, node: str, command: str, args: dict | None = None, timeout: float = 6.0):
         """A control command sent from this process (what warrenctl sends, without starting a
         Python process each time): for observing, never for the faults themselves."""
-        host = self.ns.addr(node) if self.ns is not None else "127.0.0.1"
-        return await ctl_call(TcpNetwork(), host, self.c.ports[node][1], "chaos-driver",
+        return await ctl_call(TcpNetwork(), self.c.peer_host(node), self.c.ports[node][1], "chaos-driver",
                               SECRET.encode(), command, args or {}, timeout)
 
     def registered(self, name: str) -> bool:
@@ -294,7 +294,7 @@ class ScheduleRun:
     async def setup(self) -> None:
         self.step = "starting the cluster"
         first = self.names[0]
-        seed = f"{self.ns.addr(first) if self.ns else '127.0.0.1'}:{self.c.ports[first][1]}"
+        seed = f"{self.c.peer_host(first)}:{self.c.ports[first][1]}"
         # one node after the other (nodes that join at once through --cluster-seed can end up
         # with metadata that lacks one of them: seen in the campaign, seed 2023)
         for k, name in enumerate(self.names):
