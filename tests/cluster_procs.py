@@ -16,8 +16,10 @@ A `ProcessCluster` (a `broker.localcluster.LocalCluster`) offers:
   `client_addr(name)` ("127.0.0.1:PORT"), `all_client_addrs()`, `env` (WARREN_HOME, WARREN_SECRET),
   `home`, `tmp`, `procs[name]` (the Popen), `alive(name)`, `log_path(name)`, `dump_logs()`;
 - `ctl(name, *args, timeout=30, env=None)` -> CompletedProcess of `warrenctl -n name args`,
-  `ctl_ok(name, *args)` -> stdout or RuntimeError, `ctl_json(name, *args)`,
-  `cluster_status(name)`, `wait_status(name)`, `wait_running(on, {names}, timeout)`;
+  `ctl_ok(name, *args)` -> stdout or RuntimeError, `ctl_json(name, *args)` (the command line
+  itself, for tests of it); `call(name, command, {args})` -> the value, the same command sent
+  from the test's own process (ControlError when refused), and on it `cluster_status(name)`,
+  `wait_status(name)`, `wait_running(on, {names}, timeout)`;
 - `kill9(name)`, `sigstop(name)`, `sigcont(name)`, `sigterm(name, wait=True)` -> exit code,
   `signal(name, sig)`, `restart(name, wait=True, extra_args=())` (same ports and home),
   `spawn(name, extra_args)` (start one node without waiting);
