@@ -288,9 +288,12 @@ def lookup(node: str) -> tuple[str, int]:
     if ":" in node:
         host, _, port = node.rpartition(":")
         try:
-            return host or "127.0.0.1", int(port)
+            number = int(port)
         except ValueError:
             raise ConfigError(f"bad node address {node!r}: expected HOST:PORT or a node name") from None
+        if not 1 <= number <= 65535:
+            raise ConfigError(f"bad node address {node!r}: the port must be from 1 to 65535")
+        return host or "127.0.0.1", number
     try:
         data = json.loads(registry_path(node).read_text())
     except (OSError, ValueError):

@@ -7,6 +7,8 @@ likewise uses the Erlang cookie), so it works while the node's app is stopped.
 
 from __future__ import annotations
 
+import os
+
 import trio
 
 from wire import messages as m
@@ -155,10 +157,26 @@ async def cmd_start_app(node, args):
     return f"Starting node {node.name} ..."
 
 
+def _why(exc: OSError) -> str:
+    """An OSError's reason: trio's connect raises "all attempts to connect ... failed" with each
+    attempt's own error (e.g. "Connection refused") in its cause."""
+    cause = exc.__cause__
+    if not exc.errno and isinstance(cause, BaseExceptionGroup):
+        exc = cause.exceptions[0] if isinstance(cause.exceptions[0], OSError) else exc
+    return os.strerror(exc.errno) if exc.errno else str(exc)
+
+
 async def cmd_join_cluster(node, args):
-    host, port = configmod.lookup(args["node"])
-    members = await node.join_cluster(host, port)
-    return f"Clustering node {node.name} with {args['node']}: members {members}"
+    target = args["node"]
+    host, port = configmod.lookup(target)  # an unknown name: a refusal with its reason (serve_ctl)
+    if target == node.name or [host, port] == list(node.cluster.peer_addr or ()):
+        raise ProtocolError(PRECONDITION_FAILED, f"cannot cluster node {node.name} with itself")
+    try:
+        members = await node.join_cluster(host, port)
+    except OSError as exc:
+        where = target if ":" in target else f"{target} ({host}:{port})"
+        raise ProtocolError(NOT_FOUND, f"cannot reach node {where}: {_why(exc)}. Is it running?") from None
+    return f"Clustering node {node.name} with {target}: members {members}"
 
 
 async def cmd_reset(node, args):

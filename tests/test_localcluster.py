@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -287,3 +288,28 @@ def test_call_answers_as_warrenctl_does_and_says_why_it_cannot(one):
 async def test_call_works_from_inside_a_trio_run(one):
     """An async test may ask too: the call runs its own trio loop in a thread of its own."""
     assert one.call("n1", "status")["app_running"] is True
+
+
+def test_warrenctl_join_cluster_to_a_bad_target_says_why(one):
+    """Each bad target of join_cluster gets its own reason and exit 1, the node keeps the
+    connection's answer and its log has no traceback (an unreachable target, a port out of
+    range and a name nobody registered all used to drop the connection: "the node closed the
+    connection without answering")."""
+    unused = free_port()
+    cases = [
+        (f"127.0.0.1:{unused}",
+         rf"^Error: cannot reach node 127\.0\.0\.1:{unused}: Connection refused\. Is it running\?$"),
+        ("127.0.0.1:99999", r"^Error: bad node address '127\.0\.0\.1:99999': the port must be from 1 to 65535$"),
+        ("nowhere", r"^Error: unknown node 'nowhere': no local node of that name is running"),
+        ("n1", r"^Error: cannot cluster node n1 with itself$"),
+        (f"127.0.0.1:{one.peer_port('n1')}", r"^Error: cannot cluster node n1 with itself$"),
+    ]
+    one.ctl_ok("n1", "stop_app")
+    try:
+        for target, said in cases:
+            r = one.ctl("n1", "join_cluster", target)
+            assert r.returncode == 1 and re.search(said, r.stderr.strip()), (target, r)
+    finally:
+        one.ctl_ok("n1", "start_app")
+    assert one.call("n1", "cluster_status")["members"] == ["n1"]
+    assert "Traceback" not in one.log_path("n1").read_text()
