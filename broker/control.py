@@ -159,11 +159,14 @@ async def cmd_start_app(node, args):
 
 def _why(exc: OSError) -> str:
     """An OSError's reason: trio's connect raises "all attempts to connect ... failed" with each
-    attempt's own error (e.g. "Connection refused") in its cause."""
+    attempt's own error (e.g. "Connection refused") in its cause; a name that does not resolve
+    is a socket.gaierror ("Name or service not known")."""
     cause = exc.__cause__
     if not exc.errno and isinstance(cause, BaseExceptionGroup):
         exc = cause.exceptions[0] if isinstance(cause.exceptions[0], OSError) else exc
-    return os.strerror(exc.errno) if exc.errno else str(exc)
+    if exc.errno and exc.errno > 0:  # (a name lookup's errors are negative, with their own text)
+        return os.strerror(exc.errno)
+    return exc.strerror or str(exc)
 
 
 async def cmd_join_cluster(node, args):
