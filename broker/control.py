@@ -7,8 +7,6 @@ likewise uses the Erlang cookie), so it works while the node's app is stopped.
 
 from __future__ import annotations
 
-import os
-
 import trio
 
 from wire import messages as m
@@ -19,6 +17,7 @@ from mirroring.sync import progress_line
 
 from . import config as configmod
 from .framed import FramedStream
+from .network import connect_reason
 from .peers import dial_handshake
 
 QUEUE_COLUMNS = ("name", "durable", "auto_delete", "exclusive", "arguments", "policy", "pid",
@@ -157,18 +156,6 @@ async def cmd_start_app(node, args):
     return f"Starting node {node.name} ..."
 
 
-def _why(exc: OSError) -> str:
-    """An OSError's reason: trio's connect raises "all attempts to connect ... failed" with each
-    attempt's own error (e.g. "Connection refused") in its cause; a name that does not resolve
-    is a socket.gaierror ("Name or service not known")."""
-    cause = exc.__cause__
-    if not exc.errno and isinstance(cause, BaseExceptionGroup):
-        exc = cause.exceptions[0] if isinstance(cause.exceptions[0], OSError) else exc
-    if exc.errno and exc.errno > 0:  # (a name lookup's errors are negative, with their own text)
-        return os.strerror(exc.errno)
-    return exc.strerror or str(exc)
-
-
 async def cmd_join_cluster(node, args):
     target = args["node"]
     host, port = configmod.lookup(target)  # an unknown name: a refusal with its reason (serve_ctl)
@@ -178,7 +165,8 @@ async def cmd_join_cluster(node, args):
         members = await node.join_cluster(host, port)
     except OSError as exc:
         where = target if ":" in target else f"{target} ({host}:{port})"
-        raise ProtocolError(NOT_FOUND, f"cannot reach node {where}: {_why(exc)}. Is it running?") from None
+        raise ProtocolError(NOT_FOUND,
+                            f"cannot reach node {where}: {connect_reason(exc)}. Is it running?") from None
     return f"Clustering node {node.name} with {target}: members {members}"
 
 

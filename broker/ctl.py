@@ -18,7 +18,7 @@ from wire.errors import ProtocolError
 
 from . import config as configmod
 from .control import DEFAULT_QUEUE_COLUMNS, QUEUE_COLUMNS, ctl_call
-from .network import TcpNetwork
+from .network import TcpNetwork, connect_reason
 
 CONNECTION_COLUMNS = ("name", "node", "peer", "user", "client_name", "channels", "state")
 POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
@@ -215,7 +215,7 @@ def run(argv=None) -> int:
         return 1
     except OSError as exc:
         print(f"Error: unable to perform an operation on node '{args.node}' ({host}:{port}): "
-              f"{exc.strerror or exc}. Is the node running?", file=sys.stderr)
+              f"{connect_reason(exc)}. Is the node running?", file=sys.stderr)
         return 69
     except trio.TooSlowError:
         print(f"Error: node '{args.node}' did not answer within {args.timeout:g} s", file=sys.stderr)

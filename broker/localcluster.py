@@ -340,7 +340,7 @@ class LocalCluster:
         from wire.errors import ProtocolError
 
         from .control import ctl_call
-        from .network import TcpNetwork
+        from .network import TcpNetwork, connect_reason
 
         secret = self.env["WARREN_SECRET"].encode()
         where = (self.peer_host(name), self.peer_port(name))
@@ -355,7 +355,7 @@ class LocalCluster:
             except trio.TooSlowError:
                 outcome["error"] = f"no answer within {timeout:g} s"
             except OSError as exc:
-                outcome["error"] = f"not reachable on its peer port: {exc.strerror or exc}"
+                outcome["error"] = f"not reachable on its peer port: {connect_reason(exc)}"
 
         asker = threading.Thread(target=ask, name=f"call-{name}-{command}", daemon=True)
         asker.start()
@@ -380,7 +380,7 @@ class LocalCluster:
                                    f"{self.last_log_line(name)} (log: {self.log_path(name)})")
             try:
                 self.call(name, "status", timeout=2.0)
-                if self._registered_pid(name) == p.pid:
+                if self.registered(name):
                     return
                 last = f"not registered yet under {self.home / 'run'}"
             except ControlError as exc:
@@ -388,11 +388,16 @@ class LocalCluster:
             time.sleep(0.05)
         raise TimeoutError(f"node {name} did not answer status within {timeout} s: {last}")
 
-    def _registered_pid(self, name: str) -> int | None:
+    def registered(self, name: str) -> bool:
+        """Node `name`'s current process has started its app: it wrote its pid to the home's run
+        registry (a file left by an earlier process of the node has that one's pid)."""
+        p = self.procs.get(name)
+        if p is None or p.poll() is not None:
+            return False
         try:
-            return json.loads((self.home / "run" / f"{name}.json").read_text()).get("pid")
+            return json.loads((self.home / "run" / f"{name}.json").read_text()).get("pid") == p.pid
         except (OSError, ValueError, AttributeError):
-            return None
+            return False
 
     def wait_running(self, on: str, expected: set, timeout: float = 20.0) -> dict:
         """Wait until cluster_status on `on` lists exactly `expected` as running_nodes."""

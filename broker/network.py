@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import random
 import socket
 from collections import deque
@@ -100,6 +101,19 @@ def _describe(addr: Any) -> str:
         ip, port = addr[0], addr[1]
         return f"[{ip}]:{port}" if ":" in str(ip) else f"{ip}:{port}"
     return str(addr)
+
+
+def connect_reason(exc: OSError) -> str:
+    """Why a connect failed, in the system's words: trio's connect raises "all attempts to
+    connect ... failed" with each attempt's own error (e.g. "Connection refused") in its cause;
+    a name that does not resolve is a socket.gaierror ("Name or service not known"), whose
+    negative error numbers os.strerror does not know."""
+    cause = exc.__cause__
+    if not exc.errno and isinstance(cause, BaseExceptionGroup) and isinstance(cause.exceptions[0], OSError):
+        exc = cause.exceptions[0]
+    if exc.errno and exc.errno > 0:
+        return os.strerror(exc.errno)
+    return exc.strerror or str(exc)
 
 
 class TcpNetwork:

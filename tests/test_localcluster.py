@@ -316,14 +316,15 @@ def test_warrenctl_join_cluster_to_a_bad_target_says_why(one):
 
 
 def test_the_reason_given_for_an_unreachable_target_is_the_system_s():
-    """The reason join_cluster gives: trio's "all attempts failed" unwrapped to the attempt's
-    own error, and a name that does not resolve in getaddrinfo's words (its error numbers are
+    """The reason join_cluster, warrenctl and LocalCluster.call give for a failed connect
+    (broker.network.connect_reason): trio's "all attempts failed" unwrapped to the attempt's own
+    error, and a name that does not resolve in getaddrinfo's words (its error numbers are
     negative: os.strerror would say "Unknown error -2")."""
-    from broker.control import _why
+    from broker.network import connect_reason
 
     refused = ConnectionRefusedError(111, "Error connecting to ('127.0.0.1', 1): Connection refused")
     attempts = OSError("all attempts to connect to 127.0.0.1:1 failed")
     attempts.__cause__ = ExceptionGroup("all attempts failed", [refused])
-    assert _why(attempts) == "Connection refused"
-    assert _why(socket.gaierror(-2, "Name or service not known")) == "Name or service not known"
-    assert _why(OSError("something else")) == "something else"
+    assert connect_reason(attempts) == "Connection refused"
+    assert connect_reason(socket.gaierror(-2, "Name or service not known")) == "Name or service not known"
+    assert connect_reason(OSError("something else")) == "something else"

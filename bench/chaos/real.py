@@ -227,15 +227,7 @@ class ScheduleRun:
                               SECRET.encode(), command, args or {}, timeout)
 
     def registered(self, name: str) -> bool:
-        """The node's current process has started its app (it writes the run registry then)."""
-        p = self.c.procs.get(name)
-        if p is None or p.poll() is not None:
-            return False
-        try:
-            reg = json.loads((self.c.home / "run" / f"{name}.json").read_text())
-        except (OSError, ValueError):
-            return False
-        return reg.get("pid") == p.pid
+        return self.c.registered(name)
 
     async def wait_started(self, name: str, timeout: float = 30.0) -> None:
         deadline = trio.current_time() + timeout
