@@ -709,8 +709,17 @@ class Session:
         self.router.to_leader(qname, op)
 
     def _request(self, qname: str, rid: int, op) -> None:
-        """An operation the queue answers: remembered until answered, resent on a route change."""
+        """An operation the queue answers: remembered until answered, resent on a route change.
+        A queue already gone or unavailable fails it at once: `meta_changed` fails requests
+        when the metadata changes, but one made after the change would wait for the next. A
+        re-declare goes through the log between its check and its request, and the queue's
+        node can be recorded down meanwhile (tests/test_sim_cluster.py holds that open)."""
         self.rpcs[rid] = (qname, op)
+        qdef = self.node.cluster.md.queues.get(qname)
+        reason = _deleted(qname) if qdef is None else self.node.queue_down_reason(qdef)
+        if reason:
+            self.queue_lost(qname, reason)
+            return
         self._send(qname, op)
 
     def meta_changed(self) -> None:
@@ -720,7 +729,7 @@ class Session:
         for qname, route in list(self.routes.items()):
             qdef = md.queues.get(qname)
             if qdef is None:
-                self.queue_lost(qname, f"queue '{qname}' in vhost '/' was deleted")
+                self.queue_lost(qname, _deleted(qname))
             elif (qdef["leader"], qdef.get("epoch", 1)) != route:
                 self.routes[qname] = (qdef["leader"], qdef.get("epoch", 1))
                 self._resend(qname, qdef)
@@ -1145,6 +1154,10 @@ class Session:
                     await self.node.cluster.propose(["queue.delete", qname])
                 except ProtocolError:
                     pass
+
+
+def _deleted(qname: str) -> str:
+    return f"queue '{qname}' in vhost '/' was deleted"
 
 
 def _add_range(ranges: list, first: int, last: int) -> None:

@@ -366,3 +366,33 @@ async def test_start_app_on_a_node_still_joining_its_seed_is_refused(tmp_path, a
         await c.wait_for(lambda: c.nodes["n3"].app_running and c.nodes["n3"].running == {"n1", "n2", "n3"},
                          20, "n3 joined and running with the others")
         assert sorted(c.nodes["n3"].md.members) == ["n1", "n2", "n3"]
+
+
+async def test_a_redeclare_that_outlives_its_queues_node_is_refused_not_left_waiting(tmp_path, autojump_clock):
+    """A re-declare checks the queue, then goes through the log, then asks the queue's leader
+    for its counts. If the leader's node is recorded down in between, nothing fails the request
+    later (the change has been applied already), so it must fail when it is made: it hung until
+    the node came back (tests/test_process_cluster.py, 1 run in 16). The window is held open
+    here: n2's declare returns only once the log records n1 down."""
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as c1:
+            ch1 = await c1.channel()
+            await ch1.queue_declare("q", durable=True)
+            await c.wait_for(lambda: all("q" in n.md.queues for n in c.nodes.values()))
+        n2 = c.nodes["n2"]
+        declare = n2.declare_queue
+
+        async def declare_then_wait_for_the_down_record(session, msg):
+            value = await declare(session, msg)
+            await c.wait_for(lambda: "n1" in n2.md.down, timeout=10)
+            return value
+
+        n2.declare_queue = declare_then_wait_for_the_down_record
+        async with c.connect("n2") as c2:
+            ch = await c2.channel()
+            c.kill("n1")
+            with trio.fail_after(20):
+                with pytest.raises(ChannelClosedByBroker) as ei:
+                    await ch.queue_declare("q", durable=True)
+        assert ei.value.reply_code == 404
+        assert ei.value.reply_text == "home node 'n1' of durable queue 'q' in vhost '/' is down or inaccessible"
