@@ -209,7 +209,8 @@ class Session:
         self.exclusive_queues: set[str] = set()
         self._ctags = itertools.count(1)
         self._noack_gets: set[int] = set()
-        self._deletes: dict[int, int] = {}  # queue.delete rid -> its channel (answered by the log)
+        # queue.delete rid -> (its channel, the queue): answered by the log
+        self._deletes: dict[int, tuple[int, str]] = {}
         self.pseq = 0
         self.inflight: dict[str, deque[Batch]] = {}  # queue -> its batches in flight, in order
         self.inflight_msgs = 0
@@ -488,6 +489,9 @@ class Session:
     async def on_queue_declare(self, msg):
         ch = self._ch(msg.ch)
         value = await self.node.declare_queue(self, msg)
+        if value is None and msg.queue not in self.node.cluster.md.queues:
+            # it existed when the log took the declare, and was deleted since: declare it again
+            value = await self.node.declare_queue(self, msg)
         ch.last_queue = msg.queue  # the server-chosen name too (declare_queue sets it)
         if value is not None:  # created: answer now
             self._reply(ch.id, msg.rid, value)
@@ -504,7 +508,7 @@ class Session:
             return
         self._queue(name)
         # not tracked as a request: the queue's deletion itself would fail it
-        self._deletes[msg.rid] = ch.id
+        self._deletes[msg.rid] = (ch.id, name)
         self._send(name, m.QDelete(name, self._owner(ch), msg.rid, msg.if_unused, msg.if_empty))
 
     async def on_queue_purge(self, msg):
@@ -936,7 +940,7 @@ class Session:
             elif t is m.EvReply:
                 if ev.rid:  # rid 0: an answer nobody waits for (a cancel of our own)
                     req = self.rpcs.pop(ev.rid, None)
-                    ch_id = req[1].owner[2] if req is not None else self._deletes.pop(ev.rid, 0)
+                    ch_id = req[1].owner[2] if req is not None else self._deletes.pop(ev.rid, (0,))[0]
                     self._put(ch_id, ev.rid, m.Reply(ev.rid, ev.value))
             elif t is m.EvFail:
                 if self.rpcs.pop(ev.rid, None) is None and self._deletes.pop(ev.rid, None) is None \
@@ -1126,8 +1130,18 @@ class Session:
             if q == qname:
                 del self.rpcs[rid]
                 ch_id = op.owner[2]
-                if ch_id in self.channels:
+                if type(op) is m.QCancel:  # its consumer is gone with the queue: done
+                    self._put(ch_id, rid, m.Reply(rid, op.tag))
+                elif ch_id in self.channels:
                     self._close_channel(ch_id, rid, ChannelError(NOT_FOUND, reason))
+        if qname in self.node.cluster.md.queues:
+            # unavailable rather than deleted: no one can delete it now (a deletion goes
+            # through its leader), so a delete in flight fails as one made now would
+            for rid, (ch_id, q) in list(self._deletes.items()):
+                if q == qname:
+                    del self._deletes[rid]
+                    if ch_id in self.channels:
+                        self._close_channel(ch_id, rid, ChannelError(NOT_FOUND, reason))
         self._room.set()
 
     # --- the end ---------------------------------------------------------------------------
