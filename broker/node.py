@@ -272,6 +272,12 @@ class Node:
                 back = back or down_now and counted
             if down_now:
                 self._counted_down_while_running()
+        if change is not None and change[0] == "queue.delete" and len(change) > 3 \
+                and change[3][0] == self.name:
+            node, sid, rid, count = change[3]
+            asker = self.sessions.get(sid)
+            if asker is not None:
+                asker.answer_delete(rid, count)
         for s in list(self.sessions.values()):
             s.meta_changed()
             if back:

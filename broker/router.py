@@ -397,14 +397,15 @@ class Router:
         self.cluster.propose_soon(change)
 
     def delete_for_client(self, qname: str, owner: tuple, rid: int, count: int) -> None:
+        """A client's queue.delete, through the log; the change names the request, and the
+        client's session answers it when its node applies the change."""
         async def go():
             try:
-                await self.cluster.propose(["queue.delete", qname])
+                await self.cluster.propose(["queue.delete", qname, None, [owner[0], owner[1], rid, count]])
             except (ProtocolError, trio.TooSlowError) as exc:
                 self.to_session(owner[0], owner[1], [m.EvFail(rid, owner[2], INTERNAL_ERROR, str(exc))])
                 return
             self.log.info("queue deleted", queue=qname)
-            self.to_session(owner[0], owner[1], [m.EvReply(rid, count)])
         self.node.spawn(go)
 
     def auto_delete(self, qname: str) -> None:

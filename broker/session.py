@@ -209,8 +209,8 @@ class Session:
         self.exclusive_queues: set[str] = set()
         self._ctags = itertools.count(1)
         self._noack_gets: set[int] = set()
-        # queue.delete rid -> (its channel, the queue): answered by the log
-        self._deletes: dict[int, tuple[int, str]] = {}
+        # queue.delete rid -> (its channel, the queue, the QDelete): answered by the log
+        self._deletes: dict[int, tuple[int, str, m.QDelete]] = {}
         self.pseq = 0
         self.inflight: dict[str, deque[Batch]] = {}  # queue -> its batches in flight, in order
         self.inflight_msgs = 0
@@ -507,9 +507,10 @@ class Session:
             self._reply(ch.id, msg.rid, 0)  # deleting a missing queue is fine in AMQP
             return
         self._queue(name)
-        # not tracked as a request: the queue's deletion itself would fail it
-        self._deletes[msg.rid] = (ch.id, name)
-        self._send(name, m.QDelete(name, self._owner(ch), msg.rid, msg.if_unused, msg.if_empty))
+        # not tracked as a request: the log's change answers it (`answer_delete`)
+        op = m.QDelete(name, self._owner(ch), msg.rid, msg.if_unused, msg.if_empty)
+        self._deletes[msg.rid] = (ch.id, name, op)
+        self._send(name, op)
 
     async def on_queue_purge(self, msg):
         ch = self._ch(msg.ch)
@@ -730,6 +731,9 @@ class Session:
         """The metadata changed: resend to queues whose leader moved, tell the client about
         queues that are gone for good."""
         md = self.node.cluster.md
+        for rid, (ch_id, qname, _) in list(self._deletes.items()):
+            if qname not in md.queues:  # deleted, by another request (ours is answered already)
+                self.answer_delete(rid, 0)
         for qname, route in list(self.routes.items()):
             qdef = md.queues.get(qname)
             if qdef is None:
@@ -739,6 +743,13 @@ class Session:
                 self._resend(qname, qdef)
             elif down := self.node.queue_down_reason(qdef):
                 self.queue_lost(qname, down)
+
+    def answer_delete(self, rid: int, count: int) -> None:
+        """The log applied the deletion of the queue of our queue.delete `rid` (which it names,
+        with the message count its leader saw), or another deletion of it: delete-ok."""
+        pending = self._deletes.pop(rid, None)
+        if pending is not None:
+            self._put(pending[0], rid, m.Reply(rid, count))
 
     def resend_all(self) -> None:
         """Every route changed at once (this node was counted down and is back)."""
@@ -765,6 +776,7 @@ class Session:
         ops = [m.QPublish(qname, (me, sid, b.ch), b.pseq, b.bodies, b.props, True, epoch)
                for b in self.inflight.get(qname, ())]
         ops += [op for q, op in self.rpcs.values() if q == qname]
+        ops += [op for _, q, op in self._deletes.values() if q == qname]
         ops += [c for ch in self.channels.values() for c in ch.consumers.values()
                 if c.queue == qname and c.arguments.get("x-cancel-on-ha-failover") is not True]
         if not ops:
@@ -940,8 +952,8 @@ class Session:
             elif t is m.EvReply:
                 if ev.rid:  # rid 0: an answer nobody waits for (a cancel of our own)
                     req = self.rpcs.pop(ev.rid, None)
-                    ch_id = req[1].owner[2] if req is not None else self._deletes.pop(ev.rid, (0,))[0]
-                    self._put(ch_id, ev.rid, m.Reply(ev.rid, ev.value))
+                    if req is not None:
+                        self._put(req[1].owner[2], ev.rid, m.Reply(ev.rid, ev.value))
             elif t is m.EvFail:
                 if self.rpcs.pop(ev.rid, None) is None and self._deletes.pop(ev.rid, None) is None \
                         and ev.rid:
@@ -1137,7 +1149,7 @@ class Session:
         if qname in self.node.cluster.md.queues:
             # unavailable rather than deleted: no one can delete it now (a deletion goes
             # through its leader), so a delete in flight fails as one made now would
-            for rid, (ch_id, q) in list(self._deletes.items()):
+            for rid, (ch_id, q, _) in list(self._deletes.items()):
                 if q == qname:
                     del self._deletes[rid]
                     if ch_id in self.channels:

@@ -200,8 +200,12 @@ class Metadata:
         check_equivalent(existing, qdef)
         return {"created": False, "queue": dict(existing)}
 
-    def _c_queue_delete(self, name: str, leader: str | None = None):
-        """Delete a queue; with `leader`, only if it is still led from that node."""
+    def _c_queue_delete(self, name: str, leader: str | None = None, requester: list | None = None):
+        """Delete a queue; with `leader`, only if it is still led from that node. `requester`
+        ([node, session id, rid, message count]) names the client's queue.delete that asked:
+        its session answers it when its node applies the change (broker/session.py
+        `answer_delete`), so the answer does not depend on the queue's leader outliving the
+        commit."""
         q = self.queues.get(name)
         if q is None or (leader is not None and q["leader"] != leader):
             return False
