@@ -398,63 +398,6 @@ async def test_a_redeclare_that_outlives_its_queues_node_is_refused_not_left_wai
         assert ei.value.reply_text == "home node 'n1' of durable queue 'q' in vhost '/' is down or inaccessible"
 
 
-async def _in_flight(c, ch, op: str, tag: str, then) -> tuple:
-    """Start `op` on channel `ch`, run `then()` while its request is in flight, and return how
-    it was answered: ("ok", value) or ("closed", reply code, reply text)."""
-    out: list = []
-
-    async def run():
-        try:
-            if op == "delete":
-                out.append(("ok", await ch.queue_delete("q")))
-            elif op == "purge":
-                out.append(("ok", await ch.queue_purge("q")))
-            elif op == "get":
-                out.append(("ok", await ch.basic_get("q")))
-            elif op == "consume":
-                out.append(("ok", (await ch.basic_consume("q")).tag))
-            elif op == "declare":
-                out.append(("ok", await ch.queue_declare("q", durable=True)))
-            else:
-                await ch.basic_cancel(tag)
-                out.append(("ok", None))
-        except ChannelClosedByBroker as exc:
-            out.append(("closed", exc.reply_code, exc.reply_text))
-
-    with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run)
-            await trio.sleep(0)  # the request is on its way
-            await then()
-    return out[0]
-
-
-@pytest.mark.parametrize("op", ["delete", "purge", "get", "consume", "cancel"])
-async def test_an_operation_in_flight_when_its_queues_node_dies_is_answered(tmp_path, autojump_clock, op):
-    """The request reaches n2 before the log records n1 down, so n2 sends it on to the queue's
-    leader, whose node is gone. A delete waited there for ever (it is answered by the log, not
-    as a request, and nothing failed it); a cancel closed its channel. Now every one is
-    answered as one made after the record would be: 404, and a cancel is done (its consumer
-    is gone with the queue)."""
-    async with sim_cluster(tmp_path) as c:
-        async with c.connect("n1") as c1:
-            ch1 = await c1.channel()
-            await ch1.queue_declare("q", durable=True)
-            await c.wait_for(lambda: all("q" in n.md.queues for n in c.nodes.values()))
-        async with c.connect("n2") as c2:
-            ch = await c2.channel()
-            tag = (await ch.basic_consume("q")).tag if op == "cancel" else ""
-
-            async def kill():
-                c.kill("n1")
-
-            answer = await _in_flight(c, ch, op, tag, kill)
-    if op == "cancel":
-        assert answer == ("ok", None)
-    else:
-        assert answer == ("closed", 404, "home node 'n1' of durable queue 'q' in vhost '/' is down or inaccessible")
-
-
 async def test_a_declare_that_races_a_delete_declares_the_queue_again(tmp_path, autojump_clock):
     """Another client deletes the queue while a re-declare of it goes through the log (the
     window held open as above): the declare finds it gone when it would ask for its counts,

@@ -993,37 +993,3 @@ async def test_a_last_ack_reaches_the_mirrors_within_the_settle_linger(tmp_path,
             await trio.sleep(SETTLE_LINGER + 0.05)
             for node in ("n2", "n3"):
                 assert not mirror_state(c, "ha.q", node).unacked, node
-
-
-@pytest.mark.parametrize("op", ["delete", "purge", "get", "consume", "cancel", "declare"])
-async def test_an_operation_in_flight_when_the_leader_dies_is_answered_by_the_promoted_one(
-        tmp_path, autojump_clock, op):
-    """"If the leader fails, then the longest running mirror is promoted": a client's request
-    on its way to the old leader (sent through n2 as n1 is killed) is sent again to the new one
-    and answered there. A queue.delete was not sent again (it is answered by the log, not kept
-    as a request) and waited for ever."""
-    from test_sim_cluster import _in_flight
-
-    async with sim_cluster(tmp_path) as c:
-        await set_policy(c, "ha-all", r"^q$", {"ha-mode": "all"})
-        async with c.connect("n1") as c1:
-            ch1 = await c1.channel()
-            await declare_on_all_nodes(c, ch1, "q")
-            for i in range(3):
-                ch1.publish_nowait("q", b"m%d" % i)
-            assert await ch1.wait_for_confirms(timeout=10)
-        async with c.connect("n2") as c2:
-            ch = await c2.channel()
-            tag = (await ch.basic_consume("q")).tag if op == "cancel" else ""
-
-            async def kill():
-                c.kill("n1")
-
-            answer = await _in_flight(c, ch, op, tag, kill)
-    assert answer[0] == "ok", answer
-    if op in ("delete", "purge"):
-        assert answer[1] == 3
-    elif op == "get":
-        assert answer[1].body == b"m0" and answer[1].redelivered
-    elif op == "declare":
-        assert answer[1].message_count == 3
