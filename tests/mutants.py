@@ -241,6 +241,18 @@ MUTANTS = [
            "        if False:\n            # started now",
            ["tests/test_sim_cluster.py::test_start_app_on_a_node_still_joining_its_seed_is_refused"],
            "start_app on a node still joining its seed runs the app alone: the join never finishes"),
+    Mutant("deletes-not-resent", "broker/session.py",
+           "        ops += [op for _, q, op in self._deletes.values() if q == qname]\n",
+           "",
+           ["tests/test_sim_in_flight.py"],
+           "a queue.delete on its way to a leader that fails is not sent to the promoted one: the "
+           "client waits for ever"),
+    Mutant("request-to-a-down-queue-waits", "broker/session.py",
+           "        if reason:\n            self.queue_lost(qname, reason)\n            return\n        self._send(qname, op)",
+           "        self._send(qname, op)",
+           ["tests/test_sim_cluster.py::test_a_redeclare_that_outlives_its_queues_node_is_refused_not_left_waiting"],
+           "a request made after the log recorded its queue's node down waits for a change that "
+           "will not come"),
 ]
 
 
