@@ -274,7 +274,8 @@ class Node:
                 self._counted_down_while_running()
         if change is not None and change[0] == "queue.delete" and len(change) > 3 \
                 and change[3][0] == self.name:
-            node, sid, rid, count = change[3]
+            # a client's delete through one of our sessions (Router.delete_for_client)
+            _, sid, rid, count = change[3]
             asker = self.sessions.get(sid)
             if asker is not None:
                 asker.answer_delete(rid, count)
