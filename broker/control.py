@@ -16,6 +16,7 @@ from mirroring.policy import effective_policy, make_policy
 from mirroring.sync import progress_line
 
 from . import config as configmod
+from .cluster import NodeStopped
 from .framed import FramedStream
 from .network import connect_reason
 from .peers import dial_handshake
@@ -275,12 +276,7 @@ async def cmd_delete_queue(node, args):
 
 
 async def cmd_purge_queue(node, args):
-    _require_running(node)
-    qdef = node.md.queues.get(args["queue"])
-    if qdef is None:
-        raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/'")
-    node.check_queue_available(qdef)
-    return await node.cluster.call_node(qdef["leader"], "purge", {"queue": args["queue"]})
+    return await _leader_rpc(node, "purge", args["queue"])
 
 
 async def cmd_set_policy(node, args):
@@ -306,12 +302,19 @@ async def cmd_list_policies(node, args):
 
 
 async def _leader_rpc(node, rpc: str, queue: str):
+    """A command carried out by the queue's leader. If the leader's node goes before it answers
+    (the metadata has not recorded it down yet), the command is refused with that reason."""
     _require_running(node)
     qdef = node.md.queues.get(queue)
     if qdef is None:
         raise ProtocolError(NOT_FOUND, f"no queue '{queue}' in vhost '/'")
     node.check_queue_available(qdef)
-    return await node.cluster.call_node(qdef["leader"], rpc, {"queue": queue})
+    try:
+        return await node.cluster.call_node(qdef["leader"], rpc, {"queue": queue})
+    except NodeStopped:
+        mirrors = " (a mirror takes over if one may: try again)" if qdef.get("mirrors") else ""
+        raise ProtocolError(NOT_FOUND, f"the leader of queue '{queue}' in vhost '/', on node "
+                                       f"{qdef['leader']}, went down before it answered{mirrors}") from None
 
 
 async def cmd_sync_queue(node, args):

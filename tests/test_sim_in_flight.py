@@ -19,6 +19,7 @@ import trio
 
 from broker.client.errors import ChannelClosedByBroker
 from broker.simulation import sim_cluster
+from wire.errors import ProtocolError
 
 from test_sim_mirroring import ctl, declare_on_all_nodes, set_policy
 
@@ -109,3 +110,33 @@ async def test_an_operation_in_flight_when_the_leaders_node_fails_is_answered(
         assert answer[0] == "ok" or answer[1:] == DOWN, answer
     else:
         assert answer[1:] == DOWN, answer
+
+
+@pytest.mark.parametrize("command", ["purge_queue", "sync_queue", "cancel_sync_queue", "sync_status"])
+async def test_a_control_command_whose_queue_leader_dies_before_answering_is_refused_with_why(
+        tmp_path, autojump_clock, command):
+    """warrenctl's commands that the queue's leader carries out, sent to n2 as n1 (the leader)
+    is killed, before the log records it down. n2 dropped the control connection with a
+    traceback (warrenctl: "the node closed the connection without answering"); now it refuses
+    the command and says why."""
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as c1:
+            ch1 = await c1.channel()
+            await ch1.queue_declare("q", durable=True)
+            await c.wait_for(lambda: all("q" in n.md.queues for n in c.nodes.values()))
+        out: list = []
+
+        async def run():
+            try:
+                out.append(await ctl(c, "n2", command, queue="q"))
+            except ProtocolError as exc:
+                out.append(exc)
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                await trio.sleep(0)
+                c.kill("n1")
+    assert isinstance(out[0], ProtocolError), out
+    assert out[0].code == 404
+    assert out[0].text == "the leader of queue 'q' in vhost '/', on node n1, went down before it answered"
