@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from broker.client.errors import ChannelClosedByBroker
+from broker.client.errors import AMQPConnectionError, ChannelClosedByBroker
 from broker.simulation import sim_cluster
 from wire.errors import ProtocolError
 
@@ -140,3 +140,92 @@ async def test_a_control_command_whose_queue_leader_dies_before_answering_is_ref
     assert isinstance(out[0], ProtocolError), out
     assert out[0].code == 404
     assert out[0].text == "the leader of queue 'q' in vhost '/', on node n1, went down before it answered"
+
+
+FAULTS = ["kill", "partition", "pause", "stop_app"]
+
+
+async def _one_round(c, rng, round_no: int) -> str:
+    """One random operation on a random queue through a random node, one random fault on a
+    random node while it is on its way, the fault undone after a while; returns how the
+    operation was answered. Raises TooSlowError if it was not answered within 30 s."""
+    via, victim = rng.choice(c.names), rng.choice(c.names)
+    queue, op, fault = rng.choice(["m.q", "u.q"]), rng.choice(OPS), rng.choice(FAULTS)
+    pause = rng.choice([0, 0, 0.001, 0.01, 0.05])
+    lasts = rng.uniform(0.2, 4.0)
+    out: list = []
+
+    async def run(ch, tag):
+        try:
+            if op == "delete":
+                out.append(f"delete-ok {await ch.queue_delete(queue)}")
+            elif op == "purge":
+                out.append(f"purge-ok {await ch.queue_purge(queue)}")
+            elif op == "get":
+                out.append(f"get-ok {await ch.basic_get(queue) is not None}")
+            elif op == "consume":
+                await ch.basic_consume(queue)
+                out.append("consume-ok")
+            elif op == "declare":
+                out.append(f"declare-ok {(await ch.queue_declare(queue, durable=True)).message_count}")
+            else:
+                await ch.basic_cancel(tag)
+                out.append("cancel-ok")
+        except ChannelClosedByBroker as exc:
+            out.append(f"closed {exc.reply_code}")
+        except AMQPConnectionError as exc:  # the client's own node failed: an answer too
+            out.append(type(exc).__name__)
+
+    async def break_and_mend():
+        await trio.sleep(pause)
+        if fault == "kill":
+            c.kill(victim)
+        elif fault == "partition":
+            c.net.partition([victim], [n for n in c.names if n != victim])
+        elif fault == "pause":
+            c.pause(victim)
+        else:
+            await ctl(c, victim, "stop_app")
+        await trio.sleep(lasts)
+        if fault == "kill":
+            await c.restart(victim)
+        elif fault == "partition":
+            c.net.heal()
+        elif fault == "pause":
+            c.resume(victim)
+        else:
+            await ctl(c, victim, "start_app")
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as faults:
+            try:
+                async with c.client(f"app{round_no}", [via], reconnect=False) as conn:
+                    ch = await conn.channel()
+                    await ch.queue_declare(queue, durable=True)
+                    tag = (await ch.basic_consume(queue)).tag if op == "cancel" else ""
+                    faults.start_soon(break_and_mend)
+                    await run(ch, tag)
+            except AMQPConnectionError as exc:  # the connection went with its node, op and all
+                out.append(out[0] if out else type(exc).__name__)
+    await c.wait_running(c.names, timeout=60)
+    return f"{op} {queue} via {via}, {fault} {victim}: {out[0]}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", range(8))
+async def test_random_operations_through_random_faults_are_all_answered(tmp_path, autojump_clock, seed):
+    """Seeded rounds of one operation and one fault each (on any node: the leader's, a mirror's,
+    the client's own), on a mirrored and an unmirrored queue; every operation is answered within
+    30 simulated seconds. The seed and the rounds so far are in the failure's message."""
+    import random
+
+    rng = random.Random(seed)
+    done: list[str] = []
+    try:
+        async with sim_cluster(tmp_path, seed=seed) as c:
+            await set_policy(c, "ha-all", r"^m\.", {"ha-mode": "all"})
+            for round_no in range(6):
+                done.append(await _one_round(c, rng, round_no))
+    except trio.TooSlowError:
+        pytest.fail(f"seed {seed}: an operation was not answered in round {len(done)} "
+                    f"(after: {done})")
