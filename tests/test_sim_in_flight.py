@@ -149,11 +149,13 @@ async def _one_round(c, rng, round_no: int) -> str:
     """One random operation on a random queue through a random node, one random fault on a
     random node while it is on its way, the fault undone after a while; returns how the
     operation was answered. Raises TooSlowError if it was not answered within 30 s."""
-    via, victim = rng.choice(c.names), rng.choice(c.names)
+    via, anyone = rng.choice(c.names), rng.choice(c.names)
     queue, op, fault = rng.choice(["m.q", "u.q"]), rng.choice(OPS), rng.choice(FAULTS)
+    at_the_leader = rng.random() < 0.6  # the fault that matters most, oftener than by chance
     pause = rng.choice([0, 0, 0.001, 0.01, 0.05])
     lasts = rng.uniform(0.2, 4.0)
     out: list = []
+    victim = anyone
 
     async def run(ch, tag):
         try:
@@ -176,17 +178,27 @@ async def _one_round(c, rng, round_no: int) -> str:
         except AMQPConnectionError as exc:  # the client's own node failed: an answer too
             out.append(type(exc).__name__)
 
-    async def break_and_mend():
-        await trio.sleep(pause)
+    broken = False
+
+    async def break_it():
+        nonlocal victim, broken
+        known = [n.md.queues[queue] for n in c.nodes.values() if queue in n.md.queues]
+        if at_the_leader and known:  # (the declare's node may not have applied it yet)
+            victim = known[0]["leader"]
+        broken = True
         if fault == "kill":
             c.kill(victim)
         elif fault == "partition":
             c.net.partition([victim], [n for n in c.names if n != victim])
         elif fault == "pause":
             c.pause(victim)
-        else:
-            await ctl(c, victim, "stop_app")
-        await trio.sleep(lasts)
+        else:  # to its end, even when the stop of the client's own node cancels this round
+            with trio.CancelScope(shield=True):
+                await ctl(c, victim, "stop_app")
+
+    async def mend_it():
+        nonlocal broken
+        broken = False
         if fault == "kill":
             await c.restart(victim)
         elif fault == "partition":
@@ -197,16 +209,24 @@ async def _one_round(c, rng, round_no: int) -> str:
             await ctl(c, victim, "start_app")
 
     with trio.fail_after(30):
-        async with trio.open_nursery() as faults:
-            try:
-                async with c.client(f"app{round_no}", [via], reconnect=False) as conn:
-                    ch = await conn.channel()
-                    await ch.queue_declare(queue, durable=True)
-                    tag = (await ch.basic_consume(queue)).tag if op == "cancel" else ""
-                    faults.start_soon(break_and_mend)
-                    await run(ch, tag)
-            except AMQPConnectionError as exc:  # the connection went with its node, op and all
-                out.append(out[0] if out else type(exc).__name__)
+        try:
+            async with c.connect(anyone) as setup:  # (a delete may have taken it)
+                await (await setup.channel()).queue_declare(queue, durable=True)
+            async with c.connect(via) as conn:  # from via's own host, as the table's clients
+                ch = await conn.channel()
+                tag = (await ch.basic_consume(queue)).tag if op == "cancel" else ""
+                async with trio.open_nursery() as ops:
+                    ops.start_soon(run, ch, tag)
+                    await trio.sleep(pause)  # 0: the request has not left the client yet
+                    await break_it()
+                    await trio.sleep(lasts)
+                    await mend_it()
+        except AMQPConnectionError as exc:  # the connection went with its node, op and all
+            out.append(out[0] if out else type(exc).__name__)
+        finally:
+            if broken:
+                with trio.CancelScope(shield=True):
+                    await mend_it()
     await c.wait_running(c.names, timeout=60)
     return f"{op} {queue} via {via}, {fault} {victim}: {out[0]}"
 
