@@ -109,7 +109,8 @@ class Cluster:
         self._rids = itertools.count(1)
         self._pending: dict[int, tuple[str, trio.Event, list]] = {}
         self._queue: deque[_Proposal] = deque()
-        self._inflight: dict[int, _Proposal] = {}
+        # proposals appended to the log: index -> (proposal, the term it was appended in)
+        self._inflight: dict[int, tuple[_Proposal, int]] = {}
         self._term_start = 0
         self._was_leader = False
         self._bg: set[tuple] = set()
@@ -317,9 +318,16 @@ class Cluster:
                 self.log.error("a committed metadata change did not apply", change=item[0],
                                error=str(exc))
             self.applied = index
-            p = self._inflight.pop(index, None)
-            if p is not None:
-                p.done(True, value, 0, "")
+            appended = self._inflight.pop(index, None)
+            if appended is not None:
+                p, term = appended
+                if raft.term_at(index) == term:
+                    p.done(True, value, 0, "")
+                else:
+                    # a deposed leader learns the new leader's log and applies it before it
+                    # notices it was deposed: the entry at this index is another leader's,
+                    # and this proposal was never committed (it is tried again)
+                    p.done(False, None, INTERNAL_ERROR, NOT_LEADER)
             if was_up is not None:
                 self._close_links_to_runs_counted_down(was_up, was_down)
             if item[0] != "noop":
@@ -355,7 +363,7 @@ class Cluster:
 
     # --- proposals -----------------------------------------------------------------------------
     def _fail_proposals(self, text: str) -> None:
-        pending = list(self._inflight.values()) + list(self._queue)
+        pending = [p for p, _ in self._inflight.values()] + list(self._queue)
         self._inflight.clear()
         self._queue.clear()
         for p in pending:
@@ -396,7 +404,7 @@ class Cluster:
                 self._queue.appendleft(p)
                 self._fail_proposals(NOT_LEADER)
                 return
-            self._inflight[index] = p
+            self._inflight[index] = (p, raft.term)
         if raft.out or raft.dirty:
             self._after_raft(now)
 

@@ -425,3 +425,41 @@ async def test_a_declare_that_races_a_delete_declares_the_queue_again(tmp_path, 
             assert raced == [None]  # the first declare found the queue there
             assert ok.message_count == 0
             await c.wait_for(lambda: all("q" in n.md.queues for n in c.nodes.values()))
+
+
+async def test_a_deposed_log_leader_does_not_report_its_proposal_committed_by_another_leaders_entry(
+        tmp_path, autojump_clock):
+    """n1 leads the metadata log and is cut off; its timers are held, as a frozen process's are
+    (the simulation's pause keeps them running), so it still believes it leads while n2 and n3
+    elect a new leader and commit entries of their own. A change proposed on n1 then takes the
+    next index of n1's log. When the cut heals, n1 learns the new leader's log and applies it:
+    the entry committed at that index is another leader's, and n1 must not report its own
+    change committed (it reported it done with the other entry's value: a queue.delete that
+    never happened answered delete-ok; found by tests/test_sim_in_flight.py, seed 179, on real
+    scheduling). The proposal is tried again with the new leader instead, and done."""
+    from mirroring.policy import make_policy
+
+    async with sim_cluster(tmp_path) as c:
+        n1 = c.nodes["n1"].cluster
+        assert n1.leader == "n1"
+        # a frozen process's timers: no check-quorum step-down while it is cut off
+        n1.raft._quorum_heard = lambda now: True
+        c.net.partition(["n1"], ["n2", "n3"])
+        await c.wait_for(lambda: c.nodes["n2"].cluster.leader in ("n2", "n3"), timeout=20)
+        new_leader = c.nodes[c.nodes["n2"].cluster.leader].cluster
+        await c.wait_for(lambda: new_leader.applied >= n1.raft.last_index + 1, timeout=20)
+        assert n1.raft.role.value == "leader"  # it still believes so
+
+        record = make_policy("p", "^p$", {"ha-mode": "all"})
+        done: list = []
+
+        async def propose():
+            done.append(await n1.propose(["policy.set", record]))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(propose)
+            await trio.sleep(0.05)  # appended to n1's log, which cannot commit it
+            del n1.raft._quorum_heard
+            c.net.heal()
+        assert len(done) == 1
+        await c.wait_for(lambda: all("p" in n.md.policies for n in c.nodes.values()), timeout=20)
