@@ -241,6 +241,12 @@ MUTANTS = [
            "        if False:\n            # started now",
            ["tests/test_sim_cluster.py::test_start_app_on_a_node_still_joining_its_seed_is_refused"],
            "start_app on a node still joining its seed runs the app alone: the join never finishes"),
+    Mutant("deposed-leader-takes-anothers-entry", "broker/cluster.py",
+           "                if raft.term_at(index) == term:\n",
+           "                if True:\n",
+           ["tests/test_sim_cluster.py::test_a_deposed_log_leader_does_not_report_its_proposal_committed_by_another_leaders_entry"],
+           "a deposed metadata leader reports its proposal committed when another leader's entry "
+           "is committed at its index: a change answered done that never happened"),
     Mutant("deletes-not-resent", "broker/session.py",
            "        ops += [op for _, q, op in self._deletes.values() if q == qname]\n",
            "",
