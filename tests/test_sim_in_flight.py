@@ -14,6 +14,8 @@ with the queue), and a cancel closed its channel.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import trio
 import trio.testing
@@ -232,13 +234,23 @@ async def _one_round(c, rng, round_no: int) -> str:
     return f"{op} {queue} via {via}, {fault} {victim}: {out[0]}"
 
 
+def _round_seeds() -> range:
+    """WARREN_ROUND_SEEDS=A-B runs seeds A..B of the random rounds (a longer hunt); else 0..7."""
+    text = os.environ.get("WARREN_ROUND_SEEDS", "").strip()
+    if not text:
+        return range(8)
+    first, _, last = text.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", _round_seeds())
 def test_random_operations_through_random_faults_are_all_answered(tmp_path, seed):
     """Seeded rounds of one operation and one fault each (on any node: the leader's, a mirror's,
     the client's own), on a mirrored and an unmirrored queue; every operation is answered within
     30 simulated seconds. The seed decides the rounds and trio's scheduling order (a run of its
     own, as `warren-bench dst` runs a schedule); a failure names it and the rounds before it.
+    `WARREN_ROUND_SEEDS=0-299 pytest tests/test_sim_in_flight.py -k random -n 2` hunts longer.
     Before the scheduling was seeded, seed 179 found a deposed metadata leader reporting its
     proposal committed by another leader's entry (now staged exactly in tests/test_sim_cluster.py,
     `test_a_deposed_log_leader_does_not_report_...`)."""
