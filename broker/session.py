@@ -209,8 +209,8 @@ class Session:
         self.exclusive_queues: set[str] = set()
         self._ctags = itertools.count(1)
         self._noack_gets: set[int] = set()
-        # queue.delete rid -> (its channel, the queue, the QDelete): answered by the log
-        self._deletes: dict[int, tuple[int, str, m.QDelete]] = {}
+        # queue.delete rid -> its QDelete (queue, owner with the channel): answered by the log
+        self._deletes: dict[int, m.QDelete] = {}
         self.pseq = 0
         self.inflight: dict[str, deque[Batch]] = {}  # queue -> its batches in flight, in order
         self.inflight_msgs = 0
@@ -509,7 +509,7 @@ class Session:
         self._queue(name)
         # not tracked as a request: the log's change answers it (`answer_delete`)
         op = m.QDelete(name, self._owner(ch), msg.rid, msg.if_unused, msg.if_empty)
-        self._deletes[msg.rid] = (ch.id, name, op)
+        self._deletes[msg.rid] = op
         self._send(name, op)
 
     async def on_queue_purge(self, msg):
@@ -731,8 +731,8 @@ class Session:
         """The metadata changed: resend to queues whose leader moved, tell the client about
         queues that are gone for good."""
         md = self.node.cluster.md
-        for rid, (ch_id, qname, _) in list(self._deletes.items()):
-            if qname not in md.queues:  # deleted, by another request (ours is answered already)
+        for rid, op in list(self._deletes.items()):
+            if op.queue not in md.queues:  # deleted, by another request (ours is answered already)
                 self.answer_delete(rid, 0)
         for qname, route in list(self.routes.items()):
             qdef = md.queues.get(qname)
@@ -749,7 +749,7 @@ class Session:
         with the message count its leader saw), or another deletion of it: delete-ok."""
         pending = self._deletes.pop(rid, None)
         if pending is not None:
-            self._put(pending[0], rid, m.Reply(rid, count))
+            self._put(pending.owner[2], rid, m.Reply(rid, count))
 
     def resend_all(self) -> None:
         """Every route changed at once (this node was counted down and is back)."""
@@ -776,7 +776,7 @@ class Session:
         ops = [m.QPublish(qname, (me, sid, b.ch), b.pseq, b.bodies, b.props, True, epoch)
                for b in self.inflight.get(qname, ())]
         ops += [op for q, op in self.rpcs.values() if q == qname]
-        ops += [op for _, q, op in self._deletes.values() if q == qname]
+        ops += [op for op in self._deletes.values() if op.queue == qname]
         ops += [c for ch in self.channels.values() for c in ch.consumers.values()
                 if c.queue == qname and c.arguments.get("x-cancel-on-ha-failover") is not True]
         if not ops:
@@ -1149,9 +1149,10 @@ class Session:
         if qname in self.node.cluster.md.queues:
             # unavailable rather than deleted: no one can delete it now (a deletion goes
             # through its leader), so a delete in flight fails as one made now would
-            for rid, (ch_id, q, _) in list(self._deletes.items()):
-                if q == qname:
+            for rid, op in list(self._deletes.items()):
+                if op.queue == qname:
                     del self._deletes[rid]
+                    ch_id = op.owner[2]
                     if ch_id in self.channels:
                         self._close_channel(ch_id, rid, ChannelError(NOT_FOUND, reason))
         self._room.set()

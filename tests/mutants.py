@@ -248,7 +248,7 @@ MUTANTS = [
            "a deposed metadata leader reports its proposal committed when another leader's entry "
            "is committed at its index: a change answered done that never happened"),
     Mutant("deletes-not-resent", "broker/session.py",
-           "        ops += [op for _, q, op in self._deletes.values() if q == qname]\n",
+           "        ops += [op for op in self._deletes.values() if op.queue == qname]\n",
            "",
            ["tests/test_sim_in_flight.py"],
            "a queue.delete on its way to a leader that fails is not sent to the promoted one: the "

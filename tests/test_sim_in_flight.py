@@ -32,6 +32,23 @@ OPS = ["delete", "purge", "get", "consume", "cancel", "declare"]
 DOWN = (404, "home node 'n1' of durable queue 'q' in vhost '/' is down or inaccessible")
 
 
+async def perform(ch, op: str, queue: str, tag: str):
+    """One of OPS on `queue` through channel `ch` (`tag`: the consumer a cancel cancels); returns
+    what the broker answered (a consume: its tag; a cancel: None)."""
+    if op == "delete":
+        return await ch.queue_delete(queue)
+    if op == "purge":
+        return await ch.queue_purge(queue)
+    if op == "get":
+        return await ch.basic_get(queue)
+    if op == "consume":
+        return (await ch.basic_consume(queue)).tag
+    if op == "declare":
+        return await ch.queue_declare(queue, durable=True)
+    await ch.basic_cancel(tag)
+    return None
+
+
 async def in_flight(ch, op: str, tag: str, then) -> tuple:
     """Start `op` on channel `ch`, run `then()` while its request is on its way, and return how
     it was answered: ("ok", value) or ("closed", reply code, reply text)."""
@@ -39,19 +56,7 @@ async def in_flight(ch, op: str, tag: str, then) -> tuple:
 
     async def run():
         try:
-            if op == "delete":
-                out.append(("ok", await ch.queue_delete("q")))
-            elif op == "purge":
-                out.append(("ok", await ch.queue_purge("q")))
-            elif op == "get":
-                out.append(("ok", await ch.basic_get("q")))
-            elif op == "consume":
-                out.append(("ok", (await ch.basic_consume("q")).tag))
-            elif op == "declare":
-                out.append(("ok", await ch.queue_declare("q", durable=True)))
-            else:
-                await ch.basic_cancel(tag)
-                out.append(("ok", None))
+            out.append(("ok", await perform(ch, op, "q", tag)))
         except ChannelClosedByBroker as exc:
             out.append(("closed", exc.reply_code, exc.reply_text))
 
@@ -162,20 +167,7 @@ async def _one_round(c, rng, round_no: int) -> str:
 
     async def run(ch, tag):
         try:
-            if op == "delete":
-                out.append(f"delete-ok {await ch.queue_delete(queue)}")
-            elif op == "purge":
-                out.append(f"purge-ok {await ch.queue_purge(queue)}")
-            elif op == "get":
-                out.append(f"get-ok {await ch.basic_get(queue) is not None}")
-            elif op == "consume":
-                await ch.basic_consume(queue)
-                out.append("consume-ok")
-            elif op == "declare":
-                out.append(f"declare-ok {(await ch.queue_declare(queue, durable=True)).message_count}")
-            else:
-                await ch.basic_cancel(tag)
-                out.append("cancel-ok")
+            out.append(f"{op}-ok {await perform(ch, op, queue, tag)!r}")
         except ChannelClosedByBroker as exc:
             out.append(f"closed {exc.reply_code}")
         except AMQPConnectionError as exc:  # the client's own node failed: an answer too
