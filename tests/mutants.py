@@ -250,7 +250,7 @@ MUTANTS = [
     Mutant("deletes-not-resent", "broker/session.py",
            "        ops += [op for op in self._deletes.values() if op.queue == qname]\n",
            "",
-           ["tests/test_sim_in_flight.py"],
+           ["tests/test_sim_in_flight.py", "tests/test_amqp_in_flight.py"],
            "a queue.delete on its way to a leader that fails is not sent to the promoted one: the "
            "client waits for ever"),
     Mutant("request-to-a-down-queue-waits", "broker/session.py",
