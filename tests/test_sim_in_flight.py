@@ -186,34 +186,34 @@ async def test_a_control_command_whose_queue_leader_dies_before_answering_is_ref
 FAULTS = ["kill", "partition", "pause", "stop_app"]
 
 
-async def _one_round(c, rng, round_no: int) -> str:
-    """One random operation on a random queue through a random node, one random fault on a
-    random node while it is on its way, the fault undone after a while; returns how the
-    operation was answered. Raises TooSlowError if it was not answered within 30 s."""
-    via, anyone = rng.choice(c.names), rng.choice(c.names)
-    queue, op, fault = rng.choice(["m.q", "u.q"]), rng.choice(OPS + MORE_OPS), rng.choice(FAULTS)
-    at_the_leader = rng.random() < 0.6  # the fault that matters most, oftener than by chance
-    pause = rng.choice([0, 0, 0.001, 0.01, 0.05])
-    lasts = rng.uniform(0.2, 4.0)
-    out: list = []
-    victim = anyone
+class RoundFault:
+    """A random round's fault: one of FAULTS on a random node (most often the queue's leader),
+    started `pause` seconds after the operation and undone after `lasts` seconds. The rng draws
+    happen here in a fixed order, so a seed names the whole round."""
 
-    async def run(ch, tag):
-        try:
-            out.append(f"{op}-ok {await perform(ch, op, queue, tag)!r}")
-        except ChannelClosedByBroker as exc:
-            out.append(f"closed {exc.reply_code}")
-        except AMQPConnectionError as exc:  # the client's own node failed: an answer too
-            out.append(type(exc).__name__)
+    def __init__(self, c, rng, queue: str, anyone: str):
+        self.c, self.queue = c, queue
+        self.fault = rng.choice(FAULTS)
+        self.at_the_leader = rng.random() < 0.6  # the fault that matters most, oftener than by chance
+        self.pause = rng.choice([0, 0, 0.001, 0.01, 0.05])
+        self.lasts = rng.uniform(0.2, 4.0)
+        self.victim = anyone
+        self.broken = False
 
-    broken = False
+    async def run(self) -> None:
+        """Wait `pause`, break, wait `lasts`, mend."""
+        await trio.sleep(self.pause)  # 0: the request has not left the client yet
+        await self.break_it()
+        await trio.sleep(self.lasts)
+        await self.mend_it()
 
-    async def break_it():
-        nonlocal victim, broken
-        known = [n.md.queues[queue] for n in c.nodes.values() if queue in n.md.queues]
-        if at_the_leader and known:  # (the declare's node may not have applied it yet)
-            victim = known[0]["leader"]
-        broken = True
+    async def break_it(self) -> None:
+        c = self.c
+        known = [n.md.queues[self.queue] for n in c.nodes.values() if self.queue in n.md.queues]
+        if self.at_the_leader and known:  # (the declare's node may not have applied it yet)
+            self.victim = known[0]["leader"]
+        victim, fault = self.victim, self.fault
+        self.broken = True
         if fault == "kill":
             c.kill(victim)
         elif fault == "partition":
@@ -224,9 +224,9 @@ async def _one_round(c, rng, round_no: int) -> str:
             with trio.CancelScope(shield=True):
                 await ctl(c, victim, "stop_app")
 
-    async def mend_it():
-        nonlocal broken
-        broken = False
+    async def mend_it(self) -> None:
+        c, victim, fault = self.c, self.victim, self.fault
+        self.broken = False
         if fault == "kill":
             await c.restart(victim)
         elif fault == "partition":
@@ -235,6 +235,33 @@ async def _one_round(c, rng, round_no: int) -> str:
             c.resume(victim)
         else:
             await ctl(c, victim, "start_app")
+
+    async def mend_if_broken(self) -> None:
+        """However the round ended (a failure too), leave every node running."""
+        if self.broken:
+            with trio.CancelScope(shield=True):
+                await self.mend_it()
+
+    def __str__(self) -> str:
+        return f"{self.fault} {self.victim}"
+
+
+async def _one_round(c, rng, round_no: int) -> str:
+    """One random operation on a random queue through a random node, one random fault on a
+    random node while it is on its way, the fault undone after a while; returns how the
+    operation was answered. Raises TooSlowError if it was not answered within 30 s."""
+    via, anyone = rng.choice(c.names), rng.choice(c.names)
+    queue, op = rng.choice(["m.q", "u.q"]), rng.choice(OPS + MORE_OPS)
+    fault = RoundFault(c, rng, queue, anyone)
+    out: list = []
+
+    async def run(ch, tag):
+        try:
+            out.append(f"{op}-ok {await perform(ch, op, queue, tag)!r}")
+        except ChannelClosedByBroker as exc:
+            out.append(f"closed {exc.reply_code}")
+        except AMQPConnectionError as exc:  # the client's own node failed: an answer too
+            out.append(type(exc).__name__)
 
     with trio.fail_after(30):
         try:
@@ -245,21 +272,16 @@ async def _one_round(c, rng, round_no: int) -> str:
                 tag = await prepare(ch, op, queue)
                 async with trio.open_nursery() as ops:
                     ops.start_soon(run, ch, tag)
-                    await trio.sleep(pause)  # 0: the request has not left the client yet
-                    await break_it()
-                    await trio.sleep(lasts)
-                    await mend_it()
+                    await fault.run()
         except AMQPConnectionError as exc:  # the connection went with its node, op and all
             out.append(out[0] if out else type(exc).__name__)
         finally:
-            if broken:
-                with trio.CancelScope(shield=True):
-                    await mend_it()
+            await fault.mend_if_broken()
     await c.wait_running(c.names, timeout=60)
-    return f"{op} {queue} via {via}, {fault} {victim}: {out[0]}"
+    return f"{op} {queue} via {via}, {fault}: {out[0]}"
 
 
-def _round_seeds() -> range:
+def round_seeds() -> range:
     """WARREN_ROUND_SEEDS=A-B runs seeds A..B of the random rounds (a longer hunt); else 0..7."""
     text = os.environ.get("WARREN_ROUND_SEEDS", "").strip()
     if not text:
@@ -268,17 +290,11 @@ def _round_seeds() -> range:
     return range(int(first), int(last or first) + 1)
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("seed", _round_seeds())
-def test_random_operations_through_random_faults_are_all_answered(tmp_path, seed):
-    """Seeded rounds of one operation and one fault each (on any node: the leader's, a mirror's,
-    the client's own), on a mirrored and an unmirrored queue; every operation is answered within
-    30 simulated seconds. The seed decides the rounds and trio's scheduling order (a run of its
-    own, as `warren-bench dst` runs a schedule); a failure names it and the rounds before it.
-    `WARREN_ROUND_SEEDS=0-299 pytest tests/test_sim_in_flight.py -k random -n 2` hunts longer.
-    Before the scheduling was seeded, seed 179 found a deposed metadata leader reporting its
-    proposal committed by another leader's entry (now staged exactly in tests/test_sim_cluster.py,
-    `test_a_deposed_log_leader_does_not_report_...`)."""
+def run_rounds(tmp_path, seed: int, one_round) -> None:
+    """Six rounds of `one_round(c, rng, round_no)` on a fresh simulated cluster (queues named
+    m.* mirrored on every node), on trio scheduling seeded by `seed` (a run of its own, as
+    `warren-bench dst` runs a schedule). A round left unanswered fails the test, naming the seed
+    and the rounds before it."""
     import random
 
     rng = random.Random(seed)
@@ -288,7 +304,7 @@ def test_random_operations_through_random_faults_are_all_answered(tmp_path, seed
         async with sim_cluster(tmp_path, seed=seed) as c:
             await set_policy(c, "ha-all", r"^m\.", {"ha-mode": "all"})
             for round_no in range(6):
-                done.append(await _one_round(c, rng, round_no))
+                done.append(await one_round(c, rng, round_no))
 
     try:
         with deterministic(seed):
@@ -301,3 +317,17 @@ def test_random_operations_through_random_faults_are_all_answered(tmp_path, seed
             raise
         pytest.fail(f"seed {seed}: an operation was not answered in round {len(done)} "
                     f"(after: {done})")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", round_seeds())
+def test_random_operations_through_random_faults_are_all_answered(tmp_path, seed):
+    """Seeded rounds of one operation and one fault each (on any node: the leader's, a mirror's,
+    the client's own), on a mirrored and an unmirrored queue; every operation is answered within
+    30 simulated seconds. The seed decides the rounds and trio's scheduling order; a failure
+    names it and the rounds before it.
+    `WARREN_ROUND_SEEDS=0-299 pytest tests/test_sim_in_flight.py -k random -n 2` hunts longer.
+    Before the scheduling was seeded, seed 179 found a deposed metadata leader reporting its
+    proposal committed by another leader's entry (now staged exactly in tests/test_sim_cluster.py,
+    `test_a_deposed_log_leader_does_not_report_...`)."""
+    run_rounds(tmp_path, seed, _one_round)
