@@ -7,9 +7,9 @@ recorded); consumes through the client's delivery callback (no per-message task 
 through the client's coalescing writer (`ack: multiple`: one multiple ack per MULTIPLE_EVERY
 deliveries, and whatever is left every 5 ms). Per-message work is: build the body, one
 `publish_nowait`, two or three array appends; on the consumer side, decode the 8-byte id, four
-appends and one ack. A paced producer sends what is due with `conn.flush()` before it sleeps,
-and the client's reader sends a consumer's acks itself when it is about to wait, both without
-waking the client's writer task. Short waits end to the microsecond
+appends and one ack. A paced producer publishes what is due inside `conn.corked()` (written at
+the block's end) and sleeps, and the client's reader sends a consumer's acks itself when it is
+about to wait, both without waking the client's writer task. Short waits end to the microsecond
 (`bench.fineloop.fine_trio_timers`, and a tight timer slack), as the AMQP generator's do, so
 both generators send on time alike; a paced producer sleeps with `fineloop.trio_sleep`, which
 spares the cancel scope of `trio.sleep` (`python -m bench.fineloop` measures both).
@@ -17,6 +17,7 @@ spares the cancel scope of `trio.sleep` (`python -m bench.fineloop` measures bot
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -38,6 +39,7 @@ from broker.client.aio import open_connection
 from broker.client.errors import AMQPError
 
 BATCH = 200  # publishes between yields to the scheduler
+_NOT_CORKED = contextlib.nullcontext()
 MULTIPLE_EVERY = 100  # ack: multiple acks this many deliveries at once
 
 
@@ -220,8 +222,7 @@ async def _publish(spec, gate: _Gate, conn, ch, rec: PublishRecord, t0: float, t
         if confirms:
             n = min(n, window - (sent - state["resolved"]))
         if n <= 0:
-            if pacer is not None and pacer.due(now) <= sent:
-                conn.flush()  # all that is due is out: send it now, without waking the writer
+            if pacer is not None and pacer.due(now) <= sent:  # all that is due is out (corked)
                 await fineloop.trio_sleep(pacer.wait(sent, now))
             else:
                 state["room"] = trio.Event()
@@ -239,25 +240,27 @@ async def _publish(spec, gate: _Gate, conn, ch, rec: PublishRecord, t0: float, t
             continue
         # the first of the batch waits if the client's send buffer is full; the rest do not
         qi = own[sent % nown]
-        try:
-            await ch.basic_publish("", queues[qi], make_id(p, sent).to_bytes(8, "big") + pad)
-        except AMQPError:
-            continue  # closed while waiting for room: the next turn reopens
-        t_pub.append(now_f())
-        rq.append(qi)
-        if pacer is not None:
-            t_int.append(pacer.intended(sent))
-        sent += 1
-        for _ in range(n - 1):
-            qi = own[sent % nown]
-            ch.publish_nowait(queues[qi], make_id(p, sent).to_bytes(8, "big") + pad)
+        with conn.corked() if pacer is not None else _NOT_CORKED:
+            try:
+                await ch.basic_publish("", queues[qi], make_id(p, sent).to_bytes(8, "big") + pad)
+            except AMQPError:
+                continue  # closed while waiting for room: the next turn reopens
             t_pub.append(now_f())
             rq.append(qi)
             if pacer is not None:
                 t_int.append(pacer.intended(sent))
             sent += 1
+            for _ in range(n - 1):
+                qi = own[sent % nown]
+                ch.publish_nowait(queues[qi], make_id(p, sent).to_bytes(8, "big") + pad)
+                t_pub.append(now_f())
+                rq.append(qi)
+                if pacer is not None:
+                    t_int.append(pacer.intended(sent))
+                sent += 1
         totals[PUBLISHED] += n
-        await trio.lowlevel.checkpoint()
+        if pacer is None or pacer.due(now_f()) > sent:  # (else it sleeps next: a checkpoint)
+            await trio.lowlevel.checkpoint()
     # wait for the outstanding confirms
     rec.grow_confirms()
     if confirms:

@@ -1,7 +1,8 @@
 """The native client's direct writes (broker/client/aio.py `_Writer`): a consumer's acks, sent by
 the reader when it is about to wait (the acks of several reads in a row together), and a
-producer's burst ended with `Connection.flush()`, go out straight from the task that made them,
-without waking the connection's writer task; publishes without a flush are left to that task;
+producer's burst ended with `Connection.flush()` or made inside `with conn.corked():`, go out
+straight from the task that made them, without the connection's writer task (and, corked,
+without waking it); publishes without a flush are left to that task;
 while it has a send in flight, or the socket takes only part of a write, everything still goes
 out, in order, through that task.
 
@@ -215,5 +216,45 @@ async def test_a_partial_direct_write_leaves_the_rest_to_the_writer_task_in_orde
         ch.publish_nowait("last", b"z")  # queued behind the rest: must not overtake it
         publishes = await node.wait_for(m.Publish, n + 1)
         assert [p.queue for p in publishes] == [f"q{i}" for i in range(n)] + ["last"]
+
+    await with_node(body)
+
+
+async def test_a_corked_burst_neither_wakes_nor_uses_the_writer_task(monkeypatch):
+    sends = count_writer_sends(monkeypatch)
+    wakes = count_writer_wakes(monkeypatch)
+
+    async def body(node, conn):
+        ch = await settled_channel(conn, sends)
+        wakes.clear()
+        with conn.corked():
+            await ch.basic_publish("", "q", b"0")
+            for i in range(1, 5):
+                ch.publish_nowait("q", b"%d" % i)
+            assert conn._writer.items  # held until the block ends
+        assert not conn._writer.items  # written at its end, from this task
+        publishes = await node.wait_for(m.Publish, 5)
+        assert [b for p in publishes for b in p.bodies] == [b"0", b"1", b"2", b"3", b"4"]
+        assert sends == [] and wakes == []  # (a flush alone still wakes the writer, for nothing)
+
+    await with_node(body)
+
+
+async def test_a_publish_that_waits_for_room_in_a_corked_block_sends_what_is_held_first(monkeypatch):
+    """A corked block whose publishes fill the client's send buffer: `basic_publish` waits for
+    room, and the room comes only once what the block holds is written: it must be sent, not
+    wait for the block's end (which would never come)."""
+    async def body(node, conn):
+        ch = await settled_channel(conn, [])
+        body_ = b"y" * 4096
+        n = 8 * aio.MAX_BATCH_BYTES // len(body_) + 10  # past the buffer's high mark
+        with trio.fail_after(10):
+            with conn.corked():
+                for i in range(n):
+                    ch.publish_nowait("q", body_)
+                assert not conn._writer.room.is_set()
+                await ch.basic_publish("", "q", b"last")
+        publishes = await node.wait_for(m.Publish, n + 1)
+        assert [b for p in publishes for b in p.bodies][-1] == b"last"
 
     await with_node(body)

@@ -32,7 +32,7 @@ import itertools
 import math
 import os
 from collections import deque
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 import trio
@@ -566,17 +566,38 @@ class Connection:
     def flush(self) -> None:
         """Send what `publish_nowait` and `basic_ack` queued, now, from the calling task, if the
         connection's writer task is idle (else that task sends it, as it would anyway). For a
-        producer about to wait (a paced one before its next send): it saves the writer task's
-        wake-up. One that keeps publishing should not: the writer task joins its bursts."""
+        producer about to wait (a paced one before its next send). One that keeps publishing
+        should not: the writer task joins its bursts."""
         self._writer.flush()
+
+    @contextmanager
+    def corked(self):
+        """What is published or acked inside the block is written at its end, from this task, in
+        one write (`flush`), and does not wake the writer task meanwhile: for a burst after which
+        the task waits anyway (a paced producer's messages that are due), it saves that task's
+        wake-up, a pass of trio's scheduler per burst. Nothing inside may wait on the
+        connection's writer but `basic_publish`, which sends what is held before it waits for
+        room. Inside the reader's handlers (a consumer's callbacks) output is held already."""
+        w = self._writer
+        if w.holding:
+            yield
+            return
+        w.holding = True
+        try:
+            yield
+        finally:
+            w.holding = False
+            w.flush()
 
     # --- plumbing --------------------------------------------------------------------------
     def _put(self, msg) -> None:
         self._writer.put(msg)
 
     async def _room(self) -> None:
-        while not self._writer.room.is_set():
-            await self._writer.room.wait()
+        w = self._writer
+        while not w.room.is_set():
+            w.flush()  # what a corked block holds must be on its way before anyone waits for room
+            await w.room.wait()
 
     async def _rpc(self, make, channel: Channel | None):
         while not self.connected.is_set():
