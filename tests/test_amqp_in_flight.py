@@ -20,8 +20,7 @@ from pamqp import commands as C
 from pamqp import header
 
 from test_amqp_sim import SimAmqp
-from test_sim_in_flight import RoundFault, fail, round_seeds, run_rounds
-from test_sim_mirroring import declare_on_all_nodes, set_policy
+from test_sim_in_flight import RoundFault, fail, queue_of_three, round_seeds, run_rounds
 from broker.simulation import sim_cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -63,6 +62,21 @@ ANSWERS = (C.Queue.DeleteOk, C.Queue.PurgeOk, C.Basic.GetOk, C.Basic.GetEmpty, C
            C.Queue.BindOk, C.Queue.UnbindOk, C.Channel.Close, C.Connection.Close)
 
 
+async def send_method(c, via: str, before: list, sent: list) -> SimAmqp:
+    """An AMQP client connected to `via` with channel 1 open, which has done `before` (each
+    method and its reply) and sent `sent` (the method in flight)."""
+    client, ok = await SimAmqp.connect(c, via)
+    assert isinstance(ok, C.Connection.OpenOk), ok
+    await client.method(1, C.Channel.Open())
+    await client.expect(C.Channel.OpenOk)
+    for ask, reply in before:
+        await client.method(1, ask)
+        await client.expect(reply)
+    for part in sent:
+        await client.method(1, part)
+    return client
+
+
 async def answer_to(client: SimAmqp, timeout: float = 45):
     """The first reply to the method in flight (deliveries and their content skipped), a
     channel.close or connection.close, or None if the connection ended."""
@@ -82,27 +96,8 @@ async def test_an_amqp_method_in_flight_when_the_leaders_node_fails_is_answered(
     if method == "get":
         served = C.Basic.GetOk  # the queue holds 3 messages here
     async with sim_cluster(tmp_path) as c:
-        async with c.connect("n1") as c1:
-            ch1 = await c1.channel()
-            if mirrored:
-                await set_policy(c, "ha-all", r"^q$", {"ha-mode": "all"})
-                await declare_on_all_nodes(c, ch1, "q")
-            else:
-                await ch1.queue_declare("q", durable=True)
-                await c.wait_for(lambda: all("q" in n.md.queues for n in c.nodes.values()))
-                await ch1.confirm_delivery()
-            for i in range(3):
-                ch1.publish_nowait("q", b"m%d" % i)
-            assert await ch1.wait_for_confirms(timeout=10)
-        client, ok = await SimAmqp.connect(c, "n2")
-        assert isinstance(ok, C.Connection.OpenOk)
-        await client.method(1, C.Channel.Open())
-        await client.expect(C.Channel.OpenOk)
-        for ask, reply in before:
-            await client.method(1, ask)
-            await client.expect(reply)
-        for part in sent:
-            await client.method(1, part)
+        await queue_of_three(c, mirrored)
+        client = await send_method(c, "n2", before, sent)
         await trio.sleep(0)  # on its way
         await fail(c, fault)
         answer = await answer_to(client)
@@ -145,15 +140,7 @@ async def _amqp_round(c, rng, round_no: int) -> str:
         try:
             async with c.connect(anyone) as setup:  # (a delete may have taken it)
                 await (await setup.channel()).queue_declare(queue, durable=True)
-            client, ok = await SimAmqp.connect(c, via)
-            assert isinstance(ok, C.Connection.OpenOk), ok
-            await client.method(1, C.Channel.Open())
-            await client.expect(C.Channel.OpenOk)
-            for ask, reply in before:
-                await client.method(1, ask)
-                await client.expect(reply)
-            for part in sent:
-                await client.method(1, part)
+            client = await send_method(c, via, before, sent)
             async with trio.open_nursery() as ops:
                 ops.start_soon(answer, client)
                 await fault.run()

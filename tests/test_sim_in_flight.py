@@ -76,6 +76,23 @@ async def perform(ch, op: str, queue: str, tag: str):
     return None
 
 
+async def queue_of_three(c, mirrored: bool) -> None:
+    """Queue 'q', declared through n1 (so it leads from there), mirrored on every node or not,
+    holding three confirmed messages m0, m1 and m2."""
+    async with c.connect("n1") as c1:
+        ch1 = await c1.channel()
+        if mirrored:
+            await set_policy(c, "ha-all", r"^q$", {"ha-mode": "all"})
+            await declare_on_all_nodes(c, ch1, "q")
+        else:
+            await ch1.queue_declare("q", durable=True)
+            await c.wait_for(lambda: all("q" in n.md.queues for n in c.nodes.values()))
+            await ch1.confirm_delivery()
+        for i in range(3):
+            ch1.publish_nowait("q", b"m%d" % i)
+        assert await ch1.wait_for_confirms(timeout=10)
+
+
 async def in_flight(ch, op: str, tag: str, then) -> tuple:
     """Start `op` on channel `ch`, run `then()` while its request is on its way, and return how
     it was answered: ("ok", value) or ("closed", reply code, reply text)."""
@@ -112,18 +129,7 @@ async def fail(c, fault: str) -> None:
 async def test_an_operation_in_flight_when_the_leaders_node_fails_is_answered(
         tmp_path, autojump_clock, op, fault, mirrored):
     async with sim_cluster(tmp_path) as c:
-        async with c.connect("n1") as c1:
-            ch1 = await c1.channel()
-            if mirrored:
-                await set_policy(c, "ha-all", r"^q$", {"ha-mode": "all"})
-                await declare_on_all_nodes(c, ch1, "q")
-            else:
-                await ch1.queue_declare("q", durable=True)
-                await c.wait_for(lambda: all("q" in n.md.queues for n in c.nodes.values()))
-                await ch1.confirm_delivery()
-            for i in range(3):
-                ch1.publish_nowait("q", b"m%d" % i)
-            assert await ch1.wait_for_confirms(timeout=10)
+        await queue_of_three(c, mirrored)
         async with c.connect("n2") as c2:
             ch = await c2.channel()
             tag = await prepare(ch, op, "q")
