@@ -1138,23 +1138,19 @@ class Session:
             self.inflight_bytes -= b.size
             self._batch_done(b, reason, confirms)
         self._send_confirms(confirms)
-        for rid, (q, op) in list(self.rpcs.items()):
-            if q == qname:
-                del self.rpcs[rid]
-                ch_id = op.owner[2]
-                if type(op) is m.QCancel:  # its consumer is gone with the queue: done
-                    self._put(ch_id, rid, m.Reply(rid, op.tag))
-                elif ch_id in self.channels:
-                    self._close_channel(ch_id, rid, ChannelError(NOT_FOUND, reason))
+        failed = [(rid, op) for rid, (q, op) in self.rpcs.items() if q == qname]
         if qname in self.node.cluster.md.queues:
             # unavailable rather than deleted: no one can delete it now (a deletion goes
             # through its leader), so a delete in flight fails as one made now would
-            for rid, op in list(self._deletes.items()):
-                if op.queue == qname:
-                    del self._deletes[rid]
-                    ch_id = op.owner[2]
-                    if ch_id in self.channels:
-                        self._close_channel(ch_id, rid, ChannelError(NOT_FOUND, reason))
+            failed += [(rid, op) for rid, op in self._deletes.items() if op.queue == qname]
+        for rid, op in failed:
+            self.rpcs.pop(rid, None)
+            self._deletes.pop(rid, None)
+            ch_id = op.owner[2]
+            if type(op) is m.QCancel:  # its consumer is gone with the queue: done
+                self._put(ch_id, rid, m.Reply(rid, op.tag))
+            elif ch_id in self.channels:
+                self._close_channel(ch_id, rid, ChannelError(NOT_FOUND, reason))
         self._room.set()
 
     # --- the end ---------------------------------------------------------------------------
