@@ -26,7 +26,7 @@ import random
 import trio
 
 from mirroring.exchanges import plain
-from mirroring.metadata import MetaError
+from mirroring.metadata import MetaError, delete_asked_by
 from mirroring.queue import SID_RUN_MASK
 from mirroring.queue import check_arguments as check_queue_arguments
 from mirroring.replica import LEADING
@@ -272,10 +272,9 @@ class Node:
                 back = back or down_now and counted
             if down_now:
                 self._counted_down_while_running()
-        if change is not None and change[0] == "queue.delete" and len(change) > 3 \
-                and change[3][0] == self.name:
-            # a client's delete through one of our sessions (Router.delete_for_client)
-            _, sid, rid, count = change[3]
+        asked = delete_asked_by(change, self.name) if change is not None else None
+        if asked is not None:  # a client's delete through one of our sessions (Router.delete_for_client)
+            sid, rid, count = asked
             asker = self.sessions.get(sid)
             if asker is not None:
                 asker.answer_delete(rid, count)

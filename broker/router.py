@@ -32,6 +32,7 @@ from __future__ import annotations
 import trio
 
 from mirroring import replica as rp
+from mirroring.metadata import client_delete
 from mirroring.planner import ha_for
 from mirroring.queue import limits_from
 from wire import messages as m
@@ -401,7 +402,7 @@ class Router:
         client's session answers it when its node applies the change."""
         async def go():
             try:
-                await self.cluster.propose(["queue.delete", qname, None, [owner[0], owner[1], rid, count]])
+                await self.cluster.propose(client_delete(qname, owner[0], owner[1], rid, count))
             except (ProtocolError, trio.TooSlowError) as exc:
                 self.to_session(owner[0], owner[1], [m.EvFail(rid, owner[2], INTERNAL_ERROR, str(exc))])
                 return

@@ -39,6 +39,22 @@ class MetaError(ProtocolError):
 QUEUE_PROPS = ("durable", "exclusive", "auto_delete", "arguments")
 
 
+def client_delete(queue: str, node: str, session: int, rid: int, count: int) -> list:
+    """The log change for a client's queue.delete: it names the request (the node and session
+    that asked, the request id and the message count to answer with), so that session answers it
+    when its node applies the change (`delete_asked_by`)."""
+    return ["queue.delete", queue, None, [node, session, rid, count]]
+
+
+def delete_asked_by(change: list, node: str) -> tuple[int, int, int] | None:
+    """(session, rid, count) of a client's queue.delete asked through `node` that `change`
+    applies; None for any other change."""
+    if change[0] != "queue.delete" or len(change) < 4 or change[3][0] != node:
+        return None
+    _, session, rid, count = change[3]
+    return session, rid, count
+
+
 def _fmt(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -202,10 +218,9 @@ class Metadata:
 
     def _c_queue_delete(self, name: str, leader: str | None = None, requester: list | None = None):
         """Delete a queue; with `leader`, only if it is still led from that node. `requester`
-        ([node, session id, rid, message count]) names the client's queue.delete that asked:
-        its session answers it when its node applies the change (broker/session.py
-        `answer_delete`), so the answer does not depend on the queue's leader outliving the
-        commit."""
+        names the client's queue.delete that asked (`client_delete`): its session answers it
+        when its node applies the change (broker/session.py `answer_delete`), so the answer
+        does not depend on the queue's leader outliving the commit."""
         q = self.queues.get(name)
         if q is None or (leader is not None and q["leader"] != leader):
             return False

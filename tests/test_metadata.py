@@ -7,7 +7,7 @@ import pytest
 
 from mirroring import planner
 
-from mirroring.metadata import Metadata, MetaError
+from mirroring.metadata import Metadata, MetaError, client_delete, delete_asked_by
 from mirroring.policy import make_policy
 from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED
 
@@ -117,6 +117,18 @@ def test_queue_delete_with_leader_guard():
     assert md.apply(["queue.delete", "a", "n2"]) is False
     assert md.apply(["queue.delete", "a"]) is True
     assert md.apply(["queue.delete", "a"]) is False
+
+
+def test_a_clients_delete_names_its_asker_only_to_the_askers_node():
+    md = cluster("n1", "n2")
+    md.apply(["queue.declare", qdef("a")])
+    change = client_delete("a", "n2", 7, 31, 5)
+    assert md.apply(change) is True and "a" not in md.queues
+    assert delete_asked_by(change, "n2") == (7, 31, 5)
+    assert delete_asked_by(change, "n1") is None
+    assert delete_asked_by(["queue.delete", "a"], "n2") is None
+    assert delete_asked_by(["queue.delete", "a", "n2"], "n2") is None
+    assert delete_asked_by(["node.down", "n2", 1, "failure"], "n2") is None
 
 
 def test_unknown_change_refused():
