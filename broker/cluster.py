@@ -23,14 +23,12 @@ Theory of operation:
 from __future__ import annotations
 
 import itertools
-import os
 import random
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import msgpack
 import trio
 
 from mirroring.metadata import Metadata, MetaError
@@ -41,6 +39,7 @@ from wire.errors import INTERNAL_ERROR, NOT_ALLOWED, PRECONDITION_FAILED, Protoc
 
 from .framed import FramedStream
 from .peers import HANDSHAKE_TIMEOUT, PeerLink, dial_handshake
+from .statefile import StateFile
 
 PROPOSE_TIMEOUT = 15.0
 NOT_LEADER = "not-leader"
@@ -105,6 +104,7 @@ class Cluster:
         self.incarnation = 0
         self.paused = False
         self.saved: dict | None = None  # the persistent state, when not persisting to disk
+        self._file = StateFile(Path(config.data_dir) / "raft.msgpack")
         self.applied = 0
         self._rids = itertools.count(1)
         self._pending: dict[int, tuple[str, trio.Event, list]] = {}
@@ -131,19 +131,15 @@ class Cluster:
         self.election_timeout = timeout
 
     # --- persistent state ----------------------------------------------------------------------
-    @property
-    def _path(self) -> Path:
-        return Path(self.config.data_dir) / "raft.msgpack"
-
     def has_state(self) -> bool:
-        return self.saved is not None if not self.persist else self._path.exists()
+        return self.saved is not None if not self.persist else self._file.exists()
 
     def load_state(self) -> tuple[Persistent, int]:
         """The saved Raft state and commit index, or a fresh single-node cluster."""
         data = self.saved
-        if self.persist and self._path.exists():
+        if self.persist:
             try:
-                data = msgpack.unpackb(self._path.read_bytes(), raw=False, strict_map_key=False)
+                data = self._file.load()
             except Exception as exc:  # noqa: BLE001 - a corrupt file must not stop the node
                 self.log.error("cannot read the saved cluster state, starting fresh", error=str(exc))
                 data = None
@@ -152,20 +148,15 @@ class Cluster:
         return Persistent.from_dict(data["raft"]), data.get("commit", 0)
 
     def save_state(self, state: Persistent, commit: int) -> None:
-        data = {"raft": state.to_dict(), "commit": commit}
         if not self.persist:
-            self.saved = data
+            self.saved = {"raft": state.to_dict(), "commit": commit}
             return
-        path = self._path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(msgpack.packb(data, use_bin_type=True))
-        os.replace(tmp, path)
+        self._file.save(state, commit)
 
     def forget_state(self) -> None:
         self.saved = None
-        if self.persist and self._path.exists():
-            self._path.unlink()
+        if self.persist:
+            self._file.forget()
 
     def load_metadata(self) -> Metadata:
         """The metadata as saved (for commands while the app is stopped)."""

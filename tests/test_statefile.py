@@ -1,0 +1,89 @@
+"""The metadata log's state file (broker/statefile.py): saves that only add to the log append a
+record; anything else writes the whole state; what is read back is what was saved last."""
+
+from __future__ import annotations
+
+import msgpack
+
+from broker import statefile
+from broker.statefile import StateFile
+from mirroring.raft import Persistent
+
+
+def state(term=1, entries=(), snap_index=0, snap_data=None, voted_for=None) -> Persistent:
+    return Persistent(term, voted_for, snap_index, 0, ("n1",), snap_data, list(entries))
+
+
+def read_back(path) -> tuple[Persistent, int]:
+    data = StateFile(path).load()
+    return Persistent.from_dict(data["raft"]), data["commit"]
+
+
+def records(path) -> list:
+    return list(msgpack.Unpacker(open(path, "rb"), raw=False, strict_map_key=False))
+
+
+def test_appending_entries_appends_a_record_and_reads_back_whole(tmp_path):
+    f = StateFile(tmp_path / "raft.msgpack")
+    log = [(1, ["noop"])]
+    f.save(state(entries=log), 0)
+    size = f.path.stat().st_size
+    for i in range(5):
+        log.append((1, ["queue.declare", {"name": f"q{i}"}]))
+        f.save(state(entries=log), i)
+    f.save(state(term=2, voted_for="n2", entries=log), 5)  # a vote: no entry added
+    assert len(records(f.path)) == 7 and f.path.stat().st_size < 7 * size + 400
+    got, commit = read_back(f.path)
+    assert got == state(term=2, voted_for="n2", entries=log) and commit == 5
+
+
+def test_a_log_cut_back_or_a_new_snapshot_writes_the_whole_state(tmp_path):
+    f = StateFile(tmp_path / "raft.msgpack")
+    log = [(1, ["noop"]), (1, ["queue.declare", {"name": "a"}]), (1, ["queue.declare", {"name": "b"}])]
+    f.save(state(entries=log), 1)
+    # a new leader's log replaces our last entry: the file must not keep it
+    log = log[:2] + [(2, ["queue.declare", {"name": "c"}])]
+    f.save(state(term=2, entries=log), 1)
+    assert len(records(f.path)) == 1
+    assert read_back(f.path)[0].entries == log
+    log.append((2, ["queue.delete", "a"]))
+    f.save(state(term=2, entries=log), 3)
+    assert len(records(f.path)) == 2
+    # compaction: a snapshot takes the log's place
+    snap = {"version": 4, "queues": {"c": {}}}
+    f.save(state(term=2, entries=[], snap_index=4, snap_data=snap), 4)
+    assert len(records(f.path)) == 1
+    got, commit = read_back(f.path)
+    assert got.snap_data == snap and got.entries == [] and got.snap_index == 4 and commit == 4
+
+
+def test_a_record_cut_short_at_the_end_is_ignored(tmp_path):
+    f = StateFile(tmp_path / "raft.msgpack")
+    log = [(1, ["noop"])]
+    f.save(state(entries=log), 0)
+    f.save(state(entries=log + [(1, ["queue.declare", {"name": "q"}])]), 1)
+    whole = f.path.read_bytes()
+    f.path.write_bytes(whole[:-3])
+    assert read_back(f.path) == (state(entries=log), 0)
+
+
+def test_after_a_load_or_many_appends_the_whole_state_is_written_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(statefile, "REWRITE_AFTER", 3)
+    f = StateFile(tmp_path / "raft.msgpack")
+    log = [(1, ["noop"])]
+    f.save(state(entries=log), 0)
+    for i in range(4):
+        log.append((1, ["noop"]))
+        f.save(state(entries=log), i)
+    assert len(records(f.path)) == 1  # the whole, 3 appended, then the whole again
+    again = StateFile(f.path)
+    loaded = Persistent.from_dict(again.load()["raft"])
+    again.save(loaded, 4)
+    assert len(records(f.path)) == 1 and read_back(f.path)[0] == state(entries=log)
+
+
+def test_forget_removes_the_file(tmp_path):
+    f = StateFile(tmp_path / "raft.msgpack")
+    f.save(state(), 0)
+    f.forget()
+    assert not f.exists() and f.load() is None
