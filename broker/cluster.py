@@ -45,6 +45,10 @@ PROPOSE_TIMEOUT = 15.0
 NOT_LEADER = "not-leader"
 LIVENESS_EVERY = 0.5  # seconds between the leader's liveness and placement checks
 COMPACT_AFTER = 512  # log entries kept before compacting into a snapshot
+# check that the planning copy the leader keeps between rounds of proposals equals its metadata
+# each time it is used again (an O(queues) comparison: the simulation turns it on, so every
+# seeded schedule checks it)
+CHECK_PLANNING_COPY = False
 RAFT_MESSAGES = (m.RaftVote, m.RaftVoteReply, m.RaftAppend, m.RaftAppendReply, m.RaftSnapshot,
                  m.RaftTimeoutNow)
 # What a log leader sends its followers. Taken from any linked node, member or not in our view,
@@ -121,6 +125,9 @@ class Cluster:
         self._liveness_due = False
         self._liveness_checked = True
         self._planned_for: tuple | None = None  # (metadata version, running) of the last replan
+        # the leader's copy of the metadata that proposals are planned on, with what was planned
+        # applied: (copy, the metadata it copies, the term it was made in); `_planning_copy`
+        self._plan_copy: tuple | None = None
         self._wake = trio.Event()
         self._sleeping_until = float("-inf")  # the driver loop's deadline while it waits
         self._changed = trio.Event()
@@ -354,6 +361,7 @@ class Cluster:
 
     # --- proposals -----------------------------------------------------------------------------
     def _fail_proposals(self, text: str) -> None:
+        self._plan_copy = None
         pending = [p for p, _ in self._inflight.values()] + list(self._queue)
         self._inflight.clear()
         self._queue.clear()
@@ -364,11 +372,29 @@ class Cluster:
         """Members running as far as the leader can tell: linked, and recorded up."""
         return {n for n in self.running if n == self.name or n in self.md.up}
 
+    def _planning_copy(self, term: int) -> Metadata:
+        """The metadata to plan this round of proposals on. Planning applies each change to it,
+        so it cannot be the metadata itself. Copying every queue's definition for every round
+        made declaring N queues cost N² on the log's leader, so the last round's copy serves
+        again when the metadata has since applied exactly what was planned on it: a round runs
+        only when no proposal is in flight (each one planned was committed and applied), in the
+        same term (no other leader's entries came between), and the version has caught up with
+        the copy's (a term's no-op entry, or a change that failed to apply, leaves it behind)."""
+        kept, self._plan_copy = self._plan_copy, None
+        if kept is not None:
+            spec, base, made_in = kept
+            if base is self.md and made_in == term and spec.version == base.version:
+                if CHECK_PLANNING_COPY:
+                    assert spec.snapshot() == base.snapshot(), "the planning copy drifted"
+                return spec
+        return self.md.copy()
+
     def _run_proposals(self, now: float) -> None:
         raft = self.raft
         if self._inflight or not self._queue or self.applied < self._term_start:
             return
-        spec = self.md.copy()
+        spec = self._planning_copy(raft.term)
+        keep = True  # the copy holds the metadata plus exactly what was proposed
         running = self._planning_view()
         while self._queue:
             p = self._queue.popleft()
@@ -380,6 +406,7 @@ class Cluster:
             except Exception as exc:  # noqa: BLE001 - a malformed change must not kill the node
                 p.done(False, None, INTERNAL_ERROR, f"bad change: {exc!r}")
                 spec = self.md.copy()  # it may be half-applied
+                keep = False
                 continue
             if not planned:
                 p.done(True, None, 0, "")
@@ -390,12 +417,15 @@ class Cluster:
                     index = raft.propose(change)
             except ChangeInProgress:
                 self._queue.appendleft(p)
+                keep = False  # planned on the copy, not proposed
                 break
             except NotLeader:
                 self._queue.appendleft(p)
                 self._fail_proposals(NOT_LEADER)
                 return
             self._inflight[index] = (p, raft.term)
+        if keep:
+            self._plan_copy = (spec, self.md, raft.term)
         if raft.out or raft.dirty:
             self._after_raft(now)
 

@@ -27,11 +27,14 @@ from contextlib import asynccontextmanager
 import trio
 import trio.testing
 
+from . import cluster as clustermod
 from .client.aio import open_connection
 from .config import NodeConfig
 from .memory import SimMemory
 from .network import SimNetwork
 from .node import Node
+
+clustermod.CHECK_PLANNING_COPY = True  # every simulated schedule checks the log leader's planning copy
 
 CLIENT_PORT = 5672
 PEER_PORT = 25672
