@@ -75,8 +75,9 @@ def plan_declare(md, qdef: dict, running: list[str], default_locator: str) -> di
             choice = declared_on
         leader = initial_leader(ha, choice, declared_on, running)
     qdef["leader"] = leader
-    qdef["mirrors"] = place_mirrors(ha, leader, [], list(md.members), set(running),
-                                    replica_load(md.queues))
+    # the load of every node (a pass over every queue) only where it places a mirror
+    load = replica_load(md.queues) if ha.mode == "exactly" else None
+    qdef["mirrors"] = place_mirrors(ha, leader, [], list(md.members), set(running), load)
     qdef["synced"] = []
     qdef["epoch"] = 1
     qdef.pop("locator", None)
