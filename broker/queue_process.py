@@ -50,7 +50,7 @@ class QueueProcess:
         self.log = host.log.bind(queue=self.name)
         # the newest Assign delivered: an older one still in the inbox is superseded (the
         # replica acts on what the metadata says now, not on a state it has already left)
-        self._newest_assign: rp.Assign | None = None
+        self._newest_assign: rp.Assign = replica.assign
 
     def deliver(self, item) -> None:
         """Queue an input for the replica: a wire message, a replica.* record, or a callable
@@ -65,6 +65,13 @@ class QueueProcess:
                 batch.append(self)
         else:
             self._wake.set()
+
+    def reassign(self, assign: rp.Assign) -> None:
+        """Hand the replica what the metadata now says of its queue, unless it says what the
+        replica was last handed: a change to another queue wakes no one here (every change
+        used to cost a round of every replica on the node, so declaring N queues cost N²)."""
+        if assign != self._newest_assign:
+            self.deliver(assign)
 
     def after_batch(self) -> None:
         """The end of a batch of peer traffic that gave this replica input while its task

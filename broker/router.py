@@ -152,7 +152,7 @@ class Router:
             if qp is None:
                 qp = self._start(qname, assign)
             else:
-                qp.deliver(assign)
+                qp.reassign(assign)
             for node, run in gone.items():
                 qp.deliver(rp.NodeGone(node, True, run))
         for qname, qp in list(self.replicas.items()):
