@@ -252,7 +252,7 @@ class Node:
 
     # --- the cluster's news --------------------------------------------------------------------
     def meta_changed(self, change) -> None:
-        self.router.reconcile()
+        self.router.reconcile(self.md.touched if change is not None else None)
         run = self.cluster.incarnation
         md = self.md
         counted = md.up.get(self.name) == run

@@ -97,6 +97,9 @@ class Metadata:
         # member -> how many times a run of it was recorded down: a node that learns the news
         # from a snapshot sees by it that a run went down even if it came back up since
         self.times_down: dict[str, int] = {}
+        # the queues the last change applied created, changed or removed; None when it may
+        # have changed what any queue's replicas do (a policy, a member, a node's run)
+        self.touched: set[str] | None = None
 
     # --- snapshots -------------------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -176,6 +179,8 @@ class Metadata:
         handler = getattr(self, "_c_" + kind.replace(".", "_").replace("-", "_"), None)
         if handler is None:
             raise MetaError(PRECONDITION_FAILED, f"unknown metadata change {kind!r}")
+        # the kinds that say which queues they touch start from none; any other may touch all
+        self.touched = set() if kind in _NAMES_WHAT_IT_TOUCHES else None
         value = handler(*args)
         self.version += 1
         self._routes = None
@@ -212,6 +217,7 @@ class Metadata:
             if qdef["leader"] not in self.members:
                 raise MetaError(NOT_FOUND, f"node {qdef['leader']!r} is not a cluster member")
             self.queues[name] = dict(qdef)
+            self._touch(name)
             return {"created": True, "queue": dict(qdef)}
         check_equivalent(existing, qdef)
         return {"created": False, "queue": dict(existing)}
@@ -231,9 +237,14 @@ class Metadata:
         """A queue goes, and its bindings with it (auto-delete exchanges left with no binding
         go too, as in RabbitMQ)."""
         del self.queues[name]
+        self._touch(name)
         for x in [x for x, binds in self.bindings.items() if any(b[0] == name for b in binds)]:
             self.bindings[x] = [b for b in self.bindings[x] if b[0] != name]
             self._binding_gone(x)
+
+    def _touch(self, queue: str) -> None:
+        if self.touched is not None:
+            self.touched.add(queue)
 
     def _binding_gone(self, exchange: str) -> None:
         if self.bindings.get(exchange):
@@ -308,6 +319,7 @@ class Metadata:
                 # definition notice the change by identity (`qp.qdef is not qdef`) or compare
                 # its epoch with the current one
                 self.queues[name] = {**q, **fields}
+                self._touch(name)
         return deleted
 
     def _c_queues_update(self, updates: list):
@@ -338,6 +350,13 @@ class Metadata:
             raise MetaError(NOT_FOUND, f"policy '{name}' not found in vhost '{VHOST}'")
         del self.policies[name]
         return self._apply_updates(list(updates))
+
+
+# changes that record in `Metadata.touched` every queue they create, change or remove (the
+# rest may change what every queue's replicas do: a node's run, a policy, a member)
+_NAMES_WHAT_IT_TOUCHES = frozenset({"noop", "queue.declare", "queue.delete", "queues.update",
+                                    "exchange.declare", "exchange.delete", "binding.add",
+                                    "binding.remove"})
 
 
 def check_equivalent(existing: dict, wanted: dict) -> None:

@@ -259,6 +259,18 @@ MUTANTS = [
            ["tests/test_sim_cluster.py::test_a_redeclare_that_outlives_its_queues_node_is_refused_not_left_waiting"],
            "a request made after the log recorded its queue's node down waits for a change that "
            "will not come"),
+    Mutant("queue-update-not-handed-on", "mirroring/metadata.py",
+           "                self.queues[name] = {**q, **fields}\n                self._touch(name)\n",
+           "                self.queues[name] = {**q, **fields}\n",
+           ["tests/test_sim_mirroring.py::test_nodes_policy_change_keeps_old_leader_until_a_new_mirror_is_synchronised"],
+           "a queue's new mirrors or synchronised list reach the metadata but not its replicas (the "
+           "node hands a change only to the queues it names)"),
+    Mutant("state-file-keeps-a-cut-log", "broker/statefile.py",
+           "                and (w[2] == 0 or entries[w[2] - 1] is w[3])):",
+           "                ):",
+           ["tests/test_statefile.py"],
+           "a follower's log cut back by a new leader is saved as an append, so the entries it "
+           "dropped come back after a restart"),
 ]
 
 
