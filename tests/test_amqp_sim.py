@@ -14,6 +14,7 @@ from pamqp import commands as C
 from pamqp import frame, header
 
 from broker.amqp import codec
+from broker.amqp import protocol as amqp_protocol
 from broker.control import ctl_call
 from broker.session import WINDOW_MSGS
 
@@ -32,7 +33,8 @@ class SimAmqp:
         self.got: list = []
 
     @classmethod
-    async def connect(cls, c, node, from_host=None, user="guest", password="guest", expect_open=True):
+    async def connect(cls, c, node, from_host=None, user="guest", password="guest", expect_open=True,
+                      heartbeat=0):
         stream = await c.net.host(from_host or node).connect(node, AMQP_PORT)
         self = cls(stream)
         await self.send(codec.PROTOCOL_HEADER)
@@ -42,7 +44,7 @@ class SimAmqp:
         tune = await self.next()
         if not isinstance(tune, C.Connection.Tune):
             return self, tune
-        await self.method(0, C.Connection.TuneOk(0, 131072, 0))
+        await self.method(0, C.Connection.TuneOk(0, 131072, heartbeat))
         await self.method(0, C.Connection.Open("/"))
         return self, await self.next()
 
@@ -153,3 +155,54 @@ async def test_a_memory_alarm_blocks_amqp_publishers_and_keeps_reading_consumers
         await pub.expect(C.Connection.Unblocked)
         ack = await pub.expect(C.Basic.Ack)
         assert ack.delivery_tag == 2
+
+
+def count_timer_ticks(monkeypatch) -> list:
+    """Record the time of every wake of the AMQP connections' timers (each one ticks the
+    protocol once)."""
+    ticks = []
+    real = amqp_protocol.AmqpProtocol.tick
+
+    def tick(self, now):
+        ticks.append(now)
+        return real(self, now)
+    monkeypatch.setattr(amqp_protocol.AmqpProtocol, "tick", tick)
+    return ticks
+
+
+async def test_an_idle_connection_wakes_its_timer_only_for_its_heartbeats(tmp_path, autojump_clock, monkeypatch):
+    """A connection's timer sleeps until a heartbeat is due (it used to wake every second: on a
+    node holding 10,000 idle connections, 10,000 wake-ups a second). With heartbeats off it does
+    not wake at all; with a heartbeat of 10 s the server still sends one every 5 s of silence,
+    and drops a client silent for twice the heartbeat (as RabbitMQ does: it closes the socket)."""
+    ticks = count_timer_ticks(monkeypatch)
+    async with sim_cluster(tmp_path) as c:
+        quiet, ok = await SimAmqp.connect(c, "n1")
+        assert isinstance(ok, C.Connection.OpenOk)
+        await trio.sleep(0.1)
+        ticks.clear()  # (the handshake's steps wake it: its time limit ends with it)
+        await trio.sleep(120)
+        assert ticks == [], f"{len(ticks)} timer wake-ups in 120 s of an idle connection"
+        beating, ok = await SimAmqp.connect(c, "n1", heartbeat=10)
+        assert isinstance(ok, C.Connection.OpenOk)
+        t0 = trio.current_time()
+        ticks.clear()
+        beats = 0
+        with trio.fail_after(30):
+            while data := await beating.stream.receive_some(1 << 16):  # until it drops us
+                beats += sum(kind == 8 for kind, _, _ in beating.reader.feed(data))
+        took = trio.current_time() - t0
+        assert 20 <= took <= 26 and beats >= 3, (took, beats)
+        assert len(ticks) <= 8, f"{len(ticks)} timer wake-ups for a 10 s heartbeat over {took:.0f} s"
+
+
+async def test_a_client_that_never_finishes_the_handshake_is_dropped_after_ten_seconds(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path) as c:
+        stream = await c.net.host("n1").connect("n1", AMQP_PORT)
+        await stream.send_all(codec.PROTOCOL_HEADER)  # then nothing: no start-ok
+        t0 = trio.current_time()
+        with trio.fail_after(30):
+            while await stream.receive_some(1 << 16):
+                pass
+        assert 10 <= trio.current_time() - t0 <= 11
+

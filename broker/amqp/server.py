@@ -13,6 +13,8 @@ checked meanwhile. Errors close this connection only; the node carries on.
 
 from __future__ import annotations
 
+import math
+
 import trio
 
 from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
@@ -25,7 +27,8 @@ from . import protocol as proto
 
 READ_SIZE = 256 * 1024
 HANDSHAKE_TIMEOUT = 10.0
-TIMER_STEP = 1.0
+HANDSHAKING = frozenset({proto.State.HEADER, proto.State.START_OK, proto.State.TUNE_OK,
+                         proto.State.OPEN})  # the handshake's time limit runs
 
 
 class AmqpConnection:
@@ -49,6 +52,8 @@ class AmqpConnection:
         self._done = False
         self._held = False  # noted by the Cork, to be flushed at the end of the stretch
         self._direct = DirectWrites(direct_socket(stream))
+        self._timer_scope: trio.CancelScope | None = None  # the timer's sleep (`_timer`)
+        self._timer_state = None  # the protocol's state when the timer went to sleep
 
     # --- callbacks of the protocol ---------------------------------------------------------------
     def _authenticate(self, mechanism: str, user: str, password: str) -> None:
@@ -168,6 +173,8 @@ class AmqpConnection:
                     else:
                         await self._event(ev)
                         i += 1
+                if p.state is not self._timer_state:
+                    self._state_changed()
                 self._kick()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -254,15 +261,28 @@ class AmqpConnection:
             done.set()
 
     async def _timer(self) -> None:
+        """Heartbeats, the handshake's time limit and a close that is never answered. The task
+        sleeps until the protocol's next deadline (before the connection is open, the end of
+        the time the handshake has), and is woken sooner only when the connection's state
+        changes (`_state_changed`), the one thing that brings a deadline forward: traffic only
+        moves the heartbeat deadlines later, and a wake at a passed one finds nothing due. It
+        used to wake every second whatever the deadline: one wake-up a second per connection,
+        10,000 a second for nothing on a node holding 10,000 idle ones."""
         p = self.proto
         while True:
             now = trio.current_time()
+            self._timer_state = p.state
             deadline = p.next_deadline()
-            wake = now + TIMER_STEP if deadline is None else min(deadline, now + TIMER_STEP)
-            await trio.sleep_until(max(wake, now + 0.01))
+            if p.state in HANDSHAKING:
+                limit = self.started + HANDSHAKE_TIMEOUT
+                deadline = limit if deadline is None else min(deadline, limit)
+            elif deadline is None:
+                deadline = math.inf
+            with trio.CancelScope(deadline=max(deadline, now + 0.01)) as self._timer_scope:
+                await trio.sleep_forever()
+            self._timer_scope = None
             now = trio.current_time()
-            if p.state in (proto.State.HEADER, proto.State.START_OK, proto.State.TUNE_OK,
-                           proto.State.OPEN) and now - self.started > HANDSHAKE_TIMEOUT:
+            if p.state in HANDSHAKING and now - self.started >= HANDSHAKE_TIMEOUT:
                 self.log.info("AMQP handshake timed out", peer=self.peer, state=p.state.value)
                 self._stop.set()
                 return
@@ -275,7 +295,14 @@ class AmqpConnection:
             if p.has_output:
                 self._kick()
 
+    def _state_changed(self) -> None:
+        """Wake the timer if the connection's state moved since it went to sleep."""
+        scope = self._timer_scope
+        if scope is not None and self.proto.state is not self._timer_state:
+            scope.cancel()
+
     def force_close(self, code: int, text: str) -> None:
         """Close this connection from the server's side (pause_minority, stop_app)."""
         self.proto.close(code, text, trio.current_time())
+        self._state_changed()
         self._kick()
