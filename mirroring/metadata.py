@@ -181,7 +181,11 @@ class Metadata:
             raise MetaError(PRECONDITION_FAILED, f"unknown metadata change {kind!r}")
         # the kinds that say which queues they touch start from none; any other may touch all
         self.touched = set() if kind in _NAMES_WHAT_IT_TOUCHES else None
-        value = handler(*args)
+        try:
+            value = handler(*args)
+        except BaseException:
+            self.touched = None  # refused (nothing changed) or a bug: a pass over all is safe
+            raise
         self.version += 1
         self._routes = None
         return value

@@ -214,7 +214,7 @@ async def test_join_without_persistence_is_kept(tmp_path, autojump_clock):
         for name, node in c.nodes.items():
             assert node.running == {"n1", "n2", "n3"}, name
             assert list(node.md.members) == ["n1", "n2", "n3"], name
-            assert not node.persist and not node.cluster._path.exists(), name
+            assert not node.persist and not node.cluster._file.exists(), name
         assert len({(n.md.version, n.md.digest(), n.md.cluster_name) for n in c.nodes.values()}) == 1
         async with c.connect("n1") as c1, c.connect("n3") as c3:
             ch1, ch3 = await c1.channel(), await c3.channel()
