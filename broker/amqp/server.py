@@ -296,9 +296,12 @@ class AmqpConnection:
                 self._kick()
 
     def _state_changed(self) -> None:
-        """Wake the timer if the connection's state moved since it went to sleep."""
+        """Wake the timer if the connection's state moved since it went to sleep, other than
+        from one step of the handshake to the next (its time limit stays the same)."""
         scope = self._timer_scope
-        if scope is not None and self.proto.state is not self._timer_state:
+        state = self.proto.state
+        if scope is not None and state is not self._timer_state \
+                and not (state in HANDSHAKING and self._timer_state in HANDSHAKING):
             scope.cancel()
 
     def force_close(self, code: int, text: str) -> None:
