@@ -57,6 +57,7 @@ CAPABILITIES = {
 
 
 _PUBLISH_PREFIX = codec.PUBLISH.to_bytes(4, "big")
+_START_FRAMES: dict[tuple, bytes] = {}  # (version, cluster, node) -> the connection.start frame
 
 
 class State(enum.Enum):
@@ -264,16 +265,21 @@ class AmqpProtocol:
             self._events.append(Closed(f"bad protocol header {head!r}"))
             return False
         self.state = State.START_OK
-        props = {
-            "product": "warren",
-            "version": self.version,
-            "platform": f"Python {platform.python_version()}",
-            "information": "an in-memory broker implementing RabbitMQ's classic queue mirroring",
-            "cluster_name": self.cluster,
-            "node": self.node,
-            "capabilities": dict(CAPABILITIES),
-        }
-        self._method(0, commands.Connection.Start(0, 9, props, "PLAIN AMQPLAIN", "en_US"))
+        key = (self.version, self.cluster, self.node)
+        start = _START_FRAMES.get(key)
+        if start is None:  # the same for every connection to this node: encoded once
+            props = {
+                "product": "warren",
+                "version": self.version,
+                "platform": f"Python {platform.python_version()}",
+                "information": "an in-memory broker implementing RabbitMQ's classic queue mirroring",
+                "cluster_name": self.cluster,
+                "node": self.node,
+                "capabilities": dict(CAPABILITIES),
+            }
+            start = _START_FRAMES[key] = codec.method_frame(
+                commands.Connection.Start(0, 9, props, "PLAIN AMQPLAIN", "en_US"), 0)
+        self._send(start)
         return True
 
     def _frame(self, kind: int, ch: int, payload: bytes, now: float) -> None:
