@@ -764,7 +764,15 @@ class Session:
         sent while it was down were dropped; the leader dropped our consumers)."""
         md = self.node.cluster.md
         if node not in self.node.cluster.links:
-            return  # down: nothing can be sent; the resend comes with the link
+            # down: nothing can be sent; the resend comes with the link. A queue the log
+            # already counts unavailable (its node recorded down before this link broke) fails
+            # now: no change of the metadata will come to say so.
+            for qname in list(self.routes):
+                qdef = md.queues.get(qname)
+                if qdef is not None and qdef["leader"] == node and (
+                        down := self.node.queue_down_reason(qdef)):
+                    self.queue_lost(qname, down)
+            return
         for qname in list(self.routes):
             qdef = md.queues.get(qname)
             if qdef is not None and qdef["leader"] == node:

@@ -177,3 +177,32 @@ async def test_a_leader_cut_off_stops_delivering_to_its_own_consumers_before_it_
             first.setdefault(s[2], s)
         assert not unflagged, f"{len(unflagged)} repeats without redelivered, e.g. {unflagged[:2]}"
         assert {s[2] for s in seen} == set(range(2000))
+
+
+async def test_a_publisher_whose_queue_node_is_counted_down_then_cut_off_is_nacked_not_left_waiting(
+        tmp_path, autojump_clock):
+    """The log counts a queue's node down while the publisher's node still has its link to it
+    (only the link to the log's leader broke), then that link breaks too. Nothing changes in
+    the metadata then, so nothing but the broken link can tell the session: it fails the queue
+    at once (as a change naming it would), and the publisher's messages are nacked, not left
+    waiting until the node comes back."""
+    async with sim_cluster(tmp_path) as c:
+        log_leader = c.nodes["n1"].cluster.leader
+        q_node, p_node = [n for n in c.names if n != log_leader]
+        async with c.connect(q_node) as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("p.alone", durable=True)  # led by q_node, not mirrored
+        async with c.connect(p_node) as pconn:
+            pch = await pconn.channel()
+            await pch.confirm_delivery()
+            pch.publish_nowait("p.alone", b"before")
+            assert await pch.wait_for_confirms(timeout=10)
+            c.net.partition([log_leader], [q_node])
+            await c.wait_for(lambda: q_node in c.nodes[p_node].md.down, 30,
+                             "the log to count the queue's node down")
+            assert q_node in c.nodes[p_node].links  # still linked: publishes still go there
+            c.net.partition([p_node], [q_node])
+            pch.publish_nowait("p.alone", b"lost with the link")  # sent into the cut
+            with trio.fail_after(TICKTIME * 3):  # the link times out after about TICKTIME
+                assert await pch.wait_for_confirms() is False  # nacked, not left waiting
+            assert q_node not in c.nodes[p_node].links
