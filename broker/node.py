@@ -73,6 +73,9 @@ class Node:
                                  memory_probe if memory_probe is not None else ProcessMemory(),
                                  self.log, lambda: self.cluster.links)
         self.sessions: dict[int, Session] = {}
+        # queue -> the sessions (by sid) that route operations to it (`Session.routes`): a
+        # metadata change that names its queues is shown to these sessions only
+        self.routing: dict[str, dict[int, Session]] = {}
         self.connections: dict[int, object] = {}  # NativeConnection or AmqpConnection: force_close
         self.app_running = False
         self.joining_seed: str | None = None  # first boot: the seed being joined, until it answers
@@ -194,6 +197,7 @@ class Node:
                 self.app = None
                 self.router.stop_all()
                 self.sessions.clear()
+                self.routing.clear()
                 self.connections.clear()
                 self.log.info("app stopped")
 
@@ -278,6 +282,16 @@ class Node:
             asker = self.sessions.get(sid)
             if asker is not None:
                 asker.answer_delete(rid, count)
+        touched = self.md.touched if change is not None else None
+        if touched is not None and not back:
+            # the change names its queues: only the sessions routing to them can be concerned
+            # (O(those), not O(sessions): 3,000 RPC clients each declaring a reply queue)
+            concerned: dict[int, Session] = {}
+            for qname in sorted(touched):
+                concerned.update(self.routing.get(qname, ()))
+            for s in list(concerned.values()):
+                s.meta_changed(touched)
+            return
         for s in list(self.sessions.values()):
             s.meta_changed()
             if back:

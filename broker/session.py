@@ -711,7 +711,16 @@ class Session:
             return
         if qname not in self.routes:
             self.routes[qname] = (qdef["leader"], qdef.get("epoch", 1))
+            if not self.closed:
+                self.node.routing.setdefault(qname, {})[self.sid] = self
         self.router.to_leader(qname, op)
+
+    def _drop_route(self, qname: str) -> None:
+        if self.routes.pop(qname, None) is not None:
+            routing = self.node.routing
+            held = routing.get(qname)
+            if held is not None and held.pop(self.sid, None) is not None and not held:
+                del routing[qname]
 
     def _request(self, qname: str, rid: int, op) -> None:
         """An operation the queue answers: remembered until answered, resent on a route change.
@@ -727,14 +736,23 @@ class Session:
             return
         self._send(qname, op)
 
-    def meta_changed(self) -> None:
+    def meta_changed(self, touched: set[str] | None = None) -> None:
         """The metadata changed: resend to queues whose leader moved, tell the client about
-        queues that are gone for good."""
+        queues that are gone for good. `touched`: the only queues the change named (the node
+        shows it only to sessions routing to one of them); None: any queue may have changed.
+
+        A pending delete always has its queue in `routes`: it is sent with `_send`, and
+        `queue_lost` fails it when it drops the route of a queue that still exists, so a
+        change that names the queue reaches this session."""
         md = self.node.cluster.md
         for rid, op in list(self._deletes.items()):
             if op.queue not in md.queues:  # deleted, by another request (ours is answered already)
                 self.answer_delete(rid, 0)
-        for qname, route in list(self.routes.items()):
+        names = list(self.routes) if touched is None else [q for q in sorted(touched) if q in self.routes]
+        for qname in names:
+            route = self.routes.get(qname)
+            if route is None:
+                continue  # dropped while an earlier name was handled: nothing left to do
             qdef = md.queues.get(qname)
             if qdef is None:
                 self.queue_lost(qname, _deleted(qname))
@@ -1131,7 +1149,7 @@ class Session:
     def queue_lost(self, qname: str, reason: str) -> None:
         """The queue is gone or unavailable: cancel our consumers, nack what is in flight, fail
         unanswered requests."""
-        self.routes.pop(qname, None)
+        self._drop_route(qname)
         for ch in list(self.channels.values()):
             for tag, reg in list(ch.consumers.items()):
                 if reg.queue == qname:
@@ -1173,6 +1191,8 @@ class Session:
         if self.closed:
             return
         self.closed = True
+        for qname in list(self.routes):
+            self._drop_route(qname)
         touched = {q for ch in self.channels.values() for q in ch.touched}
         for qname in touched:
             self.router.to_leader(qname, m.QSessionGone(qname, self.me, self.sid))

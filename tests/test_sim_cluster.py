@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
+
 import pytest
 import trio
 
 from broker.client.errors import ChannelClosedByBroker
 
+from broker.session import Session
 from broker.simulation import TICKTIME, sim_cluster
 
 pytestmark = pytest.mark.timeout(20)
@@ -463,3 +466,45 @@ async def test_a_deposed_log_leader_does_not_report_its_proposal_committed_by_an
             c.net.heal()
         assert len(done) == 1
         await c.wait_for(lambda: all("p" in n.md.policies for n in c.nodes.values()), timeout=20)
+
+
+async def test_a_change_naming_its_queues_is_shown_only_to_the_sessions_routing_to_them(
+        tmp_path, autojump_clock, monkeypatch):
+    """Every metadata change used to be shown to every session of every node, so N clients each
+    declaring a reply queue cost O(N^2): 3,000 took 10.8 s on three local nodes. A change that
+    names its queues (a declare, a delete, a queue's update) now reaches only the sessions
+    routing to one of them (`Node.routing`), and the index empties as sessions go."""
+    shown: list[int] = []
+    real = Session.meta_changed
+
+    def counted(self, *args):
+        shown.append(self.sid)
+        return real(self, *args)
+
+    monkeypatch.setattr(Session, "meta_changed", counted)
+    async with sim_cluster(tmp_path) as c:
+        async with AsyncExitStack() as stack:
+            consumers, sids = [], []
+            for i in range(9):
+                node = f"n{i % 3 + 1}"
+                conn = await stack.enter_async_context(c.connect(node))
+                ch = await conn.channel()
+                await ch.queue_declare(f"work.{i}")
+                consumers.append(await ch.basic_consume(f"work.{i}"))
+                sids.append(max(c.nodes[node].sessions))  # this connection's session: the newest
+            await c.wait_for(lambda: all(len(n.md.queues) == 9 for n in c.nodes.values()))
+            shown.clear()
+            async with c.connect("n1") as admin:
+                ach = await admin.channel()
+                for i in range(5):
+                    await ach.queue_declare(f"other.{i}")
+                assert not set(shown) & set(sids), "a declare was shown to sessions not routing to it"
+                assert all(sum(len(s) for s in n.routing.values()) == 3 for n in c.nodes.values())
+                await ach.queue_delete("work.4")
+                with trio.fail_after(10):
+                    assert [m async for m in consumers[4]] == []  # ends: cancelled
+                assert "was deleted" in consumers[4].cancelled_reason
+                assert set(shown) & set(sids) == {sids[4]}
+                assert all(k.cancelled_reason is None for j, k in enumerate(consumers) if j != 4)
+        await c.wait_for(lambda: not any(n.routing for n in c.nodes.values()), 10,
+                         "every node's routing index to empty once its sessions closed")
