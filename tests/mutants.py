@@ -271,6 +271,18 @@ MUTANTS = [
            ["tests/test_statefile.py"],
            "a follower's log cut back by a new leader is saved as an append, so the entries it "
            "dropped come back after a restart"),
+    Mutant("session-not-in-routing-index", "broker/session.py",
+           "                self.node.routing.setdefault(qname, {})[self.sid] = self\n",
+           "                pass\n",
+           ["tests/test_sim_cluster.py::test_a_change_naming_its_queues_is_shown_only_to_the_sessions_routing_to_them"],
+           "a session routing to a queue is not in the node's index, so the queue's deletion "
+           "never reaches its consumer"),
+    Mutant("link-loss-ignores-counted-down-queue", "broker/session.py",
+           "                        down := self.node.queue_down_reason(qdef)):\n                    self.queue_lost(qname, down)\n            return\n",
+           "                        down := self.node.queue_down_reason(qdef)):\n                    pass\n            return\n",
+           ["tests/test_sim_partitions.py::test_a_publisher_whose_queue_node_is_counted_down_then_cut_off_is_nacked_not_left_waiting"],
+           "a queue the log counts down stays routed when the link to its node breaks: its "
+           "publisher waits until the node is back"),
 ]
 
 
