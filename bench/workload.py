@@ -229,6 +229,10 @@ FIELDS: dict[str, tuple] = {
                                       "measure the node's memory (no load; 0: a load scenario)")),
     "idle_node": (_int(0), 0, "index of the node that holds the idle connections (0 = the first)"),
     "idle_seconds": (_number(0), 10, "how long the idle connections are held before the memory is read"),
+    "declare_queues": (_int(0), 0, ("a declare scenario: one connection per node declares its share "
+                                    "of this many queues (queue i through node i % nodes), one call "
+                                    "at a time, then each deletes the ones it declared; times both "
+                                    "phases and every call (no load; 0: not a declare scenario)")),
     "chaos": (_chaos, None, ("a chaos campaign instead of a load: {schedules, seed, kinds, faults, "
                              "scale, net_ticktime, rate} (bench/chaos); warren only")),
 }
@@ -264,6 +268,7 @@ class Scenario:
     idle_connections: int = 0
     idle_node: int = 0
     idle_seconds: float = 10
+    declare_queues: int = 0
     chaos: dict | None = None
     source: str = ""
 
@@ -288,6 +293,15 @@ class Scenario:
     @property
     def idle(self) -> bool:
         return self.idle_connections > 0
+
+    @property
+    def declaring(self) -> bool:
+        """A declare scenario (declare_queues > 0): it times queue.declare and queue.delete."""
+        return self.declare_queues > 0
+
+    def declare_names(self) -> list[str]:
+        """The queues a declare scenario declares and deletes: bench.NAME.0 .. bench.NAME.N-1."""
+        return [f"bench.{self.name}.{i}" for i in range(self.declare_queues)]
 
     def queue_node(self, q: int, nodes: int) -> int:
         """Index of the node queue q is declared through (its leader, for client-local brokers)."""
@@ -345,6 +359,8 @@ def _finish(fields: dict, where: str, origin: str) -> Scenario:
         raise WorkloadError(f"{origin}: {where}duration: must be > 0 when messages is 0")
     if full["idle_connections"] and full["faults"]:
         raise WorkloadError(f"{origin}: {where}faults: an idle-connection scenario takes no faults")
+    if full["declare_queues"]:
+        _check_declare(fields, full, where, origin)
     if full["consume_after_publish"] and full["consumers"] == 0:
         raise WorkloadError(f"{origin}: {where}consume_after_publish: needs consumers >= 1")
     for i, f in enumerate(full["faults"]):
@@ -352,6 +368,33 @@ def _finish(fields: dict, where: str, origin: str) -> Scenario:
             raise WorkloadError(f"{origin}: {where}faults[{i}].queue: index {f['queue']} but the "
                                 f"scenario has {full['queues']} queue(s)")
     return Scenario(**full, source=origin)
+
+
+# fields that drive a load: a declare scenario runs none, so giving one of them is a mistake
+DECLARE_REFUSES_LOAD = ("producers", "consumers", "queues", "producer_rate", "messages",
+                        "consume_after_publish")
+
+
+def _check_declare(fields: dict, full: dict, where: str, origin: str) -> None:
+    """A declare scenario only declares and deletes plain queues: no load, faults, policy, idle
+    connections or chaos alongside."""
+    for key in DECLARE_REFUSES_LOAD:
+        if key in fields:
+            raise WorkloadError(f"{origin}: {where}{key}: a declare scenario runs no producers or consumers "
+                                f"(declare_queues is its only load); drop {key}")
+    if full["faults"]:
+        raise WorkloadError(f"{origin}: {where}faults: a declare scenario takes no faults")
+    if full["idle_connections"]:
+        raise WorkloadError(f"{origin}: {where}idle_connections: a scenario is an idle-connection one or "
+                            f"a declare one, not both")
+    if full["chaos"] is not None:
+        raise WorkloadError(f"{origin}: {where}chaos: a declare scenario is not a chaos campaign")
+    if full["policy"] is not None or (full["replicas"] or 1) > 1:
+        key = "policy" if full["policy"] is not None else "replicas"
+        raise WorkloadError(f"{origin}: {where}{key}: a declare scenario sets no policy "
+                            f"(its queues are plain, non-mirrored)")
+    if full["durable"]:
+        raise WorkloadError(f"{origin}: {where}durable: a declare scenario declares non-durable queues")
 
 
 def parse(data, origin: str = "<workload>") -> list[Scenario]:

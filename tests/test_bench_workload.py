@@ -99,3 +99,38 @@ def test_select_keeps_the_files_order_and_rejects_unknown_names():
     assert select(scenarios, None) == scenarios
     with pytest.raises(WorkloadError, match=r"no scenario named x, y in these workloads \(they define: a, b, c\)"):
         select(scenarios, ["a", "x", "y"])
+
+
+def test_declare_field_parses():
+    [sc] = parse({"name": "d", "declare_queues": 40})
+    assert sc.declaring and not sc.idle and sc.declare_queues == 40
+    assert sc.declare_names()[:2] == ["bench.d.0", "bench.d.1"] and len(sc.declare_names()) == 40
+    [plain] = parse({"name": "p"})
+    assert plain.declare_queues == 0 and not plain.declaring
+    assert "scenarios[0].declare_queues: must be an integer >= 0, got -3" in error_of(
+        {"scenarios": [{"name": "d", "declare_queues": -3}]})
+
+
+@pytest.mark.parametrize("extra, expect", [
+    ({"faults": [{"at": 1, "action": "kill"}]}, "scenarios[0].faults: a declare scenario takes no faults"),
+    ({"producers": 2}, "scenarios[0].producers: a declare scenario runs no producers or consumers "
+                       "(declare_queues is its only load); drop producers"),
+    ({"consumers": 0}, "scenarios[0].consumers: a declare scenario runs no producers or consumers"),
+    ({"queues": 10}, "scenarios[0].queues: a declare scenario runs no producers or consumers"),
+    ({"producer_rate": 100}, "scenarios[0].producer_rate: a declare scenario runs no producers"),
+    ({"idle_connections": 5}, "scenarios[0].idle_connections: a scenario is an idle-connection one or "
+                              "a declare one, not both"),
+    ({"replicas": 3}, "scenarios[0].replicas: a declare scenario sets no policy"),
+    ({"policy": {"ha-mode": "all"}}, "scenarios[0].policy: a declare scenario sets no policy"),
+    ({"durable": True}, "scenarios[0].durable: a declare scenario declares non-durable queues"),
+    ({"chaos": {"schedules": 1}}, "scenarios[0].chaos: a declare scenario is not a chaos campaign"),
+])
+def test_declare_scenario_refuses_load_faults_and_policy(extra, expect):
+    msg = error_of({"scenarios": [{"name": "d", "declare_queues": 10, **extra}]})
+    assert msg.startswith("workloads/x.yaml: "), msg
+    assert expect in msg, msg
+
+
+def test_declare_scenario_refuses_load_fields_from_the_defaults_too():
+    msg = error_of({"defaults": {"producers": 3}, "scenarios": [{"name": "d", "declare_queues": 10}]})
+    assert "scenarios[0].producers: a declare scenario runs no producers or consumers" in msg
