@@ -12,7 +12,8 @@ Producers with a rate follow the open-loop schedule of `bench.schedule`: message
 intended time and `t_int` records that time, so latency is measured from it; the loop's timers
 wake to the microsecond (`bench.fineloop`), not epoll's millisecond. A connection that
 breaks is re-opened on the next node after 0.2 s (its unconfirmed publishes stay `conf: null`);
-a channel the broker closes is re-opened after 0.5 s.
+a channel the broker closes is re-opened after 0.5 s. The AMQP side of the idle-connection and
+declare scenarios (`run_idle`, `run_declare`) is here too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 
 from bench import fineloop
 from bench.amqp import AMQPError, Connection, parse_address
+from bench.declaring import PHASES, Phases
 from bench.records import CONF_ACK, CONF_NACK, CONF_NONE, ID_SHIFT, DeliverRecord, PublishRecord
 from bench.schedule import GRACE, OpenLoop
 from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
@@ -470,3 +472,74 @@ def run_idle(spec: dict, shared: Shared) -> dict:
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return asyncio.run(_idle(spec, shared))
+
+
+# --- declaring and deleting queues ---------------------------------------------------------------
+
+async def _declare(spec: dict, shared: Shared) -> dict:
+    """A declare scenario: in this one process, one asyncio task per node, each with its own
+    connection and channel to that node, declaring its share spec['shares'][k] one queue.declare
+    at a time (the reply before the next), all starting at the runner's start time; once every
+    task has declared its share, each deletes its queues the same way. The book-keeping is
+    `bench.declaring.Phases`."""
+    shares = spec["shares"]
+    ph = Phases(len(shares), asyncio.Event)
+    loop = asyncio.get_running_loop()
+    now = time.time
+
+    async def connection(k: int, names: list[str]) -> None:
+        address = spec["nodes"][k]
+        conn = None
+        try:
+            conn = await _open(address, f"bench-declare-{k}")
+            ch = await conn.channel()
+            ph.arrived(k)
+            for phase in PHASES:
+                await ph.begin[phase].wait()
+                if phase == "declare" and ph.t0 > now():
+                    await asyncio.sleep(ph.t0 - now())
+                for q in names:
+                    if ph.stopping:
+                        break
+                    t = now()
+                    try:
+                        if phase == "declare":
+                            await ch.queue_declare(q)
+                        else:
+                            await ch.queue_delete(q)
+                    except AMQPError as exc:
+                        if conn.is_closed:
+                            raise
+                        ph.call(phase, k, q, t, now(), exc)
+                        if not ch.is_open:
+                            ch = await conn.channel()
+                        continue
+                    ph.call(phase, k, q, t, now())
+                ph.finished(phase, k)
+        except (AMQPError, OSError, asyncio.TimeoutError) as exc:
+            ph.gone(k, f"connection {k} to {address}: {exc!r}")
+        else:
+            ph.gone(k)
+        finally:
+            if conn is not None:
+                await conn.close()
+
+    async def gate() -> None:
+        await ph.all_connected.wait()
+        ph.t0 = await loop.run_in_executor(None, shared.wait_start)
+        ph.begin["declare"].set()
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            ph.progress(shared)
+
+    reporter = asyncio.create_task(report())
+    await asyncio.gather(gate(), *(connection(k, names) for k, names in enumerate(shares)))
+    reporter.cancel()
+    ph.progress(shared)
+    return ph.result()
+
+
+def run_declare(spec: dict, shared: Shared) -> dict:
+    return asyncio.run(_declare(spec, shared))

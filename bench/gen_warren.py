@@ -13,6 +13,8 @@ about to wait, both without waking the client's writer task. Short waits end to 
 (`bench.fineloop.fine_trio_timers`, and a tight timer slack), as the AMQP generator's do, so
 both generators send on time alike; a paced producer sleeps with `fineloop.trio_sleep`, which
 spares the cancel scope of `trio.sleep` (`python -m bench.fineloop` measures both).
+It also holds the warren-native side of the idle-connection and declare scenarios (`run_idle`,
+`run_declare`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import trio
 import trio.lowlevel
 
 from bench import fineloop
+from bench.declaring import PHASES, Phases
 from bench.records import (
     CONF_ACK,
     CONF_NACK,
@@ -36,7 +39,7 @@ from bench.records import (
 from bench.schedule import GRACE, OpenLoop
 from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared, rotate
 from broker.client.aio import open_connection
-from broker.client.errors import AMQPError
+from broker.client.errors import AMQPConnectionError, AMQPError
 
 BATCH = 200  # publishes between yields to the scheduler
 _NOT_CORKED = contextlib.nullcontext()
@@ -390,3 +393,73 @@ async def _idle(spec: dict, shared: Shared) -> dict:
         alive = len(opened)
         stop.set()
     return {"opened": len(opened), "alive_at_end": alive, "open_s": round(opened_s, 2), "errors": errors}
+
+
+# --- declaring and deleting queues ---------------------------------------------------------------
+
+def run_declare(spec: dict, shared: Shared) -> dict:
+    return trio.run(_declare, spec, shared)
+
+
+async def _declare(spec: dict, shared: Shared) -> dict:
+    """A declare scenario: in this one process, one task per node, each with its own connection
+    (warren's client, no reconnecting) and channel to that node, declaring its share
+    spec['shares'][k] one queue.declare at a time (the reply before the next), all starting at
+    the runner's start time; once every task has declared its share, each deletes its queues the
+    same way. The book-keeping is `bench.declaring.Phases`."""
+    shares = spec["shares"]
+    ph = Phases(len(shares), trio.Event)
+    now = time.time
+
+    async def connection(k: int, names: list[str]) -> None:
+        address = spec["nodes"][k]
+        try:
+            async with open_connection([address], client_name=f"bench-declare-{k}", reconnect=False) as conn:
+                ch = await conn.channel()
+                ph.arrived(k)
+                for phase in PHASES:
+                    await ph.begin[phase].wait()
+                    if phase == "declare" and ph.t0 > now():
+                        await trio.sleep(ph.t0 - now())
+                    for q in names:
+                        if ph.stopping:
+                            break
+                        t = now()
+                        try:
+                            if phase == "declare":
+                                await ch.queue_declare(q)
+                            else:
+                                await ch.queue_delete(q)
+                        except AMQPConnectionError:
+                            raise
+                        except AMQPError as exc:
+                            ph.call(phase, k, q, t, now(), exc)
+                            if not ch.is_open:
+                                ch = await conn.channel()
+                            continue
+                        ph.call(phase, k, q, t, now())
+                    ph.finished(phase, k)
+        except Exception as exc:  # noqa: BLE001 - the connection's queues count as not done; the others go on
+            ph.gone(k, f"connection {k} to {address}: {exc!r}")
+        else:
+            ph.gone(k)
+
+    async def gate() -> None:
+        await ph.all_connected.wait()
+        ph.t0 = await trio.to_thread.run_sync(shared.wait_start)
+        ph.begin["declare"].set()
+
+    async def report() -> None:
+        while True:
+            await trio.sleep(0.25)
+            ph.progress(shared)
+
+    async with trio.open_nursery() as outer:
+        outer.start_soon(report)
+        async with trio.open_nursery() as n:
+            n.start_soon(gate)
+            for k, names in enumerate(shares):
+                n.start_soon(connection, k, names)
+        ph.progress(shared)
+        outer.cancel_scope.cancel()
+    return ph.result()

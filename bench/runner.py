@@ -5,7 +5,9 @@ per scenario the set-up (policy, queues, waiting for mirrors), the worker proces
 one group of processes, consumers in another, see `bench.worker`), the fault schedule, the drain,
 the merge of the workers' part files into `publish.jsonl`/`deliver.jsonl`/`intervals.jsonl`, and
 the one-line summary per scenario. Faults run in a thread of their own so the progress line and
-the drain check keep their pace while a `warrenctl` call takes its time.
+the drain check keep their pace while a `warrenctl` call takes its time. Two kinds of scenario
+carry no messages and have their own runs: idle connections (`run_idle`: a node's memory) and
+declare scenarios (`run_declare`: the time to declare and delete many queues).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench import declaring
 from bench import worker as workermod
 from bench.records import LATENCY_KINDS
 from bench.runinfo import new_meta, new_run_id, write_meta
@@ -389,6 +392,8 @@ class Runner:
         """Returns True when the cluster may be left damaged (faults ran)."""
         if sc.idle:
             return self.run_idle(folder, run_id, target, sc, meta)
+        if sc.declaring:
+            return self.run_declare(folder, run_id, target, sc, meta)
         tname = target.name
         policy = sc.effective_policy
         policy_name = f"bench-{sc.name}"
@@ -637,6 +642,101 @@ class Runner:
             self.say(f"  error: {e}")
         return False
 
+    # --- a declare scenario ------------------------------------------------------------------------
+    def run_declare(self, folder: Path, run_id: str, target: Target, sc: Scenario, meta: dict) -> bool:
+        """Declare sc.declare_queues queues, then delete them, and time both phases and every call.
+
+        One worker process (bench/worker.py, role `declare`) holds one connection and channel per
+        node, each a task of that process (see `declaring` and the generators' `run_declare`):
+        queue i through node i % nodes, each connection's share one call after another, all
+        starting together; after the last declare, each connection deletes what it declared."""
+        tname = target.name
+        sdir = folder / sc.name / tname
+        sdir.mkdir(parents=True, exist_ok=True)
+        addresses = target.addresses()
+        names = sc.declare_names()
+        total = len(names)
+        gen = _gen_module(tname)
+        errors: list[str] = []
+        left_before = self._scenario_queues(target, sc)
+        if left_before:  # an interrupted run's queues: a declare of an existing queue is no declare
+            self.say(f"  {sc.name}: deleting {len(left_before)} queue(s) a previous run left")
+            gen.declare(addresses, left_before, False, delete=True)
+        shared = Shared(self.ctx)
+        spec = {"target": tname, "nodes": addresses, "scenario": sc.as_dict(), "out_dir": str(sdir),
+                "role": "declare", "part": 0, "indices": [],
+                "shares": declaring.shares(names, len(addresses))}
+        cpu_before = target.cpu()
+        t_start = time.time()
+        w = self.ctx.Process(target=workermod.main, daemon=True, args=(spec, shared))
+        w.start()
+        try:
+            deadline = time.time() + 120
+            while shared.ready.value < 1 and w.exitcode is None and time.time() < deadline:
+                self.progress.show(f"[{tname}] {sc.name} connecting {time.time() - t_start:4.1f}s")
+                time.sleep(0.05)
+            t0 = time.time() + 0.2
+            shared.start_at.value = t0
+            shared.start.set()
+            # generous: before the fix of docs/measurements.md, 1,000 queues took 24 s each way
+            limit = time.time() + 300 + total * 0.2
+            while w.exitcode is None:
+                c = shared.snapshot()
+                self.progress.show(f"[{tname}] {sc.name} {max(0.0, time.time() - t0):5.1f}s  declared "
+                                   f"{c[0]:,}/{total:,}  deleted {c[1]:,}/{total:,}")
+                if time.time() > limit and not shared.stop.is_set():
+                    errors.append(f"stopped after {limit - t0:.0f} s: the calls took too long")
+                    shared.stop.set()
+                w.join(0.1)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            shared.stop.set()
+        finally:
+            shared.start.set()
+            w.join(60)
+            if w.exitcode is None:
+                w.kill()
+                w.join(5)
+            self.progress.done()
+        cpu_after = target.cpu()
+        t_end = time.time()
+        usage = []
+        for part in sorted(sdir.glob("usage.*.part*")):
+            usage.append(json.loads(part.read_text()))
+            part.unlink()
+        result = next((u.pop("declare") for u in usage if "declare" in u), None)
+        left = self._scenario_queues(target, sc)
+        node_cpu = {n: round(cpu_after[n] - cpu_before[n], 2) for n in cpu_after
+                    if cpu_after.get(n) is not None and cpu_before.get(n) is not None}
+        errors += [e for u in usage for e in u.get("errors", [])]
+        if w.exitcode != 0:
+            errors.append(f"worker {w.name} exit code {w.exitcode}")
+        declare = _declare_summary(result, total, list(target.nodes), left, node_cpu, w.exitcode != 0)
+        info = {"run_id": run_id, "scenario": sc.name, "target": tname, "workload": sc.as_dict(),
+                "t_start": t_start, "t_end": t_end, "nodes": list(target.nodes), "sampled": False,
+                "t_measure": (result or {}).get("t0") or t0, "t_publish_end": None, "policy": None,
+                "generator": usage, "declare": declare, "errors": errors}
+        (sdir / "scenario.json").write_text(json.dumps(info, indent=2) + "\n")
+        self.summaries.append({"target": tname, "scenario": sc.name, "declare": declare})
+        self.say(_declare_line(tname, sc.name, declare))
+        for e in errors[:5]:
+            self.say(f"  error: {e}")
+        if left or (left is None and declare["declared"] != declare["deleted"]):
+            try:  # leave the cluster as we found it
+                gen.declare(addresses, left or names, False, delete=True)
+            except Exception as exc:  # noqa: BLE001 - any client's error: say it, the run goes on
+                self.say(f"  cleanup: {exc}")
+        return False
+
+    def _scenario_queues(self, target: Target, sc: Scenario) -> list[str] | None:
+        """The queues named bench.SCENARIO.* the target lists now; None when it cannot list them."""
+        prefix = f"bench.{sc.name}."
+        try:
+            rows = target.queues()
+        except (TargetError, OSError, ValueError):
+            return None
+        return sorted(q for q in rows if q.startswith(prefix))
+
     def _wait_mirrors(self, target: Target, sc: Scenario, queues: list[str], timeout: float = 30) -> dict:
         pol = sc.effective_policy or {}
         mode = pol.get("ha-mode")
@@ -755,6 +855,51 @@ def latency_summary(sdir: Path, t_measure: float, max_lines: int = 3_000_000) ->
     if sent:
         out["confirm_sent"] = _percentiles(sent)
     return out
+
+
+def _declare_summary(res: dict | None, queues: int, nodes: list[str], left: list[str] | None,
+                     node_cpu: dict, worker_failed: bool) -> dict:
+    """The `declare` object of scenario.json from the worker's `declaring.Phases.result()`: per
+    phase the seconds from the first call's start to the last one's end (both times kept,
+    `t_declare_first` ... `t_delete_last`), calls per second, and the per-call latency of the
+    calls that succeeded."""
+    res = res or {}
+    out: dict = {"queues": queues, "connections": res.get("connections", len(nodes))}
+    ok = res.get("ok") or {}
+    out["declared"] = sum(ok.get("declare") or [])
+    out["deleted"] = sum(ok.get("delete") or [])
+    for phase, rate in (("declare", "declares_per_s"), ("delete", "deletes_per_s")):
+        first, last = (res.get("first") or {}).get(phase), (res.get("last") or {}).get(phase)
+        secs = last - first if first is not None and last is not None else None
+        done = out["declared" if phase == "declare" else "deleted"]
+        out[f"{phase}_s"] = round(secs, 3) if secs is not None else None
+        out[rate] = round(done / secs, 1) if secs and done else None
+        out[f"t_{phase}_first"], out[f"t_{phase}_last"] = first, last
+    for phase in ("declare", "delete"):
+        pct = _percentiles(list((res.get("ms") or {}).get(phase) or []))
+        for key in ("p50_ms", "p99_ms", "max_ms"):
+            out[f"{phase}_{key}"] = pct.get(key)
+    failed = res.get("failed") or {}
+    out["errors"] = (failed.get("declare", 0) + failed.get("delete", 0) + res.get("lost_connections", 0)
+                     + (1 if worker_failed else 0))
+    out["left_after"] = len(left) if left is not None else None
+    out["per_connection"] = [{"node": nodes[k] if k < len(nodes) else k, "declared": d, "deleted": x}
+                             for k, (d, x) in enumerate(zip(ok.get("declare") or [], ok.get("delete") or []))]
+    out["node_cpu_s"] = node_cpu
+    return out
+
+
+def _declare_line(tname: str, scenario: str, d: dict) -> str:
+    def n(v, form: str = ".3g") -> str:  # 3 significant digits, whole numbers from 100 on
+        return "?" if v is None else format(v, ",.0f" if form == ".3g" and abs(v) >= 100 else form)
+
+    def phase(p: str, done: str, rate: str) -> str:
+        return (f"{done} {d[done]:,} in {n(d[f'{p}_s'])} s ({n(d[rate], ',.0f')}/s; per call p50/p99/max "
+                f"{n(d[f'{p}_p50_ms'])}/{n(d[f'{p}_p99_ms'])}/{n(d[f'{p}_max_ms'])} ms)")
+
+    return (f"[{tname}] {scenario}: {d['queues']:,} queues through {d['connections']} connections: "
+            f"{phase('declare', 'declared', 'declares_per_s')}, {phase('delete', 'deleted', 'deletes_per_s')}; "
+            f"{d['errors']} error(s), {n(d['left_after'], 'd')} left after")
 
 
 def _summary_line(s: dict) -> str:

@@ -4,7 +4,9 @@ This module owns the worker side of the contract between the runner (the parent)
 processes: the worker `spec`, the process entry point, and the part files each worker leaves in
 the scenario folder for the runner to merge (the state they share is bench/shared.py's). The load itself is
 driven by `bench.gen_warren` (trio, warren's own client: target warren-native) or `bench.gen_amqp`
-(asyncio and pamqp: targets rabbitmq, warren-amqp and null).
+(asyncio and pamqp: targets rabbitmq, warren-amqp and null). An idle-connection or declare
+worker (role `idle` or `declare`) writes no message records, only its usage file with the
+generator's result in it.
 """
 
 from __future__ import annotations
@@ -33,15 +35,16 @@ def main(spec: dict, shared: Shared) -> None:
     spec["errors"] = []
     t_wall = time.time()
     gen = gen_module(spec["target"])
-    if spec["role"] == "idle":
-        result = gen.run_idle(spec, shared)
+    if spec["role"] in ("idle", "declare"):  # no message records: the result is the usage's
+        role = spec["role"]
+        result = (gen.run_idle if role == "idle" else gen.run_declare)(spec, shared)
         cpu = os.times()
-        usage = {"role": "idle", "part": spec["part"], "pid": os.getpid(),
+        usage = {"role": role, "part": spec["part"], "pid": os.getpid(),
                  "cpu_s": round((cpu.user - t_cpu.user) + (cpu.system - t_cpu.system), 3),
                  "wall_s": round(time.time() - t_wall, 3),
                  "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                 "errors": result.pop("errors", [])[:20], "idle": result}
-        (Path(spec["out_dir"]) / f"usage.idle.part{spec['part']}").write_text(json.dumps(usage))
+                 "errors": result.pop("errors", [])[:20], role: result}
+        (Path(spec["out_dir"]) / f"usage.{role}.part{spec['part']}").write_text(json.dumps(usage))
         return
     if spec["role"] == "producer":
         records = gen.run_producers(spec, shared)

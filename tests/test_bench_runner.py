@@ -131,3 +131,53 @@ scenarios:
     idle = json.loads((folder / "tiny-idle" / "warren-native" / "scenario.json").read_text())
     assert idle["idle"]["opened"] == 40 and idle["idle"]["node"] == "n2" and idle["errors"] == []
     assert idle["idle"]["rss_held_mib"] > 0
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target", ["warren-native", "warren-amqp"])
+def test_declare_scenario_declares_then_deletes_every_queue(tmp_path, target):
+    """A declare scenario on a real 3-node cluster: 30 queues, 10 through each node's connection,
+    all declared, then all deleted; what the cluster lists afterwards is read with warrenctl
+    before the runner stops it."""
+    if target == "warren-amqp":
+        pytest.importorskip("pamqp")
+        from bench.targets import warren_amqp_support
+        if warren_amqp_support() is not None:
+            pytest.skip(str(warren_amqp_support()))
+    workload = tmp_path / "declare.yaml"
+    workload.write_text("scenarios:\n  - {name: tiny-declare, declare_queues: 30}\n")
+    listed = {}
+
+    class Listing(Runner):
+        def make_target(self, *args):
+            tg = super().make_target(*args)
+            stop = tg.stop
+
+            def list_then_stop():
+                out = tg.ctl(tg.nodes[0], "list_queues", "name", "--formatter", "json")
+                listed[tg.name] = [r["name"] for r in json.loads(out)]
+                stop()
+            tg.stop = list_then_stop
+            return tg
+
+    said = []
+    runner = Listing(tmp_path / "results", progress=Progress(enabled=False), say=said.append)
+    folder = runner.run([str(workload)], [target], run_id="d1")
+    sc = json.loads((folder / "tiny-declare" / target / "scenario.json").read_text())
+    d = sc["declare"]
+    assert sc["errors"] == [] and d["errors"] == 0
+    assert (d["queues"], d["connections"], d["declared"], d["deleted"], d["left_after"]) == (30, 3, 30, 30, 0)
+    assert [(c["node"], c["declared"], c["deleted"]) for c in d["per_connection"]] == [
+        ("n1", 10, 10), ("n2", 10, 10), ("n3", 10, 10)]
+    for phase, rate in (("declare", "declares_per_s"), ("delete", "deletes_per_s")):
+        assert d[f"{phase}_s"] > 0 and d[rate] > 0
+        assert 0 < d[f"{phase}_p50_ms"] <= d[f"{phase}_p99_ms"] <= d[f"{phase}_max_ms"]
+        # ten calls one after another on each connection: the phase outlasts ten medians' worth
+        assert d[f"{phase}_s"] * 1000 >= 10 * d[f"{phase}_p50_ms"] * 0.5
+    assert sc["t_start"] < d["t_declare_first"] < d["t_declare_last"] <= d["t_delete_first"] < d["t_delete_last"]
+    assert not any(q.startswith("bench.tiny-declare.") for q in listed[target])
+    assert [s["declare"]["declared"] for s in runner.summaries] == [30]
+    assert any(f"[{target}] tiny-declare: 30 queues through 3 connections: declared 30 in" in line
+               and "0 error(s), 0 left after" in line for line in said), said
+    assert not any("cleanup" in line for line in said)
