@@ -6,8 +6,8 @@ targets: warren-native (warren's own client), warren-amqp (warren's AMQP 0-9-1 p
 null (the null AMQP broker: what the generator alone can do); warren = warren-native,
 both = warren-native,rabbitmq, all = warren-native,warren-amqp,rabbitmq.
 
-runs workload files (or shipped suites by name: smoke, throughput, latency, failover, scale, sync)
-and writes the logs of bench/LOGS.md under results/RUN_ID/; see bench/README.md.
+runs workload files (or shipped suites by name: smoke, throughput, latency, failover, scale, sync,
+declare) and writes the logs of bench/LOGS.md under results/RUN_ID/; see bench/README.md.
 
     warren-bench analyse [RESULTS]     the Spark job of bench/analysis over those logs
                                        (`analyze` works too)
@@ -112,6 +112,10 @@ def _run(args) -> int:
                     if sc.idle:
                         print(f"{w}: {sc.name}: {sc.idle_connections:,} idle connections on node "
                               f"{sc.idle_node}, held {sc.idle_seconds:g} s")
+                        continue
+                    if sc.declaring:
+                        print(f"{w}: {sc.name}: declare then delete {sc.declare_queues:,} queues, one "
+                              f"connection per node")
                         continue
                     if sc.chaos is not None:
                         print(f"{w}: {sc.name}: chaos {json.dumps(sc.chaos)}")
@@ -315,7 +319,8 @@ def main(argv=None) -> None:
     t.add_argument("--nodes", help="use running nodes (HOST:CLIENT_PORT,...) instead of starting one")
     r = sub.add_parser("run", help="run workload files against warren and/or RabbitMQ, write results/RUN_ID/")
     r.add_argument("workloads", nargs="+", metavar="WORKLOAD",
-                   help="a YAML file, or a shipped suite name (smoke, throughput, latency, failover, scale, sync)")
+                   help="a YAML file, or a shipped suite name (smoke, throughput, latency, failover, scale, "
+                        "sync, declare)")
     r.add_argument("--target", default="warren-native",
                    help="comma-separated: warren-native, warren-amqp, rabbitmq, null; or warren "
                         "(= warren-native), both (= warren-native,rabbitmq), all (= warren-native,"

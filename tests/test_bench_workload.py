@@ -101,7 +101,7 @@ def test_select_keeps_the_files_order_and_rejects_unknown_names():
         select(scenarios, ["a", "x", "y"])
 
 
-def test_declare_field_parses():
+def test_declare_field_parses_and_the_shipped_suite():
     [sc] = parse({"name": "d", "declare_queues": 40})
     assert sc.declaring and not sc.idle and sc.declare_queues == 40
     assert sc.declare_names()[:2] == ["bench.d.0", "bench.d.1"] and len(sc.declare_names()) == 40
@@ -109,6 +109,8 @@ def test_declare_field_parses():
     assert plain.declare_queues == 0 and not plain.declaring
     assert "scenarios[0].declare_queues: must be an integer >= 0, got -3" in error_of(
         {"scenarios": [{"name": "d", "declare_queues": -3}]})
+    assert [(s.name, s.declare_queues) for s in load(WORKLOAD_DIR / "declare.yaml")] == [
+        ("declare-250", 250), ("declare-1000", 1000)]
 
 
 @pytest.mark.parametrize("extra, expect", [
