@@ -499,7 +499,8 @@ def test_fine_buckets_around_a_fault_show_the_sub_second_outage(analysed, run_id
 @pytest.fixture(scope="module")
 def openloop(tmp_path_factory, session):
     """An open-loop run (t_int on every publish line, a warmup) on warren-native and RabbitMQ,
-    and an idle-connection scenario (scenario.json alone)."""
+    an idle-connection and a declare scenario (scenario.json alone); returns the results, the
+    expected latencies and the report folder."""
     from bench.analysis.cli import run
 
     root = tmp_path_factory.mktemp("openloop")
@@ -527,12 +528,21 @@ def openloop(tmp_path_factory, session):
                      "kib_per_connection": 92.2}}
     (run_dir / "idle-10k" / "rabbitmq").mkdir(parents=True)
     (run_dir / "idle-10k" / "rabbitmq" / "scenario.json").write_text(json.dumps(idle))
+    declare = {**_meta("declare-250", False, T0, T0 + 3), "run_id": run_dir.name, "target": "warren-amqp",
+               "declare": {"queues": 250, "connections": 3, "declared": 250, "deleted": 249,
+                           "declare_s": 0.41, "delete_s": 0.39, "declares_per_s": 609.8,
+                           "deletes_per_s": 638.5, "declare_p50_ms": 4.5, "declare_p99_ms": 12.25,
+                           "declare_max_ms": 20.0, "delete_p50_ms": 4.0, "delete_p99_ms": 11.0,
+                           "delete_max_ms": 15.5, "errors": 1, "left_after": 1,
+                           "per_connection": [{"node": "n1", "declared": 84, "deleted": 83}]}}
+    (run_dir / "declare-250" / "warren-amqp").mkdir(parents=True)
+    (run_dir / "declare-250" / "warren-amqp" / "scenario.json").write_text(json.dumps(declare))
     res, _ = run(str(run_dir), out=str(root / "out"), spark=session)
-    return res, expect
+    return res, expect, root / "out"
 
 
 def test_open_loop_latency_is_measured_from_the_intended_time_after_warmup(openloop):
-    res, expect = openloop
+    res, expect, _ = openloop
     for target, kinds in expect.items():
         for kind, values in kinds.items():
             [row] = [r for r in res.tables["latency"] if (r["scenario"], r["target"], r["kind"]) ==
@@ -550,8 +560,8 @@ def test_open_loop_latency_is_measured_from_the_intended_time_after_warmup(openl
         "p99_ms"] > 200
 
 
-def test_compare_names_the_warren_target_and_idle_rows_come_through(openloop):
-    res, _ = openloop
+def test_compare_names_the_warren_target_and_idle_and_declare_rows_come_through(openloop):
+    res, _, out = openloop
     [c] = res.tables["compare"]
     assert (c["scenario"], c["warren_target"]) == ("paced", "warren-native")
     assert c["confirm_p99_ratio"] > 1
@@ -561,3 +571,11 @@ def test_compare_names_the_warren_target_and_idle_rows_come_through(openloop):
     [idle] = res.tables["idle"]
     assert (idle["target"], idle["node"], idle["opened"], idle["kib_per_connection"]) == (
         "rabbitmq", "rabbit-1@localhost", 10000, 92.2)
+    [d] = res.tables["declare"]
+    assert (d["scenario"], d["target"], d["queues"], d["declared"], d["deleted"], d["left_after"]) == (
+        "declare-250", "warren-amqp", 250, 250, 249, 1)
+    assert (d["declare_s"], d["declare_p99_ms"], d["delete_max_ms"], d["errors"]) == (0.41, 12.25, 15.5, 1)
+    assert "per_connection" not in d
+    md = (out / "report.md").read_text()
+    assert "## Declaring and deleting queues" in md and "| declare-250 | warren-amqp | 250 | 250 |" in md
+    assert (out / "declare.csv").read_text().splitlines()[0].startswith("run_id,scenario,target,queues,")

@@ -40,6 +40,8 @@ Definitions (see also bench/LOGS.md):
   sync_done's ``seconds`` when it has them, else by the time from the sync's start (its
   sync_queue action, else the first progress line) to sync_done; also the mean and peak of the
   reported ``rate_msgs`` (null rates, before every mirror is synchronised, are left out).
+- idle and declare: one row per idle-connection or declare scenario, copied from the `idle` or
+  `declare` object of its scenario.json (the runner measured them; there are no message lines).
 - chaos (scenarios written by `warren-bench chaos`, bench/chaos): one row per schedule from its
   verdict.json (the checker's lost, lost_allowed, duplicates, stranded, stuck, longest gap and
   recovery), with this job's own lost count from the message lines beside it.
@@ -125,6 +127,14 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("node", "STRING"),
         ("connections", "LONG"), ("opened", "LONG"), ("rss_before_mib", "DOUBLE"),
         ("rss_held_mib", "DOUBLE"), ("rss_after_mib", "DOUBLE"), ("kib_per_connection", "DOUBLE"),
+    ],
+    "declare": [
+        ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("queues", "LONG"),
+        ("connections", "LONG"), ("declared", "LONG"), ("deleted", "LONG"), ("declare_s", "DOUBLE"),
+        ("delete_s", "DOUBLE"), ("declares_per_s", "DOUBLE"), ("deletes_per_s", "DOUBLE"),
+        ("declare_p50_ms", "DOUBLE"), ("declare_p99_ms", "DOUBLE"), ("declare_max_ms", "DOUBLE"),
+        ("delete_p50_ms", "DOUBLE"), ("delete_p99_ms", "DOUBLE"), ("delete_max_ms", "DOUBLE"),
+        ("errors", "LONG"), ("left_after", "LONG"),
     ],
     "chaos": [
         ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("seed", "LONG"),
@@ -270,7 +280,8 @@ def _scenario_meta(spark, base: str) -> dict[tuple, dict]:
                       "t_measure": doc.get("t_measure"),
                       "sampled": bool(doc.get("sampled")), "sample_every": sample_every,
                       "drain": wl.get("drain"), "message_size": wl.get("message_size"),
-                      "nodes": doc.get("nodes"), "idle": doc.get("idle")}
+                      "nodes": doc.get("nodes"), "idle": doc.get("idle"),
+                      "declare": doc.get("declare")}
     return metas
 
 
@@ -663,9 +674,11 @@ def analyse(spark, input_path: str) -> Results:
         notes.append("lost is empty where the workload does not drain its queues (or scenario.json is missing).")
     idle = [{**dict(zip(KEY, k)), **{c: (m["idle"] or {}).get(c) for c, _ in TABLES["idle"][3:]}}
             for k, m in sorted(metas.items()) if m.get("idle")]
+    declare = [{**dict(zip(KEY, k)), **{c: (m["declare"] or {}).get(c) for c, _ in TABLES["declare"][3:]}}
+               for k, m in sorted(metas.items()) if m.get("declare")]
     tables = {"summary": summary, "latency": latency_rows, "throughput_timeseries": series_rows,
               "failover_timeseries": fine, "faults": faults_out, "sync": sync_out, "idle": idle,
-              "compare": compare, "chaos": chaos}
+              "declare": declare, "compare": compare, "chaos": chaos}
     return Results(tables={name: [_shape(name, row) for row in rows] for name, rows in tables.items()},
                    runs=_runs(spark, base), input=base, notes=notes)
 

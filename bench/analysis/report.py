@@ -331,6 +331,17 @@ def blocks(res: Results, charts: dict[str, list[tuple[str, str]]]) -> list[tuple
               r["rss_before_mib"], r["rss_held_mib"], r["rss_after_mib"], r["kib_per_connection"]]
              for r in t["idle"]]))
 
+    if t.get("declare"):
+        out.append(("h2", "Declaring and deleting queues"))
+        out.append(_table(
+            ["run", "scenario", "target", "queues", "declared", "declare s", "declares/s",
+             "declare p50 ms", "declare p99 ms", "declare max ms", "deleted", "delete s", "deletes/s",
+             "delete p50 ms", "delete p99 ms", "delete max ms", "errors", "left after"],
+            [[r["run_id"], r["scenario"], r["target"], r["queues"], r["declared"], r["declare_s"],
+              r["declares_per_s"], r["declare_p50_ms"], r["declare_p99_ms"], r["declare_max_ms"],
+              r["deleted"], r["delete_s"], r["deletes_per_s"], r["delete_p50_ms"], r["delete_p99_ms"],
+              r["delete_max_ms"], r["errors"], r["left_after"]] for r in t["declare"]]))
+
     out.append(("h2", "Charts"))
     for run_id, items in sorted(charts.items()):
         for name, caption in items:
@@ -342,7 +353,8 @@ def blocks(res: Results, charts: dict[str, list[tuple[str, str]]]) -> list[tuple
     out.append(("p", (f"Throughput charts: messages per second in 1 s buckets, and in {FINE_BUCKET:g} s "
                       "buckets (shaded) around each fault, where a sub-second outage shows.")))
     out.append(("p", ("Tables: summary, latency, throughput_timeseries, failover_timeseries, faults, "
-                      "sync, idle, compare, chaos, each as NAME.csv and NAME.parquet beside this report.")))
+                      "sync, idle, declare, compare, chaos, each as NAME.csv and NAME.parquet beside this "
+                      "report.")))
     return out
 
 
