@@ -30,6 +30,17 @@ def qdef(c, name, node="n2"):
     return c.nodes[node].md.queues[name]
 
 
+async def plain_queue_off_the_log_leader(c, name: str) -> tuple[str, str, str]:
+    """Declare `name` (durable, not mirrored) on one of the two nodes that do not lead the
+    metadata log; (the log's leader, the queue's node, the other node)."""
+    log_leader = c.nodes["n1"].cluster.leader
+    q_node, other = [n for n in c.names if n != log_leader]
+    async with c.connect(q_node) as conn:
+        ch = await conn.channel()
+        await ch.queue_declare(name, durable=True)
+    return log_leader, q_node, other
+
+
 async def test_a_leader_cut_off_from_the_majority_confirms_nothing_that_is_lost(tmp_path, autojump_clock):
     async with sim_cluster(tmp_path) as c:
         await set_policy(c, {"ha-mode": "all", "ha-sync-mode": "automatic"})
@@ -80,11 +91,7 @@ async def test_a_consumer_keeps_receiving_after_its_link_to_the_leader_comes_bac
     async with sim_cluster(tmp_path) as c:
         # the queue's leader and the consumer's node are the two nodes that do not lead the
         # metadata log: cutting the link between them leaves both with a working majority
-        log_leader = c.nodes["n1"].cluster.leader
-        q_node, s_node = [n for n in c.names if n != log_leader]
-        async with c.connect(q_node) as conn:
-            ch = await conn.channel()
-            await ch.queue_declare("p.c", durable=True)  # led by q_node, not mirrored
+        _, q_node, s_node = await plain_queue_off_the_log_leader(c, "p.c")
         got: list[int] = []
         async with c.client("sub", [s_node], reconnect=False) as sub, c.connect(q_node) as pconn:
             sch = await sub.channel()
@@ -187,11 +194,7 @@ async def test_a_publisher_whose_queue_node_is_counted_down_then_cut_off_is_nack
     at once (as a change naming it would), and the publisher's messages are nacked, not left
     waiting until the node comes back."""
     async with sim_cluster(tmp_path) as c:
-        log_leader = c.nodes["n1"].cluster.leader
-        q_node, p_node = [n for n in c.names if n != log_leader]
-        async with c.connect(q_node) as conn:
-            ch = await conn.channel()
-            await ch.queue_declare("p.alone", durable=True)  # led by q_node, not mirrored
+        log_leader, q_node, p_node = await plain_queue_off_the_log_leader(c, "p.alone")
         async with c.connect(p_node) as pconn:
             pch = await pconn.channel()
             await pch.confirm_delivery()
