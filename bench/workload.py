@@ -233,6 +233,11 @@ FIELDS: dict[str, tuple] = {
                                     "of this many queues (queue i through node i % nodes), one call "
                                     "at a time, then each deletes the ones it declared; times both "
                                     "phases and every call (no load; 0: not a declare scenario)")),
+    "rpc_clients": (_int(0), 0, ("an rpc scenario: this many clients (client i through node i % nodes, "
+                                 "spread over procs processes) each connect, open a channel and declare "
+                                 "an exclusive server-named queue, as RPC callers do for their replies; "
+                                 "times until all hold one, then until the broker lists none after "
+                                 "they close (no load; 0: not an rpc scenario)")),
     "chaos": (_chaos, None, ("a chaos campaign instead of a load: {schedules, seed, kinds, faults, "
                              "scale, net_ticktime, rate} (bench/chaos); warren only")),
 }
@@ -269,6 +274,7 @@ class Scenario:
     idle_node: int = 0
     idle_seconds: float = 10
     declare_queues: int = 0
+    rpc_clients: int = 0
     chaos: dict | None = None
     source: str = ""
 
@@ -302,6 +308,11 @@ class Scenario:
     def declare_names(self) -> list[str]:
         """The queues a declare scenario declares and deletes: bench.NAME.0 .. bench.NAME.N-1."""
         return [f"bench.{self.name}.{i}" for i in range(self.declare_queues)]
+
+    @property
+    def rpc(self) -> bool:
+        """An rpc scenario (rpc_clients > 0): clients that each hold an exclusive reply queue."""
+        return self.rpc_clients > 0
 
     def queue_node(self, q: int, nodes: int) -> int:
         """Index of the node queue q is declared through (its leader, for client-local brokers)."""
@@ -359,8 +370,9 @@ def _finish(fields: dict, where: str, origin: str) -> Scenario:
         raise WorkloadError(f"{origin}: {where}duration: must be > 0 when messages is 0")
     if full["idle_connections"] and full["faults"]:
         raise WorkloadError(f"{origin}: {where}faults: an idle-connection scenario takes no faults")
-    if full["declare_queues"]:
-        _check_declare(fields, full, where, origin)
+    for kind_field in ("declare_queues", "rpc_clients"):
+        if full[kind_field]:
+            _check_no_load(kind_field, fields, full, where, origin)
     if full["consume_after_publish"] and full["consumers"] == 0:
         raise WorkloadError(f"{origin}: {where}consume_after_publish: needs consumers >= 1")
     for i, f in enumerate(full["faults"]):
@@ -370,31 +382,36 @@ def _finish(fields: dict, where: str, origin: str) -> Scenario:
     return Scenario(**full, source=origin)
 
 
-# fields that drive a load: a declare scenario runs none, so giving one of them is a mistake
-DECLARE_REFUSES_LOAD = ("producers", "consumers", "queues", "producer_rate", "messages",
-                        "consume_after_publish")
+# the kinds of scenario that carry no messages, by the field that makes one, and their name (with
+# its article) in error messages
+NO_LOAD_KINDS = {"idle_connections": "an idle-connection", "declare_queues": "a declare",
+                 "rpc_clients": "an rpc"}
+# fields that drive a load: a declare or rpc scenario runs none, so giving one of them is a mistake
+NO_LOAD_REFUSES = ("producers", "consumers", "queues", "producer_rate", "messages", "consume_after_publish")
 
 
-def _check_declare(fields: dict, full: dict, where: str, origin: str) -> None:
-    """A declare scenario only declares and deletes plain queues: no load, faults, policy, idle
-    connections or chaos alongside."""
-    for key in DECLARE_REFUSES_LOAD:
+def _check_no_load(kind_field: str, fields: dict, full: dict, where: str, origin: str) -> None:
+    """A declare or rpc scenario (kind_field: declare_queues or rpc_clients) only declares its own
+    plain queues: no load, faults, policy, durable queues, other kind of scenario or chaos alongside."""
+    bad = f"{origin}: {where}"
+    what = f"{NO_LOAD_KINDS[kind_field]} scenario"
+    for key in NO_LOAD_REFUSES:
         if key in fields:
-            raise WorkloadError(f"{origin}: {where}{key}: a declare scenario runs no producers or consumers "
-                                f"(declare_queues is its only load); drop {key}")
+            raise WorkloadError(f"{bad}{key}: {what} runs no producers or consumers "
+                                f"({kind_field} is its only load); drop {key}")
     if full["faults"]:
-        raise WorkloadError(f"{origin}: {where}faults: a declare scenario takes no faults")
-    if full["idle_connections"]:
-        raise WorkloadError(f"{origin}: {where}idle_connections: a scenario is an idle-connection one or "
-                            f"a declare one, not both")
+        raise WorkloadError(f"{bad}faults: {what} takes no faults")
+    kinds = [k for k in NO_LOAD_KINDS if full[k]]
+    if len(kinds) > 1:  # named by the first of the two, in the order of NO_LOAD_KINDS
+        raise WorkloadError(f"{bad}{kinds[0]}: a scenario is {NO_LOAD_KINDS[kinds[0]]} one or "
+                            f"{NO_LOAD_KINDS[kinds[1]]} one, not both")
     if full["chaos"] is not None:
-        raise WorkloadError(f"{origin}: {where}chaos: a declare scenario is not a chaos campaign")
+        raise WorkloadError(f"{bad}chaos: {what} is not a chaos campaign")
     if full["policy"] is not None or (full["replicas"] or 1) > 1:
         key = "policy" if full["policy"] is not None else "replicas"
-        raise WorkloadError(f"{origin}: {where}{key}: a declare scenario sets no policy "
-                            f"(its queues are plain, non-mirrored)")
+        raise WorkloadError(f"{bad}{key}: {what} sets no policy (its queues are plain, non-mirrored)")
     if full["durable"]:
-        raise WorkloadError(f"{origin}: {where}durable: a declare scenario declares non-durable queues")
+        raise WorkloadError(f"{bad}durable: {what} declares non-durable queues")
 
 
 def parse(data, origin: str = "<workload>") -> list[Scenario]:

@@ -113,26 +113,50 @@ def test_declare_field_parses_and_the_shipped_suite():
         ("declare-250", 250), ("declare-1000", 1000)]
 
 
+def test_rpc_field_parses():
+    [sc] = parse({"name": "r", "rpc_clients": 40, "procs": 2})
+    assert sc.rpc and not sc.declaring and not sc.idle and (sc.rpc_clients, sc.procs) == (40, 2)
+    [plain] = parse({"name": "p"})
+    assert plain.rpc_clients == 0 and not plain.rpc
+    assert "scenarios[0].rpc_clients: must be an integer >= 0, got -1" in error_of(
+        {"scenarios": [{"name": "r", "rpc_clients": -1}]})
+
+
+# {a}: the kind's article and name, {field}: the field that makes the kind
+@pytest.mark.parametrize("kind_field, a", [("declare_queues", "a declare"), ("rpc_clients", "an rpc")])
 @pytest.mark.parametrize("extra, expect", [
-    ({"faults": [{"at": 1, "action": "kill"}]}, "scenarios[0].faults: a declare scenario takes no faults"),
-    ({"producers": 2}, "scenarios[0].producers: a declare scenario runs no producers or consumers "
-                       "(declare_queues is its only load); drop producers"),
-    ({"consumers": 0}, "scenarios[0].consumers: a declare scenario runs no producers or consumers"),
-    ({"queues": 10}, "scenarios[0].queues: a declare scenario runs no producers or consumers"),
-    ({"producer_rate": 100}, "scenarios[0].producer_rate: a declare scenario runs no producers"),
+    ({"faults": [{"at": 1, "action": "kill"}]}, "scenarios[0].faults: {a} scenario takes no faults"),
+    ({"producers": 2}, "scenarios[0].producers: {a} scenario runs no producers or consumers "
+                       "({field} is its only load); drop producers"),
+    ({"consumers": 0}, "scenarios[0].consumers: {a} scenario runs no producers or consumers"),
+    ({"queues": 10}, "scenarios[0].queues: {a} scenario runs no producers or consumers"),
+    ({"producer_rate": 100}, "scenarios[0].producer_rate: {a} scenario runs no producers"),
+    ({"messages": 100}, "scenarios[0].messages: {a} scenario runs no producers"),
     ({"idle_connections": 5}, "scenarios[0].idle_connections: a scenario is an idle-connection one or "
-                              "a declare one, not both"),
-    ({"replicas": 3}, "scenarios[0].replicas: a declare scenario sets no policy"),
-    ({"policy": {"ha-mode": "all"}}, "scenarios[0].policy: a declare scenario sets no policy"),
-    ({"durable": True}, "scenarios[0].durable: a declare scenario declares non-durable queues"),
-    ({"chaos": {"schedules": 1}}, "scenarios[0].chaos: a declare scenario is not a chaos campaign"),
+                              "{a} one, not both"),
+    ({"replicas": 3}, "scenarios[0].replicas: {a} scenario sets no policy"),
+    ({"policy": {"ha-mode": "all"}}, "scenarios[0].policy: {a} scenario sets no policy"),
+    ({"durable": True}, "scenarios[0].durable: {a} scenario declares non-durable queues"),
+    ({"chaos": {"schedules": 1}}, "scenarios[0].chaos: {a} scenario is not a chaos campaign"),
 ])
-def test_declare_scenario_refuses_load_faults_and_policy(extra, expect):
-    msg = error_of({"scenarios": [{"name": "d", "declare_queues": 10, **extra}]})
+def test_declare_and_rpc_scenarios_refuse_load_faults_and_policy(kind_field, a, extra, expect):
+    msg = error_of({"scenarios": [{"name": "d", kind_field: 10, **extra}]})
     assert msg.startswith("workloads/x.yaml: "), msg
-    assert expect in msg, msg
+    assert expect.format(a=a, field=kind_field) in msg, msg
 
 
-def test_declare_scenario_refuses_load_fields_from_the_defaults_too():
+def test_a_scenario_is_a_declare_or_an_rpc_one_not_both():
+    msg = error_of({"scenarios": [{"name": "r", "rpc_clients": 10, "declare_queues": 5}]})
+    assert msg == ("workloads/x.yaml: scenarios[0].declare_queues: a scenario is a declare one or an rpc "
+                   "one, not both")
+    msg = error_of({"defaults": {"declare_queues": 5}, "scenarios": [{"name": "r", "rpc_clients": 10}]})
+    assert "scenarios[0].declare_queues: a scenario is a declare one or an rpc one, not both" in msg
+    [ok] = parse({"name": "r", "rpc_clients": 10, "procs": 3})  # procs spreads the clients
+    assert ok.procs == 3
+
+
+def test_declare_and_rpc_scenarios_refuse_load_fields_from_the_defaults_too():
     msg = error_of({"defaults": {"producers": 3}, "scenarios": [{"name": "d", "declare_queues": 10}]})
     assert "scenarios[0].producers: a declare scenario runs no producers or consumers" in msg
+    msg = error_of({"defaults": {"consumers": 3}, "scenarios": [{"name": "r", "rpc_clients": 10}]})
+    assert "scenarios[0].consumers: an rpc scenario runs no producers or consumers (rpc_clients is" in msg
