@@ -133,9 +133,11 @@ class Channel:
     async def basic_qos(self, prefetch_count: int, global_: bool = False) -> None:
         await self.rpc(C.Basic.Qos(prefetch_count=prefetch_count, global_=global_), C.Basic.QosOk)
 
-    async def queue_declare(self, queue: str, durable: bool = False, arguments: dict | None = None):
-        return await self.rpc(C.Queue.Declare(queue=queue, durable=durable, arguments=arguments),
-                              C.Queue.DeclareOk)
+    async def queue_declare(self, queue: str, durable: bool = False, arguments: dict | None = None,
+                            exclusive: bool = False):
+        """queue.declare; with queue "" the broker names the queue: declare-ok's `queue`."""
+        return await self.rpc(C.Queue.Declare(queue=queue, durable=durable, exclusive=exclusive,
+                                              arguments=arguments), C.Queue.DeclareOk)
 
     async def queue_delete(self, queue: str):
         return await self.rpc(C.Queue.Delete(queue=queue), C.Queue.DeleteOk)

@@ -12,20 +12,20 @@ Producers with a rate follow the open-loop schedule of `bench.schedule`: message
 intended time and `t_int` records that time, so latency is measured from it; the loop's timers
 wake to the microsecond (`bench.fineloop`), not epoll's millisecond. A connection that
 breaks is re-opened on the next node after 0.2 s (its unconfirmed publishes stay `conf: null`);
-a channel the broker closes is re-opened after 0.5 s. The AMQP side of the idle-connection and
-declare scenarios (`run_idle`, `run_declare`) is here too.
+a channel the broker closes is re-opened after 0.5 s. The AMQP side of the idle-connection,
+declare and rpc scenarios (`run_idle`, `run_declare`, `run_rpc`) is here too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import resource
 import time
 
 from bench import fineloop
 from bench.amqp import AMQPError, Connection, parse_address
 from bench.declaring import PHASES, Phases
+from bench.rpc_clients import Holders
 from bench.records import CONF_ACK, CONF_NACK, CONF_NONE, ID_SHIFT, DeliverRecord, PublishRecord
 from bench.schedule import GRACE, OpenLoop
 from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
@@ -430,6 +430,18 @@ def run_consumers(spec: dict, shared: Shared) -> list[DeliverRecord]:
 
 # --- idle connections ---------------------------------------------------------------------------
 
+async def _close_all(conns: list[Connection], at_once: int = 256) -> None:
+    """Close every connection, at most `at_once` closes waiting for their close-ok at a time
+    (each given 2 s before its socket is dropped)."""
+    gate = asyncio.Semaphore(at_once)
+
+    async def close(c: Connection) -> None:
+        async with gate:
+            await c.close(2.0)
+
+    await asyncio.gather(*(close(c) for c in conns), return_exceptions=True)
+
+
 async def _idle(spec: dict, shared: Shared) -> dict:
     """Open spec['connections'] connections (each with one channel) to spec['idle_node'], hold
     them until the runner says stop, close them. Returns what it managed."""
@@ -457,20 +469,11 @@ async def _idle(spec: dict, shared: Shared) -> dict:
     while not shared.stop.is_set():
         await asyncio.sleep(0.1)
     alive = sum(1 for c in conns if not c.is_closed)
-    gate = asyncio.Semaphore(256)
-
-    async def close(c: Connection) -> None:
-        async with gate:
-            await c.close(2.0)
-
-    await asyncio.gather(*(close(c) for c in conns), return_exceptions=True)
+    await _close_all(conns)
     return {"opened": len(conns), "alive_at_end": alive, "open_s": round(opened_s, 2), "errors": errors}
 
 
 def run_idle(spec: dict, shared: Shared) -> dict:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return asyncio.run(_idle(spec, shared))
 
 
@@ -543,3 +546,62 @@ async def _declare(spec: dict, shared: Shared) -> dict:
 
 def run_declare(spec: dict, shared: Shared) -> dict:
     return asyncio.run(_declare(spec, shared))
+
+
+# --- RPC clients: each holds an exclusive, server-named queue ----------------------------------------
+
+async def _rpc(spec: dict, shared: Shared) -> dict:
+    """An rpc scenario's share in this process: spec['clients'] clients from number
+    spec['first'] on, each its own connection to node (first + j) % nodes, a channel and an
+    exclusive queue the broker names, at most spec['at_once'] of them between connecting and
+    their declare-ok at a time, all starting at the runner's start time. Held until the runner
+    says stop, then every connection is closed. The book-keeping is `bench.rpc_clients.Holders`."""
+    book = Holders(spec)
+    gate = asyncio.Semaphore(spec["at_once"])
+    conns: list[Connection] = []
+    loop = asyncio.get_running_loop()
+    now = time.time
+
+    async def client(j: int) -> None:
+        async with gate:
+            t = now()
+            conn = None
+            try:
+                conn = await _open(book.address(j), book.client_name(j))
+                ch = await conn.channel()
+                ok = await ch.queue_declare("", exclusive=True)
+                conns.append(conn)
+                book.held(j, ok.queue, t, now())
+            except (AMQPError, OSError, asyncio.TimeoutError) as exc:
+                book.fail(j, exc)
+                if conn is not None:
+                    conn.abort()
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            book.progress(shared)
+
+    t0 = await loop.run_in_executor(None, shared.wait_start)
+    if t0 > now():
+        await asyncio.sleep(t0 - now())
+    reporter = asyncio.create_task(report())
+    clients = asyncio.gather(*(client(j) for j in range(book.n)))
+    while not clients.done() and not shared.stop.is_set():
+        await asyncio.sleep(0.02)
+    if clients.done():
+        book.announce(shared)
+    while not shared.stop.is_set():
+        await asyncio.sleep(0.02)
+    book.t_stop = now()
+    clients.cancel()  # the runner gave up waiting: the clients still connecting stop
+    await asyncio.gather(clients, return_exceptions=True)
+    await _close_all(conns)
+    book.t_closed = now()
+    reporter.cancel()
+    book.progress(shared)
+    return book.result()
+
+
+def run_rpc(spec: dict, shared: Shared) -> dict:
+    return asyncio.run(_rpc(spec, shared))

@@ -13,8 +13,8 @@ about to wait, both without waking the client's writer task. Short waits end to 
 (`bench.fineloop.fine_trio_timers`, and a tight timer slack), as the AMQP generator's do, so
 both generators send on time alike; a paced producer sleeps with `fineloop.trio_sleep`, which
 spares the cancel scope of `trio.sleep` (`python -m bench.fineloop` measures both).
-It also holds the warren-native side of the idle-connection and declare scenarios (`run_idle`,
-`run_declare`).
+It also holds the warren-native side of the idle-connection, declare and rpc scenarios
+(`run_idle`, `run_declare`, `run_rpc`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import trio.lowlevel
 
 from bench import fineloop
 from bench.declaring import PHASES, Phases
+from bench.rpc_clients import Holders
 from bench.records import (
     CONF_ACK,
     CONF_NACK,
@@ -340,10 +341,6 @@ def _on_message(conn, rec: DeliverRecord, qi: int, mode: str, totals: list[int],
 # --- idle connections ---------------------------------------------------------------------------
 
 def run_idle(spec: dict, shared: Shared) -> dict:
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return trio.run(_idle, spec, shared)
 
 
@@ -463,3 +460,66 @@ async def _declare(spec: dict, shared: Shared) -> dict:
         ph.progress(shared)
         outer.cancel_scope.cancel()
     return ph.result()
+
+
+# --- RPC clients: each holds an exclusive, server-named queue ----------------------------------------
+
+def run_rpc(spec: dict, shared: Shared) -> dict:
+    return trio.run(_rpc, spec, shared)
+
+
+async def _rpc(spec: dict, shared: Shared) -> dict:
+    """An rpc scenario's share in this process: spec['clients'] clients from number
+    spec['first'] on, each its own connection of warren's client (no reconnecting) to node
+    (first + j) % nodes, a channel and an exclusive queue the broker names, at most
+    spec['at_once'] of them between connecting and their declare-ok at a time, all starting at
+    the runner's start time. Held until the runner says stop, then every connection is closed.
+    The book-keeping is `bench.rpc_clients.Holders`."""
+    book = Holders(spec)
+    gate = trio.Semaphore(spec["at_once"])
+    stop = trio.Event()
+    now = time.time
+
+    async def client(j: int) -> None:
+        await gate.acquire()
+        waiting = True
+        try:
+            t = now()
+            async with open_connection([book.address(j)], client_name=book.client_name(j),
+                                       reconnect=False) as conn:
+                ch = await conn.channel()
+                ok = await ch.queue_declare("", exclusive=True)
+                book.held(j, ok.queue, t, now())
+                gate.release()
+                waiting = False
+                await stop.wait()
+        except Exception as exc:  # noqa: BLE001 - the client counts as failed; the others go on
+            book.fail(j, exc)
+        finally:
+            if waiting:
+                gate.release()
+
+    async def report() -> None:
+        while True:
+            await trio.sleep(0.25)
+            book.progress(shared)
+
+    t0 = await trio.to_thread.run_sync(shared.wait_start)
+    if t0 > now():
+        await trio.sleep(t0 - now())
+    async with trio.open_nursery() as outer:
+        outer.start_soon(report)
+        async with trio.open_nursery() as n:
+            for j in range(book.n):
+                n.start_soon(client, j)
+            while not book.done and not shared.stop.is_set():
+                await trio.sleep(0.02)
+            if book.done:
+                book.announce(shared)
+            await _wait_event(shared.stop, 0.02)
+            book.t_stop = now()
+            stop.set()
+        book.t_closed = now()
+        book.progress(shared)
+        outer.cancel_scope.cancel()
+    return book.result()

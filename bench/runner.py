@@ -5,9 +5,10 @@ per scenario the set-up (policy, queues, waiting for mirrors), the worker proces
 one group of processes, consumers in another, see `bench.worker`), the fault schedule, the drain,
 the merge of the workers' part files into `publish.jsonl`/`deliver.jsonl`/`intervals.jsonl`, and
 the one-line summary per scenario. Faults run in a thread of their own so the progress line and
-the drain check keep their pace while a `warrenctl` call takes its time. Two kinds of scenario
-carry no messages and have their own runs: idle connections (`run_idle`: a node's memory) and
-declare scenarios (`run_declare`: the time to declare and delete many queues).
+the drain check keep their pace while a `warrenctl` call takes its time. Three kinds of scenario
+carry no messages and have their own runs: idle connections (`run_idle`: a node's memory),
+declare scenarios (`run_declare`: the time to declare and delete many queues) and rpc scenarios
+(`run_rpc`: many clients that each hold an exclusive reply queue).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import declaring
+from bench import declaring, rpc_clients
 from bench import worker as workermod
 from bench.records import LATENCY_KINDS
 from bench.runinfo import new_meta, new_run_id, write_meta
@@ -45,6 +46,8 @@ TARGETS = ("warren-native", "warren-amqp", "rabbitmq", "null")
 ALIASES = {"warren": ["warren-native"], "both": ["warren-native", "rabbitmq"],
            "all": ["warren-native", "warren-amqp", "rabbitmq"]}
 AMQP_TARGETS = ("warren-amqp", "rabbitmq", "null")
+SERVER_NAMED = "amq.gen-"  # the prefix of the queues warren and RabbitMQ name themselves
+IDLE_PER_PROC = 5000  # idle connections per worker process when the scenario gives no procs
 
 
 def parse_targets(text: str) -> list[str]:
@@ -394,6 +397,8 @@ class Runner:
             return self.run_idle(folder, run_id, target, sc, meta)
         if sc.declaring:
             return self.run_declare(folder, run_id, target, sc, meta)
+        if sc.rpc:
+            return self.run_rpc(folder, run_id, target, sc, meta)
         tname = target.name
         policy = sc.effective_policy
         policy_name = f"bench-{sc.name}"
@@ -570,9 +575,7 @@ class Runner:
         addresses = target.addresses()
         k = sc.idle_node % len(addresses)
         node = target.nodes[k]
-        procs = sc.procs or max(1, -(-sc.idle_connections // 5000))
-        counts = [sc.idle_connections // procs + (1 if i < sc.idle_connections % procs else 0)
-                  for i in range(procs)]
+        counts = _spread(sc.idle_connections, sc.procs, IDLE_PER_PROC)
         shared = Shared(self.ctx)
         base = {"target": tname, "nodes": addresses, "scenario": sc.as_dict(), "out_dir": str(sdir),
                 "idle_node": k, "role": "idle"}
@@ -601,18 +604,12 @@ class Runner:
         rss_held = target.rss()
         cpu_held = target.cpu()
         shared.stop.set()
-        for w in workers:
-            w.join(120)
-            if w.exitcode is None:
-                w.kill()
+        _join(workers, 120)
         self.progress.done()
         time.sleep(2)
         rss_after = target.rss()
         t_end = time.time()
-        usage = []
-        for p in sorted(sdir.glob("usage.*.part*")):
-            usage.append(json.loads(p.read_text()))
-            p.unlink()
+        usage = _take_usage(sdir)
         opened = sum(u.get("idle", {}).get("opened", 0) for u in usage)
         before, held = rss_before.get(node), rss_held.get(node)
         idle = {"node": node, "connections": sc.idle_connections, "opened": opened,
@@ -621,9 +618,8 @@ class Runner:
                 "rss_before_mib": before, "rss_held_mib": held, "rss_after_mib": rss_after.get(node),
                 "kib_per_connection": round((held - before) * 1024 / opened, 1)
                 if opened and held is not None and before is not None else None,
-                "rss_all_nodes_held_mib": rss_held, "node_cpu_s_while_held": {
-                    n: round(cpu_held[n] - cpu_before[n], 2) for n in cpu_held
-                    if cpu_held.get(n) is not None and cpu_before.get(n) is not None},
+                "rss_all_nodes_held_mib": rss_held,
+                "node_cpu_s_while_held": _cpu_between(cpu_before, cpu_held),
                 "samples": samples}
         errors = [e for u in usage for e in u.get("errors", [])] + [
             f"worker {w.name} exit code {w.exitcode}" for w in workers if w.exitcode != 0]
@@ -693,21 +689,14 @@ class Runner:
             shared.stop.set()
         finally:
             shared.start.set()
-            w.join(60)
-            if w.exitcode is None:
-                w.kill()
-                w.join(5)
+            _join([w])
             self.progress.done()
         cpu_after = target.cpu()
         t_end = time.time()
-        usage = []
-        for part in sorted(sdir.glob("usage.*.part*")):
-            usage.append(json.loads(part.read_text()))
-            part.unlink()
+        usage = _take_usage(sdir)
         result = next((u.pop("declare") for u in usage if "declare" in u), None)
         left = self._scenario_queues(target, sc)
-        node_cpu = {n: round(cpu_after[n] - cpu_before[n], 2) for n in cpu_after
-                    if cpu_after.get(n) is not None and cpu_before.get(n) is not None}
+        node_cpu = _cpu_between(cpu_before, cpu_after)
         errors += [e for u in usage for e in u.get("errors", [])]
         if w.exitcode != 0:
             errors.append(f"worker {w.name} exit code {w.exitcode}")
@@ -728,14 +717,136 @@ class Runner:
                 self.say(f"  cleanup: {exc}")
         return False
 
+    # --- an rpc scenario ---------------------------------------------------------------------------
+    def run_rpc(self, folder: Path, run_id: str, target: Target, sc: Scenario, meta: dict) -> bool:
+        """sc.rpc_clients RPC clients, each holding an exclusive queue the broker names: the time
+        until all hold one, and the time from their closing until the broker lists none of them.
+
+        The clients (client i to node i % nodes) are spread over worker processes
+        (bench/worker.py, role `rpc`; the generators' `run_rpc`, book-keeping in `rpc_clients`),
+        a run of consecutive client numbers each, all starting together. Once every process says
+        its clients hold their queues, the target's queues are listed, the workers are told to
+        close their connections, and the listing is read again and again until none of the
+        clients' queues is in it."""
+        tname = target.name
+        sdir = folder / sc.name / tname
+        sdir.mkdir(parents=True, exist_ok=True)
+        total = sc.rpc_clients
+        counts = _spread(total, sc.procs, rpc_clients.PER_PROC)
+        errors: list[str] = []
+        # server-named queues listed before the clients begin are not theirs (normally none)
+        known = {q for q in _listed(target) or () if q.startswith(SERVER_NAMED)}
+        shared = Shared(self.ctx)
+        base = {"target": tname, "nodes": target.addresses(), "scenario": sc.as_dict(), "out_dir": str(sdir),
+                "role": "rpc", "indices": [], "at_once": rpc_clients.AT_ONCE}
+        workers = [self.ctx.Process(target=workermod.main, daemon=True,
+                                    args=(base | {"part": p, "first": sum(counts[:p]), "clients": n}, shared))
+                   for p, n in enumerate(counts)]
+        cpu_before = target.cpu()
+        t_start = time.time()
+        t0 = t_held = t_close = None
+        listing: set[str] | None = None
+        ours: set[str] = set()
+        gone: dict = {}
+        cpu_held: dict = {}
+        for w in workers:
+            w.start()
+        try:
+            deadline = time.time() + 120
+            while shared.ready.value < len(workers) and time.time() < deadline and any(
+                    w.exitcode is None for w in workers):
+                self.progress.show(f"[{tname}] {sc.name} starting {len(workers)} processes "
+                                   f"{time.time() - t_start:4.1f}s")
+                time.sleep(0.05)
+            t0 = time.time() + 0.2
+            shared.start_at.value = t0
+            shared.start.set()
+            limit = t0 + 120 + total / 20
+            while shared.held.value < len(workers) and any(w.exitcode is None for w in workers):
+                c = shared.snapshot()
+                self.progress.show(f"[{tname}] {sc.name} {max(0.0, time.time() - t0):5.1f}s  holding "
+                                   f"{c[0]:,}/{total:,}  failed {c[1]:,}")
+                if time.time() > limit:
+                    errors.append(f"gave up after {limit - t0:.0f} s: {c[0]:,} of {total:,} clients held "
+                                  f"their queue")
+                    break
+                time.sleep(0.05)
+            t_held = time.time()
+            cpu_held = target.cpu()
+            listing = _listed(target)
+            for p in range(len(workers)):
+                names = rpc_clients.names_file(sdir, p)
+                if names.exists():
+                    ours.update(json.loads(names.read_text()))
+                    names.unlink()
+            # the clients' queues: the names they were given, and any new server-named queue listed
+            ours |= {q for q in listing or () if q.startswith(SERVER_NAMED)} - known
+            t_close = time.time()
+            shared.stop.set()
+            gone = self._wait_gone(target, sc, ours, t_close, timeout=60 + total / 50)
+            if gone["left_after"]:
+                errors.append(f"{gone['left_after']:,} of the clients' queues still listed "
+                              f"{gone['waited_s']:.0f} s after the clients closed")
+        except KeyboardInterrupt:
+            self.interrupted = True
+        finally:
+            shared.start.set()
+            shared.stop.set()
+            _join(workers)
+            self.progress.done()
+        cpu_after = target.cpu()
+        t_end = time.time()
+        usage = _take_usage(sdir)
+        results = [u.pop("rpc") for u in usage if "rpc" in u]
+        errors += [f"worker {w.name} exit code {w.exitcode}" for w in workers if w.exitcode != 0]
+        problems = len(errors)  # the runner's own: gave up waiting, queues left, a worker failed
+        errors += [e for u in usage for e in u.get("errors", [])]
+        seen = {"t0": t0, "t_held": t_held, "t_close": t_close, "known": known, "ours": ours,
+                "listing": listing, **gone}
+        rpc = _rpc_summary(results, total, counts, seen, _cpu_between(cpu_before, cpu_held),
+                           _cpu_between(cpu_before, cpu_after), problems)
+        info = {"run_id": run_id, "scenario": sc.name, "target": tname, "workload": sc.as_dict(),
+                "t_start": t_start, "t_end": t_end, "nodes": list(target.nodes), "sampled": False,
+                "t_measure": t0, "t_publish_end": None, "policy": None, "generator": usage, "rpc": rpc,
+                "errors": errors}
+        (sdir / "scenario.json").write_text(json.dumps(info, indent=2) + "\n")
+        self.summaries.append({"target": tname, "scenario": sc.name, "rpc": rpc})
+        self.say(_rpc_line(tname, sc.name, rpc))
+        for e in errors[:5]:
+            self.say(f"  error: {e}")
+        return False
+
+    def _wait_gone(self, target: Target, sc: Scenario, queues: set[str], t_close: float,
+                   timeout: float) -> dict:
+        """Read the target's queues until none of `queues` is listed (or `timeout` s after
+        t_close): `gone_s`, from t_close to the end of the first listing without them (null if
+        none came), `still_listed_s`, from t_close to the start of the last listing that still
+        showed some (null if the first showed none): they went between the two; `left_after`,
+        how many the last listing showed (null: the target could not list its queues)."""
+        out = {"gone_s": None, "still_listed_s": None, "left_after": None, "listings": 0, "waited_s": 0.0}
+        while True:
+            t = time.time()
+            listed = _listed(target)
+            out["listings"] += 1
+            out["waited_s"] = time.time() - t_close
+            if listed is None:
+                return out
+            out["left_after"] = left = len(queues & listed)
+            if not left:
+                out["gone_s"] = round(out["waited_s"], 3)
+                return out
+            out["still_listed_s"] = round(t - t_close, 3)
+            if out["waited_s"] > timeout:
+                return out
+            self.progress.show(f"[{target.name}] {sc.name} {out['waited_s']:5.1f}s after the close: "
+                               f"{left:,} queues still listed")
+            time.sleep(0.05)
+
     def _scenario_queues(self, target: Target, sc: Scenario) -> list[str] | None:
         """The queues named bench.SCENARIO.* the target lists now; None when it cannot list them."""
         prefix = f"bench.{sc.name}."
-        try:
-            rows = target.queues()
-        except (TargetError, OSError, ValueError):
-            return None
-        return sorted(q for q in rows if q.startswith(prefix))
+        listed = _listed(target)
+        return None if listed is None else sorted(q for q in listed if q.startswith(prefix))
 
     def _wait_mirrors(self, target: Target, sc: Scenario, queues: list[str], timeout: float = 30) -> dict:
         pol = sc.effective_policy or {}
@@ -755,6 +866,46 @@ class Runner:
             time.sleep(0.3)
         self.say(f"  warning: {sc.name}: mirrors not all synchronised after {timeout:g} s; running anyway")
         return {"mirrors": want, "seconds": None}
+
+
+def _listed(target: Target) -> set[str] | None:
+    """The names of the queues the target lists now; None when it cannot list them."""
+    try:
+        return set(target.queues())
+    except (TargetError, OSError, ValueError):
+        return None
+
+
+def _spread(total: int, procs: int | None, per_proc: int) -> list[int]:
+    """How many of `total` connections each worker process holds: `procs` processes (None: as
+    few as keep each at per_proc or under), the remainder one more each for the first ones."""
+    procs = max(1, min(procs or -(-total // per_proc), total))
+    return [total // procs + (1 if i < total % procs else 0) for i in range(procs)]
+
+
+def _take_usage(sdir: Path) -> list[dict]:
+    """The usage files the workers left in the scenario folder (read, then removed)."""
+    usage = []
+    for part in sorted(sdir.glob("usage.*.part*")):
+        usage.append(json.loads(part.read_text()))
+        part.unlink()
+    return usage
+
+
+def _cpu_between(before: dict, after: dict) -> dict:
+    """Each node's CPU seconds between two `Target.cpu()` readings (nodes read both times)."""
+    return {n: round(after[n] - before[n], 2) for n in after
+            if after.get(n) is not None and before.get(n) is not None}
+
+
+def _join(workers: list, timeout: float = 60) -> None:
+    """Wait for the worker processes to end; kill those still running after `timeout` s."""
+    end = time.time() + timeout
+    for w in workers:
+        w.join(max(0.0, end - time.time()))
+        if w.exitcode is None:
+            w.kill()
+            w.join(5)
 
 
 def _gen_module(tname: str):
@@ -900,6 +1051,50 @@ def _declare_line(tname: str, scenario: str, d: dict) -> str:
     return (f"[{tname}] {scenario}: {d['queues']:,} queues through {d['connections']} connections: "
             f"{phase('declare', 'declared', 'declares_per_s')}, {phase('delete', 'deleted', 'deletes_per_s')}; "
             f"{d['errors']} error(s), {n(d['left_after'], 'd')} left after")
+
+
+def _rpc_summary(results: list[dict], clients: int, counts: list[int], seen: dict, cpu_held: dict,
+                 cpu_all: dict, problems: int) -> dict:
+    """The `rpc` object of scenario.json from the workers' `rpc_clients.Holders.result()` and
+    what the runner saw (`seen`: its start time t0, t_held when every worker said its clients
+    held their queue, the listing then, t_close when it told them to close, and `_wait_gone`'s
+    answer). `errors` counts the clients that failed and the runner's `problems`."""
+    firsts = [r["t_first"] for r in results if r.get("t_first") is not None]
+    lasts = [r["t_last"] for r in results if r.get("t_last") is not None]
+    closed = [r["t_closed"] for r in results if r.get("t_closed") is not None]
+    pct = _percentiles([x for r in results for x in r.get("ms") or []])
+    listing, t_close = seen.get("listing"), seen.get("t_close")
+    out = {"clients": clients, "procs": len(counts), "per_proc": counts, "at_once": rpc_clients.AT_ONCE,
+           "opened": sum(r.get("opened", 0) for r in results),
+           "failed": sum(r.get("failed", 0) for r in results),
+           "held_s": round(max(lasts) - min(firsts), 3) if firsts and lasts else None,
+           "t_first_connect": min(firsts, default=None), "t_last_declare_ok": max(lasts, default=None),
+           "t_start": seen.get("t0"), "t_all_held": seen.get("t_held"), "t_close": t_close}
+    for key in ("p50_ms", "p99_ms", "max_ms"):
+        out[key] = pct.get(key)
+    out["queues_listed_held"] = (len({q for q in listing if q.startswith(SERVER_NAMED)} - seen["known"])
+                                 if listing is not None else None)
+    out["names_listed_held"] = len(seen["ours"] & listing) if listing is not None else None
+    out["server_named_before"] = len(seen["known"])
+    out["closed_s"] = round(max(closed) - t_close, 3) if closed and t_close is not None else None
+    for key in ("gone_s", "still_listed_s", "left_after", "listings"):
+        out[key] = seen.get(key)
+    out["errors"] = out["failed"] + problems
+    out["node_cpu_s"] = cpu_all
+    out["node_cpu_s_until_held"] = cpu_held
+    out["node_cpu_total_s"] = round(sum(cpu_all.values()), 2) if cpu_all else None
+    return out
+
+
+def _rpc_line(tname: str, scenario: str, r: dict) -> str:
+    def n(v, form: str = ".3g") -> str:
+        return "?" if v is None else format(v, form)
+
+    return (f"[{tname}] {scenario}: {r['opened']:,} of {r['clients']:,} clients ({r['procs']} processes) "
+            f"held an exclusive queue after {n(r['held_s'])} s (connect+declare per client p50/p99/max "
+            f"{n(r['p50_ms'])}/{n(r['p99_ms'])}/{n(r['max_ms'])} ms), {n(r['queues_listed_held'], ',')} "
+            f"listed; after the close, none listed in {n(r['gone_s'])} s ({n(r['left_after'], ',')} left); "
+            f"{r['errors']} error(s); nodes' CPU {n(r['node_cpu_total_s'])} s")
 
 
 def _summary_line(s: dict) -> str:

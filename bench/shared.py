@@ -2,7 +2,9 @@
 progress counters and the start/stop signals.
 
 Each worker adds its progress into `Shared.counters` a few times a second (never per message):
-[published, confirmed (ack), delivered, first deliveries (not redelivered)].
+[published, confirmed (ack), delivered, first deliveries (not redelivered)]; the workers of a
+declare or rpc scenario use the first two slots for their own counts (bench/declaring.py,
+bench/rpc_clients.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ class Shared:
         self.counters = ctx.Array("q", 4)
         self.ready = ctx.Value("i", 0)
         self.finished = ctx.Value("i", 0)  # producer processes that stopped publishing
+        self.held = ctx.Value("i", 0)      # rpc processes whose clients all hold their queue
         self.start_at = ctx.Value("d", 0.0)
         self.start = ctx.Event()
         self.consume = ctx.Event()       # consumers may start consuming

@@ -4,9 +4,10 @@ This module owns the worker side of the contract between the runner (the parent)
 processes: the worker `spec`, the process entry point, and the part files each worker leaves in
 the scenario folder for the runner to merge (the state they share is bench/shared.py's). The load itself is
 driven by `bench.gen_warren` (trio, warren's own client: target warren-native) or `bench.gen_amqp`
-(asyncio and pamqp: targets rabbitmq, warren-amqp and null). An idle-connection or declare
-worker (role `idle` or `declare`) writes no message records, only its usage file with the
-generator's result in it.
+(asyncio and pamqp: targets rabbitmq, warren-amqp and null). An idle-connection, declare or
+rpc worker (role `idle`, `declare` or `rpc`) writes no message records, only its usage file
+with the generator's result in it; the idle and rpc ones, holding many connections, first raise
+their open-file limit to its hard limit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 
 from bench.records import CONF_ACK, interval_lines, per_second, write_lines
 from bench.shared import Shared
+
+NO_MESSAGE_ROLES = ("idle", "declare", "rpc")
 
 def gen_module(target: str):
     """The load module that drives `target`."""
@@ -35,9 +38,11 @@ def main(spec: dict, shared: Shared) -> None:
     spec["errors"] = []
     t_wall = time.time()
     gen = gen_module(spec["target"])
-    if spec["role"] in ("idle", "declare"):  # no message records: the result is the usage's
+    if spec["role"] in NO_MESSAGE_ROLES:  # no message records: the result is the usage's
         role = spec["role"]
-        result = (gen.run_idle if role == "idle" else gen.run_declare)(spec, shared)
+        if role in ("idle", "rpc"):
+            raise_open_files()
+        result = getattr(gen, f"run_{role}")(spec, shared)
         cpu = os.times()
         usage = {"role": role, "part": spec["part"], "pid": os.getpid(),
                  "cpu_s": round((cpu.user - t_cpu.user) + (cpu.system - t_cpu.system), 3),
@@ -63,6 +68,13 @@ def main(spec: dict, shared: Shared) -> None:
              "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
              "errors": spec["errors"][:20]}
     write_parts(spec, records, usage)
+
+
+def raise_open_files() -> None:
+    """Lift this process's soft limit of open files to the hard one (a connection is a file)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def write_parts(spec: dict, records: list, usage: dict) -> None:

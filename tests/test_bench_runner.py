@@ -181,3 +181,59 @@ def test_declare_scenario_declares_then_deletes_every_queue(tmp_path, target):
     assert any(f"[{target}] tiny-declare: 30 queues through 3 connections: declared 30 in" in line
                and "0 error(s), 0 left after" in line for line in said), said
     assert not any("cleanup" in line for line in said)
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target", ["warren-native", "warren-amqp"])
+def test_rpc_scenario_holds_one_exclusive_queue_per_client_until_they_close(tmp_path, target):
+    """An rpc scenario on a real 3-node cluster: 40 clients over 2 processes, each holding an
+    exclusive queue the broker named; all 40 listed while held, none once they closed. What the
+    cluster lists after the run is read with warrenctl before the runner stops it."""
+    if target == "warren-amqp":
+        pytest.importorskip("pamqp")
+        from bench.targets import warren_amqp_support
+        if warren_amqp_support() is not None:
+            pytest.skip(str(warren_amqp_support()))
+    workload = tmp_path / "rpc.yaml"
+    workload.write_text("scenarios:\n  - {name: tiny-rpc, rpc_clients: 40, procs: 2}\n")
+    listed = {}
+
+    class Listing(Runner):
+        def make_target(self, *args):
+            tg = super().make_target(*args)
+            stop = tg.stop
+
+            def list_then_stop():
+                out = tg.ctl(tg.nodes[0], "list_queues", "name", "--formatter", "json")
+                listed[tg.name] = [r["name"] for r in json.loads(out)]
+                stop()
+            tg.stop = list_then_stop
+            return tg
+
+    said = []
+    runner = Listing(tmp_path / "results", progress=Progress(enabled=False), say=said.append)
+    folder = runner.run([str(workload)], [target], run_id="rpc1")
+    sc = json.loads((folder / "tiny-rpc" / target / "scenario.json").read_text())
+    r = sc["rpc"]
+    assert sc["errors"] == [] and r["errors"] == 0 and r["failed"] == 0
+    assert (r["clients"], r["procs"], r["per_proc"], r["at_once"], r["opened"]) == (40, 2, [20, 20], 64, 40)
+    # every client's queue was listed while held, and none was left once they closed
+    assert (r["queues_listed_held"], r["names_listed_held"], r["server_named_before"]) == (40, 40, 0)
+    assert r["left_after"] == 0 and r["gone_s"] > 0 and r["listings"] >= 1
+    assert r["still_listed_s"] is None or 0 <= r["still_listed_s"] < r["gone_s"]
+    assert 0 <= r["closed_s"] <= r["gone_s"]
+    assert 0 < r["held_s"] and 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
+    # one client's wait lies inside the whole (held_s is rounded to the ms)
+    assert r["max_ms"] <= r["held_s"] * 1000 + 0.5
+    assert (sc["t_start"] < r["t_start"] <= r["t_first_connect"] < r["t_last_declare_ok"] <= r["t_all_held"]
+            <= r["t_close"] < sc["t_end"])
+    assert set(r["node_cpu_s"]) == {"n1", "n2", "n3"} and r["node_cpu_total_s"] > 0
+    usage = sorted((u["role"], u["part"]) for u in sc["generator"])
+    assert usage == [("rpc", 0), ("rpc", 1)]
+    assert not any(q.startswith("amq.gen-") for q in listed[target])
+    assert not list((folder / "tiny-rpc" / target).glob("rpc.names.*"))
+    assert [s["rpc"]["opened"] for s in runner.summaries] == [40]
+    assert any(f"[{target}] tiny-rpc: 40 of 40 clients (2 processes) held an exclusive queue after" in line
+               and "40 listed; after the close, none listed in" in line and "0 error(s)" in line
+               for line in said), said
