@@ -7,7 +7,7 @@ null (the null AMQP broker: what the generator alone can do); warren = warren-na
 both = warren-native,rabbitmq, all = warren-native,warren-amqp,rabbitmq.
 
 runs workload files (or shipped suites by name: smoke, throughput, latency, failover, scale, sync,
-declare) and writes the logs of bench/LOGS.md under results/RUN_ID/; see bench/README.md.
+declare, rpc) and writes the logs of bench/LOGS.md under results/RUN_ID/; see bench/README.md.
 
     warren-bench analyse [RESULTS]     the Spark job of bench/analysis over those logs
                                        (`analyze` works too)
@@ -102,7 +102,8 @@ async def throughput(nodes: list[str], seconds: float, size: int, window: int, p
 
 
 def _run(args) -> int:
-    from bench.runner import Progress, Runner
+    from bench.rpc_clients import PER_PROC
+    from bench.runner import Progress, Runner, connections_per_proc
     from bench.targets import TargetError
     from bench.workload import WorkloadError, load, resolve
     try:
@@ -116,6 +117,11 @@ def _run(args) -> int:
                     if sc.declaring:
                         print(f"{w}: {sc.name}: declare then delete {sc.declare_queues:,} queues, one "
                               f"connection per node")
+                        continue
+                    if sc.rpc:
+                        counts = connections_per_proc(sc.rpc_clients, sc.procs, PER_PROC)
+                        print(f"{w}: {sc.name}: {sc.rpc_clients:,} rpc clients, each holding an exclusive "
+                              f"server-named queue, over {len(counts)} processes of up to {max(counts):,}")
                         continue
                     if sc.chaos is not None:
                         print(f"{w}: {sc.name}: chaos {json.dumps(sc.chaos)}")
@@ -320,7 +326,7 @@ def main(argv=None) -> None:
     r = sub.add_parser("run", help="run workload files against warren and/or RabbitMQ, write results/RUN_ID/")
     r.add_argument("workloads", nargs="+", metavar="WORKLOAD",
                    help="a YAML file, or a shipped suite name (smoke, throughput, latency, failover, scale, "
-                        "sync, declare)")
+                        "sync, declare, rpc)")
     r.add_argument("--target", default="warren-native",
                    help="comma-separated: warren-native, warren-amqp, rabbitmq, null; or warren "
                         "(= warren-native), both (= warren-native,rabbitmq), all (= warren-native,"

@@ -575,7 +575,7 @@ class Runner:
         addresses = target.addresses()
         k = sc.idle_node % len(addresses)
         node = target.nodes[k]
-        counts = _spread(sc.idle_connections, sc.procs, IDLE_PER_PROC)
+        counts = connections_per_proc(sc.idle_connections, sc.procs, IDLE_PER_PROC)
         shared = Shared(self.ctx)
         base = {"target": tname, "nodes": addresses, "scenario": sc.as_dict(), "out_dir": str(sdir),
                 "idle_node": k, "role": "idle"}
@@ -732,7 +732,7 @@ class Runner:
         sdir = folder / sc.name / tname
         sdir.mkdir(parents=True, exist_ok=True)
         total = sc.rpc_clients
-        counts = _spread(total, sc.procs, rpc_clients.PER_PROC)
+        counts = connections_per_proc(total, sc.procs, rpc_clients.PER_PROC)
         errors: list[str] = []
         # server-named queues listed before the clients begin are not theirs (normally none)
         known = {q for q in _listed(target) or () if q.startswith(SERVER_NAMED)}
@@ -876,7 +876,7 @@ def _listed(target: Target) -> set[str] | None:
         return None
 
 
-def _spread(total: int, procs: int | None, per_proc: int) -> list[int]:
+def connections_per_proc(total: int, procs: int | None, per_proc: int) -> list[int]:
     """How many of `total` connections each worker process holds: `procs` processes (None: as
     few as keep each at per_proc or under), the remainder one more each for the first ones."""
     procs = max(1, min(procs or -(-total // per_proc), total))

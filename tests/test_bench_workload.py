@@ -113,13 +113,22 @@ def test_declare_field_parses_and_the_shipped_suite():
         ("declare-250", 250), ("declare-1000", 1000)]
 
 
-def test_rpc_field_parses():
+def test_rpc_field_parses_and_the_shipped_suite():
+    from bench.rpc_clients import PER_PROC
+    from bench.runner import connections_per_proc
+
     [sc] = parse({"name": "r", "rpc_clients": 40, "procs": 2})
     assert sc.rpc and not sc.declaring and not sc.idle and (sc.rpc_clients, sc.procs) == (40, 2)
     [plain] = parse({"name": "p"})
     assert plain.rpc_clients == 0 and not plain.rpc
     assert "scenarios[0].rpc_clients: must be an integer >= 0, got -1" in error_of(
         {"scenarios": [{"name": "r", "rpc_clients": -1}]})
+    assert [(s.name, s.rpc_clients, s.procs) for s in load(WORKLOAD_DIR / "rpc.yaml")] == [
+        ("rpc-1000", 1000, None), ("rpc-3000", 3000, None)]
+    # no procs: as few processes as keep each at PER_PROC (500) clients or fewer
+    assert connections_per_proc(3000, None, PER_PROC) == [500] * 6
+    assert connections_per_proc(1001, None, PER_PROC) == [334, 334, 333]
+    assert connections_per_proc(40, 2, PER_PROC) == [20, 20] and connections_per_proc(3, 5, PER_PROC) == [1, 1, 1]
 
 
 # {a}: the kind's article and name, {field}: the field that makes the kind
