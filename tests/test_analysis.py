@@ -499,8 +499,8 @@ def test_fine_buckets_around_a_fault_show_the_sub_second_outage(analysed, run_id
 @pytest.fixture(scope="module")
 def openloop(tmp_path_factory, session):
     """An open-loop run (t_int on every publish line, a warmup) on warren-native and RabbitMQ,
-    an idle-connection and a declare scenario (scenario.json alone); returns the results, the
-    expected latencies and the report folder."""
+    an idle-connection, a declare and an rpc scenario (scenario.json alone); returns the results,
+    the expected latencies and the report folder."""
     from bench.analysis.cli import run
 
     root = tmp_path_factory.mktemp("openloop")
@@ -537,6 +537,14 @@ def openloop(tmp_path_factory, session):
                            "per_connection": [{"node": "n1", "declared": 84, "deleted": 83}]}}
     (run_dir / "declare-250" / "warren-amqp").mkdir(parents=True)
     (run_dir / "declare-250" / "warren-amqp" / "scenario.json").write_text(json.dumps(declare))
+    rpc = {**_meta("rpc-1000", False, T0, T0 + 9), "run_id": run_dir.name, "target": "warren-native",
+           "rpc": {"clients": 1000, "procs": 2, "per_proc": [500, 500], "at_once": 64, "opened": 999,
+                   "failed": 1, "held_s": 1.75, "p50_ms": 30.5, "p99_ms": 120.25, "max_ms": 140.0,
+                   "queues_listed_held": 999, "names_listed_held": 999, "closed_s": 0.2, "gone_s": 0.95,
+                   "still_listed_s": 0.4, "left_after": 0, "listings": 2, "errors": 1,
+                   "node_cpu_s": {"n1": 1.0, "n2": 0.75, "n3": 0.5}, "node_cpu_total_s": 2.25}}
+    (run_dir / "rpc-1000" / "warren-native").mkdir(parents=True)
+    (run_dir / "rpc-1000" / "warren-native" / "scenario.json").write_text(json.dumps(rpc))
     res, _ = run(str(run_dir), out=str(root / "out"), spark=session)
     return res, expect, root / "out"
 
@@ -560,7 +568,7 @@ def test_open_loop_latency_is_measured_from_the_intended_time_after_warmup(openl
         "p99_ms"] > 200
 
 
-def test_compare_names_the_warren_target_and_idle_and_declare_rows_come_through(openloop):
+def test_compare_names_the_warren_target_and_idle_declare_and_rpc_rows_come_through(openloop):
     res, _, out = openloop
     [c] = res.tables["compare"]
     assert (c["scenario"], c["warren_target"]) == ("paced", "warren-native")
@@ -576,6 +584,17 @@ def test_compare_names_the_warren_target_and_idle_and_declare_rows_come_through(
         "declare-250", "warren-amqp", 250, 250, 249, 1)
     assert (d["declare_s"], d["declare_p99_ms"], d["delete_max_ms"], d["errors"]) == (0.41, 12.25, 15.5, 1)
     assert "per_connection" not in d
+    [r] = res.tables["rpc"]
+    assert (r["scenario"], r["target"], r["clients"], r["procs"], r["opened"], r["queues_listed_held"]) == (
+        "rpc-1000", "warren-native", 1000, 2, 999, 999)
+    assert (r["held_s"], r["p99_ms"], r["gone_s"], r["still_listed_s"], r["left_after"], r["errors"],
+            r["node_cpu_total_s"]) == (1.75, 120.25, 0.95, 0.4, 0, 1, 2.25)
+    assert "per_proc" not in r and "node_cpu_s" not in r
     md = (out / "report.md").read_text()
     assert "## Declaring and deleting queues" in md and "| declare-250 | warren-amqp | 250 | 250 |" in md
     assert (out / "declare.csv").read_text().splitlines()[0].startswith("run_id,scenario,target,queues,")
+    assert "## RPC clients holding exclusive reply queues" in md
+    assert "| rpc-1000 | warren-native | 1,000 | 2 | 999 | 1.75 |" in md
+    assert (out / "rpc.csv").read_text().splitlines()[0].startswith("run_id,scenario,target,clients,procs,")
+    assert md.index("## Declaring and deleting queues") < md.index("## RPC clients") < md.index("## Charts")
+

@@ -40,8 +40,9 @@ Definitions (see also bench/LOGS.md):
   sync_done's ``seconds`` when it has them, else by the time from the sync's start (its
   sync_queue action, else the first progress line) to sync_done; also the mean and peak of the
   reported ``rate_msgs`` (null rates, before every mirror is synchronised, are left out).
-- idle and declare: one row per idle-connection or declare scenario, copied from the `idle` or
-  `declare` object of its scenario.json (the runner measured them; there are no message lines).
+- idle, declare and rpc: one row per idle-connection, declare or rpc scenario, copied from the
+  `idle`, `declare` or `rpc` object of its scenario.json (the runner measured them; there are no
+  message lines).
 - chaos (scenarios written by `warren-bench chaos`, bench/chaos): one row per schedule from its
   verdict.json (the checker's lost, lost_allowed, duplicates, stranded, stuck, longest gap and
   recovery), with this job's own lost count from the message lines beside it.
@@ -64,6 +65,8 @@ from urllib.request import url2pathname
 from bench.records import LATENCY_KINDS
 
 KEY = ["run_id", "scenario", "target"]
+# the tables copied from the object of the same name in scenario.json (scenarios without messages)
+COPIED = ("idle", "declare", "rpc")
 KEY_TYPES = [(k, "STRING") for k in KEY]
 PERCENTILES = [("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999)]
 WINDOW_BEFORE, WINDOW_AFTER = 1.0, 30.0
@@ -135,6 +138,13 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("declare_p50_ms", "DOUBLE"), ("declare_p99_ms", "DOUBLE"), ("declare_max_ms", "DOUBLE"),
         ("delete_p50_ms", "DOUBLE"), ("delete_p99_ms", "DOUBLE"), ("delete_max_ms", "DOUBLE"),
         ("errors", "LONG"), ("left_after", "LONG"),
+    ],
+    "rpc": [
+        ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("clients", "LONG"),
+        ("procs", "LONG"), ("opened", "LONG"), ("held_s", "DOUBLE"), ("p50_ms", "DOUBLE"),
+        ("p99_ms", "DOUBLE"), ("max_ms", "DOUBLE"), ("queues_listed_held", "LONG"), ("closed_s", "DOUBLE"),
+        ("gone_s", "DOUBLE"), ("still_listed_s", "DOUBLE"), ("left_after", "LONG"), ("errors", "LONG"),
+        ("node_cpu_total_s", "DOUBLE"),
     ],
     "chaos": [
         ("run_id", "STRING"), ("scenario", "STRING"), ("target", "STRING"), ("seed", "LONG"),
@@ -280,8 +290,8 @@ def _scenario_meta(spark, base: str) -> dict[tuple, dict]:
                       "t_measure": doc.get("t_measure"),
                       "sampled": bool(doc.get("sampled")), "sample_every": sample_every,
                       "drain": wl.get("drain"), "message_size": wl.get("message_size"),
-                      "nodes": doc.get("nodes"), "idle": doc.get("idle"),
-                      "declare": doc.get("declare")}
+                      "nodes": doc.get("nodes"),
+                      **{name: doc.get(name) for name in COPIED}}
     return metas
 
 
@@ -672,13 +682,12 @@ def analyse(spark, input_path: str) -> Results:
                      "duplicate, lost and gap figures come from the 1-in-N sample of message lines.")
     if any(s["drain"] is not True for s in summary):
         notes.append("lost is empty where the workload does not drain its queues (or scenario.json is missing).")
-    idle = [{**dict(zip(KEY, k)), **{c: (m["idle"] or {}).get(c) for c, _ in TABLES["idle"][3:]}}
-            for k, m in sorted(metas.items()) if m.get("idle")]
-    declare = [{**dict(zip(KEY, k)), **{c: (m["declare"] or {}).get(c) for c, _ in TABLES["declare"][3:]}}
-               for k, m in sorted(metas.items()) if m.get("declare")]
+    copied = {name: [{**dict(zip(KEY, k)), **{c: m[name].get(c) for c, _ in TABLES[name][3:]}}
+                     for k, m in sorted(metas.items()) if m.get(name)]
+              for name in COPIED}
     tables = {"summary": summary, "latency": latency_rows, "throughput_timeseries": series_rows,
-              "failover_timeseries": fine, "faults": faults_out, "sync": sync_out, "idle": idle,
-              "declare": declare, "compare": compare, "chaos": chaos}
+              "failover_timeseries": fine, "faults": faults_out, "sync": sync_out, **copied,
+              "compare": compare, "chaos": chaos}
     return Results(tables={name: [_shape(name, row) for row in rows] for name, rows in tables.items()},
                    runs=_runs(spark, base), input=base, notes=notes)
 

@@ -342,6 +342,22 @@ def blocks(res: Results, charts: dict[str, list[tuple[str, str]]]) -> list[tuple
               r["deleted"], r["delete_s"], r["deletes_per_s"], r["delete_p50_ms"], r["delete_p99_ms"],
               r["delete_max_ms"], r["errors"], r["left_after"]] for r in t["declare"]]))
 
+    if t.get("rpc"):
+        out.append(("h2", "RPC clients holding exclusive reply queues"))
+        out.append(("p", ("held s: from the first client's connect to the last declare-ok; p50/p99/max: "
+                          "one client's connect, channel and declare; listed: the clients' queues the "
+                          "broker listed while they held them; closed s: until the clients had closed "
+                          "their connections; gone s: from the close order until a listing showed none "
+                          "of the queues, still listed s: until the start of the last listing that "
+                          "showed some.")))
+        out.append(_table(
+            ["run", "scenario", "target", "clients", "procs", "opened", "held s", "p50 ms", "p99 ms",
+             "max ms", "listed", "closed s", "gone s", "still listed s", "left after", "errors",
+             "node CPU s"],
+            [[r["run_id"], r["scenario"], r["target"], r["clients"], r["procs"], r["opened"], r["held_s"],
+              r["p50_ms"], r["p99_ms"], r["max_ms"], r["queues_listed_held"], r["closed_s"], r["gone_s"],
+              r["still_listed_s"], r["left_after"], r["errors"], r["node_cpu_total_s"]] for r in t["rpc"]]))
+
     out.append(("h2", "Charts"))
     for run_id, items in sorted(charts.items()):
         for name, caption in items:
@@ -353,8 +369,8 @@ def blocks(res: Results, charts: dict[str, list[tuple[str, str]]]) -> list[tuple
     out.append(("p", (f"Throughput charts: messages per second in 1 s buckets, and in {FINE_BUCKET:g} s "
                       "buckets (shaded) around each fault, where a sub-second outage shows.")))
     out.append(("p", ("Tables: summary, latency, throughput_timeseries, failover_timeseries, faults, "
-                      "sync, idle, declare, compare, chaos, each as NAME.csv and NAME.parquet beside this "
-                      "report.")))
+                      "sync, idle, declare, rpc, compare, chaos, each as NAME.csv and NAME.parquet beside "
+                      "this report.")))
     return out
 
 
