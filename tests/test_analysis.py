@@ -22,7 +22,7 @@ import pytest
 np = pytest.importorskip("numpy", reason="numpy is not installed (it comes with matplotlib)")
 
 from bench.analysis import synth
-from bench.analysis.cli import output_of, parse_args
+from bench.analysis.cli import NoLogs, check_local_input, output_of, parse_args
 from bench.analysis.job import WINDOW_AFTER, WINDOW_BEFORE, _expand_braces, to_uri
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
@@ -437,7 +437,14 @@ def test_a_run_folder_without_optional_files(bare):
 
 # --- no Spark needed -----------------------------------------------------------------------------
 
-def test_cli_defaults_and_paths():
+def test_cli_defaults_and_paths(tmp_path):
+    # a local folder is checked before Spark starts: scenario.json alone counts as logs
+    (tmp_path / "run" / "rpc-1000" / "warren-native").mkdir(parents=True)
+    with pytest.raises(NoLogs, match="no benchmark logs under"):
+        check_local_input(str(tmp_path / "run"))
+    (tmp_path / "run" / "rpc-1000" / "warren-native" / "scenario.json").write_text("{}")
+    check_local_input(str(tmp_path / "run"))
+    check_local_input(str(tmp_path))  # as a results folder: RUN_ID/SCENARIO/TARGET
     args = parse_args([])
     assert (args.input, args.out, args.master) == ("results", None, "local[*]")
     assert output_of("hdfs://nn/bench/results", None) == "hdfs://nn/bench/results/report"
@@ -500,7 +507,8 @@ def test_fine_buckets_around_a_fault_show_the_sub_second_outage(analysed, run_id
 def openloop(tmp_path_factory, session):
     """An open-loop run (t_int on every publish line, a warmup) on warren-native and RabbitMQ,
     an idle-connection, a declare and an rpc scenario (scenario.json alone); returns the results,
-    the expected latencies and the report folder."""
+    the expected latencies and the report folder. The three scenarios without messages are also
+    analysed alone, from a run folder of their own (`res.only_meta`)."""
     from bench.analysis.cli import run
 
     root = tmp_path_factory.mktemp("openloop")
@@ -546,6 +554,12 @@ def openloop(tmp_path_factory, session):
     (run_dir / "rpc-1000" / "warren-native").mkdir(parents=True)
     (run_dir / "rpc-1000" / "warren-native" / "scenario.json").write_text(json.dumps(rpc))
     res, _ = run(str(run_dir), out=str(root / "out"), spark=session)
+    # a run folder whose scenarios have a scenario.json and no message lines at all
+    only_meta = root / "20260104-000000-eeeeee"
+    for scenario in ("idle-10k", "declare-250", "rpc-1000"):
+        shutil.copytree(run_dir / scenario, only_meta / scenario)
+    check_local_input(str(only_meta))
+    res.only_meta, _ = run(str(only_meta), out=str(root / "out-meta"), spark=session)
     return res, expect, root / "out"
 
 
@@ -598,3 +612,14 @@ def test_compare_names_the_warren_target_and_idle_declare_and_rpc_rows_come_thro
     assert (out / "rpc.csv").read_text().splitlines()[0].startswith("run_id,scenario,target,clients,procs,")
     assert md.index("## Declaring and deleting queues") < md.index("## RPC clients") < md.index("## Charts")
 
+
+def test_a_folder_of_scenarios_without_messages_is_analysed(openloop):
+    """Idle, declare and rpc scenarios alone (a scenario.json each, no publish.jsonl) are logs
+    to analyse, not an empty folder."""
+    res, _, _ = openloop
+    only = res.only_meta
+    assert [(d["scenario"], d["queues"]) for d in only.tables["declare"]] == [("declare-250", 250)]
+    assert [(r["scenario"], r["opened"]) for r in only.tables["rpc"]] == [("rpc-1000", 999)]
+    assert [(i["scenario"], i["opened"]) for i in only.tables["idle"]] == [("idle-10k", 10000)]
+    assert sorted(s["scenario"] for s in only.tables["summary"]) == ["declare-250", "idle-10k", "rpc-1000"]
+    assert only.tables["latency"] == [] and only.tables["compare"] == []

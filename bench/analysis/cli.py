@@ -8,8 +8,9 @@ Parquet datasets, PNG charts, and report.md / report.html. Prints the report's p
 headline table.
 
 An INPUT without logs is an error (exit 2) that writes nothing: a local INPUT is checked before
-Spark starts (missing, or no publish.jsonl where a run's scenarios keep them); any other URI
-once Spark has looked.
+Spark starts (missing, or neither a publish.jsonl nor a scenario.json where a run's scenarios keep
+them: idle-connection, declare and rpc scenarios have a scenario.json alone); any other URI once
+Spark has looked.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-LAYOUT = "RUN_ID/SCENARIO/TARGET/publish.jsonl under a results folder, SCENARIO/TARGET/publish.jsonl under a run folder"
+LAYOUT = ("RUN_ID/SCENARIO/TARGET/publish.jsonl under a results folder, SCENARIO/TARGET/publish.jsonl under a "
+          "run folder; or scenario.json alone, for scenarios without messages")
+# a scenario folder holding one of these has something to analyse
+LOG_FILES = ("publish.jsonl", "scenario.json")
 
 
 class NoLogs(Exception):
@@ -51,7 +55,7 @@ def check_local_input(input_path: str) -> None:
         raise NoLogs(f"{input_path}: no such file or directory")
     if not path.is_dir():
         raise NoLogs(f"{input_path} is not a folder: give a results folder or one run's folder")
-    if not any(next(path.glob(p), None) for p in _expand_braces(_relative("publish.jsonl"))):
+    if not any(next(path.glob(p), None) for name in LOG_FILES for p in _expand_braces(_relative(name))):
         raise NoLogs(f"no benchmark logs under {input_path} (expected {LAYOUT}); "
                      "`warren-bench run` writes them, `python -m bench.analysis.synth DIR` makes a synthetic run")
 
