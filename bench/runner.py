@@ -667,13 +667,7 @@ class Runner:
         w = self.ctx.Process(target=workermod.main, daemon=True, args=(spec, shared))
         w.start()
         try:
-            deadline = time.time() + 120
-            while shared.ready.value < 1 and w.exitcode is None and time.time() < deadline:
-                self.progress.show(f"[{tname}] {sc.name} connecting {time.time() - t_start:4.1f}s")
-                time.sleep(0.05)
-            t0 = time.time() + 0.2
-            shared.start_at.value = t0
-            shared.start.set()
+            t0 = self._start_together(shared, [w], f"[{tname}] {sc.name} connecting")
             # generous: before the fix of docs/measurements.md, 1,000 queues took 24 s each way
             limit = time.time() + 300 + total * 0.2
             while w.exitcode is None:
@@ -688,12 +682,7 @@ class Runner:
             self.interrupted = True
             shared.stop.set()
         finally:
-            shared.start.set()
-            _join([w])
-            self.progress.done()
-        cpu_after = target.cpu()
-        t_end = time.time()
-        usage = _take_usage(sdir)
+            cpu_after, t_end, usage = self._end_workers(shared, [w], target, sdir)
         result = next((u.pop("declare") for u in usage if "declare" in u), None)
         left = self._scenario_queues(target, sc)
         node_cpu = _cpu_between(cpu_before, cpu_after)
@@ -752,15 +741,7 @@ class Runner:
         for w in workers:
             w.start()
         try:
-            deadline = time.time() + 120
-            while shared.ready.value < len(workers) and time.time() < deadline and any(
-                    w.exitcode is None for w in workers):
-                self.progress.show(f"[{tname}] {sc.name} starting {len(workers)} processes "
-                                   f"{time.time() - t_start:4.1f}s")
-                time.sleep(0.05)
-            t0 = time.time() + 0.2
-            shared.start_at.value = t0
-            shared.start.set()
+            t0 = self._start_together(shared, workers, f"[{tname}] {sc.name} starting {len(workers)} processes")
             limit = t0 + 120 + total / 20
             while shared.held.value < len(workers) and any(w.exitcode is None for w in workers):
                 c = shared.snapshot()
@@ -789,14 +770,9 @@ class Runner:
                               f"{gone['waited_s']:.0f} s after the clients closed")
         except KeyboardInterrupt:
             self.interrupted = True
-        finally:
-            shared.start.set()
             shared.stop.set()
-            _join(workers)
-            self.progress.done()
-        cpu_after = target.cpu()
-        t_end = time.time()
-        usage = _take_usage(sdir)
+        finally:
+            cpu_after, t_end, usage = self._end_workers(shared, workers, target, sdir)
         results = [u.pop("rpc") for u in usage if "rpc" in u]
         errors += [f"worker {w.name} exit code {w.exitcode}" for w in workers if w.exitcode != 0]
         problems = len(errors)  # the runner's own: gave up waiting, queues left, a worker failed
@@ -815,6 +791,27 @@ class Runner:
         for e in errors[:5]:
             self.say(f"  error: {e}")
         return False
+
+    def _start_together(self, shared: Shared, workers: list, label: str) -> float:
+        """Wait (2 minutes at most) until every worker waits for the start, then give them all
+        the same start time, 0.2 s ahead; returns it."""
+        t = time.time()
+        while shared.ready.value < len(workers) and time.time() < t + 120 and any(
+                w.exitcode is None for w in workers):
+            self.progress.show(f"{label} {time.time() - t:4.1f}s")
+            time.sleep(0.05)
+        t0 = time.time() + 0.2
+        shared.start_at.value = t0
+        shared.start.set()
+        return t0
+
+    def _end_workers(self, shared: Shared, workers: list, target: Target, sdir: Path) -> tuple:
+        """Let the workers end (a worker still waiting for the start is let go; see `_join`),
+        then read the nodes' CPU: (cpu, time, the workers' usage files)."""
+        shared.start.set()
+        _join(workers)
+        self.progress.done()
+        return target.cpu(), time.time(), _take_usage(sdir)
 
     def _wait_gone(self, target: Target, sc: Scenario, queues: set[str], t_close: float,
                    timeout: float) -> dict:
