@@ -1037,9 +1037,13 @@ def _declare_summary(res: dict | None, queues: int, nodes: list[str], left: list
     return out
 
 
+def _num(v, form: str = ".3g") -> str:
+    """A number in a summary line: 3 significant digits, whole numbers from 100 on; ? for none."""
+    return "?" if v is None else format(v, ",.0f" if form == ".3g" and abs(v) >= 100 else form)
+
+
 def _declare_line(tname: str, scenario: str, d: dict) -> str:
-    def n(v, form: str = ".3g") -> str:  # 3 significant digits, whole numbers from 100 on
-        return "?" if v is None else format(v, ",.0f" if form == ".3g" and abs(v) >= 100 else form)
+    n = _num
 
     def phase(p: str, done: str, rate: str) -> str:
         return (f"{done} {d[done]:,} in {n(d[f'{p}_s'])} s ({n(d[rate], ',.0f')}/s; per call p50/p99/max "
@@ -1084,14 +1088,15 @@ def _rpc_summary(results: list[dict], clients: int, counts: list[int], seen: dic
 
 
 def _rpc_line(tname: str, scenario: str, r: dict) -> str:
-    def n(v, form: str = ".3g") -> str:
-        return "?" if v is None else format(v, form)
-
+    n = _num
+    gone = (f"none listed {n(r['gone_s'])} s after the close order" if r["gone_s"] is not None
+            else f"{n(r['left_after'], ',')} still listed after the close")
+    held_cpu = sum(r["node_cpu_s_until_held"].values()) if r.get("node_cpu_s_until_held") else None
     return (f"[{tname}] {scenario}: {r['opened']:,} of {r['clients']:,} clients ({r['procs']} processes) "
             f"held an exclusive queue after {n(r['held_s'])} s (connect+declare per client p50/p99/max "
             f"{n(r['p50_ms'])}/{n(r['p99_ms'])}/{n(r['max_ms'])} ms), {n(r['queues_listed_held'], ',')} "
-            f"listed; after the close, none listed in {n(r['gone_s'])} s ({n(r['left_after'], ',')} left); "
-            f"{r['errors']} error(s); nodes' CPU {n(r['node_cpu_total_s'])} s")
+            f"listed; {gone}; {r['errors']} error(s); nodes' CPU {n(r['node_cpu_total_s'])} s "
+            f"({n(held_cpu)} s until all held)")
 
 
 def _summary_line(s: dict) -> str:
