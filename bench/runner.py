@@ -743,7 +743,8 @@ class Runner:
         try:
             t0 = self._start_together(shared, workers, f"[{tname}] {sc.name} starting {len(workers)} processes")
             limit = t0 + 120 + total / 20
-            while shared.held.value < len(workers) and any(w.exitcode is None for w in workers):
+            # a worker ends only when told to stop: one that ended early failed, and its clients with it
+            while shared.held.value + sum(w.exitcode is not None for w in workers) < len(workers):
                 c = shared.snapshot()
                 self.progress.show(f"[{tname}] {sc.name} {max(0.0, time.time() - t0):5.1f}s  holding "
                                    f"{c[0]:,}/{total:,}  failed {c[1]:,}")
@@ -773,6 +774,8 @@ class Runner:
             shared.stop.set()
         finally:
             cpu_after, t_end, usage = self._end_workers(shared, workers, target, sdir)
+            for late in sdir.glob("rpc.names.part*"):  # a worker that held its queues after we gave up
+                late.unlink()
         results = [u.pop("rpc") for u in usage if "rpc" in u]
         errors += [f"worker {w.name} exit code {w.exitcode}" for w in workers if w.exitcode != 0]
         problems = len(errors)  # the runner's own: gave up waiting, queues left, a worker failed
