@@ -25,8 +25,8 @@ import time
 from bench import fineloop
 from bench.amqp import AMQPError, Connection, parse_address
 from bench.declaring import PHASES, Phases
-from bench.rpc_clients import Holders
 from bench.records import CONF_ACK, CONF_NACK, CONF_NONE, ID_SHIFT, DeliverRecord, PublishRecord
+from bench.rpc_clients import Holders
 from bench.schedule import GRACE, OpenLoop
 from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
 

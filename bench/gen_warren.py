@@ -28,7 +28,6 @@ import trio.lowlevel
 
 from bench import fineloop
 from bench.declaring import PHASES, Phases
-from bench.rpc_clients import Holders
 from bench.records import (
     CONF_ACK,
     CONF_NACK,
@@ -37,6 +36,7 @@ from bench.records import (
     PublishRecord,
     make_id,
 )
+from bench.rpc_clients import Holders
 from bench.schedule import GRACE, OpenLoop
 from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared, rotate
 from broker.client.aio import open_connection
