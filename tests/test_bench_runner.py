@@ -133,6 +133,34 @@ scenarios:
     assert idle["idle"]["rss_held_mib"] > 0
 
 
+def _skip_unless_amqp(target: str) -> None:
+    if target == "warren-amqp":
+        pytest.importorskip("pamqp")
+        from bench.targets import warren_amqp_support
+        if warren_amqp_support() is not None:
+            pytest.skip(str(warren_amqp_support()))
+
+
+class ListsQueuesBeforeStop(Runner):
+    """A runner that reads, with warrenctl, the queues each target's cluster lists just before
+    it stops it: `listed[target name]`."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.listed: dict[str, list[str]] = {}
+
+    def make_target(self, *args):
+        tg = super().make_target(*args)
+        stop = tg.stop
+
+        def list_then_stop():
+            out = tg.ctl(tg.nodes[0], "list_queues", "name", "--formatter", "json")
+            self.listed[tg.name] = [r["name"] for r in json.loads(out)]
+            stop()
+        tg.stop = list_then_stop
+        return tg
+
+
 @pytest.mark.process
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("target", ["warren-native", "warren-amqp"])
@@ -140,29 +168,12 @@ def test_declare_scenario_declares_then_deletes_every_queue(tmp_path, target):
     """A declare scenario on a real 3-node cluster: 30 queues, 10 through each node's connection,
     all declared, then all deleted; what the cluster lists afterwards is read with warrenctl
     before the runner stops it."""
-    if target == "warren-amqp":
-        pytest.importorskip("pamqp")
-        from bench.targets import warren_amqp_support
-        if warren_amqp_support() is not None:
-            pytest.skip(str(warren_amqp_support()))
+    _skip_unless_amqp(target)
     workload = tmp_path / "declare.yaml"
     workload.write_text("scenarios:\n  - {name: tiny-declare, declare_queues: 30}\n")
-    listed = {}
-
-    class Listing(Runner):
-        def make_target(self, *args):
-            tg = super().make_target(*args)
-            stop = tg.stop
-
-            def list_then_stop():
-                out = tg.ctl(tg.nodes[0], "list_queues", "name", "--formatter", "json")
-                listed[tg.name] = [r["name"] for r in json.loads(out)]
-                stop()
-            tg.stop = list_then_stop
-            return tg
-
     said = []
-    runner = Listing(tmp_path / "results", progress=Progress(enabled=False), say=said.append)
+    runner = ListsQueuesBeforeStop(tmp_path / "results", progress=Progress(enabled=False), say=said.append)
+    listed = runner.listed
     folder = runner.run([str(workload)], [target], run_id="d1")
     sc = json.loads((folder / "tiny-declare" / target / "scenario.json").read_text())
     d = sc["declare"]
@@ -190,29 +201,12 @@ def test_rpc_scenario_holds_one_exclusive_queue_per_client_until_they_close(tmp_
     """An rpc scenario on a real 3-node cluster: 40 clients over 2 processes, each holding an
     exclusive queue the broker named; all 40 listed while held, none once they closed. What the
     cluster lists after the run is read with warrenctl before the runner stops it."""
-    if target == "warren-amqp":
-        pytest.importorskip("pamqp")
-        from bench.targets import warren_amqp_support
-        if warren_amqp_support() is not None:
-            pytest.skip(str(warren_amqp_support()))
+    _skip_unless_amqp(target)
     workload = tmp_path / "rpc.yaml"
     workload.write_text("scenarios:\n  - {name: tiny-rpc, rpc_clients: 40, procs: 2}\n")
-    listed = {}
-
-    class Listing(Runner):
-        def make_target(self, *args):
-            tg = super().make_target(*args)
-            stop = tg.stop
-
-            def list_then_stop():
-                out = tg.ctl(tg.nodes[0], "list_queues", "name", "--formatter", "json")
-                listed[tg.name] = [r["name"] for r in json.loads(out)]
-                stop()
-            tg.stop = list_then_stop
-            return tg
-
     said = []
-    runner = Listing(tmp_path / "results", progress=Progress(enabled=False), say=said.append)
+    runner = ListsQueuesBeforeStop(tmp_path / "results", progress=Progress(enabled=False), say=said.append)
+    listed = runner.listed
     folder = runner.run([str(workload)], [target], run_id="rpc1")
     sc = json.loads((folder / "tiny-rpc" / target / "scenario.json").read_text())
     r = sc["rpc"]
