@@ -3,14 +3,17 @@
 This module owns which connection declares which queue (`shares`: queue i through node i % nodes,
 one connection per node) and `Phases`, the record of one run inside the generator process: who
 is connected, when each phase may begin, the start, end and outcome of every queue.declare and
-queue.delete, and the progress counts handed to the runner. It makes no call itself: the calls
-are `bench.gen_warren.run_declare` (trio, warren's own client) and `bench.gen_amqp.run_declare`
-(asyncio, the AMQP client), and `bench.runner.Runner.run_declare` turns `Phases.result()` into the
-`declare` object of scenario.json. It imports neither trio nor asyncio: the caller passes its
-library's Event class.
+queue.delete, the progress counts handed to the runner, and one connection's two phases of calls
+(`Phases.calls`) on a channel the generator opened: `bench.gen_warren.run_declare` (trio,
+warren's own client) or `bench.gen_amqp.run_declare` (asyncio, the AMQP client).
+`bench.runner.Runner.run_declare` turns `Phases.result()` into the `declare` object of
+scenario.json. It imports neither trio nor asyncio: the caller passes its library's Event class
+and sleep.
 """
 
 from __future__ import annotations
+
+import time
 
 PHASES = ("declare", "delete")
 MAX_ERROR_LINES = 20
@@ -65,6 +68,32 @@ class Phases:
             return
         self.failed[phase] += 1
         self._error(f"connection {k}: queue.{phase} {queue}: {exc}")
+
+    async def calls(self, k: int, names: list[str], ch, reopen, sleep, ends_connection) -> None:
+        """Connection k's two phases on channel `ch`: once each may begin, a queue.declare (then a
+        queue.delete) of every name, the reply before the next call. A call the broker refuses
+        is counted and the next goes on (on a new channel, `await reopen()`, if the broker closed
+        this one); an error for which `ends_connection(exc)` is true ends them all (raised)."""
+        now = time.time
+        for phase in PHASES:
+            await self.begin[phase].wait()
+            if phase == "declare" and self.t0 > now():
+                await sleep(self.t0 - now())
+            for q in names:
+                if self.stopping:
+                    break
+                t = now()
+                try:
+                    await (ch.queue_declare(q) if phase == "declare" else ch.queue_delete(q))
+                except Exception as exc:  # noqa: BLE001 - the caller says which errors end it
+                    if ends_connection(exc):
+                        raise
+                    self.call(phase, k, q, t, now(), exc)
+                    if not ch.is_open:
+                        ch = await reopen()
+                    continue
+                self.call(phase, k, q, t, now())
+            self.finished(phase, k)
 
     def finished(self, phase: str, k: int) -> None:
         if k in self._finished[phase]:

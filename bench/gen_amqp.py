@@ -24,7 +24,7 @@ import time
 
 from bench import fineloop
 from bench.amqp import AMQPError, Connection, parse_address
-from bench.declaring import PHASES, Phases
+from bench.declaring import Phases
 from bench.records import CONF_ACK, CONF_NACK, CONF_NONE, ID_SHIFT, DeliverRecord, PublishRecord
 from bench.rpc_clients import Holders
 from bench.schedule import GRACE, OpenLoop
@@ -488,7 +488,6 @@ async def _declare(spec: dict, shared: Shared) -> dict:
     shares = spec["shares"]
     ph = Phases(len(shares), asyncio.Event)
     loop = asyncio.get_running_loop()
-    now = time.time
 
     async def connection(k: int, names: list[str]) -> None:
         address = spec["nodes"][k]
@@ -497,28 +496,8 @@ async def _declare(spec: dict, shared: Shared) -> dict:
             conn = await _open(address, f"bench-declare-{k}")
             ch = await conn.channel()
             ph.arrived(k)
-            for phase in PHASES:
-                await ph.begin[phase].wait()
-                if phase == "declare" and ph.t0 > now():
-                    await asyncio.sleep(ph.t0 - now())
-                for q in names:
-                    if ph.stopping:
-                        break
-                    t = now()
-                    try:
-                        if phase == "declare":
-                            await ch.queue_declare(q)
-                        else:
-                            await ch.queue_delete(q)
-                    except AMQPError as exc:
-                        if conn.is_closed:
-                            raise
-                        ph.call(phase, k, q, t, now(), exc)
-                        if not ch.is_open:
-                            ch = await conn.channel()
-                        continue
-                    ph.call(phase, k, q, t, now())
-                ph.finished(phase, k)
+            await ph.calls(k, names, ch, conn.channel, asyncio.sleep,
+                           lambda exc: not isinstance(exc, AMQPError) or conn.is_closed)
         except (AMQPError, OSError, asyncio.TimeoutError) as exc:
             ph.gone(k, f"connection {k} to {address}: {exc!r}")
         else:

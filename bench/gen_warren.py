@@ -27,7 +27,7 @@ import trio
 import trio.lowlevel
 
 from bench import fineloop
-from bench.declaring import PHASES, Phases
+from bench.declaring import Phases
 from bench.records import (
     CONF_ACK,
     CONF_NACK,
@@ -406,7 +406,6 @@ async def _declare(spec: dict, shared: Shared) -> dict:
     same way. The book-keeping is `bench.declaring.Phases`."""
     shares = spec["shares"]
     ph = Phases(len(shares), trio.Event)
-    now = time.time
 
     async def connection(k: int, names: list[str]) -> None:
         address = spec["nodes"][k]
@@ -414,28 +413,8 @@ async def _declare(spec: dict, shared: Shared) -> dict:
             async with open_connection([address], client_name=f"bench-declare-{k}", reconnect=False) as conn:
                 ch = await conn.channel()
                 ph.arrived(k)
-                for phase in PHASES:
-                    await ph.begin[phase].wait()
-                    if phase == "declare" and ph.t0 > now():
-                        await trio.sleep(ph.t0 - now())
-                    for q in names:
-                        if ph.stopping:
-                            break
-                        t = now()
-                        try:
-                            if phase == "declare":
-                                await ch.queue_declare(q)
-                            else:
-                                await ch.queue_delete(q)
-                        except AMQPConnectionError:
-                            raise
-                        except AMQPError as exc:
-                            ph.call(phase, k, q, t, now(), exc)
-                            if not ch.is_open:
-                                ch = await conn.channel()
-                            continue
-                        ph.call(phase, k, q, t, now())
-                    ph.finished(phase, k)
+                await ph.calls(k, names, ch, conn.channel, trio.sleep, lambda exc: not isinstance(
+                    exc, AMQPError) or isinstance(exc, AMQPConnectionError))
         except Exception as exc:  # noqa: BLE001 - the connection's queues count as not done; the others go on
             ph.gone(k, f"connection {k} to {address}: {exc!r}")
         else:
