@@ -414,7 +414,7 @@ class Cluster:
             try:
                 index = 0
                 for change, _ in planned:
-                    index = raft.propose(change)
+                    index = raft.propose(change, send=False)  # the round goes out as one append
             except ChangeInProgress:
                 self._queue.appendleft(p)
                 keep = False  # planned on the copy, not proposed
@@ -426,6 +426,7 @@ class Cluster:
             self._inflight[index] = (p, raft.term)
         if keep:
             self._plan_copy = (spec, self.md, raft.term)
+        raft.replicate()
         if raft.out or raft.dirty:
             self._after_raft(now)
 

@@ -426,9 +426,10 @@ class Raft:
             self._check_votes(now)
 
     # --- replication -------------------------------------------------------------------------
-    def propose(self, change: list) -> int:
+    def propose(self, change: list, send: bool = True) -> int:
         """Append a change (leader only); returns its index. It is committed once
-        take_committed hands it out."""
+        take_committed hands it out. `send=False` leaves it for `replicate`, so that a round of
+        proposals goes to each follower as one append, not one append per change."""
         if self.role is not Role.LEADER or self._transferring:
             raise NotLeader(None if self._transferring else self.leader)
         if is_membership(change):
@@ -443,11 +444,17 @@ class Raft:
                 # timeout to start (with two members, its acknowledgement is the majority)
                 self._acked_at[change[1]] = self._now
         index = self._append(change)
+        if send:
+            self.replicate()
+        self._advance_commit()
+        return index
+
+    def replicate(self) -> None:
+        """Send each follower the entries it has not been sent yet (up to MAX_APPEND in one
+        append; its reply brings the rest)."""
         for p in self.voters:
             if p != self.me:
                 self._send_append(p)
-        self._advance_commit()
-        return index
 
     def _broadcast_append(self, now: float) -> None:
         self._heartbeat_at = now + self.heartbeat

@@ -283,6 +283,12 @@ MUTANTS = [
            ["tests/test_sim_partitions.py::test_a_publisher_whose_queue_node_is_counted_down_then_cut_off_is_nacked_not_left_waiting"],
            "a queue the log counts down stays routed when the link to its node breaks: its "
            "publisher waits until the node is back"),
+    Mutant("proposal-round-not-replicated", "broker/cluster.py",
+           "        raft.replicate()\n        if raft.out or raft.dirty:",
+           "        if raft.out or raft.dirty:",
+           ["tests/test_sim_cluster.py::test_a_declare_on_a_quiet_cluster_is_answered_in_a_few_network_trips"],
+           "the log's leader proposes a round without sending it: every metadata change waits "
+           "for the next heartbeat"),
 ]
 
 

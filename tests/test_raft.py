@@ -158,6 +158,26 @@ def test_three_nodes_elect_one_leader_and_replicate():
     assert len(terms) == 1
 
 
+def test_a_round_of_proposals_goes_to_each_follower_as_one_append():
+    w = World(["a", "b", "c"], seed=3)
+    lead = w.wait_leader(3.0)
+    w.run(0.5)
+    node = w.nodes[lead]
+    node.out.clear()
+    for i in range(5):
+        node.propose(["q", i], send=False)
+    assert not node.out, "proposed with send=False: nothing goes before replicate"
+    node.replicate()
+    appends = [(peer, msg) for peer, msg in node.out if type(msg) is m.RaftAppend]
+    assert sorted(peer for peer, _ in appends) == sorted(n for n in w.names if n != lead)
+    assert all([c for _, c in msg.entries] == [["q", i] for i in range(5)] for _, msg in appends)
+    node.replicate()  # nothing new: nothing sent again
+    assert len([x for x in node.out if type(x[1]) is m.RaftAppend]) == 2
+    w._flush(lead)
+    for i in range(5):
+        w.wait_applied(["q", i])
+
+
 def test_proposals_at_a_follower_are_refused_with_the_leader_named():
     w = World(["a", "b", "c"], seed=2)
     lead = w.wait_leader()
@@ -426,8 +446,12 @@ def test_random_faults_never_break_safety_and_a_healed_cluster_makes_progress(se
         lead = w.leader()
         if lead is not None:
             try:
-                w.nodes[lead].propose(["w", n])
-                n += 1
+                # a round of one to three proposals, sent as one append (as the cluster's driver
+                # proposes what queued up meanwhile)
+                for _ in range(1 + n % 3):
+                    w.nodes[lead].propose(["w", n], send=False)
+                    n += 1
+                w.nodes[lead].replicate()
                 w._flush(lead)
             except (NotLeader, ChangeInProgress):
                 pass

@@ -508,3 +508,20 @@ async def test_a_change_naming_its_queues_is_shown_only_to_the_sessions_routing_
                 assert all(k.cancelled_reason is None for j, k in enumerate(consumers) if j != 4)
         await c.wait_for(lambda: not any(n.routing for n in c.nodes.values()), 10,
                          "every node's routing index to empty once its sessions closed")
+
+
+async def test_a_declare_on_a_quiet_cluster_is_answered_in_a_few_network_trips(tmp_path, autojump_clock):
+    """The log's leader sends a round of proposals to its followers at once, as one append (not
+    at its next heartbeat): a declare through a follower costs a few trips of the simulated
+    network, far less than a heartbeat period."""
+    async with sim_cluster(tmp_path) as c:
+        follower = next(n for n in c.names if n != c.nodes["n1"].cluster.leader)
+        heartbeat = c.nodes[follower].cluster.raft.heartbeat
+        async with c.connect(follower) as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("warm")
+            await trio.sleep(heartbeat * 1.5)
+            t = trio.current_time()
+            await ch.queue_declare("quick")
+            took = trio.current_time() - t
+        assert took < heartbeat / 4, f"a declare took {took:.3f} s (heartbeat {heartbeat:.3f} s)"
