@@ -1019,14 +1019,12 @@ def _declare_summary(res: dict | None, queues: int, nodes: list[str], left: list
     ok = res.get("ok") or {}
     out["declared"] = sum(ok.get("declare") or [])
     out["deleted"] = sum(ok.get("delete") or [])
-    for phase, rate in (("declare", "declares_per_s"), ("delete", "deletes_per_s")):
+    for phase, done, rate in (("declare", "declared", "declares_per_s"), ("delete", "deleted", "deletes_per_s")):
         first, last = (res.get("first") or {}).get(phase), (res.get("last") or {}).get(phase)
         secs = last - first if first is not None and last is not None else None
-        done = out["declared" if phase == "declare" else "deleted"]
         out[f"{phase}_s"] = round(secs, 3) if secs is not None else None
-        out[rate] = round(done / secs, 1) if secs and done else None
+        out[rate] = round(out[done] / secs, 1) if secs and out[done] else None
         out[f"t_{phase}_first"], out[f"t_{phase}_last"] = first, last
-    for phase in ("declare", "delete"):
         pct = _percentiles(list((res.get("ms") or {}).get(phase) or []))
         for key in ("p50_ms", "p99_ms", "max_ms"):
             out[f"{phase}_{key}"] = pct.get(key)
