@@ -596,17 +596,25 @@ class Replica:
         self.epoch = self.reign = a.epoch
         self.rep = LeaderReplication()
         self.q.effects = []
-        if promoted or a.epoch > 1:
+        failover = promoted or a.epoch > 1
+        if failover:
             self._log(f"{self.qlog}: Promoting mirror {self.pid} to leader", epoch=a.epoch,
                       old_leader=self.leader_node, synchronised=synchronised)
+        self.leader_node = self.me
+        self.last_used = now
+        # the mirrors first, then the failover: its requeue is then the first effect of the new
+        # epoch, applied by every mirror. A mirror that resumes keeps the state it had under the
+        # old leader, and one shipped before it was a mirror never reaches it (dst seed 92168:
+        # the resumed mirror counted the requeued deliveries twice against the consumer's
+        # prefetch, and once promoted it delivered nothing more). A mirror started empty gets
+        # the state before the failover and applies the failover, as the resumed one does.
+        self._update_mirrors(now, resume)
+        if failover:
             for c in self.q.failover():
                 self.emit(c.owner, m.EvCancelled(
                     c.owner[2], c.tag, self.name,
                     f"queue '{self.name}' in vhost '/' failed over to a new leader "
                     "(x-cancel-on-ha-failover)"))
-        self.leader_node = self.me
-        self.last_used = now
-        self._update_mirrors(now, resume)
         parked, self.parked = self.parked, []
         for op in parked:
             self.handle(op, now)

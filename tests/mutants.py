@@ -289,6 +289,16 @@ MUTANTS = [
            ["tests/test_sim_cluster.py::test_a_declare_on_a_quiet_cluster_is_answered_in_a_few_network_trips"],
            "the log's leader proposes a round without sending it: every metadata change waits "
            "for the next heartbeat"),
+    Mutant("failover-shipped-before-the-mirrors", "mirroring/replica.py",
+           "        self._update_mirrors(now, resume)\n        if failover:\n"
+           "            for c in self.q.failover():\n",
+           "        if failover:\n            self.q.failover()\n"
+           "        self._update_mirrors(now, resume)\n        if False:\n"
+           "            for c in self.q.failover():\n",
+           ["tests/test_replica_property.py::"
+            "test_a_mirror_that_resumes_under_a_promoted_leader_gives_back_the_deliveries_it_does"],
+           "a promoted leader requeues before it has mirrors: the batch goes to no one, and a "
+           "mirror that resumes counts the redeliveries twice against the consumer's prefetch"),
 ]
 
 

@@ -552,3 +552,71 @@ def test_acks_alone_wait_for_the_next_publish_batch_at_most_settle_linger():
     assert type(w.links[("L", "M1")][-1].effects[0]) is m.ESettle
     w.settle_all()
     assert 2 not in w.replicas["M1"].q.unacked
+
+
+def test_a_mirror_that_resumes_under_a_promoted_leader_gives_back_the_deliveries_it_does():
+    """dst seed 92168: a consumer on n3 held two unacknowledged deliveries when the leader n1
+    stopped. n2 was promoted and requeued them (spec: a new leader requeues every unacknowledged
+    message), then delivered them again, flagged. n3, a mirror that resumed under n2, never saw
+    the requeue: it had been shipped as the new epoch's first batch before n3 was a mirror of
+    it. So n3 counted the same deliveries twice against the consumer's prefetch, and when n3
+    was promoted in turn its consumer had no credit left: every message published after that
+    stayed in the queue while the consumer was subscribed. A resumed mirror applies the
+    promotion's requeue like everything after it, and stays equal to its leader."""
+    ha = HA(mode="all")
+    names = ("n1", "n2", "n3")
+    reps = {n: Replica("q", ReplicaConfig(node=n, pid=f"<{n}.1.0>"), Assign("n1", 1, list(names), [], ha), 0.0)
+            for n in names}
+    consumer = ("n3", 9, 1)
+    links: list = []  # (to, message), in order
+    delivered: list = []
+
+    def pump(name: str) -> None:
+        reps[name].flush(0.0)
+        out, events = reps[name].take_output()
+        links.extend((o.node, o.msg) for o in out if isinstance(o, Send))
+        for ev in events.get(consumer[:2], ()):
+            if isinstance(ev, m.EvDeliver):
+                delivered.extend(ev.ids)
+
+    def settle() -> None:
+        for name in reps:
+            pump(name)
+        while links:
+            to, msg = links.pop(0)
+            if to in reps:
+                reps[to].handle(msg, 0.0)
+                pump(to)
+
+    def promote(leader: str, epoch: int) -> None:
+        links[:] = [(to, msg) for to, msg in links if to in reps]
+        for r in reps.values():
+            r.assign_now(Assign(leader, epoch, list(reps), list(reps), ha), 0.0)
+        settle()
+
+    settle()
+    first = reps["n1"]
+    first.handle(m.QConsume("q", consumer, 1, "t", False, 2, False, {}), 0.0)
+    first.handle(m.QPublish("q", ("n2", 5, 1), 1, [b"a", b"b", b"c"], None, False, 1), 0.0)
+    settle()
+    assert delivered == [1, 2]
+    assert reps["n2"].q.comparable() == reps["n3"].q.comparable() == first.q.comparable()
+
+    del reps["n1"]  # the leader's node stops; the consumer's node stays
+    promote("n2", 2)
+    assert reps["n2"].rep.mirrors["n3"].ready
+    assert delivered == [1, 2, 1, 2]  # requeued, then delivered again (flagged)
+    assert reps["n3"].q.comparable() == reps["n2"].q.comparable()
+
+    reps["n2"].handle(m.QSettle("q", consumer, m.ACK, [1, 2]), 0.0)
+    settle()
+    assert delivered == [1, 2, 1, 2, 3]
+    assert reps["n3"].q.comparable() == reps["n2"].q.comparable()
+    reps["n2"].handle(m.QSettle("q", consumer, m.ACK, [3]), 0.0)
+    settle()
+
+    del reps["n2"]
+    promote("n3", 3)
+    reps["n3"].handle(m.QPublish("q", ("n3", 7, 1), 1, [b"d"], None, False, 3), 0.0)
+    settle()
+    assert delivered[-1] == 4, "the promoted mirror's consumer has no credit"

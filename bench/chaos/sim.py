@@ -150,14 +150,22 @@ REGRESSIONS: dict[str, int | tuple] = {
     # failed for good ("stop the app first"): the cluster never had three members again (fixed:
     # start_app is refused while the node joins; the driver leaves such a node to its join)
     "start-app-during-the-seed-join": (54014, (5, 8)),
+    # (seed, faults, kinds): from `--faults 4-8 --kinds kill,pause,stop_app,forget,policy,
+    # partition,drop,delay,client_drop`. n2, promoted while n3's consumer held 50 deliveries,
+    # requeued them before n3 resumed as its mirror, so n3 never applied the requeue: it
+    # counted them twice against the prefetch, and once promoted itself it delivered nothing:
+    # 581 messages stranded (fixed: the failover is the new epoch's first replicated effect)
+    "resumed-mirror-missed-the-failover": (92168, (4, 8), "kill,pause,stop_app,forget,policy,"
+                                           "partition,drop,delay,client_drop"),
 }
 
 
 def regression_run(value) -> SimResult:
-    """Run one REGRESSIONS entry: a seed, or (seed, (least, most) faults per schedule)."""
+    """Run one REGRESSIONS entry: a seed, or (seed, (least, most) faults per schedule), or
+    that and the fault kinds drawn from (comma-separated)."""
     if isinstance(value, tuple):
-        seed, faults = value
-        return run_seed(seed, faults=faults)
+        seed, faults, *kinds = value
+        return run_seed(seed, kinds[0].split(",") if kinds else None, faults=faults)
     return run_seed(value)
 
 
