@@ -296,7 +296,8 @@ MUTANTS = [
            "        self._update_mirrors(now, resume)\n        if False:\n"
            "            for c in self.q.failover():\n",
            ["tests/test_replica_property.py::"
-            "test_a_mirror_that_resumes_under_a_promoted_leader_gives_back_the_deliveries_it_does"],
+            "test_a_mirror_that_resumes_under_a_promoted_leader_gives_back_the_deliveries_it_does",
+            "tests/test_replica_property.py::test_mirrors_equal_the_leader_through_syncs"],
            "a promoted leader requeues before it has mirrors: the batch goes to no one, and a "
            "mirror that resumes counts the redeliveries twice against the consumer's prefetch"),
 ]

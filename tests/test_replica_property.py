@@ -1,6 +1,8 @@
 """Property test of mirroring/replica.py: a leader and its mirrors, wired by in-order links, under
 random client operations, mirrors added late, batch syncs (blocking and background) that start,
-stop, get cancelled and overlap with every operation, and random interleavings of the links.
+stop, get cancelled and overlap with every operation, up to two promotions (the leader's node
+stops, a synchronised mirror leads, the others resume or start again), and random interleavings
+of the links.
 
 What must hold (spec, "Mirrored Queue Implementation and Semantics" and "Unsynchronised Mirrors"):
 * a mirror the leader counts as synchronised holds exactly the leader's state;
@@ -42,6 +44,10 @@ class World:
         self.ha = HA(mode="all", sync_mode=sync_mode, sync_batch_size=batch)
         self.mirrors: list[str] = []
         self.replicas: dict[str, Replica] = {}
+        self.leader_name = "L"
+        self.epoch = 1
+        self.made = 0  # mirrors made so far (their names)
+        self.promotions = 0
         self.links: dict[tuple, list] = {}  # (src, dst) -> messages in order
         self.events: list = []
         self.pseq = {o[:2]: 0 for o in OWNERS}
@@ -51,7 +57,7 @@ class World:
         self.add_replica("L")
 
     def assign(self) -> Assign:
-        return Assign("L", 1, list(self.mirrors), [], self.ha, limits=self.limits)
+        return Assign(self.leader_name, self.epoch, list(self.mirrors), [], self.ha, limits=self.limits)
 
     def cfg(self, name):
         return ReplicaConfig(node=name, pid=f"<{name}.1.0>", sync_batch_size=4,
@@ -59,17 +65,38 @@ class World:
                              stall_after=1e9)
 
     def add_replica(self, name: str) -> None:
-        if name != "L":
+        if name != self.leader_name:
             self.mirrors.append(name)
+            self.made += 1
         self.replicas[name] = Replica("q", self.cfg(name), self.assign(), self.now)
         for r in self.replicas.values():
             r.assign_now(self.assign(), self.now)
-        self.pump("L")
+        self.pump(self.leader_name)
         self.pump(name)
+
+    def promote(self) -> None:
+        """The leader's node stops: what its links carried is gone, and a mirror it counts as
+        synchronised leads the next epoch; the other mirrors resume under it or start again.
+        The consumers stay: their sessions are on nodes that keep running."""
+        L = self.leader
+        synced = [n for n in self.mirrors if (t := L.rep.mirrors.get(n)) is not None and t.ready and t.synced]
+        if not synced:
+            return
+        old, new = self.leader_name, self.rng.choice(synced)
+        self.links = {k: v for k, v in self.links.items() if old not in k}
+        del self.replicas[old]
+        self.mirrors.remove(new)
+        self.leader_name = new
+        self.epoch += 1
+        self.promotions += 1
+        for r in self.replicas.values():
+            r.assign_now(self.assign(), self.now)
+        for name in self.replicas:
+            self.pump(name)
 
     @property
     def leader(self) -> Replica:
-        return self.replicas["L"]
+        return self.replicas[self.leader_name]
 
     def pump(self, name: str) -> None:
         r = self.replicas[name]
@@ -151,10 +178,12 @@ class World:
         elif kind == "purge":
             L.handle(m.QPurge("q", OWNERS[0], 4), self.now)
         elif kind == "add_mirror":
-            name = f"M{len(self.mirrors) + 1}"
             if len(self.mirrors) < 3:
-                self.add_replica(name)
+                self.add_replica(f"M{self.made + 1}")
                 return
+        elif kind == "promote":
+            if self.promotions < 2:
+                self.promote()
         elif kind == "sync":
             L.request_sync("test", self.now)
         elif kind == "cancel_sync":
@@ -168,7 +197,7 @@ class World:
             self.now += args[0]
             for r in self.replicas.values():
                 r.tick(self.now)
-        self.pump("L")
+        self.pump(self.leader_name)
 
     def check(self, final: bool) -> None:
         L = self.leader
@@ -176,7 +205,7 @@ class World:
         for name in self.mirrors:
             r = self.replicas[name]
             track = L.rep.mirrors.get(name)
-            if track is None or not track.ready or self.links.get(("L", name)):
+            if track is None or not track.ready or self.links.get((self.leader_name, name)):
                 continue  # not started yet, or still catching up
             mq = r.q
             held = {x[0] for x in lq.ready} | set(lq.unacked)
@@ -199,6 +228,7 @@ op = st.one_of(
     st.tuples(st.just("owner_gone"), st.sampled_from(OWNERS)),
     st.tuples(st.just("purge")),
     st.tuples(st.just("add_mirror")),
+    st.tuples(st.just("promote")),
     st.tuples(st.just("sync")),
     st.tuples(st.just("cancel_sync")),
     st.tuples(st.just("step"), st.integers(1, 6)),
@@ -225,7 +255,7 @@ def test_mirrors_equal_the_leader_through_syncs(ops, sync_mode, batch, rng, limi
     # let everything arrive, then make every mirror synchronised and compare
     w.settle_all()
     w.leader.request_sync("final", w.now)
-    w.pump("L")
+    w.pump(w.leader_name)
     w.settle_all()
     w.check(final=True)
     for name in w.mirrors:
