@@ -147,7 +147,9 @@ class World:
             for name in list(self.replicas):
                 self.replicas[name].tick(self.now)
                 self.pump(name)
-            if not self.deliver_one() and self.leader.sync is None:
+            # (acks alone may wait SETTLE_LINGER on the leader: the world has settled once
+            # they have gone out too)
+            if not self.deliver_one() and self.leader.sync is None and not self.leader.q.effects:
                 return
         raise AssertionError("the world did not settle")
 
