@@ -604,7 +604,7 @@ class Replica:
         self.last_used = now
         # the mirrors first, then the failover: its requeue is then the first effect of the new
         # epoch, applied by every mirror. A mirror that resumes keeps the state it had under the
-        # old leader, and one shipped before it was a mirror never reaches it (dst seed 92168:
+        # old leader, and a batch shipped before it was a mirror never reaches it (dst seed 92168:
         # the resumed mirror counted the requeued deliveries twice against the consumer's
         # prefetch, and once promoted it delivered nothing more). A mirror started empty gets
         # the state before the failover and applies the failover, as the resumed one does.
