@@ -161,6 +161,18 @@ class ListsQueuesBeforeStop(Runner):
         return tg
 
 
+def _run_one(tmp_path, target: str, name: str, fields: str):
+    """Run the one scenario `{name: NAME, FIELDS}` on `target` with a ListsQueuesBeforeStop
+    runner; returns its scenario.json, its folder, the runner and what it said."""
+    _skip_unless_amqp(target)
+    workload = tmp_path / f"{name}.yaml"
+    workload.write_text(f"scenarios:\n  - {{name: {name}, {fields}}}\n")
+    said = []
+    runner = ListsQueuesBeforeStop(tmp_path / "results", progress=Progress(enabled=False), say=said.append)
+    sdir = runner.run([str(workload)], [target], run_id=name) / name / target
+    return json.loads((sdir / "scenario.json").read_text()), sdir, runner, said
+
+
 @pytest.mark.process
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("target", ["warren-native", "warren-amqp"])
@@ -168,14 +180,8 @@ def test_declare_scenario_declares_then_deletes_every_queue(tmp_path, target):
     """A declare scenario on a real 3-node cluster: 30 queues, 10 through each node's connection,
     all declared, then all deleted; what the cluster lists afterwards is read with warrenctl
     before the runner stops it."""
-    _skip_unless_amqp(target)
-    workload = tmp_path / "declare.yaml"
-    workload.write_text("scenarios:\n  - {name: tiny-declare, declare_queues: 30}\n")
-    said = []
-    runner = ListsQueuesBeforeStop(tmp_path / "results", progress=Progress(enabled=False), say=said.append)
+    sc, _, runner, said = _run_one(tmp_path, target, "tiny-declare", "declare_queues: 30")
     listed = runner.listed
-    folder = runner.run([str(workload)], [target], run_id="d1")
-    sc = json.loads((folder / "tiny-declare" / target / "scenario.json").read_text())
     d = sc["declare"]
     assert sc["errors"] == [] and d["errors"] == 0
     assert (d["queues"], d["connections"], d["declared"], d["deleted"], d["left_after"]) == (30, 3, 30, 30, 0)
@@ -201,14 +207,8 @@ def test_rpc_scenario_holds_one_exclusive_queue_per_client_until_they_close(tmp_
     """An rpc scenario on a real 3-node cluster: 40 clients over 2 processes, each holding an
     exclusive queue the broker named; all 40 listed while held, none once they closed. What the
     cluster lists after the run is read with warrenctl before the runner stops it."""
-    _skip_unless_amqp(target)
-    workload = tmp_path / "rpc.yaml"
-    workload.write_text("scenarios:\n  - {name: tiny-rpc, rpc_clients: 40, procs: 2}\n")
-    said = []
-    runner = ListsQueuesBeforeStop(tmp_path / "results", progress=Progress(enabled=False), say=said.append)
+    sc, sdir, runner, said = _run_one(tmp_path, target, "tiny-rpc", "rpc_clients: 40, procs: 2")
     listed = runner.listed
-    folder = runner.run([str(workload)], [target], run_id="rpc1")
-    sc = json.loads((folder / "tiny-rpc" / target / "scenario.json").read_text())
     r = sc["rpc"]
     assert sc["errors"] == [] and r["errors"] == 0 and r["failed"] == 0
     assert (r["clients"], r["procs"], r["per_proc"], r["at_once"], r["opened"]) == (40, 2, [20, 20], 64, 40)
@@ -226,7 +226,7 @@ def test_rpc_scenario_holds_one_exclusive_queue_per_client_until_they_close(tmp_
     usage = sorted((u["role"], u["part"]) for u in sc["generator"])
     assert usage == [("rpc", 0), ("rpc", 1)]
     assert not any(q.startswith("amq.gen-") for q in listed[target])
-    assert not list((folder / "tiny-rpc" / target).glob("rpc.names.*"))
+    assert not list(sdir.glob("rpc.names.*"))
     assert [s["rpc"]["opened"] for s in runner.summaries] == [40]
     assert any(f"[{target}] tiny-rpc: 40 of 40 clients (2 processes) held an exclusive queue after" in line
                and "40 listed; none listed " in line and " s after the close order; 0 error(s)" in line
