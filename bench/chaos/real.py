@@ -524,6 +524,11 @@ class ScheduleRun:
                 await self.thread(self.ns.heal)
                 self.down.pop(node, None)
             self.later(nursery, a, rec, heal)
+        elif kind in ("policy", "sync", "cancel_sync") and not self.up_nodes():
+            # every node is down (other faults hold them): no rabbitmqctl could reach one
+            rec.target = "queue"
+            rec.detail["skipped"] = "no node is running"
+            self.say(f"{kind} skipped: no node is running")
         elif kind == "policy":
             rec.target = "queue"
             new = a.params["definition"]
@@ -538,8 +543,9 @@ class ScheduleRun:
             rec.detail["sync_queue"] = (r.stdout or r.stderr).strip()[-200:]
             if kind == "cancel_sync":
                 await trio.sleep(a.duration)
-                r = await self.ctl(self.up_nodes()[0], "cancel_sync_queue", self.s.queue, "--formatter", "json")
-                rec.detail["cancel_sync_queue"] = (r.stdout or r.stderr).strip()[-200:]
+                if self.up_nodes():
+                    r = await self.ctl(self.up_nodes()[0], "cancel_sync_queue", self.s.queue, "--formatter", "json")
+                    rec.detail["cancel_sync_queue"] = (r.stdout or r.stderr).strip()[-200:]
             self.say(f"{kind}: {rec.detail}")
         elif kind == "rolling_restart":
             rec.target = "cluster"

@@ -387,6 +387,10 @@ class SimRun:
             self.down[node] = how
             await self._break(k, node, a)
             undo.start_soon(self._later, a, rec, node)
+        elif k in ("policy", "sync", "cancel_sync") and not self.live():
+            # every node is down (other faults hold them): there is no one to tell, as for an
+            # operator whose rabbitmqctl finds no running node
+            rec.detail["skipped"] = "no node is running"
         elif k == "policy":
             definition = dict(a.params["definition"])
             if await self._ctl_quietly(self.live()[0], "set_policy", name=POLICY,
@@ -398,7 +402,8 @@ class SimRun:
             await self._ctl_quietly(self.live()[0], "sync_queue", queue=self.s.queue)
             if k == "cancel_sync":
                 await trio.sleep(a.duration)
-                await self._ctl_quietly(self.live()[0], "cancel_sync_queue", queue=self.s.queue)
+                if self.live():
+                    await self._ctl_quietly(self.live()[0], "cancel_sync_queue", queue=self.s.queue)
         elif k == "rolling_restart":
             # a node another fault holds stays as that fault left it (as in the real driver)
             for node in [n for n in self.names if n not in self.down]:
