@@ -16,7 +16,9 @@ replica's `next_deadline`.
 An Assign (what the metadata says of the queue) that a newer Assign follows in the inbox is
 not acted on (`Replica.assign_superseded`): a node that applies several metadata changes at
 once, catching up, queues one per change, and the replica must act on where the metadata is
-now, not on the states it passed through.
+now, not on the states it passed through. A Stop (the queue deleted, or moved off this node)
+supersedes every Assign before it in the same way: the metadata's newest word is then that
+this node holds no replica at all.
 """
 
 from __future__ import annotations
@@ -49,14 +51,23 @@ class QueueProcess:
         self.scope = trio.CancelScope()
         self.log = host.log.bind(queue=self.name)
         # the newest Assign delivered: an older one still in the inbox is superseded (the
-        # replica acts on what the metadata says now, not on a state it has already left)
-        self._newest_assign: rp.Assign = replica.assign
+        # replica acts on what the metadata says now, not on a state it has already left);
+        # None once a Stop is delivered, which supersedes them all
+        self._newest_assign: rp.Assign | None = replica.assign
 
     def deliver(self, item) -> None:
         """Queue an input for the replica: a wire message, a replica.* record, or a callable
         `fn(replica, now)` (control-plane queries and commands)."""
-        if type(item) is rp.Assign:
+        t = type(item)
+        if t is rp.Assign:
             self._newest_assign = item
+        elif t is rp.Stop:
+            # the metadata now holds no replica here (dst seed 105284: a leader cut off by a
+            # partition caught up on six changes at once; the last moved its queue away, and
+            # came as this Stop, so the Assign before it still counted as the newest: acting
+            # on it dropped the only mirror that held what the leader had not confirmed, and
+            # 730 messages held only here were confirmed, then lost with the replica)
+            self._newest_assign = None
         self.inbox.append(item)
         batch = self.host.batch
         if batch is not None and self._idle:

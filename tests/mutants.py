@@ -230,6 +230,12 @@ MUTANTS = [
            ["tests/test_queue_process.py"],
            "a replica acts on every Assign its inbox holds, in turn: a leader catching up confirms "
            "what only it holds on an older change, then steps down for a newer one (dst seed 53705)"),
+    Mutant("stop-does-not-overtake-assigns", "broker/queue_process.py",
+           "        elif t is rp.Stop:\n",
+           "        elif False:\n",
+           ["tests/test_queue_process.py"],
+           "a replica acts on the Assign before a Stop in its inbox: a leader catching up confirms "
+           "what only it holds, then its queue moves away and it is lost (dst seed 105284)"),
     Mutant("overtaken-assign-synced-forgotten", "mirroring/replica.py",
            "        self.listed_synced = self.me in a.synced\n\n    def node_gone",
            "        pass\n\n    def node_gone",

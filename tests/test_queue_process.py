@@ -1,5 +1,6 @@
 """broker/queue_process.py: the pump around one replica. Here, how it hands the replica the
-metadata's news: a replica acts only on the newest Assign its inbox holds."""
+metadata's news: a replica acts only on the newest Assign its inbox holds, and not on any
+Assign a Stop follows."""
 
 from __future__ import annotations
 
@@ -67,6 +68,19 @@ def test_an_assign_overtaken_in_the_inbox_is_not_acted_on():
     qp.deliver(Assign("n1", 2, ["n3"], [], ha))  # the newer: n1 leads epoch 2
     qp._round(0.2)
     assert qp.replica.state is State.WAITING
+    assert not [e for e in host.events if isinstance(e, m.EvAccepted)]
+
+
+def test_a_stop_overtakes_the_assigns_before_it():
+    """The same catching up, but the newest change moves the queue off this node altogether, so
+    it reaches the replica as a Stop, not an Assign (dst seed 105284: 730 confirmed messages
+    lost). The drop before it is not acted on either: the leader stops, nothing is confirmed."""
+    from mirroring.replica import Stop
+    qp, host = leader_with_a_mirror()
+    qp.deliver(Assign("n3", 1, [], [], qp.replica.assign.ha))  # the older change: n2 dropped
+    qp.deliver(Stop("queue moved", False))  # the newer: this node holds no replica
+    qp._round(0.2)
+    assert qp.replica.state is State.STOPPED
     assert not [e for e in host.events if isinstance(e, m.EvAccepted)]
 
 
