@@ -578,6 +578,20 @@ class Cluster:
     def is_member(self, node: str) -> bool:
         return node in self.md.members or (self.raft is not None and node in self.raft.voters)
 
+    def accepts_link_from(self, node: str) -> bool:
+        """May `node` open a peer link to this one? A member may. So may a node this view does
+        not list, while this node is out of touch with a working majority: the view may then
+        be behind the log (the node joined again, and leads the log now, while this one was cut
+        off), and only the log's leader, over such a link, can bring it up to date (dst seed
+        105384: a node that missed a forget and rejoin refused the log's new leader as a
+        non-member for 30 s, paused the while). Over it, only a log leader's appends count
+        (LEADER_MESSAGES). In touch with a majority, this view is the cluster's, and a node it
+        does not list is told to join first."""
+        if self.is_member(node):
+            return True
+        raft = self.raft
+        return raft is not None and not raft.has_quorum_contact(trio.current_time())
+
     def addresses(self) -> dict[str, list]:
         """Peer addresses of every member, committed or being added."""
         out = {n: rec["peer"] for n, rec in self.md.members.items()}

@@ -372,7 +372,7 @@ class Node:
         if not self.app_running:
             await _send_error(framed, ProtocolError(NOT_ALLOWED, f"node {self.name} is not running (its app is stopped)"))
             return
-        if not self.cluster.is_member(auth.node):
+        if not self.cluster.accepts_link_from(auth.node):
             await _send_error(framed, ProtocolError(
                 NOT_ALLOWED, f"node {auth.node} is not a member of cluster {self.md.cluster_name}; "
                              "run join_cluster on it first"))

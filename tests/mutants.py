@@ -230,6 +230,12 @@ MUTANTS = [
            ["tests/test_queue_process.py"],
            "a replica acts on every Assign its inbox holds, in turn: a leader catching up confirms "
            "what only it holds on an older change, then steps down for a newer one (dst seed 53705)"),
+    Mutant("non-member-link-refused-while-cut-off", "broker/cluster.py",
+           "        return raft is not None and not raft.has_quorum_contact(trio.current_time())\n",
+           "        return False\n",
+           ["tests/test_sim_cluster.py::test_a_member_that_missed_a_rejoin_lets_the_rejoined_log_leader_link_to_it"],
+           "a node cut off while another was forgotten and joined again refuses that node's link "
+           "when it leads the log: it stays paused and out of step (dst seed 105384)"),
     Mutant("stop-does-not-overtake-assigns", "broker/queue_process.py",
            "        elif t is rp.Stop:\n",
            "        elif False:\n",

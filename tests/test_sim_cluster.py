@@ -342,6 +342,44 @@ async def test_a_member_that_missed_a_rejoin_follows_the_rejoined_log_leader(tmp
         assert trio.current_time() - healed < 2 * TICKTIME
 
 
+async def test_a_member_that_missed_a_rejoin_lets_the_rejoined_log_leader_link_to_it(tmp_path, autojump_clock):
+    """n1 is forgotten, and joins again through n2 while n3 is cut off; then n1 leads the log.
+    n3's view still has n1 removed, so it refused n1's link as a non-member's, while n1 was the
+    only node that could bring that view up to date: n3 stayed paused (pause_minority) and its
+    queues out of step for 30 s (dst seed 105384). A node out of touch with a majority now
+    accepts the link, takes the log from n1 and is in step at once."""
+    from broker.control import ctl_call
+    from broker.simulation import PEER_PORT
+
+    async def ctl(via, command, **args):
+        return await ctl_call(c.net.host(via), via, PEER_PORT, "test", b"s", command, args)
+
+    async with sim_cluster(tmp_path) as c:
+        c.kill("n1")
+        await ctl("n2", "forget_cluster_node", node="n1")
+        await c.wait_for(lambda: all(sorted(c.nodes[n].md.members) == ["n2", "n3"] for n in ("n2", "n3")),
+                         10, "n1 forgotten on n2 and n3")
+        c.net.partition(["n3"], ["n1", "n2"])
+        c.start_fresh("n1", "n2")  # n1 joins again through n2 while n3 is cut off
+        await c.wait_for(lambda: sorted(c.nodes["n2"].md.members) == ["n1", "n2", "n3"]
+                         and c.nodes["n1"].app_running, 20, "n1 back as a member")
+        # n2 stops its app and hands the log to n1 (the only voter it can reach), then comes back
+        await c.nodes["n2"].stop_app()
+        await c.wait_for(lambda: c.nodes["n1"].cluster.leader == "n1", 10, "n1 leading the log")
+        await c.nodes["n2"].start_app()
+        await c.wait_for(lambda: c.nodes["n2"].app_running and c.nodes["n1"].cluster.leader == "n1",
+                         10, "n2 back, n1 still leading")
+        # n3 has not heard of it, and knows it is cut off from a majority (pause_minority)
+        await c.wait_for(lambda: c.nodes["n3"].cluster.paused, 3 * TICKTIME, "n3 paused")
+        assert sorted(c.nodes["n3"].md.members) == ["n2", "n3"]
+        c.net.heal()
+        healed = trio.current_time()
+        await c.wait_for(lambda: sorted(c.nodes["n3"].md.members) == ["n1", "n2", "n3"]
+                         and c.nodes["n3"].cluster.in_step(), 3 * TICKTIME, "n3 in step with the log")
+        assert c.nodes["n1"].cluster.leader == "n1"
+        assert trio.current_time() - healed < 2 * TICKTIME
+
+
 async def test_start_app_on_a_node_still_joining_its_seed_is_refused(tmp_path, autojump_clock):
     """A new node waits to join through its seed. `warrenctl start_app` then is refused with why,
     and the node joins and starts its app by itself once the seed answers (dst seed 54014: a
