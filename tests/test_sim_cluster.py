@@ -301,27 +301,42 @@ async def test_forgetting_the_other_member_of_a_two_node_cluster_is_refused_at_o
         assert sorted(c.nodes["n1"].md.members) == ["n1", "n2"]
 
 
+async def _rejoin_while_cut_off(c, gone: str, via: str, cut: str) -> None:
+    """`gone` is killed and forgotten through `via`; then, while `cut` is cut off from the other
+    two, `gone` joins again as a new node through `via`."""
+    from broker.control import ctl_call
+    from broker.simulation import PEER_PORT
+
+    c.kill(gone)
+    await ctl_call(c.net.host(via), via, PEER_PORT, "test", b"s", "forget_cluster_node", {"node": gone})
+    rest = sorted({"n1", "n2", "n3"} - {gone})
+    await c.wait_for(lambda: all(sorted(c.nodes[n].md.members) == rest for n in rest),
+                     10, f"{gone} forgotten on {rest}")
+    c.net.partition([cut], sorted({"n1", "n2", "n3"} - {cut}))
+    c.start_fresh(gone, via)
+    await c.wait_for(lambda: sorted(c.nodes[via].md.members) == ["n1", "n2", "n3"]
+                     and c.nodes[gone].app_running, 20, f"{gone} back as a member")
+
+
+async def _heal_and_catch_up(c, stale: str, leader: str) -> None:
+    """Heal the cut: `stale` knows every member and is in step with the log within two
+    ticktimes, and `leader` still leads it."""
+    c.net.heal()
+    healed = trio.current_time()
+    await c.wait_for(lambda: sorted(c.nodes[stale].md.members) == ["n1", "n2", "n3"]
+                     and c.nodes[stale].cluster.in_step(), 3 * TICKTIME, f"{stale} in step with the log")
+    assert c.nodes[leader].cluster.leader == leader
+    assert trio.current_time() - healed < 2 * TICKTIME
+
+
 async def test_a_member_that_missed_a_rejoin_follows_the_rejoined_log_leader(tmp_path, autojump_clock):
     """n3 is cut off (and restarts) while n2, forgotten, joins again as a new node and then leads
     the metadata log. n3's own view still has n2 removed, yet n2 is the leader the majority elected: once
     the cut heals, n3 takes the log from it and is in step at once (dst seed 50115: n3 ignored
     n2 as a non-member for 30 s, until n2 stopped; its queue leader, cut off from the log,
     could not give way to the one promoted meanwhile)."""
-    from broker.control import ctl_call
-    from broker.simulation import PEER_PORT
-
-    async def ctl(via, command, **args):
-        return await ctl_call(c.net.host(via), via, PEER_PORT, "test", b"s", command, args)
-
     async with sim_cluster(tmp_path) as c:
-        c.kill("n2")
-        await ctl("n1", "forget_cluster_node", node="n2")
-        await c.wait_for(lambda: all(sorted(c.nodes[n].md.members) == ["n1", "n3"] for n in ("n1", "n3")),
-                         10, "n2 forgotten on n1 and n3")
-        c.net.partition(["n3"], ["n1", "n2"])
-        c.start_fresh("n2", "n1")  # a new node n2 joins through n1 while n3 is cut off
-        await c.wait_for(lambda: sorted(c.nodes["n1"].md.members) == ["n1", "n2", "n3"]
-                         and c.nodes["n2"].app_running, 20, "n2 back as a member")
+        await _rejoin_while_cut_off(c, gone="n2", via="n1", cut="n3")
         # n3 restarts, still cut off: what n1 had sent it meanwhile (n2's joining) is lost with
         # its old process; then n1 restarts and hands the log's leadership to n2
         await c.nodes["n3"].stop_app()
@@ -334,12 +349,7 @@ async def test_a_member_that_missed_a_rejoin_follows_the_rejoined_log_leader(tmp
         await c.wait_for(lambda: c.nodes["n1"].app_running and c.nodes["n2"].cluster.leader == "n2",
                          10, "n1 back, n2 still leading")
         assert sorted(c.nodes["n3"].md.members) == ["n1", "n3"]  # n3 has not heard of it
-        c.net.heal()
-        healed = trio.current_time()
-        await c.wait_for(lambda: sorted(c.nodes["n3"].md.members) == ["n1", "n2", "n3"]
-                         and c.nodes["n3"].cluster.in_step(), 3 * TICKTIME, "n3 in step with the log")
-        assert c.nodes["n2"].cluster.leader == "n2"
-        assert trio.current_time() - healed < 2 * TICKTIME
+        await _heal_and_catch_up(c, stale="n3", leader="n2")
 
 
 async def test_a_member_that_missed_a_rejoin_lets_the_rejoined_log_leader_link_to_it(tmp_path, autojump_clock):
@@ -348,21 +358,8 @@ async def test_a_member_that_missed_a_rejoin_lets_the_rejoined_log_leader_link_t
     only node that could bring that view up to date: n3 stayed paused (pause_minority) and its
     queues out of step for 30 s (dst seed 105384). A node out of touch with a majority now
     accepts the link, takes the log from n1 and is in step at once."""
-    from broker.control import ctl_call
-    from broker.simulation import PEER_PORT
-
-    async def ctl(via, command, **args):
-        return await ctl_call(c.net.host(via), via, PEER_PORT, "test", b"s", command, args)
-
     async with sim_cluster(tmp_path) as c:
-        c.kill("n1")
-        await ctl("n2", "forget_cluster_node", node="n1")
-        await c.wait_for(lambda: all(sorted(c.nodes[n].md.members) == ["n2", "n3"] for n in ("n2", "n3")),
-                         10, "n1 forgotten on n2 and n3")
-        c.net.partition(["n3"], ["n1", "n2"])
-        c.start_fresh("n1", "n2")  # n1 joins again through n2 while n3 is cut off
-        await c.wait_for(lambda: sorted(c.nodes["n2"].md.members) == ["n1", "n2", "n3"]
-                         and c.nodes["n1"].app_running, 20, "n1 back as a member")
+        await _rejoin_while_cut_off(c, gone="n1", via="n2", cut="n3")
         # n2 stops its app and hands the log to n1 (the only voter it can reach), then comes back
         await c.nodes["n2"].stop_app()
         await c.wait_for(lambda: c.nodes["n1"].cluster.leader == "n1", 10, "n1 leading the log")
@@ -372,12 +369,7 @@ async def test_a_member_that_missed_a_rejoin_lets_the_rejoined_log_leader_link_t
         # n3 has not heard of it, and knows it is cut off from a majority (pause_minority)
         await c.wait_for(lambda: c.nodes["n3"].cluster.paused, 3 * TICKTIME, "n3 paused")
         assert sorted(c.nodes["n3"].md.members) == ["n2", "n3"]
-        c.net.heal()
-        healed = trio.current_time()
-        await c.wait_for(lambda: sorted(c.nodes["n3"].md.members) == ["n1", "n2", "n3"]
-                         and c.nodes["n3"].cluster.in_step(), 3 * TICKTIME, "n3 in step with the log")
-        assert c.nodes["n1"].cluster.leader == "n1"
-        assert trio.current_time() - healed < 2 * TICKTIME
+        await _heal_and_catch_up(c, stale="n3", leader="n1")
 
 
 async def test_start_app_on_a_node_still_joining_its_seed_is_refused(tmp_path, autojump_clock):
