@@ -233,9 +233,16 @@ MUTANTS = [
     Mutant("non-member-link-refused-while-cut-off", "broker/cluster.py",
            "        return raft is not None and not raft.has_quorum_contact(trio.current_time())\n",
            "        return False\n",
-           ["tests/test_sim_cluster.py::test_a_member_that_missed_a_rejoin_lets_the_rejoined_log_leader_link_to_it"],
+           ["tests/test_sim_cluster.py::test_a_member_that_missed_a_rejoin_lets_the_rejoined_log_leader_link_to_it",
+            "tests/test_sim_cluster.py::test_a_non_members_link_is_refused_unless_the_node_is_cut_off_from_a_majority"],
            "a node cut off while another was forgotten and joined again refuses that node's link "
            "when it leads the log: it stays paused and out of step (dst seed 105384)"),
+    Mutant("non-member-link-always-accepted", "broker/cluster.py",
+           "        return raft is not None and not raft.has_quorum_contact(trio.current_time())\n",
+           "        return True\n",
+           ["tests/test_sim_cluster.py::test_a_non_members_link_is_refused_unless_the_node_is_cut_off_from_a_majority"],
+           "a node in touch with a majority takes a link from a node its view does not list, "
+           "instead of telling it to join first"),
     Mutant("stop-does-not-overtake-assigns", "broker/queue_process.py",
            "        elif t is rp.Stop:\n",
            "        elif False:\n",

@@ -372,6 +372,32 @@ async def test_a_member_that_missed_a_rejoin_lets_the_rejoined_log_leader_link_t
         await _heal_and_catch_up(c, stale="n3", leader="n1")
 
 
+async def test_a_non_members_link_is_refused_unless_the_node_is_cut_off_from_a_majority(tmp_path, autojump_clock):
+    """A node its view does not list (n9, with the right cookie) is told to join first by a node
+    in touch with a majority; a node cut off from the majority (paused) takes its link, since
+    its own view may be the one behind (dst seed 105384)."""
+    from broker.framed import FramedStream
+    from broker.peers import dial_handshake
+    from broker.simulation import PEER_PORT
+    from wire.errors import ProtocolError
+
+    async def link_from_n9(to: str):
+        framed = FramedStream(await c.net.host("n9").connect(to, PEER_PORT))
+        await dial_handshake(framed, "n9", b"s", "peer")
+        # the acceptor speaks first: its LinkHello if it takes the link, else why it does not
+        return await framed.receive(frozenset({"link.hello"}))
+
+    async with sim_cluster(tmp_path) as c:
+        with pytest.raises(ProtocolError) as err:
+            await link_from_n9("n1")
+        assert "node n9 is not a member of cluster" in str(err.value)
+        assert "run join_cluster on it first" in str(err.value)
+        c.net.partition(["n1"], ["n2", "n3"])
+        await c.wait_for(lambda: c.nodes["n1"].cluster.paused, 3 * TICKTIME, "n1 paused")
+        hello = await link_from_n9("n1")
+        assert hello is not None and hello.KIND == "link.hello"
+
+
 async def test_start_app_on_a_node_still_joining_its_seed_is_refused(tmp_path, autojump_clock):
     """A new node waits to join through its seed. `warrenctl start_app` then is refused with why,
     and the node joins and starts its app by itself once the seed answers (dst seed 54014: a
