@@ -543,8 +543,8 @@ class ScheduleRun:
             rec.detail["sync_queue"] = (r.stdout or r.stderr).strip()[-200:]
             if kind == "cancel_sync":
                 await trio.sleep(a.duration)
-                if self.up_nodes():
-                    r = await self.ctl(self.up_nodes()[0], "cancel_sync_queue", self.s.queue, "--formatter", "json")
+                if up := self.up_nodes():  # (the nodes may have gone down meanwhile)
+                    r = await self.ctl(up[0], "cancel_sync_queue", self.s.queue, "--formatter", "json")
                     rec.detail["cancel_sync_queue"] = (r.stdout or r.stderr).strip()[-200:]
             self.say(f"{kind}: {rec.detail}")
         elif kind == "rolling_restart":

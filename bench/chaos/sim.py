@@ -418,8 +418,8 @@ class SimRun:
             await self._ctl_quietly(self.live()[0], "sync_queue", queue=self.s.queue)
             if k == "cancel_sync":
                 await trio.sleep(a.duration)
-                if self.live():
-                    await self._ctl_quietly(self.live()[0], "cancel_sync_queue", queue=self.s.queue)
+                if live := self.live():  # (the nodes may have gone down meanwhile)
+                    await self._ctl_quietly(live[0], "cancel_sync_queue", queue=self.s.queue)
         elif k == "rolling_restart":
             # a node another fault holds stays as that fault left it (as in the real driver)
             for node in [n for n in self.names if n not in self.down]:
