@@ -38,7 +38,7 @@ from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_ALLOWED, PRECONDITION_FAILED, ProtocolError
 
 from .framed import FramedStream
-from .peers import HANDSHAKE_TIMEOUT, PeerLink, dial_handshake
+from .peers import HANDSHAKE_TIMEOUT, PeerLink, dial_handshake, exchange_link_hellos
 from .statefile import StateFile
 
 PROPOSE_TIMEOUT = 15.0
@@ -593,12 +593,19 @@ class Cluster:
         return raft is not None and not raft.has_quorum_contact(trio.current_time())
 
     def addresses(self) -> dict[str, list]:
-        """Peer addresses of every member, committed or being added."""
+        """Peer addresses of every member, as the metadata applied here lists them and as the
+        log's changes not yet applied add and remove them (a node being added is dialed before
+        its change commits: the log's leader must reach it to replicate to it). A member that
+        was removed is no longer dialed, though its old member.add is still in the log (it was:
+        a forgotten node restarted without a reset was linked to by every member, counted
+        running, and never told it had to reset)."""
         out = {n: rec["peer"] for n, rec in self.md.members.items()}
         if self.raft is not None:
-            for _, change in self.raft.log:
+            for change in self.raft.unapplied():
                 if change[0] == "member.add":
                     out[change[1]] = change[2]
+                elif change[0] == "member.remove":
+                    out.pop(change[1], None)
         return out
 
     async def _dialer(self) -> None:
@@ -613,6 +620,7 @@ class Cluster:
     async def _dial_loop(self, name: str) -> None:
         delay = 0.05
         cap = min(2.0, self.config.net_ticktime / 4)
+        refused = None  # the last refusal's reason, logged when it first comes
         try:
             while self.raft is not None and name in self.addresses():
                 if name in self.links:
@@ -637,8 +645,15 @@ class Cluster:
                         delay = min(delay * 2, cap)
                     else:
                         delay = 0.05
+                        refused = None
+                except ProtocolError as exc:  # refused: said once per reason, not per retry
+                    if exc.text != refused:
+                        refused = exc.text
+                        self.log.warning("link refused", peer=name, reason=exc.text)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, cap)
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError,
-                        trio.ClosedResourceError, ProtocolError) as exc:
+                        trio.ClosedResourceError) as exc:
                     self.log.debug("dial failed", peer=name, error=str(exc))
                     await trio.sleep(delay)
                     delay = min(delay * 2, cap)
@@ -648,10 +663,9 @@ class Cluster:
     async def run_link(self, name: str, framed: FramedStream, dialer: str) -> None:
         """Serve an authenticated link to member `name` until it ends."""
         with trio.fail_after(HANDSHAKE_TIMEOUT):
-            await framed.send_now(m.LinkHello(self.incarnation))
-            hello = await framed.receive(frozenset({"link.hello"}))
-        if hello is None:
-            raise ProtocolError(NOT_ALLOWED, "link closed during set-up")
+            hello = await exchange_link_hellos(framed, self.incarnation)
+        if hello is None:  # the other side dropped it (a duplicate of a link it has)
+            raise trio.BrokenResourceError("link closed during set-up")
         if self.raft is None:
             return
         link = PeerLink(name, framed, dialer, self.config.net_ticktime)

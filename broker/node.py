@@ -77,6 +77,7 @@ class Node:
         # metadata change that names its queues is shown to these sessions only
         self.routing: dict[str, dict[int, Session]] = {}
         self.connections: dict[int, object] = {}  # NativeConnection or AmqpConnection: force_close
+        self._refused_links: dict[str, str] = {}  # node -> the refusal last logged (_note_refusal)
         self.app_running = False
         self.joining_seed: str | None = None  # first boot: the seed being joined, until it answers
         self.peer_port = config.peer_port
@@ -369,15 +370,27 @@ class Node:
             from .control import serve_ctl
             await serve_ctl(self, framed, auth.node)
             return
+        refusal = None
         if not self.app_running:
-            await _send_error(framed, ProtocolError(NOT_ALLOWED, f"node {self.name} is not running (its app is stopped)"))
+            refusal = f"node {self.name} is not running (its app is stopped)"
+        elif not self.cluster.accepts_link_from(auth.node):
+            refusal = (f"node {auth.node} is not a member of cluster {self.md.cluster_name}; "
+                       "run join_cluster on it first (after stop_app and reset, if it was a member once)")
+        if refusal is not None:
+            self._note_refusal(auth.node, refusal)
+            await _send_error(framed, ProtocolError(NOT_ALLOWED, refusal))
             return
-        if not self.cluster.accepts_link_from(auth.node):
-            await _send_error(framed, ProtocolError(
-                NOT_ALLOWED, f"node {auth.node} is not a member of cluster {self.md.cluster_name}; "
-                             "run join_cluster on it first"))
-            return
+        self._refused_links.pop(auth.node, None)
         await self.cluster.run_link(auth.node, framed, dialer=auth.node)
+
+    def _note_refusal(self, node: str, reason: str) -> None:
+        """Log a refused peer link once per reason, not at each of the dialer's retries."""
+        if self._refused_links.get(node) == reason:
+            return
+        if len(self._refused_links) >= 256:  # bounded, whatever names strangers dial with
+            self._refused_links.clear()
+        self._refused_links[node] = reason
+        self.log.warning("peer link refused", peer=node, reason=reason)
 
     # --- client port -------------------------------------------------------------------------
     async def _on_client_conn(self, stream, peer: str) -> None:

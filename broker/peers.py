@@ -77,6 +77,28 @@ async def dial_handshake(framed: FramedStream, me: str, secret: bytes, role: str
     return reply.node
 
 
+async def exchange_link_hellos(framed: FramedStream, incarnation: int) -> m.LinkHello | None:
+    """Open a link both sides have authenticated: each sends its LinkHello without waiting, then
+    reads the other's. Returns it, or None if the other side closed without a word; raises
+    ProtocolError with the other side's reason if it refused the link (`warren-server` refuses
+    a node its cluster does not list, or while its app is stopped).
+
+    The refusal may beat our hello: the other side has sent its reason and closed, and our send
+    then finds the connection broken (the simulated network says so at once; TCP does once the
+    reset is back). The reason is still there to read, so it is read before giving up, and the
+    dialer can log why instead of "connection is broken"."""
+    try:
+        await framed.send_now(m.LinkHello(incarnation))
+    except trio.BrokenResourceError:
+        with trio.move_on_after(1.0):
+            try:
+                await framed.receive(frozenset({"link.hello"}))  # an Error raises its reason
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        raise
+    return await framed.receive(frozenset({"link.hello"}))
+
+
 def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]

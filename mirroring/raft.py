@@ -220,6 +220,11 @@ class Raft:
             out.append(("entry", self._taken, self.log[self._taken - self.snap_index - 1][1]))
         return out
 
+    def unapplied(self) -> list:
+        """The changes in the log the caller has not yet applied (`take_committed`), committed
+        or not, in order."""
+        return [change for _, change in self.log[max(self._taken - self.snap_index, 0):]]
+
     def compact(self, index: int, data: dict) -> None:
         """Replace the log up to `index` (already applied) with a snapshot of the metadata."""
         if index <= self.snap_index or index > self._taken:

@@ -248,3 +248,37 @@ def test_kill9_home_node_then_restart(cluster):
         ch.queue_delete("DQ")
     finally:
         conn3.close()
+
+
+# --- a refused peer link says why ------------------------------------------------------------
+
+def test_a_refused_peer_link_says_why_over_tcp(cluster):
+    """A node the cluster does not list (the right cookie, a name no member has) dials a member
+    as `warren-server` dials (broker/peers.py `exchange_link_hellos`: its LinkHello goes out
+    before it reads the answer). Over real TCP the member's reason must reach it, not a reset:
+    the member closes with that LinkHello unread, which makes the kernel send an RST."""
+    import trio
+
+    from broker.framed import FramedStream
+    from broker.network import TcpNetwork
+    from broker.peers import dial_handshake, exchange_link_hellos
+    from wire.errors import ProtocolError
+
+    async def dial_as_stranger(round_: int) -> str:
+        stream = await TcpNetwork().connect(cluster.peer_host("n2"), cluster.peer_port("n2"))
+        framed = FramedStream(stream)
+        try:
+            await dial_handshake(framed, f"n9-{round_}", cluster.env["WARREN_SECRET"].encode(), "peer")
+            if round_ % 2:
+                await trio.sleep(0.05)  # the refusal has come and the socket is closed: hello after
+            try:
+                await exchange_link_hellos(framed, 1)
+            except ProtocolError as exc:
+                return exc.text
+            return "taken"
+        finally:
+            await stream.aclose()
+
+    for round_ in range(6):
+        reason = trio.run(dial_as_stranger, round_)
+        assert f"node n9-{round_} is not a member of cluster" in reason and "join_cluster" in reason, reason

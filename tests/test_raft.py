@@ -380,6 +380,24 @@ def test_membership_add_and_remove_one_at_a_time():
     w.wait_applied(["after-remove"])
 
 
+def test_unapplied_holds_the_changes_proposed_or_committed_but_not_yet_taken():
+    """What the node dials from (broker/cluster.py `addresses`): the log's changes its caller
+    has not applied, in order; applied ones leave it (a removed member's old member.add among
+    them)."""
+    w = World(["a", "b", "c"], seed=4)
+    lead = w.wait_leader()
+    w.run(0.3)
+    node = w.nodes[lead]
+    node.take_committed()
+    assert node.unapplied() == []
+    node.propose(["x", 1], send=False)
+    node.propose(["x", 2], send=False)
+    assert node.unapplied() == [["x", 1], ["x", 2]]  # not even sent yet
+    w._flush(lead)
+    w.wait_applied(["x", 2])
+    assert node.unapplied() == []
+
+
 def test_a_lagging_follower_gets_the_snapshot():
     w = World(["a", "b", "c"], seed=9)
     lead = w.wait_leader()

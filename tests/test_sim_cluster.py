@@ -398,6 +398,45 @@ async def test_a_non_members_link_is_refused_unless_the_node_is_cut_off_from_a_m
         assert hello is not None and hello.KIND == "link.hello"
 
 
+async def test_a_refused_link_is_read_and_logged_once_on_each_side(tmp_path, autojump_clock, monkeypatch):
+    """A node that was forgotten while down and restarted without a reset dials its old peers;
+    they refuse it ("not a member ... run join_cluster on it first"). Its dialer must read that
+    reason, though its LinkHello goes out after the refusal closed the connection (it read
+    "connection is broken": dst seed 105384), and say it once, not at each retry; the members
+    refusing it say so once too."""
+    from broker.control import ctl_call
+    from broker.node import Node
+    from broker.simulation import PEER_PORT, traced
+
+    refusals = []
+    note = Node._note_refusal
+    monkeypatch.setattr(Node, "_note_refusal", lambda self, node, reason: (
+        refusals.append((self.name, node)), note(self, node, reason)))
+    trace = []
+    with traced(trace):
+        async with sim_cluster(tmp_path) as c:
+            c.kill("n3")
+            await ctl_call(c.net.host("n1"), "n1", PEER_PORT, "test", b"s", "forget_cluster_node", {"node": "n3"})
+            await c.wait_for(lambda: sorted(c.nodes["n1"].md.members) == ["n1", "n2"], 10, "n3 forgotten")
+            await c.restart("n3")
+            await trio.sleep(20)
+            assert "n3" not in c.nodes["n1"].cluster.links and "n3" not in c.nodes["n2"].cluster.links
+
+    def events(name, node):
+        return [dict(fields) for _, event, fields in trace
+                if event == name and dict(fields).get("node") == repr(node)]
+
+    assert refusals.count(("n1", "n3")) >= 5 and refusals.count(("n2", "n3")) >= 5  # it kept dialing
+    said = events("link refused", "n3")
+    assert sorted(f["peer"] for f in said) == ["'n1'", "'n2'"], said
+    for f in said:
+        assert "node n3 is not a member of cluster" in f["reason"] and "run join_cluster on it first" in f["reason"]
+    for member in ("n1", "n2"):
+        logged = events("peer link refused", member)
+        assert len(logged) == 1 and logged[0]["peer"] == "'n3'", logged
+        assert "not a member" in logged[0]["reason"]
+
+
 async def test_start_app_on_a_node_still_joining_its_seed_is_refused(tmp_path, autojump_clock):
     """A new node waits to join through its seed. `warrenctl start_app` then is refused with why,
     and the node joins and starts its app by itself once the seed answers (dst seed 54014: a
