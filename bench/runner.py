@@ -451,6 +451,7 @@ class Runner:
             procs.append(self.ctx.Process(target=workermod.main, daemon=True,
                                           args=(base | {"role": "consumer", "part": k, "indices": idx}, shared)))
         cpu_before = target.cpu()
+        runq_before = target.runq()
         for p in procs:
             p.start()
         deadline = time.time() + 120 + (sc.producers + sc.consumers) / 20
@@ -526,6 +527,7 @@ class Runner:
         for th in fr.syncs:
             th.join(5)
         cpu_after = target.cpu()
+        runq_after = target.runq()
         failed = [p for p in procs if p.exitcode != 0]
 
         _merge(sdir, "publish")
@@ -544,6 +546,9 @@ class Runner:
                 "t_start": t0, "t_end": t_end, "nodes": list(target.nodes), "sampled": sc.sampled,
                 "t_measure": t0 + sc.warmup, "t_publish_end": t_pub_end, "policy": policy,
                 "mirror_wait": mirror_wait, "generator": usage, "node_cpu_s": node_cpu,
+                "node_runq": {n: [round(runq_after[n][0] - runq_before[n][0], 4),
+                                  runq_after[n][1] - runq_before[n][1]]
+                              for n in runq_after if n in runq_before},
                 "errors": fr.errors + [f"worker {p.name} exit code {p.exitcode}" for p in failed]
                 + [e for u in usage for e in u.get("errors", [])]}
         (sdir / "scenario.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -946,7 +951,24 @@ def _summary(info: dict, counts: dict, wall: float) -> dict:
             "generator_cpu_max": round(gen_cpu, 2) if gen_cpu is not None else None,
             "node_cpu_max": round(node_cpu, 2) if node_cpu is not None else None,
             "generator_us_per_msg": {k: round(v, 1) for k, v in gen_us.items()},
-            "busiest_node_us_per_msg": round(node_us, 1) if node_us is not None else None}
+            "busiest_node_us_per_msg": round(node_us, 1) if node_us is not None else None,
+            **_runq_summary(info, n_msgs)}
+
+
+def _runq_summary(info: dict, n_msgs: int) -> dict:
+    """Time the run's processes (nodes and generators) spent runnable but waiting for a CPU, per
+    message and per time slice: when it is a sizeable part of a latency, the cores were busy
+    and the figure measures the machine's load as much as the broker (bench/README.md, "Waiting
+    for a CPU"). Empty when the kernel keeps no per-task schedstat or a process went
+    unmeasured."""
+    parts = list((info.get("node_runq") or {}).values())
+    gens = [u.get("runq") for u in info["generator"]]
+    if not parts or len(parts) != len(info["node_cpu_s"]) or not gens or None in gens:
+        return {}
+    wait = sum(p[0] for p in parts + gens)
+    slices = sum(p[1] for p in parts + gens)
+    return {"runq_wait_us_per_msg": round(wait * 1e6 / n_msgs, 1),
+            "runq_wait_us_per_slice": round(wait * 1e6 / slices, 1) if slices else None}
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -1113,7 +1135,14 @@ def _summary_line(s: dict) -> str:
             f"{', '.join(f'{k} {v:g} us' for k, v in s['generator_us_per_msg'].items()) or '?'}, "
             f"busiest node {s['busiest_node_us_per_msg'] if s['busiest_node_us_per_msg'] is not None else '?'} us; "
             f"busiest generator process {_pct(s['generator_cpu_max'])} of a core, "
-            f"busiest node {_pct(s['node_cpu_max'])}){extra}")
+            f"busiest node {_pct(s['node_cpu_max'])}{_runq_text(s)}){extra}")
+
+
+def _runq_text(s: dict) -> str:
+    if s.get("runq_wait_us_per_msg") is None:
+        return ""
+    return (f"; waiting for a CPU {s['runq_wait_us_per_msg']:g} us per message over all processes, "
+            f"{s['runq_wait_us_per_slice']:g} us per time slice")
 
 
 def _pct(x) -> str:

@@ -52,6 +52,24 @@ def _proc_cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / tick
 
 
+def proc_runq(pid: int | str = "self") -> tuple[float, int] | None:
+    """(seconds spent waiting for a CPU, time slices run) of every thread of `pid` so far, from
+    /proc/PID/task/*/schedstat (the kernel's run_delay and pcount), or None where the kernel
+    does not keep them. A process that waits for a CPU once it is woken is late by that wait:
+    on a machine whose cores the broker and its clients share, it is the part of a latency
+    that no code of the broker's own spends."""
+    wait = slices = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        for tid in tasks:
+            fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+            wait += int(fields[1])
+            slices += int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return None
+    return wait / 1e9, slices
+
+
 class Target:
     name = "?"
     nodes: list[str]  # node names, in order
@@ -76,6 +94,16 @@ class Target:
             pid = self.pid(n)
             if pid:
                 out[n] = _proc_cpu(pid)
+        return out
+
+    def runq(self) -> dict:
+        """Node -> (seconds waited for a CPU, time slices) so far (`proc_runq`)."""
+        out = {}
+        for n in self.nodes:
+            pid = self.pid(n)
+            got = proc_runq(pid) if pid else None
+            if got is not None:
+                out[n] = got
         return out
 
     def rss(self) -> dict:

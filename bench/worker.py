@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench.records import CONF_ACK, interval_lines, per_second, write_lines
 from bench.shared import Shared
+from bench.targets import proc_runq
 
 NO_MESSAGE_ROLES = ("idle", "declare", "rpc")
 
@@ -35,6 +36,7 @@ def gen_module(target: str):
 def main(spec: dict, shared: Shared) -> None:
     """Entry point of a worker process."""
     t_cpu = os.times()
+    runq_start = proc_runq()
     spec["errors"] = []
     t_wall = time.time()
     gen = gen_module(spec["target"])
@@ -62,8 +64,11 @@ def main(spec: dict, shared: Shared) -> None:
     else:
         records = gen.run_consumers(spec, shared)
     cpu = os.times()
+    runq = proc_runq()
     usage = {"role": spec["role"], "part": spec["part"], "pid": os.getpid(),
              "cpu_s": round((cpu.user - t_cpu.user) + (cpu.system - t_cpu.system), 3),
+             "runq": None if runq is None or runq_start is None else
+             [round(runq[0] - runq_start[0], 4), runq[1] - runq_start[1]],
              "wall_s": round(time.time() - t_wall, 3),
              "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
              "errors": spec["errors"][:20]}

@@ -91,6 +91,13 @@ scenarios:
     assert sc["scenario"] == "tiny" and sc["target"] == "warren-native" and sc["sampled"] is False
     assert sc["nodes"] == ["n1", "n2", "n3"] and sc["t_end"] > sc["t_start"]
     assert sc["workload"]["producer_rate"] == 1500 and sc["errors"] == []
+    from bench.targets import proc_runq
+    if proc_runq() is not None:  # the kernel keeps per-task schedstat: the wait for a CPU is told
+        assert sorted(sc["node_runq"]) == ["n1", "n2", "n3"]
+        assert all(wait >= 0 and slices > 0 for wait, slices in sc["node_runq"].values())
+        assert all(u["runq"][1] > 0 for u in sc["generator"])
+        line = next(x for x in said if "] tiny:" in x)
+        assert "waiting for a CPU" in line and "us per time slice" in line, line
 
     pubs = read_jsonl(d / "publish.jsonl")
     dels = read_jsonl(d / "deliver.jsonl")
