@@ -120,6 +120,9 @@ class Cluster:
         self._bg: set[tuple] = set()
         self._lost_at: dict[str, float] = {}
         self._dialing: set[str] = set()
+        # node -> why it refused this node's link, the last time it did (shown by cluster_status;
+        # gone once a link to it runs, or it is no longer dialed)
+        self.refused_by: dict[str, str] = {}
         self._started_at = 0.0
         self._no_quorum_since: float | None = None
         self._liveness_due = False
@@ -650,6 +653,7 @@ class Cluster:
                     if exc.text != refused:
                         refused = exc.text
                         self.log.warning("link refused", peer=name, reason=exc.text)
+                    self.refused_by[name] = exc.text
                     await trio.sleep(delay)
                     delay = min(delay * 2, cap)
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError,
@@ -659,6 +663,7 @@ class Cluster:
                     delay = min(delay * 2, cap)
         finally:
             self._dialing.discard(name)
+            self.refused_by.pop(name, None)
 
     async def run_link(self, name: str, framed: FramedStream, dialer: str) -> None:
         """Serve an authenticated link to member `name` until it ends."""
@@ -680,6 +685,7 @@ class Cluster:
                 return
         self.links[name] = link
         self._lost_at.pop(name, None)
+        self.refused_by.pop(name, None)
         now = trio.current_time()
         self.log.info("node up", peer=name, running=sorted(self.running))
         self.raft.peer_up(now, name)

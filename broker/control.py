@@ -132,7 +132,8 @@ async def cmd_cluster_status(node, args):
     return {"cluster_name": md.cluster_name, "node": node.name,
             "members": list(md.members), "running_nodes": sorted(node.running),
             "metadata_leader": node.cluster.leader, "term": raft.term if raft else None,
-            "down": dict(md.down), "paused": node.cluster.paused}
+            "down": dict(md.down), "paused": node.cluster.paused,
+            "refused_by": dict(node.cluster.refused_by)}
 
 
 async def cmd_stop_app(node, args):

@@ -241,6 +241,10 @@ def run(argv=None) -> int:
         print(f"Cluster name: {value['cluster_name']}")
         print("Members: " + ", ".join(value["members"]))
         print("Running nodes: " + ", ".join(value["running_nodes"]))
+        if value.get("paused"):
+            print("Paused: clients refused, no majority of the members reachable (pause_minority)")
+        for peer, reason in sorted((value.get("refused_by") or {}).items()):
+            print(f"Link refused by {peer}: {reason}")
     elif isinstance(value, dict):
         for k, v in value.items():
             print(f"{k}\t{_cell(v)}")
