@@ -329,7 +329,12 @@ class Node:
         self.router.peer_messages(link, msgs)
 
     def paused_reason(self) -> str:
-        return (f"node {self.name} cannot reach a majority of the cluster (pause_minority): "
+        why = ""
+        refused = self.cluster.refused_by
+        if refused:  # e.g. the node was forgotten and started again without a reset
+            peer, reason = min(refused.items())
+            why = f" ({peer} refuses its link: {reason})"
+        return (f"node {self.name} cannot reach a majority of the cluster (pause_minority){why}: "
                 "connect to another node")
 
     def paused(self, paused: bool) -> None:

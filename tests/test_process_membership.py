@@ -12,6 +12,7 @@ from cluster_procs import running_cluster
 
 import broker.client as client
 from broker.client import BlockingConnection
+from broker.client.errors import AMQPConnectionError
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
@@ -44,6 +45,11 @@ def test_a_forgotten_node_restarted_without_reset_is_refused_with_why_then_rejoi
             assert "stop_app and reset" in reason and "join_cluster" in reason, reason
         printed = c.ctl_ok("n3", "cluster_status")
         assert "Link refused by n1: node n3 is not a member" in printed, printed
+        # a client of n3 is told why it is refused
+        _wait(lambda: c.call("n3", "cluster_status")["paused"], 15, "n3 paused")
+        with pytest.raises(AMQPConnectionError) as err:
+            BlockingConnection(client.ConnectionParameters(c.client_addr("n3"))).channel()
+        assert "cannot reach a majority" in str(err.value) and "n1 refuses its link" in str(err.value), err.value
         # the members do not dial it, and do not count it running
         time.sleep(1.0)
         for member in ("n1", "n2"):
