@@ -65,17 +65,11 @@ def test_a_forgotten_node_restarted_without_reset_is_refused_with_why_then_rejoi
         assert st["refused_by"] == {} and sorted(st["members"]) == ["n1", "n2", "n3"], st
 
         # it serves clients again: a confirmed publish through it is consumed through n1
-        conn = BlockingConnection(client.ConnectionParameters(c.client_addr("n3")))
-        try:
+        with BlockingConnection(client.ConnectionParameters(c.client_addr("n3"))) as conn:
             ch = conn.channel()
             ch.queue_declare("back", durable=True)
             ch.confirm_delivery()
             ch.basic_publish("", "back", b"after the rejoin")
-        finally:
-            conn.close()
-        conn = BlockingConnection(client.ConnectionParameters(c.client_addr("n1")))
-        try:
-            method, _, body = conn.channel().basic_get("back", auto_ack=True)
+        with BlockingConnection(client.ConnectionParameters(c.client_addr("n1"))) as conn:
+            _, _, body = conn.channel().basic_get("back", auto_ack=True)
             assert body == b"after the rejoin"
-        finally:
-            conn.close()
