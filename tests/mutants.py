@@ -63,8 +63,8 @@ MUTANTS = [
             "tests/test_process_faults.py"],
            "a publish batch resent to a new leader is enqueued again"),
     Mutant("leader-delivers-out-of-step", "broker/router.py",
-           "        if self._in_step():\n            return True\n        self._held.add(qp)",
-           "        if True:\n            return True\n        self._held.add(qp)",
+           "        if self._in_step() and not self.node.leaving:\n            return True\n        self._held.add(qp)",
+           "        if not self.node.leaving:\n            return True\n        self._held.add(qp)",
            ["tests/test_sim_partitions.py"],
            "a queue leader out of step with the metadata log (cut off, or woken from a freeze) "
            "delivers before it knows whether it was replaced"),
@@ -253,6 +253,12 @@ MUTANTS = [
            "                pass\n",
            ["tests/test_sim_cluster.py::test_a_refused_link_is_read_and_logged_once_on_each_side"],
            "a dialer whose LinkHello met a closed connection gives up without reading why it was refused"),
+    Mutant("leaving-node-still-confirms", "broker/router.py",
+           "        if self._in_step() and not self.node.leaving:\n",
+           "        if self._in_step():\n",
+           ["tests/test_sim_mirroring.py::test_a_node_stopping_its_app_confirms_nothing_more"],
+           "a node stopping its app, its record of going on its way, still confirms publishes to "
+           "the replicas it is about to lose (dst seed 111127)"),
     Mutant("stop-does-not-overtake-assigns", "broker/queue_process.py",
            "        elif t is rp.Stop:\n",
            "        elif False:\n",

@@ -283,6 +283,43 @@ async def test_operations_wait_while_syncing_and_cancel_releases_them(tmp_path, 
         assert mirror_state(c, "two.s", "n2").comparable() == mirror_state(c, "two.s", "n1").comparable()
 
 
+async def test_a_node_stopping_its_app_confirms_nothing_more(tmp_path, autojump_clock, monkeypatch):
+    """From the moment a node stopping its app has asked the log to record it going (it is
+    `leaving`), its replicas are as good as gone: a queue it leads alone must not confirm a
+    publish then (dst seed 111127: a node promoted in the middle of its stop_app confirmed 500
+    publishes and lost them with its app a moment later). The record is held up here, so the
+    window is long; the publish is answered, not lost: nacked once the queue's only node has
+    gone, or confirmed only where it stays."""
+    async with sim_cluster(tmp_path) as c:
+        async with c.connect("n1") as c1:
+            await (await c1.channel()).queue_declare("solo", durable=True)  # led by n1, no mirror
+        n1 = c.nodes["n1"]
+        recorded = trio.Event()
+        propose = n1.cluster.propose
+
+        async def held_propose(change, **kw):
+            if change[0] == "node.down":
+                await recorded.wait()
+            return await propose(change, **kw)
+
+        monkeypatch.setattr(n1.cluster, "propose", held_propose)
+        async with c.connect("n2") as c2:
+            ch = await c2.channel()
+            await ch.confirm_delivery()
+            confirmed, nacked = set(), set()
+            ch.on_confirm = lambda first, last, ok, reason: (confirmed if ok else nacked).update(range(first, last + 1))
+            c.nursery.start_soon(n1.stop_app)
+            await c.wait_for(lambda: n1.leaving, 5, "n1 leaving")
+            ch.publish_nowait("solo", b"sent while n1 leaves")
+            await trio.sleep(2)
+            assert not confirmed, "confirmed by the queue's only node, already on its way out"
+            assert mirror_state(c, "solo", "n1").stats()["messages"] == 1  # it did take it
+            recorded.set()
+            await c.wait_for(lambda: not n1.app_running, 10, "n1's app stopped")
+            await c.wait_for(lambda: nacked, 10, "the publish nacked")
+            assert nacked == {1} and not confirmed
+
+
 # --- helpers for the rule tests ------------------------------------------------------------
 
 async def publish_confirmed(ch, queue, bodies):
