@@ -165,6 +165,7 @@ class QueueProcess:
             with CORK:  # what the round sends leaves at its end, from this task
                 # once per round, before any input: a replica promoted in this round reads it too
                 replica.in_step = self.host.may_deliver(self)
+                replica.leaving = self.host.leaving
                 for _ in range(BATCH):
                     if not inbox or replica.round_bytes >= rp.ROUND_BYTES:
                         break

@@ -75,18 +75,18 @@ class Router:
         have been replaced meanwhile, and what it would deliver then has gone, flagged
         redelivered, to other consumers. Or while the metadata records no other node running
         (the last node of a full restart, its peers' stops recorded): it is out of step, but no
-        one else can lead its queues. `qp` is woken again once the node is in step.
-
-        Nor while this node is leaving (`Node.leaving`: stop_app or a shutdown, its record of
-        going on its way): its replicas go with it, so a confirm given now could be for a
-        message on no replica that stays (dst seed 111127: a node stopping its app was promoted
-        in the middle of its stop, held the queue's only replica, confirmed 500 publishes and
-        lost them a moment later). Held, they are resent by their publishers and confirmed
-        where the queue goes on."""
-        if self._in_step() and not self.node.leaving:
+        one else can lead its queues. `qp` is woken again once the node is in step."""
+        if self._in_step():
             return True
         self._held.add(qp)
         return False
+
+    @property
+    def leaving(self) -> bool:
+        """This node is stopping and has asked the log to record it going (`Node.leaving`):
+        its leaders confirm only what a mirror they could hand over to holds (replica.py
+        `_outlives_its_node`)."""
+        return self.node.leaving
 
     def _in_step(self) -> bool:
         cluster = self.cluster

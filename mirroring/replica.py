@@ -45,7 +45,7 @@ from operator import itemgetter
 from wire import messages as m
 from wire.errors import PRECONDITION_FAILED, ProtocolError
 
-from .policy import HA
+from .policy import HA, choose_promotion
 from .queue import NO_LIMITS, Limits, QueueState
 from .replication import LeaderReplication, MirrorFollow, merge_accepted
 from .sync import BatchSync, message_size, progress_line
@@ -271,6 +271,9 @@ class Replica:
         # confirms due meanwhile wait here, {(node, sid): highest pseq}, and are dropped if it
         # stops leading first (their sessions resend to the new leader)
         self.in_step = True
+        # its node is stopping (stop_app, a shutdown) and has asked the log to record it going
+        # (set by its pump each round): see `_may_confirm`
+        self.leaving = False
         self._held_confirms: dict = {}
         self.sync: _SyncJob | None = None
         self.last_sync: dict | None = None
@@ -699,8 +702,21 @@ class Replica:
         if msg.epoch == self.epoch and msg.node in self.rep.mirrors:
             self._drop_mirror(msg.node, "it lost track of the replication stream", now)
 
+    def _outlives_its_node(self) -> bool:
+        """Will what this leader confirms outlive its node, which is leaving? Only if a mirror
+        that holds it will lead once the node has gone: the leader's replica goes with its node
+        (in memory), so with no mirror the log may promote on a controlled stop
+        (ha-promote-on-shutdown), a confirm would be for a message about to be lost. Such
+        confirms are held: the publish is resent by its session to wherever the queue goes on,
+        or nacked if it has nowhere to go (dst seed 111127: a node was promoted in the middle of
+        its own stop_app, held the queue's only replica, confirmed 500 publishes and lost them
+        with its app a moment later). A confirmed publish is on every mirror the leader tracks."""
+        mirrors = list(self.rep.mirrors)
+        return choose_promotion(self.assign.ha, mirrors, set(self.assign.synced), set(mirrors),
+                                shutdown=True) is not None
+
     def _release(self, accepted: dict) -> None:
-        if not self.in_step:
+        if not self.in_step or self.leaving and not self._outlives_its_node():
             merge_accepted(self._held_confirms, accepted)
             return
         name = self.name
@@ -956,7 +972,7 @@ class Replica:
         if self.state is S.STOPPED:
             return False
         more = False
-        if self._held_confirms and self.in_step:
+        if self._held_confirms and self.in_step and not (self.leaving and not self._outlives_its_node()):
             held, self._held_confirms = self._held_confirms, {}
             self._release(held)
         if self.state in SERVING:

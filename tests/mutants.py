@@ -63,8 +63,8 @@ MUTANTS = [
             "tests/test_process_faults.py"],
            "a publish batch resent to a new leader is enqueued again"),
     Mutant("leader-delivers-out-of-step", "broker/router.py",
-           "        if self._in_step() and not self.node.leaving:\n            return True\n        self._held.add(qp)",
-           "        if not self.node.leaving:\n            return True\n        self._held.add(qp)",
+           "        if self._in_step():\n            return True\n        self._held.add(qp)",
+           "        if True:\n            return True\n        self._held.add(qp)",
            ["tests/test_sim_partitions.py"],
            "a queue leader out of step with the metadata log (cut off, or woken from a freeze) "
            "delivers before it knows whether it was replaced"),
@@ -89,8 +89,10 @@ MUTANTS = [
            ["tests/test_dst.py::test_regression_seeds", "tests/test_sim_lent_bodies.py::test_deliveries_for_a_consumer_its_node_no_longer_has_go_back"],
            "a leader keeps feeding a consumer whose channel closed before a failover"),
     Mutant("leader-confirms-out-of-step", "mirroring/replica.py",
-           "        if not self.in_step:\n            merge_accepted(self._held_confirms, accepted)",
-           "        if False:\n            merge_accepted(self._held_confirms, accepted)",
+           "        if not self.in_step or self.leaving and not self._outlives_its_node():\n"
+           "            merge_accepted(self._held_confirms, accepted)",
+           "        if self.leaving and not self._outlives_its_node():\n"
+           "            merge_accepted(self._held_confirms, accepted)",
            ["tests/test_replica_property.py"],
            "a queue leader out of step with the metadata log (woken from a freeze) confirms"),
     Mutant("client-no-nack-on-loss", "broker/client/aio.py",
@@ -253,12 +255,18 @@ MUTANTS = [
            "                pass\n",
            ["tests/test_sim_cluster.py::test_a_refused_link_is_read_and_logged_once_on_each_side"],
            "a dialer whose LinkHello met a closed connection gives up without reading why it was refused"),
-    Mutant("leaving-node-still-confirms", "broker/router.py",
-           "        if self._in_step() and not self.node.leaving:\n",
-           "        if self._in_step():\n",
-           ["tests/test_sim_mirroring.py::test_a_node_stopping_its_app_confirms_nothing_more"],
-           "a node stopping its app, its record of going on its way, still confirms publishes to "
-           "the replicas it is about to lose (dst seed 111127)"),
+    Mutant("leaving-node-still-confirms", "mirroring/replica.py",
+           "        if not self.in_step or self.leaving and not self._outlives_its_node():\n",
+           "        if not self.in_step:\n",
+           ["tests/test_sim_mirroring.py::test_a_node_stopping_its_app_confirms_nothing_its_queue_would_lose"],
+           "a node stopping its app, its record of going on its way, still confirms publishes that "
+           "no mirror it could hand the queue to holds (dst seed 111127)"),
+    Mutant("leaving-node-holds-every-confirm", "mirroring/replica.py",
+           "        mirrors = list(self.rep.mirrors)\n        return choose_promotion(",
+           "        mirrors = []\n        return choose_promotion(",
+           ["tests/test_sim_mirroring.py::test_a_node_stopping_its_app_still_confirms_what_a_synchronised_mirror_holds"],
+           "a node stopping its app holds even the confirms its synchronised mirrors make safe, and "
+           "its publishers get nacks for messages that are kept"),
     Mutant("stop-does-not-overtake-assigns", "broker/queue_process.py",
            "        elif t is rp.Stop:\n",
            "        elif False:\n",

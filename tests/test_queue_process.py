@@ -21,6 +21,7 @@ class Host:
         self.log = structlog.get_logger()
         self.batch = None
         self.events: list = []
+        self.leaving = False  # the node is not stopping
 
     def may_deliver(self, qp) -> bool:
         return True  # the node is in step with the metadata log

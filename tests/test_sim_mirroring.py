@@ -283,41 +283,72 @@ async def test_operations_wait_while_syncing_and_cancel_releases_them(tmp_path, 
         assert mirror_state(c, "two.s", "n2").comparable() == mirror_state(c, "two.s", "n1").comparable()
 
 
-async def test_a_node_stopping_its_app_confirms_nothing_more(tmp_path, autojump_clock, monkeypatch):
+async def _publish_while_n1_leaves(c, monkeypatch, queue: str):
+    """Stop n1's app with its record of going held up (a long `leaving` window), publish one
+    message to `queue` through n2 inside it, and return (confirmed, nacked) after 2 s, then
+    let the record through."""
+    n1 = c.nodes["n1"]
+    if n1.cluster.leader == "n1":  # its stop would hand the log over, out of step meanwhile
+        now = trio.current_time()
+        n1.cluster.raft.transfer_leadership(now)
+        n1.cluster._after_raft(now)
+        await c.wait_for(lambda: n1.cluster.leader not in ("n1", None) and n1.cluster.in_step(), 5,
+                         "the metadata log led by another node, n1 in step")
+    recorded = trio.Event()
+    propose = n1.cluster.propose
+
+    async def held_propose(change, **kw):
+        if change[0] == "node.down":
+            await recorded.wait()
+        return await propose(change, **kw)
+
+    monkeypatch.setattr(n1.cluster, "propose", held_propose)
+    confirmed, nacked = set(), set()
+    async with c.connect("n2") as c2:
+        ch = await c2.channel()
+        await ch.confirm_delivery()
+        ch.on_confirm = lambda first, last, ok, reason: (confirmed if ok else nacked).update(range(first, last + 1))
+        c.nursery.start_soon(n1.stop_app)
+        await c.wait_for(lambda: n1.leaving, 5, "n1 leaving")
+        ch.publish_nowait(queue, b"sent while n1 leaves")
+        await trio.sleep(2)
+        during = set(confirmed), set(nacked)
+        assert n1.cluster.in_step(), "n1 out of step: that alone would hold its confirms"
+        recorded.set()
+        await c.wait_for(lambda: not n1.app_running, 10, "n1's app stopped")
+        await c.wait_for(lambda: confirmed or nacked, 10, "the publish answered")
+    return during, (confirmed, nacked)
+
+
+async def test_a_node_stopping_its_app_confirms_nothing_its_queue_would_lose(tmp_path, autojump_clock, monkeypatch):
     """From the moment a node stopping its app has asked the log to record it going (it is
-    `leaving`), its replicas are as good as gone: a queue it leads alone must not confirm a
-    publish then (dst seed 111127: a node promoted in the middle of its stop_app confirmed 500
-    publishes and lost them with its app a moment later). The record is held up here, so the
-    window is long; the publish is answered, not lost: nacked once the queue's only node has
-    gone, or confirmed only where it stays."""
+    `leaving`), its replicas are as good as gone: a queue it leads with no mirror to promote
+    must not confirm a publish then (dst seed 111127: a node promoted in the middle of its
+    stop_app confirmed 500 publishes and lost them with its app a moment later). The record is
+    held up here, so the window is long; the publish is answered, not lost: nacked once the
+    queue's only node has gone."""
     async with sim_cluster(tmp_path) as c:
         async with c.connect("n1") as c1:
             await (await c1.channel()).queue_declare("solo", durable=True)  # led by n1, no mirror
-        n1 = c.nodes["n1"]
-        recorded = trio.Event()
-        propose = n1.cluster.propose
+        during, after = await _publish_while_n1_leaves(c, monkeypatch, "solo")
+        assert during == (set(), set()), "confirmed by the queue's only node, already on its way out"
+        assert after == (set(), {1})
 
-        async def held_propose(change, **kw):
-            if change[0] == "node.down":
-                await recorded.wait()
-            return await propose(change, **kw)
 
-        monkeypatch.setattr(n1.cluster, "propose", held_propose)
-        async with c.connect("n2") as c2:
-            ch = await c2.channel()
-            await ch.confirm_delivery()
-            confirmed, nacked = set(), set()
-            ch.on_confirm = lambda first, last, ok, reason: (confirmed if ok else nacked).update(range(first, last + 1))
-            c.nursery.start_soon(n1.stop_app)
-            await c.wait_for(lambda: n1.leaving, 5, "n1 leaving")
-            ch.publish_nowait("solo", b"sent while n1 leaves")
-            await trio.sleep(2)
-            assert not confirmed, "confirmed by the queue's only node, already on its way out"
-            assert mirror_state(c, "solo", "n1").stats()["messages"] == 1  # it did take it
-            recorded.set()
-            await c.wait_for(lambda: not n1.app_running, 10, "n1's app stopped")
-            await c.wait_for(lambda: nacked, 10, "the publish nacked")
-            assert nacked == {1} and not confirmed
+async def test_a_node_stopping_its_app_still_confirms_what_a_synchronised_mirror_holds(tmp_path, autojump_clock, monkeypatch):
+    """The other side: with synchronised mirrors (one of them is promoted when the node has
+    gone, ha-promote-on-shutdown when-synced), a confirm from the leaving leader is for a
+    message that outlives it, so it is given at once, not turned into a nack."""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
+        async with c.connect("n1") as c1:
+            await declare_on_all_nodes(c, await c1.channel(), "ha.kept")
+        during, after = await _publish_while_n1_leaves(c, monkeypatch, "ha.kept")
+        assert during == ({1}, set()) and after == ({1}, set())
+        async with c.connect("n3") as c3:
+            ch = await c3.channel()
+            got = await ch.basic_get("ha.kept")  # from the promoted mirror
+            assert got is not None and got.body == b"sent while n1 leaves"
 
 
 # --- helpers for the rule tests ------------------------------------------------------------
