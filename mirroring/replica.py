@@ -272,7 +272,7 @@ class Replica:
         # stops leading first (their sessions resend to the new leader)
         self.in_step = True
         # its node is stopping (stop_app, a shutdown) and has asked the log to record it going
-        # (set by its pump each round): see `_may_confirm`
+        # (set by its pump each round): see `_outlives_its_node`
         self.leaving = False
         self._held_confirms: dict = {}
         self.sync: _SyncJob | None = None
