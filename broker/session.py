@@ -218,6 +218,11 @@ class Session:
         self._room = trio.Event()
         self._room.set()
         self.routes: dict[str, tuple] = {}  # queue -> (leader, epoch) our operations went to
+        # queue -> the newest leader epoch that delivered to us, while it is newer than our
+        # route's (the delivery beat the metadata change here), and the settles held meanwhile
+        # (`_settle_to_leader`)
+        self._ahead: dict[str, int] = {}
+        self._held_settles: dict[str, list] = {}
         self.rpcs: dict[int, tuple[str, object]] = {}  # rid -> (queue, op): unanswered requests
         self.closed = False
         # a publishing connection (it has published): held by the front end during a memory
@@ -716,6 +721,8 @@ class Session:
         self.router.to_leader(qname, op)
 
     def _drop_route(self, qname: str) -> None:
+        self._ahead.pop(qname, None)
+        self._held_settles.pop(qname, None)
         if self.routes.pop(qname, None) is not None:
             routing = self.node.routing
             held = routing.get(qname)
@@ -805,6 +812,10 @@ class Session:
         ops += [op for op in self._deletes.values() if op.queue == qname]
         ops += [c for ch in self.channels.values() for c in ch.consumers.values()
                 if c.queue == qname and c.arguments.get("x-cancel-on-ha-failover") is not True]
+        ahead = self._ahead.get(qname)
+        if ahead is not None and epoch >= ahead:  # caught up: the held settles go to this leader
+            del self._ahead[qname]
+            ops += self._held_settles.pop(qname, ())
         if not ops:
             return
         self.log.info("resending to the queue's leader", queue=qname, leader=qdef["leader"],
@@ -870,7 +881,25 @@ class Session:
             return
         owner = self._owner(ch)
         for qname, ids in self._settle(ch, msg.tags, msg.multiple_upto).items():
-            self.router.to_leader(qname, m.QSettle(qname, owner, m.ACK, ids))
+            self._settle_to_leader(qname, m.QSettle(qname, owner, m.ACK, ids))
+
+    def _settle_to_leader(self, qname: str, msg: m.QSettle) -> None:
+        """A client's ack, nack or recover for the queue's leader. If a newer leader than our
+        route's has delivered to us (its deliveries beat the metadata change to this node), the
+        settle may be for its deliveries, which only it holds as ours: it waits until the route
+        catches up, then goes there (`_resend`). Sent to the old leader, it was lost, and the
+        new one counted those deliveries in flight for good: its consumer got nothing more
+        (dst seed 116560: a consumer's node woke from a freeze to the deposed leader's late
+        batch and the promoted one's redelivery of it, 1,000 deliveries at prefetch 500, and
+        the acks of both went to the deposed leader)."""
+        ahead = self._ahead.get(qname)
+        if ahead is not None:
+            route = self.routes.get(qname)
+            if route is None or route[1] < ahead:
+                self._held_settles.setdefault(qname, []).append(msg)
+                return
+            del self._ahead[qname]
+        self.router.to_leader(qname, msg)
 
     def on_nack(self, msg):
         ch = self._ch(msg.ch)
@@ -880,7 +909,7 @@ class Session:
         owner = self._owner(ch)
         how = m.REQUEUE if msg.requeue else m.DISCARD
         for qname, ids in self._settle(ch, msg.tags, msg.multiple_upto).items():
-            self.router.to_leader(qname, m.QSettle(qname, owner, how, ids))
+            self._settle_to_leader(qname, m.QSettle(qname, owner, how, ids))
 
     # --- consumers -------------------------------------------------------------------------
     async def on_consume(self, msg):
@@ -926,7 +955,7 @@ class Session:
             raise ProtocolError(NOT_IMPLEMENTED, "requeue=false")
         owner = self._owner(ch)
         for qname, ids in self._settle(ch, list(ch.tags), 0).items():
-            self.router.to_leader(qname, m.QSettle(qname, owner, m.REQUEUE, ids))
+            self._settle_to_leader(qname, m.QSettle(qname, owner, m.REQUEUE, ids))
         self._reply(ch.id, msg.rid, None)
 
     async def on_flow(self, msg):
@@ -956,9 +985,12 @@ class Session:
                     self._closed_channel_delivery(ev)
                     continue
                 route = self.routes.get(ev.queue)
-                if route is not None and ev.epoch < route[1]:
-                    self._stale_delivery(ch, ev)
-                    continue
+                if route is not None and ev.epoch != route[1]:
+                    if ev.epoch < route[1]:
+                        self._stale_delivery(ch, ev)
+                        continue
+                    if ev.epoch > self._ahead.get(ev.queue, 0):
+                        self._ahead[ev.queue] = ev.epoch
                 reg = ch.consumers.get(ev.tag)
                 if reg is None:
                     self._unknown_consumer(ch, ev)

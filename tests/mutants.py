@@ -123,8 +123,8 @@ MUTANTS = [
            ["tests/test_sim_partitions.py", "tests/test_process_faults.py"],
            "consumers registered only with a leader that stepped down stop receiving"),
     Mutant("stale-deliveries-shown", "broker/session.py",
-           "                if route is not None and ev.epoch < route[1]:",
-           "                if False:",
+           "                    if ev.epoch < route[1]:\n                        self._stale_delivery(ch, ev)\n                        continue\n",
+           "                    if False:\n                        self._stale_delivery(ch, ev)\n                        continue\n",
            ["tests/test_session_core.py"],
            "deliveries a deposed leader sent late reach the client, unflagged, after the new leader's"),
     Mutant("replaced-link-forgotten", "broker/cluster.py",
@@ -267,6 +267,12 @@ MUTANTS = [
            ["tests/test_sim_mirroring.py::test_a_node_stopping_its_app_still_confirms_what_a_synchronised_mirror_holds"],
            "a node stopping its app holds even the confirms its synchronised mirrors make safe, and "
            "its publishers get nacks for messages that are kept"),
+    Mutant("settles-follow-a-stale-route", "broker/session.py",
+           "            if route is None or route[1] < ahead:\n",
+           "            if False:\n",
+           ["tests/test_dst.py::test_regression_seeds"],
+           "a consumer's acks of a newer leader's deliveries go to the leader its node's metadata "
+           "still names, and are lost (dst seed 116560)"),
     Mutant("stop-does-not-overtake-assigns", "broker/queue_process.py",
            "        elif t is rp.Stop:\n",
            "        elif False:\n",

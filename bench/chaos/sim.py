@@ -176,6 +176,11 @@ REGRESSIONS: dict[str, int | tuple] = {
     # and delivers nothing more, broker/router.py `may_deliver`)
     "confirmed-while-its-node-was-stopping": (
         111127, (6, 12), "forget,rolling_restart,partition,pause,stop_app,kill,full_restart,sigterm,policy", 600),
+    # the same stop: a consumer's node woke from a freeze to a deposed leader's late batch and
+    # the promoted leader's redelivery of it before the metadata change; the consumer's acks
+    # went to the deposed leader, and the new one kept its credit used up: 4,164 stranded
+    # (fixed: a session holds settles while a newer leader than its route's has delivered)
+    "acks-of-a-newer-leaders-deliveries-sent-to-the-old": (116560, (6, 12), None, 600),
 }
 
 
