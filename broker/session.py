@@ -898,7 +898,10 @@ class Session:
             if route is None or route[1] < ahead:
                 self._held_settles.setdefault(qname, []).append(msg)
                 return
+            # the route caught up without a resend: what was held goes first, in order
             del self._ahead[qname]
+            for held in self._held_settles.pop(qname, ()):
+                self.router.to_leader(qname, held)
         self.router.to_leader(qname, msg)
 
     def on_nack(self, msg):
