@@ -1061,3 +1061,59 @@ async def test_a_last_ack_reaches_the_mirrors_within_the_settle_linger(tmp_path,
             await trio.sleep(SETTLE_LINGER + 0.05)
             for node in ("n2", "n3"):
                 assert not mirror_state(c, "ha.q", node).unacked, node
+
+
+async def test_acks_of_a_promoted_leaders_redeliveries_wait_for_the_route_to_it(tmp_path, autojump_clock, monkeypatch):
+    """"It requeues all messages that have been delivered to clients but are pending
+    acknowledgement": the promoted leader redelivers to a consumer whose node has not yet
+    applied the change that names it (its metadata lags). The consumer's acks of the
+    redeliveries must reach the new leader, which alone counts them in flight; sent where the
+    lagging metadata points, to the old leader, they were lost, and the new leader held the
+    consumer's prefetch used up for good (dst seed 116560: 4,164 messages stranded). Every
+    message published after the failover must still be delivered."""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-two", r"^two\.", {"ha-mode": "nodes", "ha-params": ["n1", "n2"]})
+        async with c.connect("n2") as c2:
+            await (await c2.channel()).queue_declare(
+                "two.q", durable=True, arguments={"x-queue-master-locator": "client-local"})
+        await replicas_settled(c, "two.q", ["n1"], synced=["n1"])
+        assert qdef(c, "two.q")["leader"] == "n2"
+        n3 = c.nodes["n3"]
+        async with c.connect("n1") as c1, c.connect("n3") as c3:
+            pub, sub = await c1.channel(), await c3.channel()
+            await pub.confirm_delivery()
+            await sub.basic_qos(prefetch_count=10)
+            consumer = await sub.basic_consume("two.q")
+            got: list[tuple[int, bool, int]] = []  # (id, redelivered, delivery tag)
+
+            async def consume():
+                async for msg in consumer:
+                    got.append((int(msg.body), msg.redelivered, msg.delivery_tag))
+
+            c.nursery.start_soon(consume)
+            for i in range(10):
+                pub.publish_nowait("two.q", b"%d" % i)
+            assert await pub.wait_for_confirms(timeout=10)
+            await c.wait_for(lambda: len(got) == 10, 5, "the first ten delivered by n2")
+            # n3 has not heard yet that the change naming n1 is committed (the log's next word
+            # to it is late): by what it knows it is in step, and it has not applied the
+            # change, so its route still names n2 when n1's redelivery comes
+            assert n3.cluster.leader == "n1", "the log led by the node that survives"
+            apply = n3.cluster._apply_committed
+            monkeypatch.setattr(n3.cluster, "_apply_committed", lambda: None)
+            monkeypatch.setattr(n3.cluster, "in_step", lambda: True)
+            c.kill("n2")
+            await c.wait_for(lambda: qdef(c, "two.q")["leader"] == "n1", 10, "n1 promoted")
+            await c.wait_for(lambda: len(got) == 20, 10, "n1's redelivery of the ten")
+            assert all(redelivered for _, redelivered, _ in got[10:])
+            assert n3.md.queues["two.q"]["leader"] == "n2", "n3's metadata caught up too soon"
+            sub.basic_ack(got[-1][2], multiple=True)  # every delivery so far, of both leaders
+            await trio.sleep(0.5)
+            monkeypatch.undo()
+            apply()
+            await c.wait_for(lambda: n3.md.queues["two.q"]["leader"] == "n1", 5, "n3 caught up")
+            for i in range(10, 20):  # a prefetch's worth: the new leader must count none in flight
+                pub.publish_nowait("two.q", b"%d" % i)
+            assert await pub.wait_for_confirms(timeout=10)
+            await c.wait_for(lambda: {i for i, _, _ in got} == set(range(20)), 10,
+                             "every message published after the failover delivered")
