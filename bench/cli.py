@@ -103,6 +103,8 @@ async def throughput(nodes: list[str], seconds: float, size: int, window: int, p
 
 def _run(args) -> int:
     from bench.rpc_clients import PER_PROC
+    from bench.rounds import format_table, latency_table
+    from bench.runinfo import new_run_id
     from bench.runner import Progress, Runner, connections_per_proc
     from bench.targets import TargetError
     from bench.workload import WorkloadError, load, resolve
@@ -136,14 +138,32 @@ def _run(args) -> int:
         except ValueError as exc:
             print(f"error: --target: {exc}", file=sys.stderr)
             return 2
+        if args.repeat < 1:
+            print("error: --repeat: at least 1", file=sys.stderr)
+            return 2
         progress = Progress(enabled=False if args.quiet else (True if args.progress else None))
-        runner = Runner(args.out, procs=args.procs, progress=progress)
-        folder = runner.run(args.workloads, targets, args.nodes.split(",") if args.nodes else None,
-                            args.rabbitmq_dir, args.run_id,
-                            amqp_addresses=args.amqp_addresses.split(",") if args.amqp_addresses else None,
-                            only=args.scenario.split(",") if args.scenario else None)
-        print(f"results in {folder}")
-        return 130 if runner.interrupted else 0
+        base = args.run_id or new_run_id()
+        rounds = []
+        for k in range(1, args.repeat + 1):
+            runner = Runner(args.out, procs=args.procs, progress=progress)
+            if args.repeat > 1:
+                print(f"round {k} of {args.repeat}")
+            folder = runner.run(args.workloads, targets, args.nodes.split(",") if args.nodes else None,
+                                args.rabbitmq_dir, base if args.repeat == 1 else f"{base}-r{k}",
+                                amqp_addresses=args.amqp_addresses.split(",") if args.amqp_addresses else None,
+                                only=args.scenario.split(",") if args.scenario else None)
+            print(f"results in {folder}")
+            rounds.append(runner.summaries)
+            if runner.interrupted:
+                return 130
+        if args.repeat > 1:
+            table = latency_table(rounds)
+            for line in format_table(table):
+                print(line)
+            path = args.out / f"{base}-rounds.json"
+            path.write_text(json.dumps(table, indent=1) + "\n")
+            print(f"rounds compared in {path}")
+        return 0
     except WorkloadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -341,6 +361,11 @@ def main(argv=None) -> None:
     r.add_argument("--procs", type=int, default=1,
                    help="processes per role: producers are spread over N processes, consumers over N more")
     r.add_argument("--run-id", help="name of the run folder (default YYYYmmdd-HHMMSS-hex)")
+    r.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run it all N times, one round after the other, each in a folder RUN_ID-rK; "
+                        "then print each round's latency per target side by side, each warren "
+                        "target's confirm p99 over RabbitMQ's in that round, and the medians "
+                        "(also written to RUN_ID-rounds.json)")
     r.add_argument("--scenario", metavar="NAME[,NAME...]",
                    help="run only these scenarios of the workloads (`warren-bench check` lists them), "
                         "e.g. --scenario latency-r3-2000")
