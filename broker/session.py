@@ -898,7 +898,9 @@ class Session:
             if route is None or route[1] < ahead:
                 self._held_settles.setdefault(qname, []).append(msg)
                 return
-            # the route caught up without a resend: what was held goes first, in order
+            # a route that caught up without a resend. Not expected: every route change goes
+            # through `_resend`, which releases what is held, and `_drop_route` forgets both;
+            # kept as a guard so that nothing held could wait for good. Held settles go first.
             del self._ahead[qname]
             for held in self._held_settles.pop(qname, ()):
                 self.router.to_leader(qname, held)
