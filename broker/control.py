@@ -23,7 +23,10 @@ from .peers import dial_handshake
 
 QUEUE_COLUMNS = ("name", "durable", "auto_delete", "exclusive", "arguments", "policy", "pid",
                  "mirror_pids", "synchronised_mirror_pids", "messages", "messages_ready",
-                 "messages_unacknowledged", "consumers", "leader", "state", "sync_progress")
+                 "messages_unacknowledged", "consumers", "leader", "state", "sync_progress",
+                 # RabbitMQ's names before 3.11.4 (3.10, and Amazon MQ's 3.8-3.10), where
+                 # mirror_pids came in as their alias: the same lists
+                 "slave_pids", "synchronised_slave_pids")
 DEFAULT_QUEUE_COLUMNS = ("name", "messages")
 
 
@@ -248,6 +251,8 @@ async def cmd_list_queues(node, args):
             "leader": q["leader"], "state": ("syncing" if s and s.get("sync") else "running") if s else "down",
             "sync_progress": progress_line(s["sync"]) if s and s.get("sync") else "",
         }
+        full["slave_pids"] = full["mirror_pids"]
+        full["synchronised_slave_pids"] = full["synchronised_mirror_pids"]
         rows.append({c: full[c] for c in columns})
     return rows
 

@@ -18,7 +18,7 @@ from cluster_procs import running_cluster
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
 LQ_COLUMNS = ["name", "durable", "policy", "pid", "mirror_pids", "synchronised_mirror_pids",
-              "messages", "messages_unacknowledged", "consumers"]
+              "messages", "messages_unacknowledged", "consumers", "slave_pids"]
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,7 @@ def test_list_queues_columns_table_and_json(cluster):
     assert list(q) == LQ_COLUMNS
     assert q["durable"] is True and q["messages"] == 1 and q["consumers"] == 0
     assert isinstance(q["mirror_pids"], list)
+    assert q["slave_pids"] == q["mirror_pids"]  # RabbitMQ 3.10's name for the column
     assert cluster.ctl_ok("n1", "delete_queue", "lq-test")
 
 
