@@ -28,6 +28,10 @@ QUEUE_COLUMNS = ("name", "durable", "auto_delete", "exclusive", "arguments", "po
                  # mirror_pids came in as their alias: the same lists
                  "slave_pids", "synchronised_slave_pids")
 DEFAULT_QUEUE_COLUMNS = ("name", "messages")
+EXCHANGE_COLUMNS = ("name", "type", "durable", "auto_delete", "internal", "arguments")
+DEFAULT_EXCHANGE_COLUMNS = ("name", "type")
+BINDING_COLUMNS = ("source_name", "source_kind", "destination_name", "destination_kind",
+                   "routing_key", "arguments")
 
 
 async def ctl_call(network, host: str, port: int, me: str, secret: bytes, command: str,
@@ -307,6 +311,26 @@ async def cmd_list_policies(node, args):
             for p in sorted(node.md.policies.values(), key=lambda p: p["name"])]
 
 
+async def cmd_list_exchanges(node, args):
+    """Every exchange, the built-in ones among them (the default exchange's name is "")."""
+    _require_running(node)
+    return [{c: x[c] for c in EXCHANGE_COLUMNS} for _, x in sorted(node.md.exchanges.items())]
+
+
+async def cmd_list_bindings(node, args):
+    """Every binding, as rabbitmqctl lists them: first the default exchange's implicit one to
+    each queue (its routing key the queue's name), then the declared ones, by source."""
+    _require_running(node)
+    md = node.md
+    rows = [{"source_name": "", "source_kind": "exchange", "destination_name": q,
+             "destination_kind": "queue", "routing_key": q, "arguments": {}} for q in sorted(md.queues)]
+    for x, binds in sorted(md.bindings.items()):
+        for queue, key, arguments in sorted(binds, key=lambda b: (b[0], b[1])):
+            rows.append({"source_name": x, "source_kind": "exchange", "destination_name": queue,
+                         "destination_kind": "queue", "routing_key": key, "arguments": arguments})
+    return rows
+
+
 async def _leader_rpc(node, rpc: str, queue: str):
     """A command carried out by the queue's leader. If the leader's node goes before it answers
     (the metadata has not recorded it down yet), the command is refused with that reason."""
@@ -347,6 +371,7 @@ COMMANDS = {
     "forget_cluster_node": cmd_forget_cluster_node, "add_member": cmd_add_member,
     "remove_member": cmd_remove_member, "list_queues": cmd_list_queues,
     "list_connections": cmd_list_connections, "list_consumers": cmd_list_consumers,
+    "list_exchanges": cmd_list_exchanges, "list_bindings": cmd_list_bindings,
     "delete_queue": cmd_delete_queue, "purge_queue": cmd_purge_queue,
 }
 

@@ -17,7 +17,8 @@ import trio
 from wire.errors import ProtocolError
 
 from . import config as configmod
-from .control import DEFAULT_QUEUE_COLUMNS, QUEUE_COLUMNS, ctl_call
+from .control import (BINDING_COLUMNS, DEFAULT_EXCHANGE_COLUMNS, DEFAULT_QUEUE_COLUMNS,
+                      EXCHANGE_COLUMNS, QUEUE_COLUMNS, ctl_call)
 from .network import TcpNetwork, connect_reason
 
 CONNECTION_COLUMNS = ("name", "node", "peer", "user", "client_name", "channels", "state")
@@ -58,6 +59,8 @@ COMMAND_HELP = {
     "list_queues": "queues, with COLUMNs (default: name messages)",
     "list_connections": "client connections on every running node",
     "list_consumers": "consumers of every queue",
+    "list_exchanges": "exchanges, with COLUMNs (default: name type)",
+    "list_bindings": "bindings, the default exchange's among them, with COLUMNs (default: all)",
     "delete_queue": "delete a queue and its messages",
     "purge_queue": "drop a queue's ready messages",
     "sync_queue": "synchronise a queue's mirrors now, with progress",
@@ -98,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     lq = command("list_queues")
     lq.add_argument("-p", "--vhost", default="/")
     lq.add_argument("columns", nargs="*", metavar="COLUMN", help=" ".join(QUEUE_COLUMNS))
-    for name, valid in (("list_connections", CONNECTION_COLUMNS), ("list_consumers", CONSUMER_COLUMNS)):
+    for name, valid in (("list_connections", CONNECTION_COLUMNS), ("list_consumers", CONSUMER_COLUMNS),
+                        ("list_exchanges", EXCHANGE_COLUMNS), ("list_bindings", BINDING_COLUMNS)):
         s = command(name)
         s.add_argument("-p", "--vhost", default="/")
         s.add_argument("columns", nargs="*", metavar="COLUMN", help=" ".join(valid))
@@ -157,6 +161,9 @@ def run(argv=None) -> int:
     payload: dict = {}
     columns = None
     header = None
+    if getattr(args, "vhost", "/") != "/":
+        print(f"Error: virtual host '{args.vhost}' does not exist (warren has only '/')", file=sys.stderr)
+        return 2
     if cmd in ("join_cluster", "forget_cluster_node"):
         payload["node"] = args.target
     elif cmd == "set_vm_memory_high_watermark":
@@ -171,9 +178,6 @@ def run(argv=None) -> int:
         # rabbitmqctl's `absolute 1073741824` is bytes; a bare number is otherwise a fraction
         payload["value"] = words[0] + "B" if absolute and words[0].isdigit() else words[0]
     elif cmd == "list_queues":
-        if args.vhost != "/":
-            print(f"Error: virtual host '{args.vhost}' does not exist (warren has only '/')", file=sys.stderr)
-            return 2
         columns = args.columns or list(DEFAULT_QUEUE_COLUMNS)
         payload["columns"] = columns
         header = "Listing queues for vhost / ..."
@@ -183,6 +187,12 @@ def run(argv=None) -> int:
     elif cmd == "list_consumers":
         columns = args.columns or list(CONSUMER_COLUMNS)
         header = "Listing consumers in vhost / ..."
+    elif cmd == "list_exchanges":
+        columns = args.columns or list(DEFAULT_EXCHANGE_COLUMNS)
+        header = "Listing exchanges for vhost / ..."
+    elif cmd == "list_bindings":
+        columns = args.columns or list(BINDING_COLUMNS)
+        header = "Listing bindings for vhost /..."
     elif cmd in ("delete_queue", "purge_queue", "sync_queue", "cancel_sync_queue"):
         payload["queue"] = args.queue
     elif cmd == "set_policy":
@@ -203,7 +213,8 @@ def run(argv=None) -> int:
         header = "Listing policies for vhost \"/\" ..."
     for c in columns or []:
         valid = {"list_queues": QUEUE_COLUMNS, "list_connections": CONNECTION_COLUMNS,
-                 "list_consumers": CONSUMER_COLUMNS, "list_policies": POLICY_COLUMNS}[cmd]
+                 "list_consumers": CONSUMER_COLUMNS, "list_policies": POLICY_COLUMNS,
+                 "list_exchanges": EXCHANGE_COLUMNS, "list_bindings": BINDING_COLUMNS}[cmd]
         if c not in valid:
             print(f"Error: unknown column {c!r} for {cmd}; valid: {' '.join(valid)}", file=sys.stderr)
             return 2

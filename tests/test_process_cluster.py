@@ -283,3 +283,44 @@ def test_a_refused_peer_link_says_why_over_tcp(cluster):
     for round_ in range(6):
         reason = trio.run(dial_as_stranger, round_)
         assert f"node n9-{round_} is not a member of cluster" in reason and "join_cluster" in reason, reason
+
+
+def test_list_exchanges_and_bindings_as_rabbitmqctl_does(cluster):
+    """`list_exchanges` and `list_bindings` over what an AMQP client declared: the built-in
+    exchanges (the default one named ""), and the default exchange's implicit binding to every
+    queue listed before the declared ones, as rabbitmqctl lists them."""
+    import pika
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.amqp_url("n2")))
+    try:
+        ch = conn.channel()
+        ch.exchange_declare("orders.topic", exchange_type="topic", durable=True)
+        ch.queue_declare("orders.eu", durable=True)
+        ch.queue_bind("orders.eu", "orders.topic", routing_key="eu.#")
+        ch.queue_bind("orders.eu", "amq.fanout")
+    finally:
+        conn.close()
+    try:
+        out = cluster.ctl_ok("n1", "list_exchanges").splitlines()
+        assert out[:2] == ["Listing exchanges for vhost / ...", "name\ttype"]
+        assert {"\tdirect", "amq.direct\tdirect", "amq.fanout\tfanout", "amq.topic\ttopic",
+                "amq.headers\theaders", "amq.match\theaders", "orders.topic\ttopic"} <= set(out[2:])
+        (row,) = [r for r in cluster.ctl_json("n3", "list_exchanges", "name", "durable", "internal")
+                  if r["name"] == "orders.topic"]
+        assert row["durable"] is True and row["internal"] is False
+
+        out = cluster.ctl_ok("n1", "list_bindings", "source_name", "destination_name", "routing_key").splitlines()
+        assert out[:2] == ["Listing bindings for vhost /...", "source_name\tdestination_name\trouting_key"]
+        rows = out[2:]
+        # (pika binds with the queue's name as the key when none is given)
+        assert rows.index("\torders.eu\torders.eu") < rows.index("amq.fanout\torders.eu\torders.eu")
+        assert "orders.topic\torders.eu\teu.#" in rows
+        full = cluster.ctl_json("n1", "list_bindings")
+        assert {"source_name": "orders.topic", "source_kind": "exchange", "destination_name": "orders.eu",
+                "destination_kind": "queue", "routing_key": "eu.#", "arguments": {}} in full
+
+        r = cluster.ctl("n1", "list_bindings", "-p", "other")
+        assert r.returncode == 2 and "virtual host 'other' does not exist" in r.stderr
+        r = cluster.ctl("n1", "list_exchanges", "name", "bogus")
+        assert r.returncode == 2 and "unknown column 'bogus' for list_exchanges" in r.stderr
+    finally:
+        cluster.ctl_ok("n1", "delete_queue", "orders.eu")
