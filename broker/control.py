@@ -24,6 +24,7 @@ from .peers import dial_handshake
 QUEUE_COLUMNS = ("name", "durable", "auto_delete", "exclusive", "arguments", "policy", "pid",
                  "mirror_pids", "synchronised_mirror_pids", "messages", "messages_ready",
                  "messages_unacknowledged", "consumers", "leader", "state", "sync_progress",
+                 "type", "effective_policy_definition",
                  # RabbitMQ's names before 3.11.4 (3.10, and Amazon MQ's 3.8-3.10), where
                  # mirror_pids came in as their alias: the same lists
                  "slave_pids", "synchronised_slave_pids")
@@ -245,6 +246,7 @@ async def cmd_list_queues(node, args):
             "name": name, "durable": q["durable"], "auto_delete": q["auto_delete"],
             "exclusive": q["exclusive"], "arguments": q["arguments"],
             "policy": pol["name"] if pol else "",
+            "type": "classic", "effective_policy_definition": pol["definition"] if pol else {},
             "pid": s["pid"] if s else "",
             "mirror_pids": [mirrors[name][n] for n in listed],
             "synchronised_mirror_pids": [mirrors[name][n] for n in listed if n in synced],

@@ -84,7 +84,8 @@ async def test_all_policy_mirrors_to_every_node_and_states_match(tmp_path, autoj
                 assert mirror_state(c, "ha.q", m).comparable() == leader.comparable(), m
             rows = await ctl(c, "n2", "list_queues", columns=["name", "policy", "pid", "mirror_pids",
                                                                "synchronised_mirror_pids", "slave_pids",
-                                                               "synchronised_slave_pids"])
+                                                               "synchronised_slave_pids", "type",
+                                                               "effective_policy_definition"])
             (row,) = rows
             assert row["policy"] == "ha-all"
             assert row["pid"].startswith("<n1.")
@@ -93,6 +94,7 @@ async def test_all_policy_mirrors_to_every_node_and_states_match(tmp_path, autoj
             # RabbitMQ 3.10's names for the same lists (mirror_pids is their 3.11.4 alias)
             assert row["slave_pids"] == row["mirror_pids"]
             assert row["synchronised_slave_pids"] == row["synchronised_mirror_pids"]
+            assert row["type"] == "classic" and row["effective_policy_definition"] == {"ha-mode": "all"}
 
 
 async def test_leader_killed_oldest_mirror_promoted_consumers_continue(tmp_path, autojump_clock):
