@@ -271,6 +271,14 @@ async def cmd_list_connections(node, args):
     return rows
 
 
+async def cmd_list_channels(node, args):
+    _require_running(node)
+    rows = []
+    for per_node in (await _each_running_node(node, "channels", {})).values():
+        rows.extend(per_node)
+    return sorted(rows, key=lambda r: (r["connection"], r["number"]))
+
+
 async def cmd_list_consumers(node, args):
     _require_running(node)
     rows = []
@@ -374,6 +382,7 @@ COMMANDS = {
     "remove_member": cmd_remove_member, "list_queues": cmd_list_queues,
     "list_connections": cmd_list_connections, "list_consumers": cmd_list_consumers,
     "list_exchanges": cmd_list_exchanges, "list_bindings": cmd_list_bindings,
+    "list_channels": cmd_list_channels,
     "delete_queue": cmd_delete_queue, "purge_queue": cmd_purge_queue,
 }
 
@@ -392,6 +401,13 @@ async def node_rpc(node, name: str, args: dict):
                  # RabbitMQ's words: held (blocked), would be held if it published (blocking)
                  "state": ("blocked" if s.publisher else "blocking") if blocked else "running"}
                 for s in node.sessions.values()]
+    if name == "channels":
+        return [{"node": node.name, "connection": s.conn_id, "number": ch.id,
+                 "name": f"{s.conn_id} ({ch.id})", "user": s.user, "confirm": ch.confirm,
+                 "transactional": ch.tx, "consumer_count": len(ch.consumers),
+                 "messages_unacknowledged": ch.unacked(), "messages_unconfirmed": ch.inflight,
+                 "prefetch_count": ch.prefetch}
+                for s in node.sessions.values() for ch in s.channels.values()]
     if name == "consumers":
         return [{"queue_name": qname, "consumer_tag": c.tag,
                  "channel": f"{c.owner[0]}/{c.owner[1]}:{c.owner[2]}", "ack_required": not c.no_ack,

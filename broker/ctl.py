@@ -23,6 +23,10 @@ from .network import TcpNetwork, connect_reason
 
 CONNECTION_COLUMNS = ("name", "node", "peer", "user", "client_name", "channels", "state")
 POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
+CHANNEL_COLUMNS = ("name", "connection", "number", "node", "user", "confirm", "transactional",
+                   "consumer_count", "messages_unacknowledged", "messages_unconfirmed",
+                   "prefetch_count")
+DEFAULT_CHANNEL_COLUMNS = ("name", "user", "consumer_count", "messages_unacknowledged")
 CONSUMER_COLUMNS = ("queue_name", "channel", "consumer_tag", "ack_required", "prefetch_count",
                     "exclusive", "arguments")
 
@@ -58,6 +62,7 @@ COMMAND_HELP = {
     # queues, connections, consumers
     "list_queues": "queues, with COLUMNs (default: name messages)",
     "list_connections": "client connections on every running node",
+    "list_channels": "channels of every client connection, with COLUMNs",
     "list_consumers": "consumers of every queue",
     "list_exchanges": "exchanges, with COLUMNs (default: name type)",
     "list_bindings": "bindings, the default exchange's among them, with COLUMNs (default: all)",
@@ -101,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     lq = command("list_queues")
     lq.add_argument("-p", "--vhost", default="/")
     lq.add_argument("columns", nargs="*", metavar="COLUMN", help=" ".join(QUEUE_COLUMNS))
-    for name, valid in (("list_connections", CONNECTION_COLUMNS), ("list_consumers", CONSUMER_COLUMNS),
+    for name, valid in (("list_connections", CONNECTION_COLUMNS), ("list_channels", CHANNEL_COLUMNS),
+                        ("list_consumers", CONSUMER_COLUMNS),
                         ("list_exchanges", EXCHANGE_COLUMNS), ("list_bindings", BINDING_COLUMNS)):
         s = command(name)
         s.add_argument("-p", "--vhost", default="/")
@@ -184,6 +190,9 @@ def run(argv=None) -> int:
     elif cmd == "list_connections":
         columns = args.columns or ["name", "node", "peer", "user"]
         header = "Listing connections ..."
+    elif cmd == "list_channels":
+        columns = args.columns or list(DEFAULT_CHANNEL_COLUMNS)
+        header = "Listing channels ..."
     elif cmd == "list_consumers":
         columns = args.columns or list(CONSUMER_COLUMNS)
         header = "Listing consumers in vhost / ..."
@@ -214,6 +223,7 @@ def run(argv=None) -> int:
     for c in columns or []:
         valid = {"list_queues": QUEUE_COLUMNS, "list_connections": CONNECTION_COLUMNS,
                  "list_consumers": CONSUMER_COLUMNS, "list_policies": POLICY_COLUMNS,
+                 "list_channels": CHANNEL_COLUMNS,
                  "list_exchanges": EXCHANGE_COLUMNS, "list_bindings": BINDING_COLUMNS}[cmd]
         if c not in valid:
             print(f"Error: unknown column {c!r} for {cmd}; valid: {' '.join(valid)}", file=sys.stderr)

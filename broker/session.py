@@ -159,6 +159,10 @@ class Channel:
         self.tag_runs.clear()
         self._tags = table
 
+    def unacked(self) -> int:
+        """How many deliveries wait for an ack (counted without building the tag table)."""
+        return len(self._tags) + sum(len(ids) - settled for _, _, ids, settled in self.tag_runs)
+
     def record_delivery(self, first: int, qname: str, ids: list) -> None:
         """Tags first.. were given to the messages `ids` of `qname`, to be acknowledged."""
         self.tag_runs.append([first, qname, ids, 0])

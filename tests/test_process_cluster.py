@@ -324,3 +324,37 @@ def test_list_exchanges_and_bindings_as_rabbitmqctl_does(cluster):
         assert r.returncode == 2 and "unknown column 'bogus' for list_exchanges" in r.stderr
     finally:
         cluster.ctl_ok("n1", "delete_queue", "orders.eu")
+
+
+def test_list_channels_shows_prefetch_consumers_and_unacknowledged(cluster):
+    """`list_channels` across the nodes: a consumer's channel (prefetch 5, five deliveries
+    not acknowledged) on n2 seen through n1, and a publisher's channel in confirm mode."""
+    import pika
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.amqp_url("n2")))
+    try:
+        pub = conn.channel()
+        pub.confirm_delivery()
+        pub.queue_declare("chan.q")
+        for i in range(10):
+            pub.basic_publish("", "chan.q", b"%d" % i)
+        sub = conn.channel()
+        sub.basic_qos(prefetch_count=5)
+        got = []
+        sub.basic_consume("chan.q", lambda ch, method, props, body: got.append(body))
+        deadline = time.monotonic() + 10
+        while len(got) < 5 and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+        assert len(got) == 5
+        rows = {r["number"]: r for r in cluster.ctl_json("n1", "list_channels")
+                if r["node"] == "n2" and r["user"] == "guest"}
+        assert rows[sub.channel_number]["consumer_count"] == 1
+        assert rows[sub.channel_number]["messages_unacknowledged"] == 5
+        assert rows[sub.channel_number]["prefetch_count"] == 5
+        assert rows[pub.channel_number]["confirm"] is True and rows[pub.channel_number]["consumer_count"] == 0
+        out = cluster.ctl_ok("n3", "list_channels").splitlines()
+        assert out[:2] == ["Listing channels ...", "name\tuser\tconsumer_count\tmessages_unacknowledged"]
+        name = rows[sub.channel_number]["name"]
+        assert f"{name}\tguest\t1\t5" in out
+    finally:
+        conn.close()
+        cluster.ctl_ok("n1", "delete_queue", "chan.q")
