@@ -10,7 +10,8 @@ from __future__ import annotations
 import trio
 
 from wire import messages as m
-from wire.errors import COMMAND_INVALID, NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
+from wire.errors import (COMMAND_INVALID, CONNECTION_FORCED, NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED,
+                         ProtocolError)
 
 from mirroring.policy import effective_policy, make_policy
 from mirroring.sync import progress_line
@@ -279,6 +280,20 @@ async def cmd_list_channels(node, args):
     return sorted(rows, key=lambda r: (r["connection"], r["number"]))
 
 
+async def cmd_close_connection(node, args):
+    """rabbitmqctl's close_connection: a client connection, named as list_connections names it
+    (NODE/NUMBER), is closed by the server with CONNECTION_FORCED and the explanation."""
+    _require_running(node)
+    name, explanation = args["name"], args.get("explanation") or "closed by warrenctl"
+    owner, _, sid = name.rpartition("/")
+    if not sid.isdigit() or owner not in node.running:
+        raise ProtocolError(NOT_FOUND, f"no connection '{name}' (names as list_connections gives "
+                                       f"them: NODE/NUMBER, on a running node)")
+    await node.cluster.call_node(owner, "close_connection", {"sid": int(sid), "name": name,
+                                                             "explanation": explanation})
+    return f"Closing connection {name}, reason: {explanation}..."
+
+
 async def cmd_list_consumers(node, args):
     _require_running(node)
     rows = []
@@ -382,7 +397,7 @@ COMMANDS = {
     "remove_member": cmd_remove_member, "list_queues": cmd_list_queues,
     "list_connections": cmd_list_connections, "list_consumers": cmd_list_consumers,
     "list_exchanges": cmd_list_exchanges, "list_bindings": cmd_list_bindings,
-    "list_channels": cmd_list_channels,
+    "list_channels": cmd_list_channels, "close_connection": cmd_close_connection,
     "delete_queue": cmd_delete_queue, "purge_queue": cmd_purge_queue,
 }
 
@@ -408,6 +423,12 @@ async def node_rpc(node, name: str, args: dict):
                  "messages_unacknowledged": ch.unacked(), "messages_unconfirmed": ch.inflight,
                  "prefetch_count": ch.prefetch}
                 for s in node.sessions.values() for ch in s.channels.values()]
+    if name == "close_connection":
+        conn = node.connections.get(args["sid"])
+        if conn is None:
+            raise ProtocolError(NOT_FOUND, f"no connection '{args['name']}'")
+        conn.force_close(CONNECTION_FORCED, args["explanation"])
+        return None
     if name == "consumers":
         return [{"queue_name": qname, "consumer_tag": c.tag,
                  "channel": f"{c.owner[0]}/{c.owner[1]}:{c.owner[2]}", "ack_required": not c.no_ack,

@@ -64,6 +64,7 @@ COMMAND_HELP = {
     "list_connections": "client connections on every running node",
     "list_channels": "channels of every client connection, with COLUMNs",
     "list_consumers": "consumers of every queue",
+    "close_connection": "NAME EXPLANATION: close a client connection (NAME as list_connections gives it)",
     "list_exchanges": "exchanges, with COLUMNs (default: name type)",
     "list_bindings": "bindings, the default exchange's among them, with COLUMNs (default: all)",
     "delete_queue": "delete a queue and its messages",
@@ -112,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
         s = command(name)
         s.add_argument("-p", "--vhost", default="/")
         s.add_argument("columns", nargs="*", metavar="COLUMN", help=" ".join(valid))
+    cc = command("close_connection")
+    cc.add_argument("name", help="the connection's name, NODE/NUMBER, from list_connections")
+    cc.add_argument("explanation", nargs="?", default="closed by warrenctl",
+                    help="the reason the client is given")
     for name in ("delete_queue", "purge_queue", "sync_queue", "cancel_sync_queue"):
         s = command(name)
         s.add_argument("-p", "--vhost", default="/")
@@ -202,6 +207,8 @@ def run(argv=None) -> int:
     elif cmd == "list_bindings":
         columns = args.columns or list(BINDING_COLUMNS)
         header = "Listing bindings for vhost /..."
+    elif cmd == "close_connection":
+        payload.update(name=args.name, explanation=args.explanation)
     elif cmd in ("delete_queue", "purge_queue", "sync_queue", "cancel_sync_queue"):
         payload["queue"] = args.queue
     elif cmd == "set_policy":

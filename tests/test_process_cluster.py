@@ -358,3 +358,36 @@ def test_list_channels_shows_prefetch_consumers_and_unacknowledged(cluster):
     finally:
         conn.close()
         cluster.ctl_ok("n1", "delete_queue", "chan.q")
+
+
+def test_close_connection_closes_that_client_alone_with_the_explanation(cluster):
+    """rabbitmqctl's close_connection: the named client (on n2, closed through n1) gets
+    connection.close 320 CONNECTION_FORCED with the explanation; another client is unaffected;
+    a name that is no connection is a clear error."""
+    import pika
+    def connect(label):
+        params = pika.URLParameters(cluster.amqp_url("n2"))
+        params.client_properties = {"connection_name": label}
+        return pika.BlockingConnection(params)
+
+    victim, other = connect("cc-victim"), connect("cc-other")
+    try:
+        (name,) = [r["name"] for r in cluster.ctl_json("n1", "list_connections")
+                   if r["client_name"] == "cc-victim"]
+        out = cluster.ctl_ok("n1", "close_connection", name, "maintenance window")
+        assert out.strip() == f"Closing connection {name}, reason: maintenance window..."
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                victim.process_data_events(time_limit=0.1)
+        assert closed.value.reply_code == 320 and "maintenance window" in closed.value.reply_text
+        ch = other.channel()  # the other connection on the same node carries on
+        ch.queue_declare("cc.q", auto_delete=True)
+        assert name not in {r["name"] for r in cluster.ctl_json("n3", "list_connections")}
+        for bad in ("n2/999999", "nowhere/1", "garbage"):
+            r = cluster.ctl("n1", "close_connection", bad)
+            assert r.returncode == 1 and "no connection" in r.stderr, (bad, r.stderr)
+    finally:
+        for c in (victim, other):
+            if c.is_open:
+                c.close()
