@@ -283,8 +283,28 @@ def unregister(name: str) -> None:
         pass
 
 
+def node_name(text: str, known) -> str:
+    """`text` as one of the `known` node names: itself if it is one, else, written the
+    rabbitmqctl way as PREFIX@NAME (`warren@n1`, as cluster_status shows the cluster's name;
+    `rabbit@n1` from habit), the NAME after the last '@' if that is one; else `text` unchanged."""
+    if text not in known and "@" in text and ":" not in text:
+        name = text.rpartition("@")[2]
+        if name in known:
+            return name
+    return text
+
+
+class _Registered:
+    """The local node names, as `in` asks them (the registry under WARREN_HOME)."""
+
+    def __contains__(self, name: str) -> bool:
+        return bool(name) and registry_path(name).exists()
+
+
 def lookup(node: str) -> tuple[str, int]:
-    """Resolve `-n NODE`: `host:port` of a peer port, or a local node name from the registry."""
+    """Resolve `-n NODE`: `host:port` of a peer port, or a local node name from the registry
+    (also written PREFIX@NAME: `node_name`)."""
+    node = node_name(node, _Registered())
     if ":" in node:
         host, _, port = node.rpartition(":")
         try:

@@ -188,7 +188,7 @@ async def cmd_reset(node, args):
 
 async def cmd_forget_cluster_node(node, args):
     _require_running(node)
-    target = args["node"]
+    target = configmod.node_name(args["node"], node.md.members)
     if target == node.name:
         raise ProtocolError(PRECONDITION_FAILED, "a node cannot forget itself: run reset on it instead")
     if target not in node.md.members:

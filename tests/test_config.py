@@ -255,3 +255,20 @@ def test_a_node_process_freezes_its_start_up_objects_and_collects_young_garbage_
             "print(gc.get_threshold() == GC_THRESHOLDS, gc.get_freeze_count() > 1000)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "True"], out.stderr
+
+
+def test_a_node_named_the_rabbitmqctl_way_is_found_by_the_name_after_the_at(home):
+    """`-n warren@n1` (cluster_status shows the cluster as warren@n1) or `-n rabbit@n1` from
+    habit reach node n1; a node whose own name holds an '@' is still found by that name; an
+    unknown node is still a clear error."""
+    from broker.config import ConfigError, lookup, node_name, register
+    register("n1", ("127.0.0.1", 25691), ("127.0.0.1", 5691), os.getpid())
+    register("edge@rack2", ("127.0.0.1", 25699), ("127.0.0.1", 5699), os.getpid())
+    assert lookup("n1") == lookup("warren@n1") == lookup("rabbit@n1") == ("127.0.0.1", 25691)
+    assert lookup("edge@rack2") == ("127.0.0.1", 25699)
+    assert lookup("10.0.0.5:25672") == ("10.0.0.5", 25672)
+    with pytest.raises(ConfigError, match="unknown node 'warren@n7'"):
+        lookup("warren@n7")
+    assert node_name("warren@n3", ["n1", "n2", "n3"]) == "n3"
+    assert node_name("warren@n9", ["n1", "n2", "n3"]) == "warren@n9"  # then "not a member"
+    assert node_name("a@b", ["a@b", "b"]) == "a@b"

@@ -391,3 +391,13 @@ def test_close_connection_closes_that_client_alone_with_the_explanation(cluster)
         for c in (victim, other):
             if c.is_open:
                 c.close()
+
+
+def test_nodes_named_the_rabbitmqctl_way(cluster):
+    """`warrenctl -n warren@n2` (the form cluster_status shows) reaches n2; a node to forget
+    may be named so too, and a member it does not name is refused as before."""
+    assert "Cluster status of node n2 ..." in cluster.ctl_ok("warren@n2", "cluster_status")
+    r = cluster.ctl("n1", "forget_cluster_node", "warren@n3")
+    assert r.returncode != 0 and "node n3 is running: stop its app first" in r.stderr, r.stderr
+    r = cluster.ctl("n1", "forget_cluster_node", "warren@n9")
+    assert r.returncode != 0 and "node warren@n9 is not a member" in r.stderr, r.stderr
