@@ -256,6 +256,8 @@ def run(argv=None) -> int:
                   file=sys.stderr)
             return 75
     if args.formatter == "json":
+        if getattr(args, "columns", None) and isinstance(value, list):
+            value = [{c: row.get(c) for c in columns} for row in value]  # the columns asked for
         print(json.dumps(value, indent=None if isinstance(value, list) else 2))
         return 0
     if columns is not None:

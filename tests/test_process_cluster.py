@@ -306,7 +306,7 @@ def test_list_exchanges_and_bindings_as_rabbitmqctl_does(cluster):
                 "amq.headers\theaders", "amq.match\theaders", "orders.topic\ttopic"} <= set(out[2:])
         (row,) = [r for r in cluster.ctl_json("n3", "list_exchanges", "name", "durable", "internal")
                   if r["name"] == "orders.topic"]
-        assert row["durable"] is True and row["internal"] is False
+        assert row == {"name": "orders.topic", "durable": True, "internal": False}  # as asked
 
         out = cluster.ctl_ok("n1", "list_bindings", "source_name", "destination_name", "routing_key").splitlines()
         assert out[:2] == ["Listing bindings for vhost /...", "source_name\tdestination_name\trouting_key"]
