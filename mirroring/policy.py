@@ -7,7 +7,9 @@ this file; the broker only carries the answers out):
   `make_policy`. Its definition is checked key by key by `parse_definition`; the first problem
   found raises PolicyError (PRECONDITION_FAILED) whose text names the offending key. Problems are
   looked for in a fixed order: the definition as a whole, unrecognised keys, then `ha-mode`,
-  `ha-params`, the keys that need `ha-mode`, then `queue-master-locator`.
+  `ha-params`, the keys that need `ha-mode`, `queue-master-locator`, then the queue limits
+  (`max-length`, `max-length-bytes`, `message-ttl`, `expires`, `overflow`: what the broker
+  carries out is mirroring/queue.py `limits_from`'s) and `queue-mode` (accepted, no effect).
 * `queue-master-locator` "min-masters" (RabbitMQ's older name) is stored as "balanced".
 * A queue's policy is the record whose pattern `re.search`es its name, whose apply_to is
   "queues" or "all", with the highest priority. Ties between equal priorities go to the policy
@@ -56,7 +58,17 @@ APPLY_TO = ("queues", "all", "exchanges")
 NEEDS_HA_MODE = ("ha-params", "ha-sync-mode", "ha-sync-batch-size", "ha-promote-on-failure",
                  "ha-promote-on-shutdown")
 
-KEYS = frozenset({"ha-mode", *NEEDS_HA_MODE, "queue-master-locator"})
+# Queue limits a policy may set, as RabbitMQ's policies do (the queue arguments x-max-length
+# and so on): {key: least allowed value}; `overflow` is a word. mirroring/queue.py
+# `limits_from` combines them with a queue's own arguments.
+LIMIT_KEYS = {"max-length": 0, "max-length-bytes": 0, "message-ttl": 0, "expires": 1}
+OVERFLOW_VALUES = ("drop-head", "reject-publish")
+# Accepted and without effect: lazy queues page messages to disk, and warren keeps every message
+# in memory (RabbitMQ itself ignores the key for classic queues from 3.12 on).
+QUEUE_MODES = ("default", "lazy")
+
+KEYS = frozenset({"ha-mode", *NEEDS_HA_MODE, "queue-master-locator", *LIMIT_KEYS, "overflow",
+                  "queue-mode"})
 
 
 def _show(value) -> str:
@@ -145,6 +157,19 @@ def parse_definition(definition: str | dict) -> dict:
         loc = LOCATOR_ALIASES.get(loc, loc) if isinstance(loc, str) else loc
         _one_of("queue-master-locator", loc, LOCATORS)
         out["queue-master-locator"] = loc
+    for key, least in LIMIT_KEYS.items():
+        if key in definition:
+            value = definition[key]
+            if not _is_int(value) or value < least:
+                kind = "a positive integer" if least else "a non-negative integer"
+                raise PolicyError(f"'{key}' must be {kind}, got {_show(value)}")
+            out[key] = value
+    if "overflow" in definition:
+        _one_of("overflow", definition["overflow"], OVERFLOW_VALUES)
+        out["overflow"] = definition["overflow"]
+    if "queue-mode" in definition:
+        _one_of("queue-mode", definition["queue-mode"], QUEUE_MODES)
+        out["queue-mode"] = definition["queue-mode"]
     return out
 
 

@@ -131,18 +131,30 @@ def check_arguments(name: str, arguments: dict) -> None:
                                                  f"{{unacceptable_type,{_amqp_type(arguments['x-cancel-on-ha-failover'])}}}")
 
 
-def limits_from(arguments: dict | None) -> Limits:
-    """The Limits of a queue's (already checked) arguments."""
-    if not arguments:
+def _lower(a, b):
+    """The stricter of two limits (None: none set)."""
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def limits_from(arguments: dict | None, policy: dict | None = None) -> Limits:
+    """The Limits of a queue's (already checked) arguments and the definition of the policy in
+    effect for it (already checked: mirroring/policy.py). Where both set a limit, RabbitMQ's
+    rule: the lower of the two lengths, sizes, TTLs and expiries; the queue's own `x-overflow`
+    over the policy's `overflow`."""
+    arguments = arguments or {}
+    policy = policy or {}
+    if not arguments and not policy:
         return NO_LIMITS
-    ttl = arguments.get("x-message-ttl")
-    exp = arguments.get("x-expires")
-    over = arguments.get("x-overflow")
+    ttl = _lower(arguments.get("x-message-ttl"), policy.get("message-ttl"))
+    exp = _lower(arguments.get("x-expires"), policy.get("expires"))
+    over = arguments.get("x-overflow", policy.get("overflow"))
     if isinstance(over, bytes):
         over = over.decode(errors="replace")
     lim = Limits(message_ttl=ttl / 1000.0 if isinstance(ttl, int) else None,
-                 max_length=arguments.get("x-max-length"),
-                 max_bytes=arguments.get("x-max-length-bytes"),
+                 max_length=_lower(arguments.get("x-max-length"), policy.get("max-length")),
+                 max_bytes=_lower(arguments.get("x-max-length-bytes"), policy.get("max-length-bytes")),
                  reject_publish=over == "reject-publish",
                  expires=exp / 1000.0 if isinstance(exp, int) else None)
     return NO_LIMITS if lim == NO_LIMITS else lim

@@ -60,9 +60,27 @@ def test_dict_definition_is_copied_not_shared():
 def test_every_key_accepted_together():
     d = {"ha-mode": "exactly", "ha-params": 3, "ha-sync-mode": "manual",
          "ha-sync-batch-size": 4096, "ha-promote-on-failure": "when-synced",
-         "ha-promote-on-shutdown": "always", "queue-master-locator": "client-local"}
+         "ha-promote-on-shutdown": "always", "queue-master-locator": "client-local",
+         "max-length": 1000, "max-length-bytes": 1 << 20, "message-ttl": 60000, "expires": 1800000,
+         "overflow": "reject-publish", "queue-mode": "lazy"}
     assert parse_definition(d) == d
     assert set(d) == KEYS
+
+
+def test_queue_limits_a_policy_may_set_and_their_bad_values():
+    """RabbitMQ's policy keys for a classic queue's limits (the queue arguments' twins), alone
+    or beside the ha keys; `queue-mode` is accepted and changes nothing in memory."""
+    assert parse_definition('{"max-length":0,"message-ttl":0}') == {"max-length": 0, "message-ttl": 0}
+    assert parse_definition({"queue-mode": "default"}) == {"queue-mode": "default"}
+    for key, bad, kind in (("max-length", -1, "a non-negative integer"),
+                           ("max-length-bytes", "10", "a non-negative integer"),
+                           ("message-ttl", 1.5, "a non-negative integer"),
+                           ("expires", 0, "a positive integer"),
+                           ("max-length", True, "a non-negative integer")):
+        err = refused({"ha-mode": "all", key: bad}, key)
+        assert f"must be {kind}" in err.text, err.text
+    assert "'drop-head', 'reject-publish'" in refused({"overflow": "reject-publish-dlx"}, "overflow").text
+    refused({"queue-mode": "paged"}, "queue-mode")
 
 
 def test_policy_error_is_a_protocol_error():
@@ -93,8 +111,9 @@ def test_empty_definition_refused(definition):
 
 
 def test_unrecognised_keys_are_named():
-    err = refused('{"ha-mode":"all","max-length":10,"expires":5}', "max-length")
-    assert "'expires'" in err.text and "not recognised policy settings" in err.text
+    err = refused('{"ha-mode":"all","dead-letter-exchange":"dlx","federation-upstream":"u"}',
+                  "dead-letter-exchange")
+    assert "'federation-upstream'" in err.text and "not recognised policy settings" in err.text
     refused({"ha-mode": "all", "ha_mode": "all"}, "ha_mode")  # near-misses are not forgiven
     refused({"HA-MODE": "all"}, "HA-MODE")
 

@@ -501,3 +501,17 @@ def test_acks_one_at_a_time_move_a_runs_mark_and_let_each_message_go():
     assert q.unacked_count == 990 and q.consumers[(A, "c")].in_flight == 990
     assert q.held_bodies(list(range(11, 1001)))[0] == b"m10"
     assert sorted(q.unacked)[:2] == [11, 12]  # the rest, spilled, starts after the mark
+
+
+def test_limits_of_a_policy_and_of_the_queue_arguments_combine_as_in_rabbitmq():
+    """The lower of the two for lengths, sizes, TTLs and expiries; the queue's own x-overflow
+    over the policy's overflow; either alone counts as given."""
+    from mirroring.queue import NO_LIMITS, limits_from
+    assert limits_from(None, None) is NO_LIMITS and limits_from({}, {"queue-mode": "lazy"}) is NO_LIMITS
+    lim = limits_from({"x-max-length": 10, "x-message-ttl": 5000, "x-overflow": "drop-head"},
+                      {"max-length": 4, "max-length-bytes": 2048, "message-ttl": 60000, "expires": 3000,
+                       "overflow": "reject-publish"})
+    assert (lim.max_length, lim.max_bytes, lim.message_ttl, lim.expires) == (4, 2048, 5.0, 3.0)
+    assert lim.reject_publish is False  # the queue's own x-overflow wins
+    assert limits_from({}, {"overflow": "reject-publish", "max-length": 1}).reject_publish is True
+    assert limits_from({"x-expires": 1000}, {"expires": 9000}).expires == 1.0

@@ -1123,3 +1123,47 @@ async def test_acks_of_a_promoted_leaders_redeliveries_wait_for_the_route_to_it(
             assert await pub.wait_for_confirms(timeout=10)
             await c.wait_for(lambda: {i for i, _, _ in got} == set(range(20)), 10,
                              "every message published after the failover delivered")
+
+
+async def test_a_policy_carries_queue_limits_as_rabbitmq_policies_do(tmp_path, autojump_clock):
+    """RabbitMQ's policies set a classic queue's limits besides its ha keys. `max-length` added
+    to the policy of a mirrored queue that holds ten messages drops its oldest six, on every
+    replica alike; where the queue's own x-max-length is lower, that one counts (the lower of
+    the two, RabbitMQ's rule); `overflow: reject-publish` from the policy nacks what does not
+    fit; `queue-mode: lazy` is accepted."""
+    async with sim_cluster(tmp_path) as c:
+        await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
+        async with c.connect("n1") as c1:
+            ch = await c1.channel()
+            await declare_on_all_nodes(c, ch, "ha.lim")
+            await ch.queue_declare("ha.own", durable=True, arguments={"x-max-length": 2})
+            await replicas_settled(c, "ha.own", ["n2", "n3"])
+            for i in range(10):
+                ch.publish_nowait("ha.lim", b"%d" % i)
+                ch.publish_nowait("ha.own", b"%d" % i)
+            assert await ch.wait_for_confirms(timeout=10)
+
+            def bodies(queue, node):
+                return [m[1] for m in mirror_state(c, queue, node).ready]
+
+            assert bodies("ha.lim", "n1") == [b"%d" % i for i in range(10)]
+            assert bodies("ha.own", "n1") == [b"8", b"9"]
+            await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all", "max-length": 4, "queue-mode": "lazy"})
+            await c.wait_for(lambda: all(bodies("ha.lim", n) == [b"6", b"7", b"8", b"9"]
+                                         for n in ("n1", "n2", "n3")), 5, "the oldest six dropped everywhere")
+            assert all(bodies("ha.own", n) == [b"8", b"9"] for n in ("n1", "n2", "n3"))  # its own 2 < 4
+            ch.publish_nowait("ha.own", b"10")
+            assert await ch.wait_for_confirms(timeout=10)
+            assert bodies("ha.own", "n1") == [b"9", b"10"]
+
+            await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all", "max-length": 4,
+                                                     "overflow": "reject-publish"})
+            nacked: set[int] = set()
+            ch.on_confirm = lambda first, last, ok, reason: None if ok else nacked.update(range(first, last + 1))
+            await trio.sleep(0.5)
+            ch.publish_nowait("ha.lim", b"too many")
+            assert not await ch.wait_for_confirms(timeout=10)
+            assert len(nacked) == 1
+            assert bodies("ha.lim", "n1") == [b"6", b"7", b"8", b"9"]
+            for n in ("n2", "n3"):
+                assert mirror_state(c, "ha.lim", n).comparable() == mirror_state(c, "ha.lim", "n1").comparable()
