@@ -33,8 +33,7 @@ import trio
 
 from mirroring import replica as rp
 from mirroring.metadata import client_delete
-from mirroring.planner import ha_for
-from mirroring.policy import effective_policy
+from mirroring.policy import effective_policy, ha_settings
 from mirroring.queue import limits_from
 from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_FOUND, ProtocolError
@@ -127,9 +126,9 @@ class Router:
                                 stall_after=cfg.net_ticktime)
 
     def _assign(self, qdef: dict, md) -> rp.Assign:
-        policy = effective_policy(md.policies, qdef["name"]) if md.policies else None
+        policy = effective_policy(md.policies, qdef["name"])  # its ha keys and its limits
         return rp.Assign(qdef["leader"], qdef.get("epoch", 1), list(qdef.get("mirrors", ())),
-                         list(qdef.get("synced", ())), ha_for(md.policies, qdef),
+                         list(qdef.get("synced", ())), ha_settings(policy, qdef.get("exclusive", False)),
                          bool(qdef.get("auto_delete")),
                          limits_from(qdef.get("arguments"), policy["definition"] if policy else None))
 
