@@ -267,6 +267,14 @@ MUTANTS = [
            ["tests/test_sim_mirroring.py::test_a_node_stopping_its_app_still_confirms_what_a_synchronised_mirror_holds"],
            "a node stopping its app holds even the confirms its synchronised mirrors make safe, and "
            "its publishers get nacks for messages that are kept"),
+    Mutant("old-epoch-publish-applied", "mirroring/replica.py",
+           "        if msg.epoch < self.epoch:\n",
+           "        if False:\n",
+           ["tests/test_replica_property.py::test_a_publish_parked_for_an_epoch_before_the_promotion_goes_out_flagged",
+            "tests/test_dst.py::test_regression_seeds"],
+           "a leader applies a publish batch sent to an earlier epoch as it comes: a later batch "
+           "makes the session's resend of earlier ones look applied, confirmed and never enqueued "
+           "(dst seed 122307)"),
     Mutant("settles-follow-a-stale-route", "broker/session.py",
            "            if route is None or route[1] < ahead:\n",
            "            if False:\n",
