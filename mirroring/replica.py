@@ -489,18 +489,21 @@ class Replica:
 
     # --- client operations (leader) ------------------------------------------------------------
     def _op_publish(self, msg: m.QPublish, now: float) -> None:
-        if msg.epoch < self.epoch:
-            # Sent to an earlier epoch of the queue (parked here, waiting for this replica to
-            # start, or slow on its link): its session resends it, in order with the batches
-            # before it, once its route names this epoch. Applied now, it could come before
-            # those earlier batches, and the resend of them would then look already applied
-            # (`seen` compares with the highest batch applied): confirmed and never enqueued
-            # (dst seed 122307: 645 confirmed messages lost, a new leader's replica started
-            # with batches 115-130 that had waited for it, then took the resend of 72-130).
-            return
-        self.round_bytes += sum(map(len, msg.bodies))
         owner = msg.owner
         q = self.q
+        if msg.epoch < self.epoch and msg.pseq != q.last_pseq.get((owner[0], owner[1]), 0) + 1:
+            # Sent to an earlier epoch of the queue (parked here, waiting for this replica to
+            # start, or slow on its link), and not the batch that follows the last one applied
+            # here: an earlier one of its publisher may be missing. Its session resends it, in
+            # order with those, once its route names this epoch. Applied now, it would count
+            # as accepted for the missing ones too (confirms are cumulative), and their resend
+            # would look already applied (`seen`): confirmed and never enqueued (dst seed
+            # 122307: 645 confirmed messages lost; a new leader's replica started with batches
+            # 115-130 that had waited for it, then took the resend of 72-130). The batch that
+            # follows on is applied (flagged below), as a client publishing to a queue it has
+            # just declared, before this node's replica has started, expects.
+            return
+        self.round_bytes += sum(map(len, msg.bodies))
         if not q.seen(owner, msg.pseq):
             limits = self.assign.limits
             bodies, props = msg.bodies, msg.props
@@ -513,7 +516,10 @@ class Replica:
                     bodies = [b for i, b in enumerate(bodies) if i not in drop]
                     if props is not None:
                         props = [p for i, p in enumerate(props) if i not in drop]
-            q.publish(bodies, props, owner, msg.pseq, msg.resent, now, limits.message_ttl)
+            # a batch first sent to an epoch before our reign (parked, or slow on its link) was
+            # resent meanwhile to whoever led then, who may have delivered it: flag it too
+            resent = msg.resent or msg.epoch < self.reign
+            q.publish(bodies, props, owner, msg.pseq, resent, now, limits.message_ttl)
         self.accepted[(owner[0], owner[1])] = msg.pseq
 
     def _op_settle(self, msg: m.QSettle, now: float) -> None:
