@@ -264,20 +264,19 @@ async def cmd_list_queues(node, args):
     return rows
 
 
-async def cmd_list_connections(node, args):
+async def _from_every_node(node, rpc: str, order=None) -> list:
+    """The rows `rpc` gives on every running node, together (sorted by the key `order`)."""
     _require_running(node)
-    rows = []
-    for per_node in (await _each_running_node(node, "connections", {})).values():
-        rows.extend(per_node)
-    return rows
+    rows = [row for per_node in (await _each_running_node(node, rpc, {})).values() for row in per_node]
+    return sorted(rows, key=order) if order is not None else rows
+
+
+async def cmd_list_connections(node, args):
+    return await _from_every_node(node, "connections")
 
 
 async def cmd_list_channels(node, args):
-    _require_running(node)
-    rows = []
-    for per_node in (await _each_running_node(node, "channels", {})).values():
-        rows.extend(per_node)
-    return sorted(rows, key=lambda r: (r["connection"], r["number"]))
+    return await _from_every_node(node, "channels", lambda r: (r["connection"], r["number"]))
 
 
 async def cmd_close_connection(node, args):
@@ -295,11 +294,7 @@ async def cmd_close_connection(node, args):
 
 
 async def cmd_list_consumers(node, args):
-    _require_running(node)
-    rows = []
-    for per_node in (await _each_running_node(node, "consumers", {})).values():
-        rows.extend(per_node)
-    return sorted(rows, key=lambda r: (r["queue_name"], r["consumer_tag"]))
+    return await _from_every_node(node, "consumers", lambda r: (r["queue_name"], r["consumer_tag"]))
 
 
 async def cmd_delete_queue(node, args):

@@ -31,6 +31,18 @@ CONSUMER_COLUMNS = ("queue_name", "channel", "consumer_tag", "ack_required", "pr
                     "exclusive", "arguments")
 
 
+# The list commands: their valid columns, the columns shown when none are named, the header.
+LISTINGS = {
+    "list_queues": (QUEUE_COLUMNS, DEFAULT_QUEUE_COLUMNS, "Listing queues for vhost / ..."),
+    "list_connections": (CONNECTION_COLUMNS, ("name", "node", "peer", "user"), "Listing connections ..."),
+    "list_channels": (CHANNEL_COLUMNS, DEFAULT_CHANNEL_COLUMNS, "Listing channels ..."),
+    "list_consumers": (CONSUMER_COLUMNS, CONSUMER_COLUMNS, "Listing consumers in vhost / ..."),
+    "list_exchanges": (EXCHANGE_COLUMNS, DEFAULT_EXCHANGE_COLUMNS, "Listing exchanges for vhost / ..."),
+    "list_bindings": (BINDING_COLUMNS, BINDING_COLUMNS, "Listing bindings for vhost /..."),
+    "list_policies": (POLICY_COLUMNS, POLICY_COLUMNS, 'Listing policies for vhost "/" ...'),
+}
+
+
 def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     d = (lambda v: v) if defaults else (lambda v: argparse.SUPPRESS)
     p.add_argument("-n", "--node", default=d(os.environ.get("WARREN_NODE", "warren")),
@@ -188,25 +200,11 @@ def run(argv=None) -> int:
             return 2
         # rabbitmqctl's `absolute 1073741824` is bytes; a bare number is otherwise a fraction
         payload["value"] = words[0] + "B" if absolute and words[0].isdigit() else words[0]
-    elif cmd == "list_queues":
-        columns = args.columns or list(DEFAULT_QUEUE_COLUMNS)
-        payload["columns"] = columns
-        header = "Listing queues for vhost / ..."
-    elif cmd == "list_connections":
-        columns = args.columns or ["name", "node", "peer", "user"]
-        header = "Listing connections ..."
-    elif cmd == "list_channels":
-        columns = args.columns or list(DEFAULT_CHANNEL_COLUMNS)
-        header = "Listing channels ..."
-    elif cmd == "list_consumers":
-        columns = args.columns or list(CONSUMER_COLUMNS)
-        header = "Listing consumers in vhost / ..."
-    elif cmd == "list_exchanges":
-        columns = args.columns or list(DEFAULT_EXCHANGE_COLUMNS)
-        header = "Listing exchanges for vhost / ..."
-    elif cmd == "list_bindings":
-        columns = args.columns or list(BINDING_COLUMNS)
-        header = "Listing bindings for vhost /..."
+    elif cmd in LISTINGS:
+        valid, default, header = LISTINGS[cmd]
+        columns = getattr(args, "columns", None) or list(default)
+        if cmd == "list_queues":
+            payload["columns"] = columns  # the node builds only these
     elif cmd == "close_connection":
         payload.update(name=args.name, explanation=args.explanation)
     elif cmd in ("delete_queue", "purge_queue", "sync_queue", "cancel_sync_queue"):
@@ -224,14 +222,7 @@ def run(argv=None) -> int:
     elif cmd == "clear_policy":
         payload["name"] = args.name
         print(f'Clearing policy "{args.name}" on vhost "/" ...', file=sys.stderr)
-    elif cmd == "list_policies":
-        columns = list(POLICY_COLUMNS)
-        header = "Listing policies for vhost \"/\" ..."
     for c in columns or []:
-        valid = {"list_queues": QUEUE_COLUMNS, "list_connections": CONNECTION_COLUMNS,
-                 "list_consumers": CONSUMER_COLUMNS, "list_policies": POLICY_COLUMNS,
-                 "list_channels": CHANNEL_COLUMNS,
-                 "list_exchanges": EXCHANGE_COLUMNS, "list_bindings": BINDING_COLUMNS}[cmd]
         if c not in valid:
             print(f"Error: unknown column {c!r} for {cmd}; valid: {' '.join(valid)}", file=sys.stderr)
             return 2
