@@ -895,19 +895,14 @@ class Session:
         new one counted those deliveries in flight for good: its consumer got nothing more
         (dst seed 116560: a consumer's node woke from a freeze to the deposed leader's late
         batch and the promoted one's redelivery of it, 1,000 deliveries at prefetch 500, and
-        the acks of both went to the deposed leader)."""
-        ahead = self._ahead.get(qname)
-        if ahead is not None:
-            route = self.routes.get(qname)
-            if route is None or route[1] < ahead:
-                self._held_settles.setdefault(qname, []).append(msg)
-                return
-            # a route that caught up without a resend. Not expected: every route change goes
-            # through `_resend`, which releases what is held, and `_drop_route` forgets both;
-            # kept as a guard so that nothing held could wait for good. Held settles go first.
-            del self._ahead[qname]
-            for held in self._held_settles.pop(qname, ()):
-                self.router.to_leader(qname, held)
+        the acks of both went to the deposed leader).
+
+        While `_ahead` names the queue, its route is behind: a route only changes in
+        `meta_changed`, whose `_resend` releases the held settles (and forgets the mark) once
+        the route reaches that epoch, and `_drop_route` forgets both."""
+        if qname in self._ahead:
+            self._held_settles.setdefault(qname, []).append(msg)
+            return
         self.router.to_leader(qname, msg)
 
     def on_nack(self, msg):

@@ -727,8 +727,13 @@ class Replica:
         return choose_promotion(self.assign.ha, mirrors, set(self.assign.synced), set(mirrors),
                                 shutdown=True) is not None
 
+    def _holds_confirms(self) -> bool:
+        """Must confirms wait (in `_held_confirms`)? While this node is out of step with the
+        metadata log, or leaving with nothing that would outlive it (`_outlives_its_node`)."""
+        return not self.in_step or self.leaving and not self._outlives_its_node()
+
     def _release(self, accepted: dict) -> None:
-        if not self.in_step or self.leaving and not self._outlives_its_node():
+        if self._holds_confirms():
             merge_accepted(self._held_confirms, accepted)
             return
         name = self.name
@@ -984,7 +989,7 @@ class Replica:
         if self.state is S.STOPPED:
             return False
         more = False
-        if self._held_confirms and self.in_step and not (self.leaving and not self._outlives_its_node()):
+        if self._held_confirms and not self._holds_confirms():
             held, self._held_confirms = self._held_confirms, {}
             self._release(held)
         if self.state in SERVING:

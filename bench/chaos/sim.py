@@ -183,8 +183,9 @@ REGRESSIONS: dict[str, int | tuple] = {
     "acks-of-a-newer-leaders-deliveries-sent-to-the-old": (116560, (6, 12), None, 600),
     # eighth stop's campaign: a new leader's replica started with publish batches 115-130 that
     # had waited for it (sent to the epoch before), then took its session's resend of 72-130;
-    # 72-114 looked applied, were confirmed and never enqueued: 645 lost (fixed: a leader
-    # ignores what was sent to an earlier epoch; the session's resend brings it, in order)
+    # 72-114 looked applied, were confirmed and never enqueued: 645 lost (fixed: a batch sent
+    # to an earlier epoch is applied only if it follows on from the publisher's last one; any
+    # other waits for the session's resend, which brings them in order)
     "old-epoch-batch-applied-before-the-resend": (122307, (6, 12), None, 600),
 }
 
