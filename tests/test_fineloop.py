@@ -85,6 +85,7 @@ def test_trio_sleep_is_on_time_in_order_and_cancellable(monkeypatch):
     of the machine leaves due in one pass are run in the order trio picks for a batch, which
     need not be the order they were woken in."""
     import trio
+    import trio.testing
 
     woken: list = []
     reschedule = trio.lowlevel.reschedule
@@ -122,6 +123,32 @@ def test_trio_sleep_is_on_time_in_order_and_cancellable(monkeypatch):
         assert [e[2] for e in fine.timers] == [None]  # dropped when its time comes
         await trio.sleep(0.02)
         assert fine.timers == []
+        # a long sleep is kept in the same heap (no cancel scope), wakes EARLY in epoll (whose
+        # whole milliseconds would make it late by up to one) and waits out the rest exactly:
+        # never early, and the best of five well inside 1 ms
+        inner, handed = fine._epoll, []
+
+        class Recording:
+            def poll(self, timeout=-1, maxevents=-1):
+                handed.append(timeout)
+                return inner.poll(timeout, maxevents)
+
+        fine._epoll = Recording()
+        lateness = []
+        slept.clear()
+        for _ in range(5):
+            async with trio.open_nursery() as n:
+                n.start_soon(sleeper, 3 * fineloop.LONG_WAIT)
+                await trio.testing.wait_all_tasks_blocked()
+                assert len(fine.timers) == 1
+            (d, took), = slept.values()
+            assert took >= d
+            lateness.append(took - d)
+            slept.clear()
+        assert min(lateness) < 0.0009, lateness
+        longest = max(t for t in handed if t is not None)
+        assert 0 < longest <= 3 * fineloop.LONG_WAIT - fineloop.EARLY, handed
+        fine._epoll = inner
 
     trio.run(main)
 
