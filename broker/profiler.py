@@ -1,20 +1,31 @@
-"""A profile of one window of a node's life, to see where its time goes under a benchmark.
+"""Two looks at where a node's time goes under a benchmark, both off unless their environment
+variable is set in a `warren-server`'s environment (a benchmark's nodes inherit it).
 
-`WARREN_PROFILE=DIR,AFTER,SECONDS` in a `warren-server`'s environment (a benchmark's nodes
-inherit it) runs cProfile from AFTER seconds after the node starts, for SECONDS, and writes
-DIR/NAME.prof; read it with `python -m pstats DIR/NAME.prof`. Every task of the node runs in one
-thread, so the profile covers them all. Off unless set: while it runs, the profiler costs the
-node much of its speed, so what it gives are shares and call counts, not timings.
+`WARREN_PROFILE=DIR,AFTER,SECONDS` runs cProfile from AFTER seconds after the node starts, for
+SECONDS, and writes DIR/NAME.prof; read it with `python -m pstats DIR/NAME.prof`. Every task of
+the node runs in one thread, so the profile covers them all. While it runs, the profiler costs
+the node much of its speed, so what it gives are shares and call counts, not timings.
+
+`WARREN_SLOW_STEPS=DIR,MS` writes DIR/NAME.steps, one JSON line for every step of a trio task
+(the run from one `await` to the next) that took MS milliseconds or more of wall time: when it
+ended, the task's name, its wall time and the thread's CPU time over it. A step whose CPU time
+is near its wall time did that much work (a big batch, a slow function); one whose CPU time is
+a small part of it was descheduled in the middle, waiting for a core (docs/measurements.md,
+"ninth stop": on two shared cores most long steps are of that kind). It costs two clock reads
+per step, so the timings stay close to a node's own.
 """
 
 from __future__ import annotations
 
 import cProfile
+import json
 import os
+import time
 
 import trio
 
 ENV = "WARREN_PROFILE"
+STEPS_ENV = "WARREN_SLOW_STEPS"
 
 
 def window_from_env(text: str | None) -> tuple[str, float, float] | None:
@@ -47,3 +58,44 @@ async def profile_window(path: str, after: float, seconds: float) -> None:
         prof.disable()
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         prof.dump_stats(path)
+
+
+def steps_from_env(text: str | None) -> tuple[str, float] | None:
+    """WARREN_SLOW_STEPS's value -> (directory, threshold in seconds), None when unset;
+    ValueError saying what is expected otherwise."""
+    if not text or not text.strip():
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        if len(parts) != 2 or not parts[0]:
+            raise ValueError
+        ms = float(parts[1])
+        if not ms > 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{STEPS_ENV}={text!r}: expected DIR,MS (a directory, then the wall time "
+                         f"in milliseconds from which a task's step is written, e.g. /tmp/steps,0.5)") from None
+    return parts[0], ms / 1000
+
+
+class SlowSteps(trio.abc.Instrument):
+    """A trio instrument that writes every task step of `threshold` seconds or more to `path`
+    (see above). Lines are written as they come, so a node killed mid-run keeps them."""
+
+    def __init__(self, path: str, threshold: float):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the node's life
+        self._threshold = threshold
+        self._wall = 0.0
+        self._cpu = 0.0
+
+    def before_task_step(self, task) -> None:
+        self._wall = time.perf_counter()
+        self._cpu = time.thread_time()
+
+    def after_task_step(self, task) -> None:
+        wall = time.perf_counter() - self._wall
+        if wall >= self._threshold:
+            cpu = time.thread_time() - self._cpu
+            self._out.write(json.dumps({"t": round(time.time(), 6), "task": task.name,
+                                        "wall_ms": round(wall * 1000, 3), "cpu_ms": round(cpu * 1000, 3)}) + "\n")

@@ -183,6 +183,7 @@ def main(argv=None) -> None:
         _fail(str(exc), 2)
     try:
         profile = profiler.window_from_env(os.environ.get(profiler.ENV))
+        steps = profiler.steps_from_env(os.environ.get(profiler.STEPS_ENV))
     except ValueError as exc:
         _fail(str(exc), 2)
     logmod.configure(cfg.log_format, cfg.log_level)
@@ -201,8 +202,10 @@ def main(argv=None) -> None:
     sched_problem = apply_sched_policy(cfg.sched_policy)
     if sched_problem:
         node.log.warning("scheduling policy not applied", policy=cfg.sched_policy, reason=sched_problem)
+    instruments = [] if steps is None else [
+        profiler.SlowSteps(os.path.join(steps[0], f"{cfg.name}.steps"), steps[1])]
     try:
-        trio.run(serve, cfg, node, profile)
+        trio.run(serve, cfg, node, profile, instruments=instruments)
     except (OSError, BaseExceptionGroup) as exc:
         os_error = _first_os_error(exc)
         if os_error is None:
