@@ -54,16 +54,16 @@ def test_the_slow_step_threshold_is_read_from_the_environment_or_refused_saying_
 
 
 def test_slow_steps_are_written_with_their_cpu_time_and_quick_ones_are_not(tmp_path):
-    """A step that works 30 ms shows CPU near its wall time; one blocked 30 ms (what a step
-    descheduled mid-way looks like from inside) shows next to none; quick steps are left out."""
+    """A step that works 30 ms of CPU shows them; one blocked 30 ms (what a step descheduled
+    mid-way looks like from inside) shows next to no CPU; quick steps are left out."""
     import json
     import time
 
     path = tmp_path / "steps" / "n1.steps"
 
-    async def busy():
-        end = time.perf_counter() + 0.03
-        while time.perf_counter() < end:
+    async def busy():  # 30 ms of this thread's CPU, however long a loaded machine makes it
+        end = time.thread_time() + 0.03
+        while time.thread_time() < end:
             pass
         await trio.sleep(0)
 
@@ -84,7 +84,7 @@ def test_slow_steps_are_written_with_their_cpu_time_and_quick_ones_are_not(tmp_p
     trio.run(main, instruments=[profiler.SlowSteps(str(path), 0.01)])
     rows = {r["task"]: r for r in map(json.loads, path.read_text().splitlines())}
     assert set(rows) == {"busy", "blocked"}, rows
-    assert rows["busy"]["wall_ms"] >= 30 and rows["busy"]["cpu_ms"] >= 0.6 * rows["busy"]["wall_ms"]
+    assert rows["busy"]["cpu_ms"] >= 29 and rows["busy"]["wall_ms"] >= rows["busy"]["cpu_ms"] - 1
     assert rows["blocked"]["wall_ms"] >= 30 and rows["blocked"]["cpu_ms"] < 5
 
 
