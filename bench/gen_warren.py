@@ -45,6 +45,7 @@ from broker.client.errors import AMQPConnectionError, AMQPError
 BATCH = 200  # publishes between yields to the scheduler
 _NOT_CORKED = contextlib.nullcontext()
 MULTIPLE_EVERY = 100  # ack: multiple acks this many deliveries at once
+NUDGE = 0.05  # seconds: how often producers waiting for room look again (see _nudge)
 
 
 def declare(addresses: list[str], queues: list[str], durable: bool, delete: bool = False,
@@ -97,6 +98,17 @@ async def _watch(shared: Shared, gate: "_Gate") -> None:
         event.set()
 
 
+async def _nudge(gate: "_Gate") -> None:
+    """Every 50 ms, wake the producers waiting for room in their confirm window, to look again
+    at the clock and the runner's stop (a broker that stalls sends no confirm to wake them). One
+    timer for the process: a timeout on each wait cost a cancel scope per message in a closed
+    loop of hundreds of connections."""
+    while True:
+        await trio.sleep(NUDGE)
+        for room in gate.waiting:
+            room.set()
+
+
 async def _report(shared: Shared, totals: list[int], last: list[int], gate: "_Gate") -> None:
     """Every 0.25 s: add this process's new counts to the shared totals and read the runner's
     stop flag (a multiprocessing Event takes a lock: too dear to read per message)."""
@@ -123,6 +135,7 @@ class _Gate:
         self.consume = trio.Event()  # the runner's consume and stop flags (set by _watch)
         self.stop = trio.Event()
         self.done = 0  # producers that are through (published and confirmed, or gave up)
+        self.waiting: set = set()  # the Events of producers waiting for room (see _nudge)
         self.all_finished = trio.Event()
 
     def ready(self) -> None:
@@ -151,6 +164,7 @@ async def _run_role(spec: dict, shared: Shared, records: list, task) -> list:
     async with trio.open_nursery() as outer:
         outer.start_soon(_report, shared, totals, last, gate)
         outer.start_soon(_watch, shared, gate)
+        outer.start_soon(_nudge, gate)
         async with trio.open_nursery() as n:
             n.start_soon(gate.run)
             for rec in records:
@@ -257,9 +271,12 @@ async def _publish(spec, gate: _Gate, conn, ch, rec: PublishRecord, t0: float, t
             if pacer is not None and pacer.due(now) <= sent:  # all that is due is out (corked)
                 await fineloop.trio_sleep(pacer.wait(sent, now))
             else:
-                state["room"] = trio.Event()
-                with trio.move_on_after(0.05):
-                    await state["room"].wait()
+                room = state["room"] = trio.Event()
+                gate.waiting.add(room)  # `_nudge` sets it within 50 ms if no confirm does
+                try:
+                    await room.wait()
+                finally:
+                    gate.waiting.discard(room)
             continue
         if not conn.connected.is_set():
             await trio.sleep(0.01)

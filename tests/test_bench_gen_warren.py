@@ -165,3 +165,27 @@ def test_a_finished_producer_waits_for_its_confirms_without_polling_then_for_the
     # the 0.4 s wait made it about 40 more each (2,000 here)
     assert steps["producer"] < 20 * n, steps
     assert len(closed) == n and min(closed) >= last_confirm[0] - 0.003, (min(closed), last_confirm)
+
+
+def test_producers_with_a_full_window_and_no_confirms_still_stop_at_their_end(monkeypatch):
+    """A broker that stalls sends no confirm to wake a producer waiting for room: the process's
+    nudge (one timer, not a timeout per wait) makes it look at the clock again, so it stops
+    publishing at its end time and gives up on its confirms after `confirm_timeout`."""
+    sent: list = []
+    closed: list = []
+    monkeypatch.setattr(gen_warren, "open_connection",
+                        lambda addresses, client_name: fake_publisher_connection(sent, closed))
+    n, window = 20, 2
+    spec = {"scenario": {"message_size": 64, "confirms": True, "confirm_window": window, "warmup": 0,
+                         "duration": 0.3, "messages": 0},
+            "queues": ["q"], "nodes": ["a", "b", "c"], "indices": list(range(n)), "rate": 0,
+            "rate_total": 0, "producers": n, "limits": [0] * n, "confirm_timeout": 0.2}
+
+    async def main():
+        with trio.fail_after(5):
+            return await gen_warren._producers(spec, FakeShared())
+
+    t = time.monotonic()
+    records = trio.run(main)
+    assert time.monotonic() - t < 2
+    assert [len(r.t_pub) for r in records] == [window] * n and len(closed) == n
