@@ -116,15 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("target", help="a node of the cluster to join (NAME or HOST:PEER_PORT)")
     f = command("forget_cluster_node")
     f.add_argument("target", help="the node to remove (its app must be stopped)")
-    lq = command("list_queues")
-    lq.add_argument("-p", "--vhost", default="/")
-    lq.add_argument("columns", nargs="*", metavar="COLUMN", help=" ".join(QUEUE_COLUMNS))
-    for name, valid in (("list_connections", CONNECTION_COLUMNS), ("list_channels", CHANNEL_COLUMNS),
-                        ("list_consumers", CONSUMER_COLUMNS),
-                        ("list_exchanges", EXCHANGE_COLUMNS), ("list_bindings", BINDING_COLUMNS)):
+    for name, (valid, _, _) in LISTINGS.items():
         s = command(name)
         s.add_argument("-p", "--vhost", default="/")
-        s.add_argument("columns", nargs="*", metavar="COLUMN", help=" ".join(valid))
+        if name != "list_policies":  # rabbitmqctl's list_policies takes no columns
+            s.add_argument("columns", nargs="*", metavar="COLUMN", help=" ".join(valid))
     cc = command("close_connection")
     cc.add_argument("name", help="the connection's name, NODE/NUMBER, from list_connections")
     cc.add_argument("explanation", nargs="?", default="closed by warrenctl",
@@ -143,8 +139,6 @@ def build_parser() -> argparse.ArgumentParser:
     cp = command("clear_policy")
     cp.add_argument("-p", "--vhost", default="/")
     cp.add_argument("name")
-    lp = command("list_policies")
-    lp.add_argument("-p", "--vhost", default="/")
     # the subcommand list argparse prints under "commands", in COMMAND_HELP's order
     sub._choices_actions.sort(key=lambda a: list(COMMAND_HELP).index(a.dest))
     return p

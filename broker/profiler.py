@@ -28,22 +28,31 @@ ENV = "WARREN_PROFILE"
 STEPS_ENV = "WARREN_SLOW_STEPS"
 
 
+def _from_env(name: str, text: str | None, convert, expected: str):
+    """`convert` of the comma-separated parts of an environment variable's value; None when it
+    is unset or blank; ValueError saying what is `expected` when `convert` refuses them."""
+    if not text or not text.strip():
+        return None
+    try:
+        return convert([p.strip() for p in text.split(",")])
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected {expected}") from None
+
+
+def _window(parts: list[str]) -> tuple[str, float, float]:
+    if len(parts) != 3 or not parts[0]:
+        raise ValueError
+    after, seconds = float(parts[1]), float(parts[2])
+    if after < 0 or seconds <= 0:
+        raise ValueError
+    return parts[0], after, seconds
+
+
 def window_from_env(text: str | None) -> tuple[str, float, float] | None:
     """WARREN_PROFILE's value -> (directory, after, seconds), None when unset; ValueError saying
     what is expected otherwise."""
-    if not text or not text.strip():
-        return None
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        if len(parts) != 3 or not parts[0]:
-            raise ValueError
-        after, seconds = float(parts[1]), float(parts[2])
-        if after < 0 or seconds <= 0:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"{ENV}={text!r}: expected DIR,AFTER,SECONDS (a directory, then seconds "
-                         f"to wait and seconds to profile, e.g. /tmp/prof,12,5)") from None
-    return parts[0], after, seconds
+    return _from_env(ENV, text, _window, "DIR,AFTER,SECONDS (a directory, then seconds to wait "
+                                         "and seconds to profile, e.g. /tmp/prof,12,5)")
 
 
 async def profile_window(path: str, after: float, seconds: float) -> None:
@@ -60,22 +69,21 @@ async def profile_window(path: str, after: float, seconds: float) -> None:
         prof.dump_stats(path)
 
 
+def _steps(parts: list[str]) -> tuple[str, float]:
+    if len(parts) != 2 or not parts[0]:
+        raise ValueError
+    ms = float(parts[1])
+    if not ms > 0:
+        raise ValueError
+    return parts[0], ms / 1000
+
+
 def steps_from_env(text: str | None) -> tuple[str, float] | None:
     """WARREN_SLOW_STEPS's value -> (directory, threshold in seconds), None when unset;
     ValueError saying what is expected otherwise."""
-    if not text or not text.strip():
-        return None
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        if len(parts) != 2 or not parts[0]:
-            raise ValueError
-        ms = float(parts[1])
-        if not ms > 0:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"{STEPS_ENV}={text!r}: expected DIR,MS (a directory, then the wall time "
-                         f"in milliseconds from which a task's step is written, e.g. /tmp/steps,0.5)") from None
-    return parts[0], ms / 1000
+    return _from_env(STEPS_ENV, text, _steps, "DIR,MS (a directory, then the wall time in "
+                                              "milliseconds from which a task's step is written, "
+                                              "e.g. /tmp/steps,0.5)")
 
 
 class SlowSteps(trio.abc.Instrument):
