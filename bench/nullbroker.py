@@ -12,6 +12,18 @@ what the generator can do when the broker costs next to nothing. When those are 
 a real broker reaches in the same suite, the generator was not the limit (bench/README.md).
 The tests also use it to exercise the AMQP generator where no RabbitMQ is installed.
 
+Mirrored (`--mirrors PORT,PORT`, the `null-mirrored` target): a floor for `ha-mode: all`. Each
+mirror is a process of its own (`python -m bench.nullbroker --mirror --ports PORT`) that reads
+length-prefixed records and answers each read that held publishes with the count of publishes
+it has had so far (8 bytes). The broker sends every stored body to every mirror (one write per
+mirror per read of a client), and confirms a publish only when every mirror has counted it, so
+a confirm crosses the hops a mirrored one does (producer, leader, mirrors, leader, producer) and
+nothing else: no queue state on the mirrors, no metadata, no checks. A consumer's acks ride to
+the mirrors with the next publish, as warren's do. Deliveries leave at once from the leader's
+process (the consumer connects to it: one hop fewer than on a real cluster, where it is on
+another node). What a run of it gives is what a multi-process Python broker could at best do on
+the machine, since any real one does all this and more (bench/README.md, "The floor").
+
 Frames are split on their headers; methods are decoded by pamqp, except `basic.publish` and
 `basic.ack` on the hot path, read with `struct` (checked against pamqp in the tests); deliveries
 are pamqp-marshalled templates with the delivery tag put in.
@@ -31,6 +43,8 @@ from pamqp import frame as pframe
 from pamqp import header as pheader
 
 _HEAD = struct.Struct(">BHI")
+_REC = struct.Struct(">I")  # a record's length, to a mirror
+_COUNT = struct.Struct(">Q")  # a mirror's answer: publishes counted so far
 _INDEX = struct.Struct(">I")
 _U64_BITS = struct.Struct(">QB")
 PUBLISH = C.Basic.Publish.index
@@ -64,6 +78,34 @@ class Broker:
     def __init__(self):
         self.queues: dict[str, Queue] = {}
         self.dirty: set[Queue] = set()
+        self.mirrors: list[_MirrorLink] = []  # none: confirm at once
+        self.sent = 0  # publishes sent to the mirrors
+        self.waiting: deque = deque()  # (publishes sent, channel, its publish count) to confirm
+        self.closing = False
+
+    def mirror(self, body: bytes) -> None:
+        """Send a stored body to every mirror (written at the end of the read)."""
+        self.sent += 1
+        rec = _REC.pack(len(body) + 1) + b"P" + body
+        for m in self.mirrors:
+            m.out.append(rec)
+            m.publishes = True
+
+    def mirror_ack(self, tag: int, multiple: bool) -> None:
+        """A consumer's ack, for the mirrors: it waits for the next publish's write."""
+        rec = _REC.pack(10) + b"A" + _U64_BITS.pack(tag, multiple)
+        for m in self.mirrors:
+            m.out.append(rec)
+
+    def confirm_counted(self) -> None:
+        """Confirm what every mirror has counted."""
+        low = min(m.counted for m in self.mirrors)
+        waiting = self.waiting
+        while waiting and waiting[0][0] <= low:
+            _, ch, upto = waiting.popleft()
+            if upto > ch.confirmed and not ch.closed:
+                ch.confirmed = upto
+                ch.conn.send(C.Basic.Ack(delivery_tag=upto, multiple=True), ch.number)
 
     def queue(self, name: str) -> Queue:
         q = self.queues.get(name)
@@ -108,6 +150,7 @@ class _Channel:
         self.confirming = False
         self.published = 0
         self.confirmed = 0
+        self.noted = 0  # publishes waiting on the mirrors for their confirm (mirrored only)
         self.prefetch = 0
         self.tag = 0
         self.unacked = 0
@@ -184,6 +227,8 @@ class _Connection(asyncio.Protocol):
                         ch.unacked = max(0, ch.unacked - (tag - (ch.tag - ch.unacked)))
                     else:
                         ch.unacked = max(0, ch.unacked - 1)
+                    if broker.mirrors:
+                        broker.mirror_ack(tag, bool(bits & 1))
                     for c in ch.consumers:
                         broker.dirty.add(c.queue)
                 else:
@@ -195,9 +240,16 @@ class _Connection(asyncio.Protocol):
         self.buf = buf[off:] if off < n else b""
         for c in self.channels.values():
             if c.confirming and c.confirmed < c.published:
-                c.confirmed = c.published
-                self.send(C.Basic.Ack(delivery_tag=c.published, multiple=True), c.number)
+                if broker.mirrors:
+                    if c.noted < c.published:
+                        c.noted = c.published
+                        broker.waiting.append((broker.sent, c, c.published))
+                else:
+                    c.confirmed = c.published
+                    self.send(C.Basic.Ack(delivery_tag=c.published, multiple=True), c.number)
         broker.pump()
+        for m in broker.mirrors:
+            m.flush()
         _flush_all()
 
     def _stored(self, ch: _Channel) -> None:
@@ -206,6 +258,8 @@ class _Connection(asyncio.Protocol):
         ch.pending_queue = None
         ch.pending_parts = []
         ch.published += 1
+        if self.broker.mirrors:
+            self.broker.mirror(q.messages[-1])
         if q.consumers:
             self.broker.dirty.add(q)
 
@@ -267,27 +321,113 @@ def _flush_all() -> None:
         c.out = []
 
 
-async def serve(host: str, ports: list[int]) -> None:
+class _MirrorLink(asyncio.Protocol):
+    """The broker's connection to one mirror: records out, counts back."""
+
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.transport = None
+        self.out: list = []
+        self.publishes = False  # `out` holds a publish: write it (acks alone wait)
+        self.counted = 0
+        self.buf = b""
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        if not self.broker.closing:
+            print(f"null broker: a mirror went away ({exc or 'closed'})", flush=True)
+            os._exit(1)
+
+    def flush(self) -> None:
+        if self.publishes:
+            self.publishes = False
+            self.transport.write(b"".join(self.out))
+            self.out = []
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data
+        whole = len(buf) - len(buf) % 8
+        if whole:
+            self.counted = _COUNT.unpack_from(buf, whole - 8)[0]
+            self.broker.confirm_counted()
+            _flush_all()
+        self.buf = buf[whole:]
+
+
+class _Mirror(asyncio.Protocol):
+    """A mirror process's end: count the publishes of each read, answer with the total."""
+
+    def __init__(self):
+        self.transport = None
+        self.buf = b""
+        self.count = 0
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        off, n, got = 0, len(buf), 0
+        while n - off >= 4:
+            size = _REC.unpack_from(buf, off)[0]
+            if n - off - 4 < size:
+                break
+            if buf[off + 4] == 0x50:  # b"P"
+                got += 1
+            off += 4 + size
+        self.buf = buf[off:]
+        if got:
+            self.count += got
+            self.transport.write(_COUNT.pack(self.count))
+
+
+async def serve(host: str, ports: list[int], mirrors: list[int] = ()) -> None:
     broker = Broker()
 
     loop = asyncio.get_running_loop()
+    for port in mirrors:
+        _, link = await loop.create_connection(lambda: _MirrorLink(broker), host, port)  # (asyncio sets TCP_NODELAY)
+        broker.mirrors.append(link)
     servers = [await loop.create_server(lambda: _Connection(broker), host, port, backlog=1024)
                for port in ports]
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"null broker {os.getpid()} on {', '.join(f'{host}:{p}' for p in ports)}", flush=True)
+    print(f"null broker {os.getpid()} on {', '.join(f'{host}:{p}' for p in ports)}"
+          + (f", mirrored to {', '.join(map(str, mirrors))}" if mirrors else ""), flush=True)
     await stop.wait()
+    broker.closing = True
     for s in servers:
         s.close()
+
+
+async def serve_mirror(host: str, port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Mirror, host, port)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"null mirror {os.getpid()} on {host}:{port}", flush=True)
+    await stop.wait()
+    server.close()
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.nullbroker", description=__doc__.split("\n\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--ports", required=True, help="comma-separated ports, one per pretend node")
+    ap.add_argument("--mirrors", default="", help="comma-separated ports of null mirrors to mirror every queue to")
+    ap.add_argument("--mirror", action="store_true", help="be a null mirror on the one port of --ports")
     args = ap.parse_args(argv)
-    asyncio.run(serve(args.host, [int(p) for p in args.ports.split(",")]))
+    ports = [int(p) for p in args.ports.split(",")]
+    if args.mirror:
+        if len(ports) != 1:
+            ap.error("a mirror listens on one port")
+        asyncio.run(serve_mirror(args.host, ports[0]))
+        return
+    asyncio.run(serve(args.host, ports, [int(p) for p in args.mirrors.split(",") if p]))
 
 
 if __name__ == "__main__":

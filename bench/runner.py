@@ -42,10 +42,10 @@ from bench.targets import (
 from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
 from bench.workload import Scenario, load, resolve, select
 
-TARGETS = ("warren-native", "warren-amqp", "rabbitmq", "null")
+TARGETS = ("warren-native", "warren-amqp", "rabbitmq", "null", "null-mirrored")
 ALIASES = {"warren": ["warren-native"], "both": ["warren-native", "rabbitmq"],
            "all": ["warren-native", "warren-amqp", "rabbitmq"]}
-AMQP_TARGETS = ("warren-amqp", "rabbitmq", "null")
+AMQP_TARGETS = ("warren-amqp", "rabbitmq", "null", "null-mirrored")
 SERVER_NAMED = "amq.gen-"  # the prefix of the queues warren and RabbitMQ name themselves
 IDLE_PER_PROC = 5000  # idle connections per worker process when the scenario gives no procs
 
@@ -273,6 +273,8 @@ class Runner:
             return RabbitTarget(dir=rabbit_dir)
         if tname == "null":
             return NullTarget()
+        if tname == "null-mirrored":
+            return NullTarget(mirrors=2)
         raise ValueError(tname)
 
     def run(self, workload_args: list[str], targets: list[str], warren_nodes: list[str] | None = None,
@@ -858,6 +860,8 @@ class Runner:
         mode = pol.get("ha-mode")
         want = len(target.nodes) - 1 if mode == "all" else (
             int(pol.get("ha-params", 1)) - 1 if mode == "exactly" else len(pol.get("ha-params") or []) - 1)
+        if not target.lists_mirrors:  # the null brokers: nothing to wait for
+            return {"mirrors": want, "seconds": None}
         t = time.time()
         while time.time() - t < timeout:
             try:

@@ -73,6 +73,7 @@ def proc_runq(pid: int | str = "self") -> tuple[float, int] | None:
 class Target:
     name = "?"
     nodes: list[str]  # node names, in order
+    lists_mirrors = True  # `queues()` shows each queue's synchronised mirrors
 
     def addresses(self) -> list[str]: ...
     def version(self) -> str | None: ...
@@ -535,53 +536,76 @@ class RabbitTarget(Target):
 
 class NullTarget(Target):
     """The null AMQP broker of `bench.nullbroker` (one process, `size` ports as pretend nodes):
-    what the load generator can do when the broker costs next to nothing. Policies are ignored."""
+    what the load generator can do when the broker costs next to nothing. Policies are ignored.
+    With `mirrors` (the `null-mirrored` target) every queue is mirrored to that many null mirror
+    processes, whatever the policy: the floor of a mirrored confirm on this machine."""
 
-    name = "null"
+    lists_mirrors = False
 
-    def __init__(self, size: int = 3):
+    def __init__(self, size: int = 3, mirrors: int = 0):
         self.size = size
+        self.mirrors = mirrors
+        self.name = "null-mirrored" if mirrors else "null"
         self.proc: subprocess.Popen | None = None
+        self.mirror_procs: list[subprocess.Popen] = []
         self.ports: list[int] = []
         self.nodes = []
         self.down: set[str] = set()
         self.owned = False
 
-    def start(self) -> None:
+    def _spawn(self, *args: str) -> subprocess.Popen:
         import sys
+        return subprocess.Popen([sys.executable, "-m", "bench.nullbroker", *args],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
 
-        from broker.localcluster import free_port
-        self.ports = [free_port() for _ in range(self.size)]
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.nullbroker", "--ports",
-                                      ",".join(map(str, self.ports))],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+    def _wait_open(self, procs, ports) -> None:
         deadline = time.monotonic() + 20
-        while not all(_port_open("127.0.0.1", p) for p in self.ports):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+        while not all(_port_open("127.0.0.1", p) for p in ports):
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
                 self.stop()
                 raise TargetError("the null broker did not start (python -m bench.nullbroker)")
             time.sleep(0.05)
+
+    def start(self) -> None:
+        from broker.localcluster import free_port
+        mports = [free_port() for _ in range(self.mirrors)]
+        self.mirror_procs = [self._spawn("--mirror", "--ports", str(p)) for p in mports]
+        self._wait_open(self.mirror_procs, mports)
+        self.ports = [free_port() for _ in range(self.size)]
+        args = ["--ports", ",".join(map(str, self.ports))]
+        if mports:
+            args += ["--mirrors", ",".join(map(str, mports))]
+        self.proc = self._spawn(*args)
+        self._wait_open([self.proc, *self.mirror_procs], self.ports)
         self.nodes = [f"null-{i}" for i in range(1, self.size + 1)]
         self.owned = True
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        for proc in [self.proc, *self.mirror_procs]:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         self.proc = None
+        self.mirror_procs = []
         self.owned = False
 
     def addresses(self) -> list[str]:
         return [f"127.0.0.1:{p}" for p in self.ports]
 
     def pid(self, node: str) -> int | None:
-        # one process plays every node: count its CPU once
-        return self.proc.pid if self.proc is not None and node == self.nodes[0] else None
+        # one process plays every node (count its CPU once, as the first's); the mirrors, if
+        # any, are counted as the nodes after it
+        if self.proc is None or node not in self.nodes:
+            return None
+        i = self.nodes.index(node)
+        if i == 0:
+            return self.proc.pid
+        return self.mirror_procs[i - 1].pid if i - 1 < len(self.mirror_procs) else None
 
     def version(self) -> str | None:
         return "null"

@@ -145,3 +145,67 @@ def test_a_channel_closed_by_the_broker_fails_its_waiter():
         assert any(struct.unpack(">I", d[7:11])[0] == C.Channel.CloseOk.index for d in sent)
 
     asyncio.run(go())
+
+
+def test_the_mirrored_null_broker_confirms_only_what_every_mirror_counted():
+    """`null-mirrored`, the floor of a mirrored confirm: real processes (the broker and two
+    mirrors). With one mirror stopped (SIGSTOP), deliveries still flow but no confirm comes; once
+    it runs again, every publish is confirmed. The consumer's acks, sent to the mirrors meanwhile,
+    do not upset their counts."""
+    import os
+    import signal
+
+    from bench.targets import NullTarget
+
+    target = NullTarget(mirrors=2)
+    target.start()
+    try:
+        assert target.name == "null-mirrored"
+        assert [target.pid(n) for n in target.nodes] == [target.proc.pid] + [p.pid for p in target.mirror_procs]
+
+        async def go():
+            conn = await amqp.Connection.connect("127.0.0.1", target.ports[0], name="test")
+            pub = await conn.channel()
+            await pub.confirm_select()
+            await pub.queue_declare("m.q")
+            confirmed = []
+            pub.on_confirm = lambda tag, multiple, ok: confirmed.append(tag)
+            head, tail = pub.publish_template("m.q", 1024)
+            cons = await conn.channel()
+            await cons.basic_qos(100)
+            ids = []
+
+            def on_delivery(tag, red, body):
+                ids.append(int.from_bytes(body[:8], "big"))
+                cons.ack_later(tag)
+
+            cons.on_delivery = on_delivery
+            await cons.basic_consume("m.q")
+
+            async def until(cond, what, timeout=5.0):
+                for _ in range(int(timeout / 0.01)):
+                    if cond():
+                        return
+                    await asyncio.sleep(0.01)
+                raise AssertionError(f"timed out waiting for {what}: confirmed {confirmed[-1:]}, delivered {len(ids)}")
+
+            conn.send_many([head + i.to_bytes(8, "big") + tail for i in range(20)])
+            await until(lambda: confirmed and confirmed[-1] == 20 and len(ids) == 20, "the first 20")
+            os.kill(target.mirror_procs[1].pid, signal.SIGSTOP)
+            try:
+                conn.send_many([head + i.to_bytes(8, "big") + tail for i in range(20, 30)])
+                await until(lambda: len(ids) == 30, "deliveries with a mirror stopped")
+                await asyncio.sleep(0.3)
+                assert confirmed[-1] == 20, "a confirm came before every mirror had the message"
+            finally:
+                os.kill(target.mirror_procs[1].pid, signal.SIGCONT)
+            await until(lambda: confirmed[-1] == 30, "the confirms once the mirror ran again")
+            conn.send_many([head + i.to_bytes(8, "big") + tail for i in range(30, 40)])
+            await until(lambda: confirmed[-1] == 40 and len(ids) == 40, "ten more")
+            assert ids == list(range(40))
+            await conn.close()
+
+        asyncio.run(go())
+    finally:
+        target.stop()
+    assert target.proc is None and not target.mirror_procs
