@@ -24,6 +24,11 @@ process (the consumer connects to it: one hop fewer than on a real cluster, wher
 another node). What a run of it gives is what a multi-process Python broker could at best do on
 the machine, since any real one does all this and more (bench/README.md, "The floor").
 
+`--loop trio` (the `null-mirrored-trio` target) runs the same protocol classes on trio instead
+of asyncio, reading each socket the way warren's nodes do (broker/framed.py `Reader`: a
+non-blocking read, and `trio.lowlevel.wait_readable` when it finds nothing), so each wake-up
+is a pass of trio's run loop: the floor for a broker written with trio.
+
 Frames are split on their headers; methods are decoded by pamqp, except `basic.publish` and
 `basic.ack` on the hot path, read with `struct` (checked against pamqp in the tests); deliveries
 are pamqp-marshalled templates with the delivery tag put in.
@@ -35,12 +40,15 @@ import argparse
 import asyncio
 import os
 import signal
+import socket
 import struct
 from collections import deque
 
 from pamqp import commands as C
 from pamqp import frame as pframe
 from pamqp import header as pheader
+
+import trio
 
 _HEAD = struct.Struct(">BHI")
 _REC = struct.Struct(">I")  # a record's length, to a mirror
@@ -414,20 +422,152 @@ async def serve_mirror(host: str, port: int) -> None:
     server.close()
 
 
+# --- the same, on trio ---------------------------------------------------------------------------
+
+class _TrioTransport:
+    """What the protocol classes above use of an asyncio transport (`write`, `close`,
+    `is_closing`), over a non-blocking socket in trio: a write goes out at once; what the socket
+    does not take waits for a drain task."""
+
+    def __init__(self, sock: socket.socket, nursery):
+        self.sock = sock
+        self.nursery = nursery
+        self.pending: list = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        if self.closing:
+            return
+        if self.pending:
+            self.pending.append(data)
+            return
+        try:
+            n = self.sock.send(data)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            self.closing = True
+            return
+        if n < len(data):
+            self.pending.append(memoryview(data)[n:])
+            self.nursery.start_soon(self._drain)
+
+    async def _drain(self) -> None:
+        while self.pending and not self.closing:
+            await trio.lowlevel.wait_writable(self.sock)
+            data = self.pending.pop(0)
+            try:
+                n = self.sock.send(data)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                self.closing = True
+                return
+            if n < len(data):
+                self.pending.insert(0, memoryview(data)[n:])
+
+    def close(self) -> None:
+        if not self.closing or self.sock.fileno() != -1:
+            self.closing = True
+            trio.lowlevel.notify_closing(self.sock)
+            self.sock.close()
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+async def _trio_read(sock: socket.socket, proto) -> None:
+    """Feed `proto` what `sock` brings until it closes (warren's Reader's way of reading)."""
+    fd = sock.fileno()
+    try:
+        while True:
+            try:
+                data = os.read(fd, 256 * 1024)
+            except BlockingIOError:
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                except trio.ClosedResourceError:  # closed by our side (its transport)
+                    data = b""
+                else:
+                    continue
+            except OSError:
+                data = b""
+            if not data:
+                proto.connection_lost(None)
+                return
+            proto.data_received(data)
+    finally:
+        if sock.fileno() != -1:
+            sock.close()
+
+
+def _trio_socket(sock: socket.socket) -> socket.socket:
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+async def _trio_accept(nursery, lsock: socket.socket, make) -> None:
+    while True:
+        await trio.lowlevel.wait_readable(lsock)
+        try:
+            sock, _ = lsock.accept()
+        except BlockingIOError:
+            continue
+        proto = make()
+        proto.connection_made(_TrioTransport(_trio_socket(sock), nursery))
+        nursery.start_soon(_trio_read, sock, proto)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    lsock = socket.socket()
+    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lsock.bind((host, port))
+    lsock.listen(1024)
+    lsock.setblocking(False)
+    return lsock
+
+
+async def serve_trio(host: str, ports: list[int], mirrors: list[int] = (), mirror: bool = False) -> None:
+    """`serve` (or, with `mirror`, `serve_mirror` on ports[0]) on trio."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            broker = Broker()
+            for port in mirrors:
+                sock = socket.create_connection((host, port))
+                link = _MirrorLink(broker)
+                link.connection_made(_TrioTransport(_trio_socket(sock), nursery))
+                broker.mirrors.append(link)
+                nursery.start_soon(_trio_read, sock, link)
+            make = _Mirror if mirror else (lambda: _Connection(broker))
+            for port in ports:
+                nursery.start_soon(_trio_accept, nursery, _listen(host, port), make)
+            what = "null mirror" if mirror else "null broker"
+            print(f"{what} {os.getpid()} (trio) on {', '.join(f'{host}:{p}' for p in ports)}", flush=True)
+            async for _ in signals:
+                broker.closing = True
+                nursery.cancel_scope.cancel()
+                break
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.nullbroker", description=__doc__.split("\n\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--ports", required=True, help="comma-separated ports, one per pretend node")
     ap.add_argument("--mirrors", default="", help="comma-separated ports of null mirrors to mirror every queue to")
     ap.add_argument("--mirror", action="store_true", help="be a null mirror on the one port of --ports")
+    ap.add_argument("--loop", choices=("asyncio", "trio"), default="asyncio", help="the event loop to run on")
     args = ap.parse_args(argv)
     ports = [int(p) for p in args.ports.split(",")]
-    if args.mirror:
-        if len(ports) != 1:
-            ap.error("a mirror listens on one port")
+    mirrors = [int(p) for p in args.mirrors.split(",") if p]
+    if args.mirror and len(ports) != 1:
+        ap.error("a mirror listens on one port")
+    if args.loop == "trio":
+        trio.run(serve_trio, args.host, ports, mirrors, args.mirror)
+    elif args.mirror:
         asyncio.run(serve_mirror(args.host, ports[0]))
-        return
-    asyncio.run(serve(args.host, ports, [int(p) for p in args.mirrors.split(",") if p]))
+    else:
+        asyncio.run(serve(args.host, ports, mirrors))
 
 
 if __name__ == "__main__":

@@ -42,10 +42,10 @@ from bench.targets import (
 from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
 from bench.workload import Scenario, load, resolve, select
 
-TARGETS = ("warren-native", "warren-amqp", "rabbitmq", "null", "null-mirrored")
+TARGETS = ("warren-native", "warren-amqp", "rabbitmq", "null", "null-mirrored", "null-mirrored-trio")
 ALIASES = {"warren": ["warren-native"], "both": ["warren-native", "rabbitmq"],
            "all": ["warren-native", "warren-amqp", "rabbitmq"]}
-AMQP_TARGETS = ("warren-amqp", "rabbitmq", "null", "null-mirrored")
+AMQP_TARGETS = ("warren-amqp", "rabbitmq", "null", "null-mirrored", "null-mirrored-trio")
 SERVER_NAMED = "amq.gen-"  # the prefix of the queues warren and RabbitMQ name themselves
 IDLE_PER_PROC = 5000  # idle connections per worker process when the scenario gives no procs
 
@@ -275,6 +275,8 @@ class Runner:
             return NullTarget()
         if tname == "null-mirrored":
             return NullTarget(mirrors=2)
+        if tname == "null-mirrored-trio":
+            return NullTarget(mirrors=2, loop="trio")
         raise ValueError(tname)
 
     def run(self, workload_args: list[str], targets: list[str], warren_nodes: list[str] | None = None,

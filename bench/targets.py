@@ -538,14 +538,16 @@ class NullTarget(Target):
     """The null AMQP broker of `bench.nullbroker` (one process, `size` ports as pretend nodes):
     what the load generator can do when the broker costs next to nothing. Policies are ignored.
     With `mirrors` (the `null-mirrored` target) every queue is mirrored to that many null mirror
-    processes, whatever the policy: the floor of a mirrored confirm on this machine."""
+    processes, whatever the policy: the floor of a mirrored confirm on this machine. `loop` is
+    the event loop the null processes run on: "asyncio", or "trio" (the `-trio` targets)."""
 
     lists_mirrors = False
 
-    def __init__(self, size: int = 3, mirrors: int = 0):
+    def __init__(self, size: int = 3, mirrors: int = 0, loop: str = "asyncio"):
         self.size = size
         self.mirrors = mirrors
-        self.name = "null-mirrored" if mirrors else "null"
+        self.loop = loop
+        self.name = ("null-mirrored" if mirrors else "null") + ("-trio" if loop == "trio" else "")
         self.proc: subprocess.Popen | None = None
         self.mirror_procs: list[subprocess.Popen] = []
         self.ports: list[int] = []
@@ -555,7 +557,7 @@ class NullTarget(Target):
 
     def _spawn(self, *args: str) -> subprocess.Popen:
         import sys
-        return subprocess.Popen([sys.executable, "-m", "bench.nullbroker", *args],
+        return subprocess.Popen([sys.executable, "-m", "bench.nullbroker", "--loop", self.loop, *args],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
