@@ -348,7 +348,8 @@ def main(argv=None) -> None:
                    help="a YAML file, or a shipped suite name (smoke, throughput, latency, failover, scale, "
                         "sync, declare, rpc)")
     r.add_argument("--target", default="warren-native",
-                   help="comma-separated: warren-native, warren-amqp, rabbitmq, null; or warren "
+                   help="comma-separated: warren-native, warren-amqp, rabbitmq, null, null-mirrored, "
+                        "null-mirrored-trio (bench/README.md); or warren "
                         "(= warren-native), both (= warren-native,rabbitmq), all (= warren-native,"
                         "warren-amqp,rabbitmq). Default warren-native")
     r.add_argument("--amqp-addresses", help="warren-amqp with --nodes: the nodes' AMQP ports, "
