@@ -22,7 +22,8 @@ nothing else: no queue state on the mirrors, no metadata, no checks. A consumer'
 the mirrors with the next publish, as warren's do. Deliveries leave at once from the leader's
 process (the consumer connects to it: one hop fewer than on a real cluster, where it is on
 another node). What a run of it gives is what a multi-process Python broker could at best do on
-the machine, since any real one does all this and more (bench/README.md, "The floor").
+the machine, since any real one does all this and more (bench/README.md, item 8, "The floor of
+a mirrored confirm").
 
 `--loop trio` (the `null-mirrored-trio` target) runs the same protocol classes on trio instead
 of asyncio, reading each socket the way warren's nodes do (broker/framed.py `Reader`: a
@@ -53,6 +54,7 @@ import trio
 _HEAD = struct.Struct(">BHI")
 _REC = struct.Struct(">I")  # a record's length, to a mirror
 _COUNT = struct.Struct(">Q")  # a mirror's answer: publishes counted so far
+ACKS_HELD = 1024  # a consumer's acks waiting for a publish to ride to the mirrors with
 _INDEX = struct.Struct(">I")
 _U64_BITS = struct.Struct(">QB")
 PUBLISH = C.Basic.Publish.index
@@ -100,10 +102,13 @@ class Broker:
             m.publishes = True
 
     def mirror_ack(self, tag: int, multiple: bool) -> None:
-        """A consumer's ack, for the mirrors: it waits for the next publish's write."""
+        """A consumer's ack, for the mirrors: it waits for the next publish's write (or goes
+        with others once ACKS_HELD are waiting, so a consumer alone cannot pile them up)."""
         rec = _REC.pack(10) + b"A" + _U64_BITS.pack(tag, multiple)
         for m in self.mirrors:
             m.out.append(rec)
+            if len(m.out) >= ACKS_HELD:
+                m.publishes = True
 
     def confirm_counted(self) -> None:
         """Confirm what every mirror has counted."""
@@ -349,6 +354,7 @@ class _MirrorLink(asyncio.Protocol):
             os._exit(1)
 
     def flush(self) -> None:
+        """Write what is queued for the mirror, if it holds a publish (or too many acks)."""
         if self.publishes:
             self.publishes = False
             self.transport.write(b"".join(self.out))
