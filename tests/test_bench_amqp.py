@@ -214,3 +214,16 @@ def test_the_mirrored_null_broker_confirms_only_what_every_mirror_counted(loop):
     finally:
         target.stop()
     assert target.proc is None and not target.mirror_procs
+
+
+def test_the_null_brokers_acks_for_the_mirrors_do_not_pile_up_without_publishes():
+    from bench.nullbroker import ACKS_HELD, Broker, _MirrorLink
+
+    broker = Broker()
+    link = _MirrorLink(broker)
+    broker.mirrors.append(link)
+    for tag in range(1, ACKS_HELD):
+        broker.mirror_ack(tag, False)
+    assert not link.publishes  # they wait for a publish to ride with
+    broker.mirror_ack(ACKS_HELD, False)
+    assert link.publishes  # ... but not beyond ACKS_HELD: the next flush writes them
