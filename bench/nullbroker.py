@@ -51,6 +51,8 @@ from pamqp import header as pheader
 
 import trio
 
+from broker.framed import send_parts, write_now
+
 _HEAD = struct.Struct(">BHI")
 _REC = struct.Struct(">I")  # a record's length, to a mirror
 _COUNT = struct.Struct(">Q")  # a mirror's answer: publishes counted so far
@@ -432,45 +434,38 @@ async def serve_mirror(host: str, port: int) -> None:
 
 class _TrioTransport:
     """What the protocol classes above use of an asyncio transport (`write`, `close`,
-    `is_closing`), over a non-blocking socket in trio: a write goes out at once; what the socket
-    does not take waits for a drain task."""
+    `is_closing`), over a non-blocking socket in trio, written as warren's nodes write
+    (broker/framed.py): what the socket takes now goes at once (`write_now`); the rest, and what
+    is written meanwhile, goes in order from a drain task (`send_parts`)."""
 
     def __init__(self, sock: socket.socket, nursery):
         self.sock = sock
         self.nursery = nursery
-        self.pending: list = []
+        self.pending: list = []  # what waits for the drain task, in order
+        self.draining = False  # the drain task runs: every write queues behind it
         self.closing = False
 
     def write(self, data: bytes) -> None:
         if self.closing:
             return
-        if self.pending:
+        if self.draining:
             self.pending.append(data)
             return
-        try:
-            n = self.sock.send(data)
-        except BlockingIOError:
-            n = 0
-        except OSError:
-            self.closing = True
-            return
-        if n < len(data):
-            self.pending.append(memoryview(data)[n:])
+        self.pending = write_now(self.sock, [data])
+        if self.pending:
+            self.draining = True
             self.nursery.start_soon(self._drain)
 
     async def _drain(self) -> None:
-        while self.pending and not self.closing:
-            await trio.lowlevel.wait_writable(self.sock)
-            data = self.pending.pop(0)
-            try:
-                n = self.sock.send(data)
-            except BlockingIOError:
-                n = 0
-            except OSError:
-                self.closing = True
-                return
-            if n < len(data):
-                self.pending.insert(0, memoryview(data)[n:])
+        try:
+            while self.pending and not self.closing:
+                parts, self.pending = self.pending, []
+                await send_parts(None, self.sock, parts)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closing = True
+            self.pending = []
+        finally:
+            self.draining = False
 
     def close(self) -> None:
         if not self.closing or self.sock.fileno() != -1:

@@ -204,10 +204,14 @@ def test_the_mirrored_null_broker_confirms_only_what_every_mirror_counted(loop):
             conn.send_many([head + i.to_bytes(8, "big") + tail for i in range(30, 40)])
             await until(lambda: confirmed[-1] == 40 and len(ids) == 40, "ten more")
             assert ids == list(range(40))
-            # a body larger than a socket takes at once, through the broker and to both mirrors
+            # a body larger than a socket takes at once, through the broker and to both mirrors,
+            # with small ones right behind it: what is written while the big one drains must
+            # follow it, not cut into it
             big_head, big_tail = pub.publish_template("m.q", 4_000_000)
-            conn.send_many([big_head + (40).to_bytes(8, "big") + big_tail])
-            await until(lambda: confirmed[-1] == 41 and len(ids) == 41, "a 4 MB message")
+            conn.send_many([big_head + (40).to_bytes(8, "big") + big_tail]
+                           + [head + i.to_bytes(8, "big") + tail for i in range(41, 61)])
+            await until(lambda: confirmed[-1] == 61 and len(ids) == 61, "a 4 MB message and 20 after it")
+            assert ids == list(range(61))
             await conn.close()
 
         asyncio.run(go())
@@ -227,3 +231,38 @@ def test_the_null_brokers_acks_for_the_mirrors_do_not_pile_up_without_publishes(
     assert not link.publishes  # they wait for a publish to ride with
     broker.mirror_ack(ACKS_HELD, False)
     assert link.publishes  # ... but not beyond ACKS_HELD: the next flush writes them
+
+
+def test_the_trio_null_transport_keeps_bytes_in_order_while_it_drains():
+    """A write the socket does not take at once is drained by a task; what is written while it
+    drains must follow it (a socketpair with small buffers forces the partial write)."""
+    import socket
+
+    import trio
+
+    from bench.nullbroker import _TrioTransport
+
+    async def go():
+        a, b = socket.socketpair()
+        for s in (a, b):
+            s.setblocking(False)
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        big, small = bytes(range(256)) * 4096, b"after the big one"
+        got = bytearray()
+        async with trio.open_nursery() as nursery:
+            t = _TrioTransport(a, nursery)
+            t.write(big)
+            assert t.draining, "the socket took 1 MiB at once: the test needs a partial write"
+            await trio.sleep(0.01)  # the drain task is now waiting for room
+            t.write(small)
+            while len(got) < len(big) + len(small):
+                try:
+                    got += b.recv(65536)
+                except BlockingIOError:
+                    await trio.sleep(0.001)
+        assert bytes(got) == big + small
+        a.close()
+        b.close()
+
+    trio.run(go)
