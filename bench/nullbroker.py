@@ -27,8 +27,9 @@ a mirrored confirm").
 
 `--loop trio` (the `null-mirrored-trio` target) runs the same protocol classes on trio instead
 of asyncio, reading each socket the way warren's nodes do (broker/framed.py `Reader`: a
-non-blocking read, and `trio.lowlevel.wait_readable` when it finds nothing), so each wake-up
-is a pass of trio's run loop: the floor for a broker written with trio.
+non-blocking read, and `trio.lowlevel.wait_readable` when it finds nothing) and writing with the
+nodes' own `write_now` and `send_parts`, so each wake-up is a pass of trio's run loop: the
+floor for a broker written with trio.
 
 Frames are split on their headers; methods are decoded by pamqp, except `basic.publish` and
 `basic.ack` on the hot path, read with `struct` (checked against pamqp in the tests); deliveries
