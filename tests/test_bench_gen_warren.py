@@ -148,9 +148,10 @@ def test_a_finished_producer_waits_for_its_confirms_without_polling_then_for_the
                 await trio.sleep(0.01)
             await trio.sleep(0.4)
             for ch in {id(c): c for c in sent}.values():  # one producer through every 2 ms
+                confirmed_at = time.monotonic()  # (taken before the call: it may close them all)
                 ch.on_confirm(1, each, True, None)
                 await trio.sleep(0.002)
-            last_confirm.append(time.monotonic())
+            last_confirm.append(confirmed_at)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(confirm_later)
@@ -164,7 +165,7 @@ def test_a_finished_producer_waits_for_its_confirms_without_polling_then_for_the
     # each producer: a few steps to connect, publish and be confirmed; polling every 10 ms for
     # the 0.4 s wait made it about 40 more each (2,000 here)
     assert steps["producer"] < 20 * n, steps
-    assert len(closed) == n and min(closed) >= last_confirm[0] - 0.003, (min(closed), last_confirm)
+    assert len(closed) == n and min(closed) >= last_confirm[0], (min(closed), last_confirm)
 
 
 def test_producers_with_a_full_window_and_no_confirms_still_stop_at_their_end(monkeypatch):
