@@ -42,7 +42,9 @@ class Reader:
     (a pass of the run loop, with its `epoll_wait`, before the bytes are handled), and the read
     that follows finds the socket empty. On a node that handles each message alone (a steady
     2,000 msgs/s), that pass is paid at every hop. Here a read that finds data returns it at once;
-    a read that finds nothing waits for the socket (`wait_readable`, a checkpoint). So that a
+    a read that finds nothing waits for the socket (`wait_readable`, a checkpoint). A read that
+    took less than it asked for left the socket empty, so the next one waits first rather than
+    fail (each failed read is a system call and an exception, once per wake-up of a node). So that a
     stream that always has data cannot keep the other tasks waiting, every STREAK-th read in a
     row checkpoints first, before it takes any bytes: a cancelled read has taken nothing.
 
@@ -55,12 +57,13 @@ class Reader:
 
     STREAK = 8
 
-    __slots__ = ("stream", "_sock", "_streak", "on_wait")
+    __slots__ = ("stream", "_sock", "_streak", "_short", "on_wait")
 
     def __init__(self, stream) -> None:
         self.stream = stream
         self._sock = direct_socket(stream)
         self._streak = 0
+        self._short = False
         self.on_wait = None
 
     async def receive_some(self, max_bytes: int) -> bytes:
@@ -74,6 +77,15 @@ class Reader:
             if self.on_wait is not None:
                 self.on_wait()
             await trio.lowlevel.checkpoint()
+        if self._short:
+            # the last read took less than it asked for: the socket was empty then, and a read
+            # now would most likely find it so again (a failed read is a syscall and an
+            # exception); wait for it instead
+            self._short = False
+            self._streak = 0
+            if self.on_wait is not None:
+                self.on_wait()
+            await trio.lowlevel.wait_readable(sock)
         while True:
             fd = sock.fileno()
             if fd < 0:
@@ -89,6 +101,7 @@ class Reader:
             except OSError as exc:
                 raise trio.BrokenResourceError(f"connection broken: {exc}") from exc
             self._streak += 1
+            self._short = len(data) < max_bytes
             return data
 
 
@@ -231,10 +244,15 @@ CORK = Cork()
 
 
 def direct_socket(stream):
-    """The trio socket under a SocketStream, for direct non-blocking writes (None for other
-    streams, such as the simulation's: their writer task writes them)."""
+    """The socket under a SocketStream, for direct non-blocking reads and writes (None for other
+    streams, such as the simulation's: their tasks use the stream's own methods). It is the
+    standard library's socket inside trio's (trio's `fileno()` is a Python call in front of it,
+    paid at every read and write); trio closes that same object, so `fileno()` turns -1."""
     sock = getattr(stream, "socket", None)
-    return sock if hasattr(sock, "fileno") else None
+    if not hasattr(sock, "fileno"):
+        return None
+    inner = getattr(sock, "_sock", None)
+    return inner if hasattr(inner, "fileno") else sock
 
 
 IOV_MAX = 1024  # Linux's limit on the buffers of one writev

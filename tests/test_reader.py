@@ -1,9 +1,11 @@
 """broker/framed.py's Reader on real sockets: a read that finds data returns it without a pass
 of trio's scheduler, a stream that always has data still lets other tasks run, a cancelled read
-takes no bytes, and the ends of a connection read as trio's stream errors."""
+takes no bytes, a read that emptied the socket is followed by a wait rather than a failed
+read, and the ends of a connection read as trio's stream errors."""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 
@@ -138,4 +140,40 @@ async def test_a_peer_link_reads_through_the_reader():
         nursery.start_soon(note)
         assert len(await framed.receive_batch()) == 2
         assert ran == []  # no pass of the scheduler before the messages are handled
+    right.close()
+
+
+async def test_a_read_that_emptied_the_socket_is_followed_by_a_wait_not_a_failed_read(monkeypatch):
+    """A read that took less than it asked for found the socket empty then: the next read waits
+    for the socket instead of trying it first (a failed read is a system call and an exception
+    at every wake-up of a node). The bytes still all arrive, in order; a read that filled its
+    buffer reads again at once."""
+    left, right = stream_pair()
+    reader = Reader(left)
+    failed = []
+    real_read = os.read
+
+    def counting_read(fd, n):
+        try:
+            return real_read(fd, n)
+        except BlockingIOError:
+            failed.append(fd)
+            raise
+
+    monkeypatch.setattr(os, "read", counting_read)
+    right.send(b"first")
+    assert await reader.receive_some(100) == b"first"
+
+    async def later():
+        await trio.sleep(0.01)
+        right.send(b"second")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(later)
+        assert await reader.receive_some(100) == b"second"
+    assert failed == []
+    right.send(b"abcdef")
+    assert await reader.receive_some(3) == b"abc"  # a full buffer: more may be there
+    assert await reader.receive_some(3) == b"def"
+    assert failed == []
     right.close()
