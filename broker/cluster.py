@@ -547,12 +547,12 @@ class Cluster:
 
         self.spawn(go)
 
-    def in_step(self) -> bool:
+    def in_step(self, now: float | None = None) -> bool:
         """This node knows the metadata as the cluster has it now (mirroring/raft.py: a read
         index): a queue leader shows new deliveries only then. Without a log (not yet part of
         a cluster) the node is its own authority."""
         raft = self.raft
-        return raft is None or raft.in_step(trio.current_time())
+        return raft is None or raft.in_step(trio.current_time() if now is None else now)
 
     def _check_pause(self, now: float) -> None:
         raft = self.raft
@@ -707,9 +707,9 @@ class Cluster:
             self._liveness_due = True
             self._poke()
 
-    async def _on_peer_messages(self, link: PeerLink, batch: list) -> None:
+    def _on_peer_messages(self, link: PeerLink, batch: list) -> None:
         raft_touched = False
-        now = trio.current_time()
+        now = link.last_heard  # (PeerLink.run reads the clock just before handing us the batch)
         traffic = []  # for the node, in order, as one batch (Router.peer_messages)
         for msg in batch:
             t = type(msg)

@@ -123,8 +123,10 @@ class PeerLink:
         self.outbox.put(msg)
 
     async def run(self, on_messages) -> str:
-        """Serve the link until it breaks; returns why it ended. The stream is closed however
-        it ends (cancelled too), so the peer sees the link go at once."""
+        """Serve the link until it breaks; returns why it ended. `on_messages(link, batch)` is
+        called with each read's messages: a plain function, for nothing may await inside a
+        batch. The stream is closed however it ends (cancelled too), so the peer sees the link
+        go at once."""
         reason = "closed"
         try:
             with self.cancel_scope:
@@ -144,7 +146,7 @@ class PeerLink:
                                           f"was frozen or stalled): what waited is stale")
                                 break
                             self.last_heard = now
-                            await on_messages(self, batch)
+                            on_messages(self, batch)
                         nursery.cancel_scope.cancel()
                 # trio groups the tasks' errors, possibly with the Cancelled of a closing link:
                 # take the reasons out and let the Cancelled go on to the scope that caused it

@@ -93,7 +93,7 @@ class QueueProcess:
         if not self._idle or self.replica.state is rp.State.STOPPED:
             self._wake.set()
             return
-        self._round_inline()
+        self._round_inline(self.host.batch_now)
 
     def catch_up(self) -> bool:
         """Apply the inbox now, from the caller's task (a session about to hand out deliveries
@@ -107,8 +107,9 @@ class QueueProcess:
             self._round_inline()
         return True
 
-    def _round_inline(self) -> None:
-        now = trio.current_time()
+    def _round_inline(self, now: float | None = None) -> None:
+        if now is None:
+            now = trio.current_time()
         try:
             more = self._round(now)
         except Exception:  # a bug costs this queue, as it would in its own task
@@ -164,7 +165,7 @@ class QueueProcess:
         try:
             with CORK:  # what the round sends leaves at its end, from this task
                 # once per round, before any input: a replica promoted in this round reads it too
-                replica.in_step = self.host.may_deliver(self)
+                replica.in_step = self.host.may_deliver(self, now)
                 replica.leaving = self.host.leaving
                 for _ in range(BATCH):
                     if not inbox or replica.round_bytes >= rp.ROUND_BYTES:

@@ -42,10 +42,11 @@ from .framed import CORK, Encoded
 from .queue_process import QueueProcess
 
 EARLY_OP_WAIT = 3.0  # seconds an operation for a queue not known yet is kept
-QUEUE_OPS = (m.QPublish, m.QConsume, m.QCancel, m.QGet, m.QSettle, m.QOwnerGone, m.QSessionGone,
-             m.QPurge, m.QDeclareOk, m.QDelete)
-REPLICA_MSGS = (m.RMirrorStart, m.RMirrorReady, m.RRep, m.RRepOk, m.RMirrorReset, m.RSyncBatch,
-                m.RSyncOk, m.RSyncEnd)
+QUEUE_OPS = frozenset((m.QPublish, m.QConsume, m.QCancel, m.QGet, m.QSettle, m.QOwnerGone,
+                       m.QSessionGone, m.QPurge, m.QDeclareOk, m.QDelete))
+REPLICA_MSGS = frozenset((m.RMirrorStart, m.RMirrorReady, m.RRep, m.RRepOk, m.RMirrorReset,
+                          m.RSyncBatch, m.RSyncOk, m.RSyncEnd))
+ROUTED = QUEUE_OPS | REPLICA_MSGS  # what goes to a queue replica on this node
 _REQUESTS = (m.QConsume, m.QCancel, m.QGet, m.QPurge, m.QDeclareOk, m.QDelete)
 
 
@@ -61,6 +62,7 @@ class Router:
         self._pids = 0
         self._held: set[QueueProcess] = set()  # leaders holding deliveries until in step
         self.batch: list | None = None  # replicas due a round at the end of this peer batch
+        self.batch_now = 0.0  # the clock when the open batch began: its rounds' time
         self._for_sessions: list = []  # this peer batch's ToSession messages, for its end
         self._held_for_sessions: list = []  # ToSession messages from peers held until in step
 
@@ -69,14 +71,14 @@ class Router:
         return self.node.cluster
 
     # --- replicas ------------------------------------------------------------------------------
-    def may_deliver(self, qp: QueueProcess) -> bool:
+    def may_deliver(self, qp: QueueProcess, now: float) -> bool:
         """May the leader replica `qp` hand out new deliveries? Only while this node is in step
         with the metadata log (broker/cluster.py `in_step`): a node woken from a freeze may
         have been replaced meanwhile, and what it would deliver then has gone, flagged
         redelivered, to other consumers. Or while the metadata records no other node running
         (the last node of a full restart, its peers' stops recorded): it is out of step, but no
         one else can lead its queues. `qp` is woken again once the node is in step."""
-        if self._in_step():
+        if self._in_step(now):
             return True
         self._held.add(qp)
         return False
@@ -88,9 +90,9 @@ class Router:
         `_outlives_its_node`)."""
         return self.node.leaving
 
-    def _in_step(self) -> bool:
-        cluster = self.cluster
-        return cluster.in_step() or set(cluster.md.up) <= {self.name}
+    def _in_step(self, now: float | None = None) -> bool:
+        cluster = self.node.cluster
+        return cluster.in_step(now) or set(cluster.md.up) <= {self.name}
 
     def in_step(self) -> None:
         """The log says this node is in step: wake the leaders that held their deliveries, and
@@ -299,7 +301,7 @@ class Router:
         if qp is not None:
             qp.deliver(msg)
             return
-        if type(msg) in QUEUE_OPS or type(msg) in REPLICA_MSGS:
+        if type(msg) in ROUTED:
             # the sender's metadata is ahead of ours: keep it (in order) until ours catches up
             early = self._early.get(msg.queue)
             if early is None:
@@ -320,27 +322,33 @@ class Router:
         """Queue, replica and session traffic from one read of a peer link. Replicas that get
         input run their round at the end, here, when their task is idle (QueueProcess
         `after_batch`), and everything the batch produced is written at its end (the Cork)."""
-        self.begin_input()
+        self.begin_input(link.last_heard)
+        replicas = self.replicas
         try:
             for msg in msgs:
-                if type(msg) is m.ToSession:
+                t = type(msg)
+                if t is m.ToSession:
                     # after the batch's queue rounds: a delivery sent without its bodies finds
                     # them in this node's mirror once the batch before it on the link is applied
                     self._for_sessions.append(msg)
+                elif t in ROUTED and msg.queue in replicas:  # (peer_message's usual case)
+                    replicas[msg.queue].deliver(msg)
                 else:
                     self.peer_message(link, msg)
         finally:
             self.end_input()
 
-    def begin_input(self) -> None:
+    def begin_input(self, now: float | None = None) -> None:
         """Open a batch of input (one read of a peer link, or a client's run of publishes and
         acks, Session.handle_now): replicas it feeds while their task waits run their round at
         `end_input`, in this task, and what the batch sends is written then (the Cork). Nothing
-        may await between the two: another reader would find this batch open."""
+        may await between the two: another reader would find this batch open. `now`: the clock's
+        time, if the caller has just read it (the batch's rounds run at that time)."""
         if self.batch is not None:
             raise RuntimeError("a batch of input is already open: something awaited inside one")
         CORK.__enter__()
         self.batch = []
+        self.batch_now = trio.current_time() if now is None else now
 
     def end_input(self) -> None:
         batch, self.batch = self.batch, None
@@ -366,7 +374,7 @@ class Router:
 
     def peer_message(self, link, msg) -> None:
         t = type(msg)
-        if t in QUEUE_OPS or t in REPLICA_MSGS:
+        if t in ROUTED:
             self._local(msg)
         elif t is m.NodeAlarm:  # not queue traffic, but checked after it: off the hot path
             self.node.memory.peer_alarm(link.name, msg)

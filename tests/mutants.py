@@ -63,7 +63,7 @@ MUTANTS = [
             "tests/test_process_faults.py"],
            "a publish batch resent to a new leader is enqueued again"),
     Mutant("leader-delivers-out-of-step", "broker/router.py",
-           "        if self._in_step():\n            return True\n        self._held.add(qp)",
+           "        if self._in_step(now):\n            return True\n        self._held.add(qp)",
            "        if True:\n            return True\n        self._held.add(qp)",
            ["tests/test_sim_partitions.py"],
            "a queue leader out of step with the metadata log (cut off, or woken from a freeze) "

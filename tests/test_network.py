@@ -588,7 +588,7 @@ async def test_a_peer_link_drops_what_it_reads_after_a_silence_only_a_freeze_exp
     link = PeerLink("n2", FramedStream(ours), dialer="n1", ticktime=ticktime)
     got, ended = [], []
 
-    async def on_messages(link, batch):
+    def on_messages(link, batch):
         got.extend(batch)
 
     async def serve():

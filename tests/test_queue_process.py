@@ -20,10 +20,11 @@ class Host:
     def __init__(self):
         self.log = structlog.get_logger()
         self.batch = None
+        self.batch_now = 0.0
         self.events: list = []
         self.leaving = False  # the node is not stopping
 
-    def may_deliver(self, qp) -> bool:
+    def may_deliver(self, qp, now) -> bool:
         return True  # the node is in step with the metadata log
 
     def encode_once(self, msg):

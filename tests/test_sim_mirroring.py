@@ -1107,7 +1107,7 @@ async def test_acks_of_a_promoted_leaders_redeliveries_wait_for_the_route_to_it(
             assert n3.cluster.leader == "n1", "the log led by the node that survives"
             apply = n3.cluster._apply_committed
             monkeypatch.setattr(n3.cluster, "_apply_committed", lambda: None)
-            monkeypatch.setattr(n3.cluster, "in_step", lambda: True)
+            monkeypatch.setattr(n3.cluster, "in_step", lambda now=None: True)
             c.kill("n2")
             await c.wait_for(lambda: qdef(c, "two.q")["leader"] == "n1", 10, "n1 promoted")
             await c.wait_for(lambda: len(got) == 20, 10, "n1's redelivery of the ten")

@@ -105,7 +105,9 @@ def _check_allowed(msg, allowed):
 
 def decode_bytes(data, allowed: frozenset[str] | None = None):
     """One frame body (msgpack bytes) -> a message object, or ProtocolError."""
-    dec, _ = _decoder.get()
+    dec = _decoder._dec
+    if dec is None:
+        dec = _decoder.get()[0]
     try:
         msg = dec.decode(data)
     except msgspec.ValidationError as exc:
@@ -120,7 +122,7 @@ def decode_bytes(data, allowed: frozenset[str] | None = None):
         raise _explain(exc, value) from None
     except msgspec.DecodeError as exc:
         raise ProtocolError(SYNTAX_ERROR, f"frame body is not valid msgpack ({exc})") from None
-    return _check_allowed(msg, allowed)
+    return msg if allowed is None else _check_allowed(msg, allowed)
 
 
 def decode(value, allowed: frozenset[str] | None = None):
