@@ -11,7 +11,9 @@ round (`flush`: deliveries, one replication batch per mirror, the sync's next st
 carries out what the replica asked for: messages to other replicas, events to sessions,
 metadata proposals, log lines. The round runs corked (broker/framed.py `Cork`): what it sends
 is written at its end, straight from this task, one write per connection. Timers come from the
-replica's `next_deadline`.
+replica's `next_deadline`. A leader's input of nothing but its mirrors' acknowledgements (the
+round its publishers' confirms wait for, one per mirror per replication batch) skips the rest
+of a round, which could have nothing to do (`Replica.acks_alone`).
 
 An Assign (what the metadata says of the queue) that a newer Assign follows in the inbox is
 not acted on (`Replica.assign_superseded`): a node that applies several metadata changes at
@@ -29,7 +31,7 @@ from collections import deque
 import trio
 
 from mirroring import replica as rp
-from wire.messages import RRep
+from wire.messages import RRep, RRepOk
 
 from .framed import CORK
 
@@ -93,7 +95,31 @@ class QueueProcess:
         if not self._idle or self.replica.state is rp.State.STOPPED:
             self._wake.set()
             return
+        inbox = self.inbox
+        if all(type(item) is RRepOk for item in inbox) and self._acks_alone(inbox):
+            return
         self._round_inline(self.host.batch_now)
+
+    def _acks_alone(self, inbox: deque) -> bool:
+        """The leader's round of mirrors' acknowledgements alone (`Replica.acks_alone`): the
+        confirms they release leave with no other work of a round before them."""
+        replica = self.replica
+        host = self.host
+        now = host.batch_now
+        self._in_round = True
+        try:
+            replica.in_step = host.may_deliver(self, now)
+            replica.leaving = host.leaving
+            if not replica.acks_alone(inbox, now):
+                return False
+            inbox.clear()
+            self._carry_out()
+        except Exception:  # a bug costs this queue, as in a round
+            self.log.exception("queue process failed")
+            self.scope.cancel()
+        finally:
+            self._in_round = False
+        return True
 
     def catch_up(self) -> bool:
         """Apply the inbox now, from the caller's task (a session about to hand out deliveries

@@ -1,6 +1,7 @@
 """broker/queue_process.py: the pump around one replica. Here, how it hands the replica the
 metadata's news: a replica acts only on the newest Assign its inbox holds, and not on any
-Assign a Stop follows."""
+Assign a Stop follows. And a leader's round of mirrors' acknowledgements alone: its confirms
+leave without the rest of a round, and only while the node is in step."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ class Host:
         self.events: list = []
         self.leaving = False  # the node is not stopping
 
+    in_step = True  # the node is in step with the metadata log
+
     def may_deliver(self, qp, now) -> bool:
-        return True  # the node is in step with the metadata log
+        return self.in_step
 
     def encode_once(self, msg):
         return None
@@ -110,3 +113,83 @@ def test_a_promotion_reports_what_the_overtaken_assign_listed():
     qp._round(0.1)
     promoted = [kw for ev, kw in logged if "Promoting mirror" in ev]
     assert promoted and promoted[0]["synchronised"] is True
+
+
+def after_a_peer_batch(qp: QueueProcess, host: Host, now: float, *msgs) -> None:
+    """Hand `msgs` to an idle replica as a peer link's read does (Router.peer_messages): the
+    replica is noted in the batch, and its round runs at the batch's end, in the reader."""
+    qp._idle = True
+    host.batch, host.batch_now = [], now
+    for msg in msgs:
+        qp.deliver(msg)
+    batch, host.batch = host.batch, None
+    for p in batch:
+        p.after_batch()
+
+
+def count_rounds(monkeypatch) -> list:
+    """The ends of full rounds (Replica.flush) from now on."""
+    ends = []
+    real = Replica.flush
+    monkeypatch.setattr(Replica, "flush", lambda self, now: ends.append(now) or real(self, now))
+    return ends
+
+
+def accepted(host: Host) -> list:
+    return [e.pseq for e in host.events if isinstance(e, m.EvAccepted)]
+
+
+def test_a_mirrors_acknowledgement_alone_confirms_without_a_round(monkeypatch):
+    qp, host = leader_with_a_mirror()
+    rounds = count_rounds(monkeypatch)
+    after_a_peer_batch(qp, host, 0.2, m.RRepOk("q", 1, "n2", qp.replica.rep.seq))
+    assert accepted(host) == [1]
+    assert rounds == [] and not qp.inbox
+
+
+def test_acknowledgements_alone_hold_their_confirms_while_the_node_is_out_of_step(monkeypatch):
+    """Out of step with the metadata log, a leader confirms nothing (a node woken from a freeze
+    may have been replaced): the acknowledgement is taken, the confirm held until in step."""
+    qp, host = leader_with_a_mirror()
+    host.in_step = False
+    after_a_peer_batch(qp, host, 0.2, m.RRepOk("q", 1, "n2", qp.replica.rep.seq))
+    assert accepted(host) == [] and not qp.inbox
+    host.in_step = True
+    qp._round(0.3)
+    assert accepted(host) == [1]
+
+
+def test_an_acknowledgement_with_other_input_gets_a_full_round(monkeypatch):
+    qp, host = leader_with_a_mirror()
+    rounds = count_rounds(monkeypatch)
+    after_a_peer_batch(qp, host, 0.2, m.RRepOk("q", 1, "n2", qp.replica.rep.seq),
+                       m.QPublish("q", OWNER, 2, [b"next"], None, False, 1))
+    assert rounds == [0.2] and accepted(host) == [1]
+
+
+def test_an_acknowledgement_gets_a_full_round_when_a_sync_is_wanted(monkeypatch):
+    """A sync asked for starts at the end of the leader's next round: acknowledgements alone
+    must not skip it."""
+    qp, host = leader_with_a_mirror()
+    qp.replica.sync_wanted = "asked for"
+    rounds = count_rounds(monkeypatch)
+    after_a_peer_batch(qp, host, 0.2, m.RRepOk("q", 1, "n2", qp.replica.rep.seq))
+    assert rounds == [0.2] and accepted(host) == [1]
+
+
+
+def test_confirms_held_out_of_step_leave_with_the_next_acknowledgement():
+    """Publish 2 is in flight when the node falls out of step; publish 1's acknowledgement
+    comes then, and its confirm is held. Back in step, publish 2's acknowledgement alone
+    brings both confirms out at once (not the later one alone, the held one waiting for some
+    later round)."""
+    qp, host = leader_with_a_mirror()
+    qp.deliver(m.QPublish("q", OWNER, 2, [b"next"], None, False, 1))
+    qp._round(0.15)
+    first, second = qp.replica.rep.seq - 1, qp.replica.rep.seq
+    host.in_step = False
+    after_a_peer_batch(qp, host, 0.2, m.RRepOk("q", 1, "n2", first))
+    assert accepted(host) == []
+    host.in_step = True
+    after_a_peer_batch(qp, host, 0.3, m.RRepOk("q", 1, "n2", second))
+    assert sorted(accepted(host)) == [1, 2]
