@@ -12,8 +12,9 @@ carries out what the replica asked for: messages to other replicas, events to se
 metadata proposals, log lines. The round runs corked (broker/framed.py `Cork`): what it sends
 is written at its end, straight from this task, one write per connection. Timers come from the
 replica's `next_deadline`. A leader's input of nothing but its mirrors' acknowledgements (the
-round its publishers' confirms wait for, one per mirror per replication batch) skips the rest
-of a round, which could have nothing to do (`Replica.acks_alone`).
+round its publishers' confirms wait for, one per mirror per replication batch), and a mirror's
+of nothing but its leader's batches, skip the rest of a round, which could have nothing to do
+(`Replica.acks_alone`, `batches_alone`).
 
 An Assign (what the metadata says of the queue) that a newer Assign follows in the inbox is
 not acted on (`Replica.assign_superseded`): a node that applies several metadata changes at
@@ -96,21 +97,28 @@ class QueueProcess:
             self._wake.set()
             return
         inbox = self.inbox
-        if all(type(item) is RRepOk for item in inbox) and self._acks_alone(inbox):
-            return
+        kind = type(inbox[0]) if inbox else None
+        if kind is RRepOk or kind is RRep:
+            if all(type(item) is kind for item in inbox) and self._replication_alone(kind, inbox):
+                return
         self._round_inline(self.host.batch_now)
 
-    def _acks_alone(self, inbox: deque) -> bool:
-        """The leader's round of mirrors' acknowledgements alone (`Replica.acks_alone`): the
-        confirms they release leave with no other work of a round before them."""
+    def _replication_alone(self, kind: type, inbox: deque) -> bool:
+        """A round of nothing but replication traffic, without the rest of a round's work: a
+        leader's of its mirrors' acknowledgements (`Replica.acks_alone`: the confirms they
+        release leave at once), or a mirror's of its leader's batches (`Replica.batches_alone`:
+        its acknowledgement leaves at once). False if the replica wants an ordinary round."""
         replica = self.replica
         host = self.host
         now = host.batch_now
         self._in_round = True
         try:
-            replica.in_step = host.may_deliver(self, now)
-            replica.leaving = host.leaving
-            if not replica.acks_alone(inbox, now):
+            if kind is RRepOk:
+                replica.in_step = host.may_deliver(self, now)  # (confirms wait while out of step)
+                replica.leaving = host.leaving
+                if not replica.acks_alone(inbox, now):
+                    return False
+            elif not replica.batches_alone(inbox, now):
                 return False
             inbox.clear()
             self._carry_out()

@@ -733,6 +733,19 @@ class Replica:
                 self._release(rep.acknowledged(msg.node, msg.seq, now))
         return True
 
+    def batches_alone(self, msgs, now: float) -> bool:
+        """A mirror's round of nothing but replication batches (`msgs` must all be RRep): each
+        applied as in a round, then the one acknowledgement the round ends with (`flush`), so
+        the leader hears at once. Only for a mirror following its leader (MIRROR); False,
+        having done nothing, otherwise. A follower's round has no timers and no dispatch, and
+        the node's step with the metadata log matters only to a leader: nothing else is due."""
+        if self.state is not S.MIRROR:
+            return False
+        for msg in msgs:
+            self.handle(msg, now)  # (a missing batch turns us WAITING: the rest are then ignored)
+        self.flush(now)
+        return True
+
     def _on_mirror_reset(self, msg: m.RMirrorReset, now: float) -> None:
         if msg.epoch == self.epoch and msg.node in self.rep.mirrors:
             self._drop_mirror(msg.node, "it lost track of the replication stream", now)

@@ -1,7 +1,8 @@
 """broker/queue_process.py: the pump around one replica. Here, how it hands the replica the
 metadata's news: a replica acts only on the newest Assign its inbox holds, and not on any
-Assign a Stop follows. And a leader's round of mirrors' acknowledgements alone: its confirms
-leave without the rest of a round, and only while the node is in step."""
+Assign a Stop follows. And the rounds of replication traffic alone: a leader's of its mirrors'
+acknowledgements (its confirms leave without the rest of a round, and only while the node is
+in step), a mirror's of its leader's batches (its acknowledgement leaves at once)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class Host:
         self.batch = None
         self.batch_now = 0.0
         self.events: list = []
+        self.sent: list = []  # (node, message) to other replicas
         self.leaving = False  # the node is not stopping
 
     in_step = True  # the node is in step with the metadata log
@@ -34,7 +36,7 @@ class Host:
         return None
 
     def to_node(self, node, msg, encoded=None):
-        pass  # replication to the mirror: these tests look at the confirms only
+        self.sent.append((node, msg))
 
     def to_session(self, node, sid, evs):
         self.events.extend(evs)
@@ -193,3 +195,69 @@ def test_confirms_held_out_of_step_leave_with_the_next_acknowledgement():
     host.in_step = True
     after_a_peer_batch(qp, host, 0.3, m.RRepOk("q", 1, "n2", second))
     assert sorted(accepted(host)) == [1, 2]
+
+
+def leader_and_mirror() -> tuple[QueueProcess, QueueProcess, Host, Host]:
+    """n3 leads queue q, n2 mirrors it, each with its own host; the mirror has started."""
+    ha = HA(mode="all")
+    lhost, mhost = Host(), Host()
+    leader = QueueProcess(lhost, Replica("q", config("n3"), Assign("n3", 1, ["n2"], ["n2"], ha), 0.0))
+    mirror = QueueProcess(mhost, Replica("q", config("n2"), Assign("n3", 1, ["n2"], ["n2"], ha), 0.0))
+    leader._carry_out()
+    mirror._carry_out()
+    pump(leader, lhost, mirror, mhost, 0.01)
+    assert mirror.replica.state is State.MIRROR
+    return leader, mirror, lhost, mhost
+
+
+def pump(leader, lhost, mirror, mhost, now):
+    """Run rounds, handing what each sends the other, until neither sends more."""
+    for _ in range(10):
+        leader._round(now)
+        mirror._round(now)
+        to_mirror, lhost.sent = [msg for _, msg in lhost.sent], []
+        to_leader, mhost.sent = [msg for _, msg in mhost.sent], []
+        if not to_mirror and not to_leader:
+            return
+        for msg in to_mirror:
+            mirror.deliver(msg)
+        for msg in to_leader:
+            leader.deliver(msg)
+
+
+def test_a_replication_batch_alone_is_acknowledged_without_a_round(monkeypatch):
+    leader, mirror, lhost, mhost = leader_and_mirror()
+    leader.deliver(m.QPublish("q", OWNER, 1, [b"body"], None, False, 1))
+    leader._round(0.1)
+    batches = [msg for _, msg in lhost.sent if isinstance(msg, m.RRep)]
+    assert len(batches) == 1
+    asked = []
+    mhost.may_deliver = lambda qp, now: asked.append(now) or True  # a full round asks this
+    after_a_peer_batch(mirror, mhost, 0.2, *batches)
+    assert asked == [] and not mirror.inbox
+    assert [(n, type(msg)) for n, msg in mhost.sent] == [("n3", m.RRepOk)]
+    assert mhost.sent[0][1].seq == batches[0].seq
+    assert mirror.replica.q.stats()["messages"] == 1
+
+
+def test_a_missing_replication_batch_still_restarts_the_mirror():
+    """A gap in the batches (one lost with a link) is noticed as in a round: the mirror asks
+    its leader for a restart and ignores the batches after the gap."""
+    leader, mirror, lhost, mhost = leader_and_mirror()
+    for pseq in (1, 2):
+        leader.deliver(m.QPublish("q", OWNER, pseq, [b"body"], None, False, 1))
+        leader._round(0.1 * pseq)
+    first, second = [msg for _, msg in lhost.sent if isinstance(msg, m.RRep)]
+    after_a_peer_batch(mirror, mhost, 0.3, second, first)
+    assert [type(msg) for _, msg in mhost.sent] == [m.RMirrorReset]
+    assert mirror.replica.state is State.WAITING
+
+
+def test_a_waiting_mirror_gets_a_full_round():
+    ha = HA(mode="all")
+    host = Host()
+    qp = QueueProcess(host, Replica("q", config("n2"), Assign("n3", 1, ["n2"], ["n2"], ha), 0.0))
+    asked = []
+    host.may_deliver = lambda qp, now: asked.append(now) or True
+    after_a_peer_batch(qp, host, 0.2, m.RRep("q", 1, 1, []))
+    assert qp.replica.state is State.WAITING and asked == [0.2]
