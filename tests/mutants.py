@@ -356,6 +356,21 @@ MUTANTS = [
             "tests/test_replica_property.py::test_mirrors_equal_the_leader_through_syncs"],
            "a promoted leader requeues before it has mirrors: the batch goes to no one, and a "
            "mirror that resumes counts the redeliveries twice against the consumer's prefetch"),
+    Mutant("acks-alone-confirm-out-of-step", "broker/queue_process.py",
+           "                replica.in_step = host.may_deliver(self, now)  # (confirms wait while out of step)",
+           "                pass",
+           ["tests/test_queue_process.py::"
+            "test_acknowledgements_alone_hold_their_confirms_while_the_node_is_out_of_step"],
+           "a leader's round of mirrors' acknowledgements alone confirms without asking whether "
+           "its node is in step with the metadata log"),
+    Mutant("mirror-batches-alone-unacknowledged", "mirroring/replica.py",
+           "            self.handle(msg, now)  # (a missing batch turns us WAITING: the rest are then ignored)\n"
+           "        self.flush(now)",
+           "            self.handle(msg, now)  # (a missing batch turns us WAITING: the rest are then ignored)",
+           ["tests/test_queue_process.py::test_a_replication_batch_alone_is_acknowledged_without_a_round",
+            "tests/test_process_mirroring.py"],
+           "a mirror applies its leader's batches without acknowledging them: confirms wait for the "
+           "next round of the mirror, or for ever"),
 ]
 
 
