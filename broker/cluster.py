@@ -227,6 +227,10 @@ class Cluster:
                 self.save_state(self.raft.persistent(), self.raft.commit)
             self.raft = None
             self.paused = False
+            # a new run of the app gets the whole grace before it pauses: a node stopped while
+            # paused, then started, paused its clients before it had dialed anyone (its
+            # `_no_quorum_since` was the old run's), and refused the first client after a rejoin
+            self._no_quorum_since = None
 
     def spawn(self, fn, *args) -> None:
         if self._nursery is not None:
@@ -289,6 +293,11 @@ class Cluster:
         self._was_leader = leading
         if leading:
             self._run_proposals(now)
+        if self.paused:
+            # heard from a majority again, maybe: take clients at once, not at the loop's next
+            # wake (up to LIVENESS_EVERY later), or a client that connects as soon as the
+            # cluster is whole (a node just rejoined and started) is refused meanwhile
+            self._check_pause(now)
         if raft.next_deadline() < self._sleeping_until:
             # a message moved Raft's timer earlier (a split vote's quick retry, a new leader's
             # first heartbeat): wake the loop for it, or the retry waits for the liveness tick,

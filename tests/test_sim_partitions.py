@@ -209,3 +209,44 @@ async def test_a_publisher_whose_queue_node_is_counted_down_then_cut_off_is_nack
             with trio.fail_after(TICKTIME * 3):  # the link times out after about TICKTIME
                 assert await pch.wait_for_confirms() is False  # nacked, not left waiting
             assert q_node not in c.nodes[p_node].links
+
+
+async def test_a_paused_minority_resumes_as_soon_as_it_hears_the_leader(tmp_path, autojump_clock):
+    """A node paused by pause_minority takes clients again the moment it hears from the
+    metadata log's leader, not at its next periodic check (up to half a second later): a client
+    that connects as soon as the cluster is whole again (a node just rejoined and started) is
+    not refused as "cannot reach a majority" by a node that can."""
+    async with sim_cluster(tmp_path) as c:
+        n1 = c.nodes["n1"].cluster
+        c.net.partition(["n1"], ["n2", "n3"])
+        await c.wait_for(lambda: n1.paused, 3 * TICKTIME, "n1 paused")
+        c.net.heal()
+        for _ in range(int(3 * TICKTIME / 0.001)):
+            if n1.raft.has_quorum_contact(trio.current_time()):
+                break
+            await trio.sleep(0.001)
+        else:
+            pytest.fail("n1 never heard from a leader after the heal")
+        assert not n1.paused, "n1 heard from the leader and still refuses clients"
+
+
+async def test_an_app_started_again_is_not_paused_before_it_has_dialed(tmp_path, autojump_clock):
+    """A node paused by pause_minority, its app stopped and started again once the partition is
+    over, gets a new grace before it pauses: it does not refuse clients for the old run's
+    silence before it has even dialed its peers."""
+    async with sim_cluster(tmp_path) as c:
+        node = c.nodes["n1"]
+        c.net.partition(["n1"], ["n2", "n3"])
+        await c.wait_for(lambda: node.cluster.paused, 3 * TICKTIME, "n1 paused")
+        await node.stop_app()
+        c.net.heal()
+        await node.start_app()
+        seen_paused = False
+        for _ in range(int(TICKTIME / 0.001)):
+            seen_paused = seen_paused or node.cluster.paused
+            if node.cluster.raft.has_quorum_contact(trio.current_time()):
+                break
+            await trio.sleep(0.001)
+        else:
+            pytest.fail("n1 never heard from a leader after its app started")
+        assert not seen_paused and not node.cluster.paused
