@@ -76,6 +76,7 @@ def test_messages_cross_between_amqp_and_warrens_own_client(cluster):
     conn = connect(cluster, "n2")
     ch = conn.channel()
     ch.queue_declare("cross", durable=False)
+    ch.confirm_delivery()  # so the message is in the queue before the other client asks for it
     ch.basic_publish("", "cross", b"from pika",
                      pika.BasicProperties(content_type="text/plain", headers={"n": 1, "s": "x"},
                                           message_id="m1", timestamp=1700000000, type="t"))
