@@ -44,9 +44,9 @@ class Reader:
     2,000 msgs/s), that pass is paid at every hop. Here a read that finds data returns it at once;
     a read that finds nothing waits for the socket (`wait_readable`, a checkpoint). A read that
     took less than it asked for left the socket empty, so the next one waits first rather than
-    fail (each failed read is a system call and an exception, once per wake-up of a node). So that a
-    stream that always has data cannot keep the other tasks waiting, every STREAK-th read in a
-    row checkpoints first, before it takes any bytes: a cancelled read has taken nothing.
+    fail (each failed read is a system call and an exception, once per wake-up of a node). So
+    that a stream that always has data cannot keep the other tasks waiting, every STREAK-th read
+    in a row checkpoints first, before it takes any bytes: a cancelled read has taken nothing.
 
     Other streams (the simulation's) are read with `receive_some`.
 
