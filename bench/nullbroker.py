@@ -26,8 +26,8 @@ the machine, since any real one does all this and more (bench/README.md, item 8,
 a mirrored confirm").
 
 `--loop trio` (the `null-mirrored-trio` target) runs the same protocol classes on trio instead
-of asyncio, reading each socket the way warren's nodes do (broker/framed.py `Reader`: a
-non-blocking read, and `trio.lowlevel.wait_readable` when it finds nothing) and writing with the
+of asyncio, reading each socket with warren's own `Reader` (broker/framed.py: a non-blocking
+read, and `trio.lowlevel.wait_readable` when there is nothing to read) and writing with the
 nodes' own `write_now` and `send_parts`, so each wake-up is a pass of trio's run loop: the
 floor for a broker written with trio.
 
@@ -52,7 +52,7 @@ from pamqp import header as pheader
 
 import trio
 
-from broker.framed import send_parts, write_now
+from broker.framed import Reader, send_parts, write_now
 
 _HEAD = struct.Struct(">BHI")
 _REC = struct.Struct(">I")  # a record's length, to a mirror
@@ -479,20 +479,14 @@ class _TrioTransport:
 
 
 async def _trio_read(sock: socket.socket, proto) -> None:
-    """Feed `proto` what `sock` brings until it closes (warren's Reader's way of reading)."""
-    fd = sock.fileno()
+    """Feed `proto` what `sock` brings until it closes, read by warren's own `Reader`
+    (broker/framed.py), as the nodes read their sockets."""
+    reader = Reader(trio.SocketStream(trio.socket.from_stdlib_socket(sock)))
     try:
         while True:
             try:
-                data = os.read(fd, 256 * 1024)
-            except BlockingIOError:
-                try:
-                    await trio.lowlevel.wait_readable(sock)
-                except trio.ClosedResourceError:  # closed by our side (its transport)
-                    data = b""
-                else:
-                    continue
-            except OSError:
+                data = await reader.receive_some(256 * 1024)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):  # (closed by our side)
                 data = b""
             if not data:
                 proto.connection_lost(None)

@@ -77,32 +77,29 @@ class Reader:
             if self.on_wait is not None:
                 self.on_wait()
             await trio.lowlevel.checkpoint()
-        if self._short:
-            # the last read took less than it asked for: the socket was empty then, and a read
-            # now would most likely find it so again (a failed read is a syscall and an
-            # exception); wait for it instead
-            self._short = False
-            self._streak = 0
-            if self.on_wait is not None:
-                self.on_wait()
-            await trio.lowlevel.wait_readable(sock)
         while True:
             fd = sock.fileno()
             if fd < 0:
                 raise trio.ClosedResourceError("the connection was closed")
-            try:
-                data = os.read(fd, max_bytes)
-            except BlockingIOError:
-                self._streak = 0
-                if self.on_wait is not None:
-                    self.on_wait()
-                await trio.lowlevel.wait_readable(sock)
-                continue
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"connection broken: {exc}") from exc
-            self._streak += 1
-            self._short = len(data) < max_bytes
-            return data
+            if self._short:
+                # the last read took less than it asked for, so it left the socket empty: a
+                # read now would most likely fail (a system call and an exception); wait first
+                self._short = False
+            else:
+                try:
+                    data = os.read(fd, max_bytes)
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    raise trio.BrokenResourceError(f"connection broken: {exc}") from exc
+                else:
+                    self._streak += 1
+                    self._short = len(data) < max_bytes
+                    return data
+            self._streak = 0
+            if self.on_wait is not None:
+                self.on_wait()
+            await trio.lowlevel.wait_readable(sock)
 
 
 class FramedStream:

@@ -323,16 +323,12 @@ class Router:
         input run their round at the end, here, when their task is idle (QueueProcess
         `after_batch`), and everything the batch produced is written at its end (the Cork)."""
         self.begin_input(link.last_heard)
-        replicas = self.replicas
         try:
             for msg in msgs:
-                t = type(msg)
-                if t is m.ToSession:
+                if type(msg) is m.ToSession:
                     # after the batch's queue rounds: a delivery sent without its bodies finds
                     # them in this node's mirror once the batch before it on the link is applied
                     self._for_sessions.append(msg)
-                elif t in ROUTED and msg.queue in replicas:  # (peer_message's usual case)
-                    replicas[msg.queue].deliver(msg)
                 else:
                     self.peer_message(link, msg)
         finally:
