@@ -35,6 +35,7 @@ from pathlib import Path
 
 CLIENT_BASE = 5690
 AMQP_BASE = 5671
+HTTP_BASE = 15671  # the management HTTP API: n1 on 15672, RabbitMQ's port
 PEER_BASE = 25690
 DEFAULT_HOME = Path("var/warren")
 DEMO_SECRET = "warren-local-demo-secret"
@@ -132,7 +133,8 @@ class LocalCluster:
     def __init__(self, home: Path | str, nodes: int = 3, *, free_ports: bool = False,
                  client_base: int = CLIENT_BASE, peer_base: int = PEER_BASE,
                  net_ticktime: float = 10.0, secret: str | None = None,
-                 server_args: list[str] | tuple[str, ...] = (), amqp_base: int = AMQP_BASE):
+                 server_args: list[str] | tuple[str, ...] = (), amqp_base: int = AMQP_BASE,
+                 http: bool = False, http_base: int = HTTP_BASE):
         self.home = Path(home).resolve()
         self.names = [f"n{i}" for i in range(1, nodes + 1)]
         self.net_ticktime = net_ticktime
@@ -145,6 +147,11 @@ class LocalCluster:
             self.ports = {name: (client_base + i, peer_base + i)
                           for i, name in enumerate(self.names, 1)}
             self.amqp_ports = {name: amqp_base + i for i, name in enumerate(self.names, 1)}
+        # the management HTTP API (`http_port(name)`), when asked for
+        self.http_ports: dict[str, int] = {}
+        if http:
+            self.http_ports = dict(zip(self.names, pick_free_ports(nodes) if free_ports else
+                                       range(http_base + 1, http_base + nodes + 1)))
         self.env = dict(os.environ, WARREN_HOME=str(self.home), PYTHONUNBUFFERED="1")
         self.env["WARREN_SECRET"] = secret or os.environ.get("WARREN_SECRET") or DEMO_SECRET
         self.env.pop("WARREN_NODE", None)
@@ -211,7 +218,9 @@ class LocalCluster:
         client, peer = self.ports[name]
         return [executable("warren-server"), "--name", name, "--client-port", str(client),
                 "--peer-port", str(peer), "--amqp-port", str(self.amqp_ports[name]),
-                "--net-ticktime", str(self.net_ticktime), *self.server_args]
+                "--net-ticktime", str(self.net_ticktime),
+                *(["--http-port", str(self.http_ports[name])] if name in self.http_ports else []),
+                *self.server_args]
 
     def _save_pids(self) -> None:
         pids = {name: p.pid for name, p in self.procs.items() if p.poll() is None}
@@ -537,14 +546,16 @@ def running_pids(home: Path) -> dict[str, int]:
 
 def start(home: Path, nodes: int = 3, ticktime: float = 10.0, client_base: int = CLIENT_BASE,
           peer_base: int = PEER_BASE, server_args: list[str] | tuple[str, ...] = (),
-          dump_logs: bool = True, amqp_base: int = AMQP_BASE) -> LocalCluster:
+          dump_logs: bool = True, amqp_base: int = AMQP_BASE,
+          http_base: int | None = None) -> LocalCluster:
     """Start a cluster that outlives this process (stop it with `stop(home)`)."""
     running = running_pids(home)
     if running:
         raise RuntimeError(f"nodes {', '.join(sorted(running))} of {home} are already running: "
                            f"stop them first (make stop, or python -m broker.localcluster stop)")
     cluster = LocalCluster(home, nodes, client_base=client_base, peer_base=peer_base,
-                           net_ticktime=ticktime, server_args=server_args, amqp_base=amqp_base)
+                           net_ticktime=ticktime, server_args=server_args, amqp_base=amqp_base,
+                           http=http_base is not None, http_base=http_base or HTTP_BASE)
     cluster.start(dump_logs=dump_logs)
     return cluster
 
@@ -595,6 +606,9 @@ def main(argv=None) -> None:
     p.add_argument("--amqp-base", type=int, default=_env_int("WARREN_AMQP_BASE", AMQP_BASE),
                    help="node i's AMQP 0-9-1 port is this + i (default $WARREN_AMQP_BASE or 5671: "
                         "n1 on 5672)")
+    p.add_argument("--http-base", type=int, default=_env_int("WARREN_HTTP_BASE", HTTP_BASE),
+                   help="node i's management HTTP port (API, /metrics, web UI) is this + i "
+                        "(default $WARREN_HTTP_BASE or 15671: n1 on 15672)")
     p.add_argument("--net-ticktime", type=float, default=10.0)
     args, server_args = p.parse_known_args(argv)
     if server_args and args.action != "start":
@@ -604,11 +618,14 @@ def main(argv=None) -> None:
         if args.action == "start":
             # Options this command does not know are passed on to every warren-server.
             cluster = start(home, args.nodes, args.net_ticktime, args.client_base,
-                            args.peer_base, server_args, dump_logs=False, amqp_base=args.amqp_base)
+                            args.peer_base, server_args, dump_logs=False, amqp_base=args.amqp_base,
+                            http_base=args.http_base)
             secret = cluster.env["WARREN_SECRET"]
             print(f"started {', '.join(cluster.names)}; client ports "
                   f"{', '.join(str(cluster.client_port(n)) for n in cluster.names)}; AMQP ports "
-                  f"{', '.join(str(cluster.amqp_port(n)) for n in cluster.names)}; logs in {home / 'logs'}")
+                  f"{', '.join(str(cluster.amqp_port(n)) for n in cluster.names)}; web UI and HTTP API "
+                  f"{', '.join(f'http://127.0.0.1:{cluster.http_ports[n]}/' for n in cluster.names)}; "
+                  f"logs in {home / 'logs'}")
             print(f"use it from any shell: export WARREN_HOME={shlex.quote(str(home))} "
                   f"WARREN_SECRET={shlex.quote(secret)}; warrenctl -n n1 cluster_status")
         elif args.action == "stop":

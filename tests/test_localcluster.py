@@ -141,17 +141,21 @@ def test_cli_start_refuses_while_the_nodes_run_and_stop_stops_them(tmp_path):
     started by hand with the same WARREN_HOME (found in the home's run registry)."""
     c = ProcessCluster(2, tmpdir=str(tmp_path))
     base_client, base_peer = c.client_port("n1") - 1, c.peer_port("n1") - 1
+    http_port = free_port()
     cwd = tmp_path / "clone"
     cwd.mkdir()
     args = [sys.executable, "-m", "broker.localcluster", "start", "--home", "var/warren", "--nodes", "1",
             "--client-base", str(base_client), "--peer-base", str(base_peer), "--net-ticktime", "5",
-            "--log-format", "json"]
+            "--http-base", str(http_port - 1), "--log-format", "json"]
     home = cwd / "var" / "warren"
     r = subprocess.run(args, capture_output=True, text=True, timeout=60, env=_plain_env(), cwd=cwd)
     hand = None
     try:
         assert r.returncode == 0, r.stderr
         assert f"client ports {base_client + 1}" in r.stdout
+        assert f"http://127.0.0.1:{http_port}/" in r.stdout
+        # the run registry records the management HTTP port as it records the others
+        assert json.loads((home / "run" / "n1.json").read_text())["http"][1] == http_port
         pid = json.loads((home / PID_FILE).read_text())["n1"]
         assert is_node_process(pid, "n1")[0]
         # the extra flag went to warren-server: its log is JSON

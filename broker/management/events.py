@@ -1,0 +1,126 @@
+"""The timeline: a small bounded ring of what happened to the cluster's nodes and queues, as this
+node saw it, for the web UI and `GET /api/warren/events`.
+
+It is fed where the metadata is applied (`Node.meta_changed` hands each change on): a node
+recorded down or up, a policy set or cleared, and for each queue the change touched, what moved
+in its placement (declared, deleted, a leader promoted, a mirror added or dropped, a mirror
+synchronised). A promotion carries the *delivery gap*: from the moment this node's link to the
+old leader's node broke (`link_down`) to the moment it applied the promotion, the time during
+which nobody could serve the queue. Batch syncs are not in the metadata: their start and end
+are recorded when the API sees them (`sync_seen`), or starts them.
+
+Cost: a change that names its queues compares those; any other change (a node's run, a policy:
+rare) compares every queue's placement, a tuple comparison each.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+
+import trio
+
+from . import state
+
+EVENTS_KEPT = 2000
+GAP_WINDOW = 120.0  # a link that broke longer ago than this does not explain a promotion
+
+
+class Timeline:
+    def __init__(self, node, size: int = EVENTS_KEPT):
+        self.node = node
+        self.events: deque[dict] = deque(maxlen=size)
+        self._ids = itertools.count(1)
+        self._placement: dict[str, tuple] = {}  # queue -> (leader, mirrors, synced) last seen
+        self._link_down_at: dict[str, float] = {}  # node -> trio time its link broke
+        self._syncing: set[str] = set()
+        self.promotions = 0
+        self.last_gap: float | None = None
+
+    # --- feeding -------------------------------------------------------------------------------
+    def add(self, kind: str, text: str, queue: str | None = None, node: str | None = None,
+            **extra) -> dict:
+        event = {"id": next(self._ids), "at": time.time(), "kind": kind, "queue": queue,
+                 "node": node, "text": text, **extra}
+        self.events.append(event)
+        return event
+
+    def link_down(self, node: str) -> None:
+        self._link_down_at[node] = trio.current_time()
+
+    def resync(self, md) -> None:
+        """Take the placements as they are now, saying nothing (start-up, a snapshot)."""
+        self._placement = {q.name: q.placement for q in state.queues(md)}
+
+    def meta_changed(self, change, md) -> None:
+        if change is None:
+            self.resync(md)
+            return
+        kind = change[0]
+        if kind == "node.down":
+            why = change[3] if len(change) > 3 else "failure"
+            self.add("node_down", f"node {change[1]} down ({why})", node=change[1], reason=why)
+        elif kind == "node.up":
+            self.add("node_up", f"node {change[1]} up", node=change[1])
+        elif kind == "policy.set":
+            record = change[1]
+            self.add("policy", f"policy {record['name']} set: pattern {record['pattern']!r}, "
+                               f"{record['definition']}", policy=record["name"])
+        elif kind == "policy.clear":
+            self.add("policy", f"policy {change[1]} cleared", policy=change[1])
+        touched = md.touched
+        names = touched if touched is not None else set(self._placement) | set(state.queue_names(md))
+        for name in sorted(names):
+            self._compare(name, state.queue(md, name))
+
+    def _compare(self, name: str, q) -> None:
+        before = self._placement.get(name)
+        if q is None:
+            if before is not None:
+                del self._placement[name]
+                self._syncing.discard(name)
+                self.add("queue_deleted", f"queue {name} deleted", queue=name)
+            return
+        now = q.placement
+        if before == now:
+            return
+        self._placement[name] = now
+        if before is None:
+            self.add("queue_declared", f"queue {name} declared, leader on {q.leader}", queue=name,
+                     node=q.leader)
+            before = (q.leader, (), ())
+        old_leader, old_mirrors, old_synced = before
+        if q.leader != old_leader:
+            gap = None
+            broke = self._link_down_at.get(old_leader)
+            if broke is not None and trio.current_time() - broke < GAP_WINDOW:
+                gap = round(trio.current_time() - broke, 3)
+                self.last_gap = gap
+            self.promotions += 1
+            text = f"mirror on {q.leader} promoted to leader (was {old_leader})"
+            if gap is not None:
+                text += f"; delivery gap {gap * 1000:.0f} ms"
+            self.add("promoted", text, queue=name, node=q.leader, previous=old_leader, gap=gap)
+        for added in [n for n in q.mirrors if n not in old_mirrors and n != old_leader]:
+            self.add("mirror_added", f"mirror added on {added}", queue=name, node=added)
+        for dropped in [n for n in old_mirrors if n not in q.mirrors and n != q.leader]:
+            self.add("mirror_dropped", f"mirror on {dropped} dropped", queue=name, node=dropped)
+        for synced in [n for n in q.synced if n not in old_synced]:
+            self.add("mirror_synchronised", f"mirror on {synced} synchronised", queue=name,
+                     node=synced)
+
+    def sync_seen(self, name: str, progress: dict | None, leader: str) -> None:
+        """What a leader's stats say of its batch sync (None: none runs)."""
+        if progress is not None and name not in self._syncing:
+            self._syncing.add(name)
+            self.add("sync_started", f"sync started: {progress['total_messages']:,} messages "
+                                     f"to mirrors", queue=name, node=leader)
+        elif progress is None and name in self._syncing:
+            self._syncing.discard(name)
+            self.add("sync_finished", "sync finished", queue=name, node=leader)
+
+    # --- reading -------------------------------------------------------------------------------
+    def since(self, after: int = 0, queue: str | None = None, limit: int = 200) -> list[dict]:
+        out = [e for e in self.events if e["id"] > after and (queue is None or e["queue"] == queue)]
+        return out[-limit:]

@@ -1,0 +1,165 @@
+"""The management API's one way into the cluster's metadata and the queues' live counts.
+
+Everything else in broker/management reads the metadata (members, queue definitions, policies,
+exchanges, bindings) through the functions here, which turn it into plain views (`QueueView`,
+dicts), so a change in how the metadata stores its records changes this file only.
+
+Live counts come from each queue's leader: the same `queue_stats` request that `warrenctl
+list_queues` sends over the peer links (broker/control.py), one per running node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+from mirroring.policy import effective_policy, make_policy
+
+from ..cluster import NodeStopped
+
+VHOST = "/"
+STATS_TIMEOUT = 5.0  # a node that does not answer in this long is left out of a listing
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    name: str
+    durable: bool
+    auto_delete: bool
+    exclusive: bool
+    arguments: dict
+    leader: str
+    mirrors: tuple  # oldest first
+    synced: tuple
+    epoch: int
+    owner: object
+
+    @property
+    def placement(self) -> tuple:
+        """What the timeline compares between two versions of the metadata."""
+        return self.leader, self.mirrors, self.synced
+
+
+def metadata(node):
+    """The metadata: live while the app runs, else as last saved."""
+    return node.md if node.app_running else node.cluster.load_metadata()
+
+
+def _view(q: dict) -> QueueView:
+    return QueueView(q["name"], bool(q["durable"]), bool(q["auto_delete"]), bool(q["exclusive"]),
+                     dict(q.get("arguments") or {}), q["leader"], tuple(q.get("mirrors", ())),
+                     tuple(q.get("synced", ())), q.get("epoch", 0), q.get("owner"))
+
+
+def queue(md, name: str) -> QueueView | None:
+    q = md.queues.get(name)
+    return None if q is None else _view(q)
+
+
+def queues(md) -> list[QueueView]:
+    return [_view(q) for _, q in sorted(md.queues.items())]
+
+
+def queue_names(md) -> list[str]:
+    return list(md.queues)
+
+
+def members(md) -> list[str]:
+    """The cluster's members in the order they joined."""
+    return list(md.members)
+
+
+def cluster_name(md) -> str:
+    return md.cluster_name
+
+
+def down_reason(md, member: str) -> str | None:
+    """"failure" or "shutdown" if the metadata records the member down, else None."""
+    return md.down.get(member)
+
+
+def metadata_version(md) -> int:
+    return md.version
+
+
+def policies(md) -> list[dict]:
+    """Every policy as RabbitMQ's API lists it."""
+    return [{"vhost": VHOST, "name": p["name"], "pattern": p["pattern"], "apply-to": p["apply_to"],
+             "definition": p["definition"], "priority": p["priority"]}
+            for p in sorted(md.policies.values(), key=lambda p: p["name"])]
+
+
+def has_policy(md, name: str) -> bool:
+    return name in md.policies
+
+
+def policy_of(md, queue_name: str) -> tuple[str, dict]:
+    """(name, definition) of the policy that applies to a queue, ("", {}) if none."""
+    pol = effective_policy(md.policies, queue_name)
+    return (pol["name"], dict(pol["definition"])) if pol else ("", {})
+
+
+def policy_record(name: str, pattern, definition, priority, apply_to) -> dict:
+    """A policy as `warrenctl set_policy` makes it (same checks, same messages)."""
+    return make_policy(name, pattern, definition, priority, apply_to)
+
+
+def exchanges(md) -> list[dict]:
+    return [dict(x) for _, x in sorted(md.exchanges.items())]
+
+
+def exchange(md, name: str) -> dict | None:
+    x = md.exchanges.get(name)
+    return None if x is None else dict(x)
+
+
+def bindings(md) -> list[tuple]:
+    """(source, queue, routing key, arguments) of every binding: the default exchange's implicit
+    one to each queue first, then the declared ones by source."""
+    rows = [("", q, q, {}) for q in sorted(md.queues)]
+    for x, binds in sorted(md.bindings.items()):
+        for q, key, arguments in sorted(binds, key=lambda b: (b[0], b[1])):
+            rows.append((x, q, key, dict(arguments or {})))
+    return rows
+
+
+def route(md, exchange_name: str, routing_key: str, headers=None) -> list[str]:
+    """The queues a message published to the exchange reaches (raises for a missing one)."""
+    return md.routes.route(exchange_name, routing_key, headers)
+
+
+# --- live counts ---------------------------------------------------------------------------------
+
+async def replica_stats(node, names=None) -> tuple[dict, dict]:
+    """({queue: its leader's stats}, {queue: {node: mirror's stats}}) from every running node
+    (or only `names`); a node that fails to answer is left out."""
+    leaders: dict = {}
+    mirrors: dict = {}
+    if not node.app_running:
+        return leaders, mirrors
+
+    async def one(name):
+        try:
+            with trio.fail_after(STATS_TIMEOUT):
+                per_node = await node.cluster.call_node(name, "queue_stats", {})
+        except (Exception, NodeStopped):  # noqa: BLE001 - a node going away is not an error here
+            return
+        for qname, st in per_node.items():
+            if st["role"] == "leader":
+                leaders[qname] = st
+            else:
+                mirrors.setdefault(qname, {})[st["node"]] = st
+
+    async with trio.open_nursery() as nursery:
+        for name in sorted(names if names is not None else node.running):
+            if name in node.running:
+                nursery.start_soon(one, name)
+    return leaders, mirrors
+
+
+async def local_stats(node) -> dict:
+    """{queue: stats} of every replica this node runs (no peer is asked)."""
+    if not node.app_running:
+        return {}
+    return await node.node_rpc("queue_stats", {})
