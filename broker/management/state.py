@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import trio
 
 from mirroring.policy import effective_policy, make_policy
+from mirroring.replica import LEADING
 
 from ..cluster import NodeStopped
 
@@ -59,6 +60,11 @@ def queue(md, name: str) -> QueueView | None:
 
 def queues(md) -> list[QueueView]:
     return [_view(q) for _, q in sorted(md.queues.items())]
+
+
+def mirror_counts(md) -> dict[str, int]:
+    """{queue: how many mirrors the metadata lists}, in one pass (for /metrics)."""
+    return {name: len(q.get("mirrors", ())) for name, q in md.queues.items()}
 
 
 def queue_names(md) -> list[str]:
@@ -158,8 +164,20 @@ async def replica_stats(node, names=None) -> tuple[dict, dict]:
     return leaders, mirrors
 
 
-async def local_stats(node) -> dict:
-    """{queue: stats} of every replica this node runs (no peer is asked)."""
-    if not node.app_running:
-        return {}
-    return await node.node_rpc("queue_stats", {})
+def local_leader_counts(node) -> list[tuple]:
+    """(queue, ready, unacknowledged, consumers, ready bytes, published, delivered, acked,
+    synchronised mirrors, sync progress or None) for each queue this node leads, sorted: what
+    `queue_stats` says of a leader, read straight from the replicas without a dict per queue
+    (a scrape of 1,000 queues spends its time here)."""
+    out = []
+    for name, qp in node.router.replicas.items():
+        r = qp.replica
+        if r.state not in LEADING:
+            continue
+        q = r.q
+        sync = r.sync
+        out.append((name, len(q.ready), q.unacked_count, len(q.consumers), q.ready_bytes,
+                    q.next_id - 1, q.delivered_total, q.acked_total, len(r.rep.synced()),
+                    None if sync is None else sync.pacer.progress(trio.current_time())))
+    out.sort()
+    return out
