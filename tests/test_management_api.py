@@ -308,3 +308,41 @@ def test_queue_labels_are_escaped_for_the_parser():
     assert sample.labels == {"queue": name, "vhost": "/"} and sample.value == 1
     assert families["rabbitmq_queue_messages"].samples[0].value == 3
     assert families["warren_queue_sync_progress_ratio"].samples[0].value == 0.5
+
+
+async def test_timeline_follows_the_metadata_as_it_is_applied():
+    """Fed each applied change, the ring records a declare, a mirror added and synchronised, a
+    node down and the promotion with its delivery gap (from the link's break), a deletion."""
+    from broker.management.events import Timeline
+    from mirroring.metadata import Metadata
+    md = Metadata()
+    timeline = Timeline(None)
+
+    def apply(change):
+        md.apply(change)
+        timeline.meta_changed(change, md)
+
+    for name in ("n1", "n2", "n3"):
+        apply(["member.add", name, ["h", 1], ["h", 2]])
+    apply(["node.up", "n1", 7])
+    apply(["queue.declare", {"name": "q", "durable": True, "exclusive": False, "auto_delete": False,
+                             "arguments": {}, "leader": "n1"}])
+    apply(["queues.update", [["q", {"mirrors": ["n2"], "synced": []}]]])
+    apply(["queues.update", [["q", {"synced": ["n2"]}]]])
+    timeline.link_down("n1")
+    await trio.sleep(0.05)
+    apply(["node.down", "n1", 7, "failure", [["q", {"leader": "n2", "mirrors": ["n3"], "synced": []}]]])
+    apply(["queue.delete", "q"])
+    kinds = [(e["kind"], e["node"]) for e in timeline.since(queue="q")]
+    assert kinds == [("queue_declared", "n1"), ("mirror_added", "n2"), ("mirror_synchronised", "n2"),
+                     ("promoted", "n2"), ("mirror_added", "n3"), (("queue_deleted", None))]
+    [promoted] = [e for e in timeline.since() if e["kind"] == "promoted"]
+    assert 0.05 <= promoted["gap"] < 5 and promoted["previous"] == "n1"
+    assert timeline.promotions == 1 and timeline.last_gap == promoted["gap"]
+    assert [e["kind"] for e in timeline.since() if e["queue"] is None] == ["node_up", "node_down"]
+    # a snapshot replaces the state silently; the ring stays bounded
+    timeline.meta_changed(None, md)
+    small = Timeline(None, size=3)
+    for i in range(10):
+        small.add("policy", f"p{i}")
+    assert [e["text"] for e in small.since()] == ["p7", "p8", "p9"]

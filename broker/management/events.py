@@ -51,7 +51,7 @@ class Timeline:
 
     def resync(self, md) -> None:
         """Take the placements as they are now, saying nothing (start-up, a snapshot)."""
-        self._placement = {q.name: q.placement for q in state.queues(md)}
+        self._placement = {name: state.placement(md, name) for name in state.queue_names(md)}
 
     def meta_changed(self, change, md) -> None:
         if change is None:
@@ -70,45 +70,43 @@ class Timeline:
         elif kind == "policy.clear":
             self.add("policy", f"policy {change[1]} cleared", policy=change[1])
         touched = md.touched
-        names = touched if touched is not None else set(self._placement) | set(state.queue_names(md))
-        for name in sorted(names):
-            self._compare(name, state.queue(md, name))
+        names = touched if touched is not None else {*self._placement, *state.queue_names(md)}
+        placements = self._placement
+        for name in names:
+            now = state.placement(md, name)
+            if now != placements.get(name):
+                self._compare(name, placements.get(name), now)
 
-    def _compare(self, name: str, q) -> None:
-        before = self._placement.get(name)
-        if q is None:
-            if before is not None:
-                del self._placement[name]
-                self._syncing.discard(name)
-                self.add("queue_deleted", f"queue {name} deleted", queue=name)
-            return
-        now = q.placement
-        if before == now:
+    def _compare(self, name: str, before: tuple | None, now: tuple | None) -> None:
+        if now is None:
+            del self._placement[name]
+            self._syncing.discard(name)
+            self.add("queue_deleted", f"queue {name} deleted", queue=name)
             return
         self._placement[name] = now
+        leader, mirrors, synced = now
         if before is None:
-            self.add("queue_declared", f"queue {name} declared, leader on {q.leader}", queue=name,
-                     node=q.leader)
-            before = (q.leader, (), ())
+            self.add("queue_declared", f"queue {name} declared, leader on {leader}", queue=name,
+                     node=leader)
+            before = (leader, (), ())
         old_leader, old_mirrors, old_synced = before
-        if q.leader != old_leader:
+        if leader != old_leader:
             gap = None
             broke = self._link_down_at.get(old_leader)
             if broke is not None and trio.current_time() - broke < GAP_WINDOW:
                 gap = round(trio.current_time() - broke, 3)
                 self.last_gap = gap
             self.promotions += 1
-            text = f"mirror on {q.leader} promoted to leader (was {old_leader})"
+            text = f"mirror on {leader} promoted to leader (was {old_leader})"
             if gap is not None:
                 text += f"; delivery gap {gap * 1000:.0f} ms"
-            self.add("promoted", text, queue=name, node=q.leader, previous=old_leader, gap=gap)
-        for added in [n for n in q.mirrors if n not in old_mirrors and n != old_leader]:
+            self.add("promoted", text, queue=name, node=leader, previous=old_leader, gap=gap)
+        for added in [n for n in mirrors if n not in old_mirrors and n != old_leader]:
             self.add("mirror_added", f"mirror added on {added}", queue=name, node=added)
-        for dropped in [n for n in old_mirrors if n not in q.mirrors and n != q.leader]:
+        for dropped in [n for n in old_mirrors if n not in mirrors and n != leader]:
             self.add("mirror_dropped", f"mirror on {dropped} dropped", queue=name, node=dropped)
-        for synced in [n for n in q.synced if n not in old_synced]:
-            self.add("mirror_synchronised", f"mirror on {synced} synchronised", queue=name,
-                     node=synced)
+        for node in [n for n in synced if n not in old_synced]:
+            self.add("mirror_synchronised", f"mirror on {node} synchronised", queue=name, node=node)
 
     def sync_seen(self, name: str, progress: dict | None, leader: str) -> None:
         """What a leader's stats say of its batch sync (None: none runs)."""

@@ -36,11 +36,6 @@ class QueueView:
     epoch: int
     owner: object
 
-    @property
-    def placement(self) -> tuple:
-        """What the timeline compares between two versions of the metadata."""
-        return self.leader, self.mirrors, self.synced
-
 
 def metadata(node):
     """The metadata: live while the app runs, else as last saved."""
@@ -65,6 +60,13 @@ def queues(md) -> list[QueueView]:
 def mirror_counts(md) -> dict[str, int]:
     """{queue: how many mirrors the metadata lists}, in one pass (for /metrics)."""
     return {name: len(q.get("mirrors", ())) for name, q in md.queues.items()}
+
+
+def placement(md, name: str) -> tuple | None:
+    """(leader, mirrors, synchronised mirrors) of a queue, None if there is no such queue: what
+    the timeline compares, without a view of the whole definition."""
+    q = md.queues.get(name)
+    return None if q is None else (q["leader"], tuple(q.get("mirrors", ())), tuple(q.get("synced", ())))
 
 
 def queue_names(md) -> list[str]:
