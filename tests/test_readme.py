@@ -16,10 +16,11 @@ A block the test cannot run here says so in the README, in an HTML comment just 
 
 Unmarked blocks always run. Only what the shared machine needs is changed, never a command:
 
-- ports: the README's local ports (clients 5691-5694, AMQP 5672-5675, peers 25691-25694;
-  docker's host ports 5681-5686) are mapped to free ones, in the blocks' text and through the
-  environment that `make cluster`/`make demo` (WARREN_CLIENT_BASE/WARREN_AMQP_BASE/
-  WARREN_PEER_BASE) and docker-compose (WARREN_PORT_N1..3, WARREN_AMQP_PORT_N1..3) read;
+- ports: the README's local ports (clients 5691-5694, AMQP 5672-5675, peers 25691-25694, HTTP
+  15672-15675; docker's host ports 5681-5686) are mapped to free ones, in the blocks' text and
+  through the environment that `make cluster`/`make demo` (WARREN_CLIENT_BASE/WARREN_AMQP_BASE/
+  WARREN_PEER_BASE/WARREN_HTTP_BASE) and docker-compose (WARREN_PORT_N1..3,
+  WARREN_AMQP_PORT_N1..3) read;
   the docker image is tagged warren:readme-test, not warren:latest;
 - `make`'s install step is a no-op (PIP=true): `pip install -e` would re-point this
   environment's editable install at the temporary copy. PYTHONPATH points at the copy instead.
@@ -165,17 +166,20 @@ class Session:
         for name in ("python", "python3"):
             (bin_dir / name).symlink_to(sys.executable)
         client_base, peer_base, amqp_base = _free_base(), _free_base(), _free_base()
+        http_base = _free_base()
         docker_ports = [_free_base(1) + 1 for _ in range(6)]
         self.ports = {5690 + i: client_base + i for i in range(1, 5)}
         self.ports.update({25690 + i: peer_base + i for i in range(1, 5)})
         self.ports.update({5671 + i: amqp_base + i for i in range(1, 5)})
+        self.ports.update({15671 + i: http_base + i for i in range(1, 5)})
         self.ports.update({5680 + i: port for i, port in enumerate(docker_ports, 1)})
         env = {k: v for k, v in os.environ.items() if not k.startswith("WARREN_")}
         env.update(
             PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), env.get("PATH", "")]),
             PYTHONPATH=str(self.clone), PIP="true", PYTHONUNBUFFERED="1",
             WARREN_CLIENT_BASE=str(client_base), WARREN_PEER_BASE=str(peer_base),
-            WARREN_AMQP_BASE=str(amqp_base), WARREN_IMAGE="warren:readme-test",
+            WARREN_AMQP_BASE=str(amqp_base), WARREN_HTTP_BASE=str(http_base),
+            WARREN_IMAGE="warren:readme-test",
             **{f"WARREN_PORT_N{i}": str(port) for i, port in enumerate(docker_ports[:3], 1)},
             **{f"WARREN_AMQP_PORT_N{i}": str(port) for i, port in enumerate(docker_ports[3:], 1)})
         (self.state / "env.sh").write_text("".join(f"export {k}={_quote(v)}\n" for k, v in env.items()))
@@ -185,7 +189,7 @@ class Session:
         self.docker_used = False
 
     def rewrite(self, text: str) -> str:
-        return re.sub(r"\b(2569[1-4]|569[1-4]|568[1-6]|567[2-5])\b",
+        return re.sub(r"\b(2569[1-4]|1567[2-5]|569[1-4]|568[1-6]|567[2-5])\b",
                       lambda m: str(self.ports[int(m.group(1))]), text)
 
     def run(self, block: Block, timeout: float) -> tuple[int, str]:
