@@ -4,12 +4,14 @@ warren-server processes: the page loads and lives without reloads; a policy set 
 the page fills its bar; kill -9 of the leader's node shows the node down, the synchronised
 mirror promoted and the timeline with the delivery gap; a new mirror's sync moves its bar and is
 cancelled; a purge waits for its confirmation. Each step saves a screenshot under the test's
-temporary folder (screens/)."""
+temporary folder (screens/); WARREN_UI_SCREENSHOT=PATH also copies the one that shows the most
+(a sync's bar after a promotion, with the timeline and live rates) to PATH."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +49,41 @@ def publish(c, node: str, queue: str, n: int, size: int = 1024) -> None:
     trio.run(run)
 
 
+class Traffic:
+    """A light steady load (about 100 messages/s published, consumed and acknowledged) on one
+    queue, from a thread, so the page's rates and charts have something to show."""
+
+    def __init__(self, c, node: str, queue: str):
+        self.addr, self.queue = c.client_addr(node), queue
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=trio.run, args=(self._run,), daemon=True)
+
+    async def _run(self):
+        async with open_connection([self.addr]) as conn:
+            ch = await conn.channel()
+            await ch.queue_declare(self.queue, durable=True)
+
+            async def consume():
+                async for msg in await ch.basic_consume(self.queue):
+                    ch.basic_ack(msg.delivery_tag)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(consume)
+                while not self.stop.is_set():
+                    for _ in range(10):
+                        await ch.basic_publish("", self.queue, b"tick" * 64)
+                    await trio.sleep(0.1)
+                nursery.cancel_scope.cancel()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(10)
+
+
 def progress(page, queue: str) -> float:
     bar = page.locator(f'[data-queue="{queue}"] .sync-bar')
     value = bar.get_attribute("data-progress")
@@ -67,7 +104,7 @@ def test_the_page_drives_and_shows_mirroring(request, tmp_path_factory, tmp_path
                          server_args=["--mirroring-sync-max-throughput", str(SYNC_LIMIT)]) as c:
         publish(c, "n1", "ha.ui", 1500)
         publish(c, "n2", "scratch", 3)
-        with playwright_api.sync_playwright() as pw:
+        with Traffic(c, "n2", "ha.live"), playwright_api.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -79,6 +116,10 @@ def test_the_page_drives_and_shows_mirroring(request, tmp_path_factory, tmp_path
                     page.wait_for_selector(f'[data-node="{name}"][data-state="running"]')
                 assert queue.get_attribute("data-leader") == "n1"
                 assert queue.locator('[data-role="mirror"]').count() == 0
+                # the rates come live, without a reload
+                page.wait_for_function(
+                    "() => Number(document.querySelector('[data-queue=\"ha.live\"] .rate-publish')"
+                    "?.textContent || 0) > 10")
                 shot(page, "loaded")
 
                 # a bad policy: the API's 400, shown with warrenctl's message
@@ -128,7 +169,7 @@ def test_the_page_drives_and_shows_mirroring(request, tmp_path_factory, tmp_path
                 assert "delivery gap" in promoted.inner_text()
                 assert page.locator('#cluster-events .event[data-kind="node_down"]').count() >= 1
                 assert promoted_after < 10, promoted_after  # seen within about two polls of the change
-                ui_shot = shot(page, "leader-killed-promoted")
+                shot(page, "leader-killed-promoted")
 
                 # the new mirror (exactly 2: on the third node) syncs from the page; cancelled
                 other = next(n for n in ("n2", "n3") if n != first_mirror)
@@ -142,7 +183,7 @@ def test_the_page_drives_and_shows_mirroring(request, tmp_path_factory, tmp_path
                     f"() => Number(document.querySelector('[data-queue=\"ha.ui\"] .sync-bar')"
                     f".dataset.progress || 0) > {first}")
                 assert "ETA" in queue.locator(".sync-text").inner_text()
-                shot(page, "second-sync-running")
+                ui_shot = shot(page, "second-sync-running")  # the one docs/images/ui.png shows
                 queue.locator(".act-cancel-sync").click()
                 page.wait_for_function(
                     "() => document.querySelector('[data-queue=\"ha.ui\"] .sync').hidden")

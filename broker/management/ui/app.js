@@ -256,8 +256,9 @@ function updateCard(card, x, members, running, h) {
   const ms = x.message_stats;
   card.stats.innerHTML = `<b class="depth">${x.messages}</b> messages (<b>${x.messages_ready}</b> ready,
     <b>${x.messages_unacknowledged}</b> unacked), <b>${x.consumers}</b> consumers<br>
-    publish <b>${ms.publish_details.rate}</b>/s · deliver <b>${ms.deliver_get_details.rate}</b>/s ·
-    ack <b>${ms.ack_details.rate}</b>/s`;
+    publish <b class="rate-publish">${ms.publish_details.rate}</b>/s ·
+    deliver <b class="rate-deliver">${ms.deliver_get_details.rate}</b>/s ·
+    ack <b class="rate-ack">${ms.ack_details.rate}</b>/s`;
   const p = x.sync_progress;
   card.sync.hidden = !p;
   if (p) {
@@ -274,14 +275,15 @@ function updateCard(card, x, members, running, h) {
 function drawChart(svg, label, h) {
   const top = Math.max(1, ...h.map((s) => Math.max(s[1], s[2], s[3])));
   const t1 = h.length ? h[h.length - 1][0] : 0;
-  const span = 300; // seconds across the chart
+  // seconds across the chart: the history kept, from one minute up to five
+  const span = Math.min(300, Math.max(60, h.length ? t1 - h[0][0] : 0));
   const line = (i, color) => {
     const points = h.map((s) => [320 - (t1 - s[0]) * 320 / span, 78 - 74 * s[i] / top])
       .filter((pt) => pt[0] >= 0).map((pt) => pt[0].toFixed(1) + "," + pt[1].toFixed(1)).join(" ");
     return `<polyline fill="none" stroke="${color}" stroke-width="1.5" points="${points}"/>`;
   };
   svg.innerHTML = line(1, "#1565c0") + line(2, "#2e7d32") + line(3, "#ef6c00");
-  label.textContent = `(top ${top.toFixed(1)}/s, last 5 min)`;
+  label.textContent = `(top ${top.toFixed(1)}/s, last ${Math.round(span / 60)} min)`;
 }
 
 function renderEvents(list, items) {
