@@ -56,7 +56,7 @@ def busy_port():
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("which", ["--client-port", "--peer-port"])
+@pytest.mark.parametrize("which", ["--client-port", "--peer-port", "--http-port"])
 def test_server_port_in_use(env, busy_port, which):
     ports = {"--client-port": str(free_port()), "--peer-port": str(free_port())}
     ports[which] = str(busy_port)
