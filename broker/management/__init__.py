@@ -33,7 +33,7 @@ class Management:
 
     # --- the node's news -----------------------------------------------------------------------
     def meta_changed(self, change) -> None:
-        self.timeline.meta_changed(change, self.node.md)
+        self.timeline.meta_changed(change, state.metadata(self.node))
 
     def link_down(self, peer: str) -> None:
         self.timeline.link_down(peer)

@@ -57,19 +57,19 @@ class Timeline:
         if change is None:
             self.resync(md)
             return
-        kind = change[0]
-        if kind == "node.down":
-            why = change[3] if len(change) > 3 else "failure"
-            self.add("node_down", f"node {change[1]} down ({why})", node=change[1], reason=why)
-        elif kind == "node.up":
-            self.add("node_up", f"node {change[1]} up", node=change[1])
-        elif kind == "policy.set":
-            record = change[1]
-            self.add("policy", f"policy {record['name']} set: pattern {record['pattern']!r}, "
-                               f"{record['definition']}", policy=record["name"])
-        elif kind == "policy.clear":
-            self.add("policy", f"policy {change[1]} cleared", policy=change[1])
-        touched = md.touched
+        facts = state.change_facts(change)
+        if facts is not None:
+            kind, f = facts
+            if kind == "node_down":
+                self.add(kind, f"node {f['node']} down ({f['reason']})", node=f["node"], reason=f["reason"])
+            elif kind == "node_up":
+                self.add(kind, f"node {f['node']} up", node=f["node"])
+            elif kind == "policy_set":
+                self.add("policy", f"policy {f['name']} set: pattern {f['pattern']!r}, "
+                                   f"{f['definition']}", policy=f["name"])
+            else:
+                self.add("policy", f"policy {f['name']} cleared", policy=f["name"])
+        touched = state.touched(md)
         names = touched if touched is not None else {*self._placement, *state.queue_names(md)}
         placements = self._placement
         for name in names:

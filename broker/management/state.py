@@ -1,8 +1,9 @@
 """The management API's one way into the cluster's metadata and the queues' live counts.
 
 Everything else in broker/management reads the metadata (members, queue definitions, policies,
-exchanges, bindings) through the functions here, which turn it into plain views (`QueueView`,
-dicts), so a change in how the metadata stores its records changes this file only.
+exchanges, bindings) and the changes applied to it through the functions here, which turn them
+into plain views (`QueueView`, tuples, dicts), so a change in how the metadata stores its records
+changes this file only.
 
 Live counts come from each queue's leader: the same `queue_stats` request that `warrenctl
 list_queues` sends over the peer links (broker/control.py), one per running node.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import trio
 
-from mirroring.policy import effective_policy, make_policy
+from mirroring.policy import effective_policy
 from mirroring.replica import LEADING
 
 from ..cluster import NodeStopped
@@ -69,6 +70,29 @@ def placement(md, name: str) -> tuple | None:
     return None if q is None else (q["leader"], tuple(q.get("mirrors", ())), tuple(q.get("synced", ())))
 
 
+def touched(md) -> set[str] | None:
+    """The queues the last change applied named, None if it may have touched any."""
+    return md.touched
+
+
+def change_facts(change) -> tuple[str, dict] | None:
+    """What the timeline tells of an applied change that is not about one queue's placement:
+    ("node_down", {node, reason}), ("node_up", {node}), ("policy_set", {name, pattern,
+    definition}), ("policy_clear", {name}); None for any other change."""
+    kind = change[0]
+    if kind == "node.down":
+        return "node_down", {"node": change[1], "reason": change[3] if len(change) > 3 else "failure"}
+    if kind == "node.up":
+        return "node_up", {"node": change[1]}
+    if kind == "policy.set":
+        record = change[1]
+        return "policy_set", {"name": record["name"], "pattern": record["pattern"],
+                              "definition": record["definition"]}
+    if kind == "policy.clear":
+        return "policy_clear", {"name": change[1]}
+    return None
+
+
 def queue_names(md) -> list[str]:
     return list(md.queues)
 
@@ -106,11 +130,6 @@ def policy_of(md, queue_name: str) -> tuple[str, dict]:
     """(name, definition) of the policy that applies to a queue, ("", {}) if none."""
     pol = effective_policy(md.policies, queue_name)
     return (pol["name"], dict(pol["definition"])) if pol else ("", {})
-
-
-def policy_record(name: str, pattern, definition, priority, apply_to) -> dict:
-    """A policy as `warrenctl set_policy` makes it (same checks, same messages)."""
-    return make_policy(name, pattern, definition, priority, apply_to)
 
 
 def exchanges(md) -> list[dict]:
