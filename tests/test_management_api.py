@@ -346,3 +346,9 @@ async def test_timeline_follows_the_metadata_as_it_is_applied():
     for i in range(10):
         small.add("policy", f"p{i}")
     assert [e["text"] for e in small.since()] == ["p7", "p8", "p9"]
+
+
+def test_json_answers_hold_what_json_cannot():
+    """Queue arguments and message headers may hold bytes (AMQP's field tables): shown as text."""
+    from broker.management.app import ApiJSON
+    assert ApiJSON({"headers": {"h": b"v\xff"}, "ids": (1, 2)}).body == '{"headers":{"h":"v\ufffd"},"ids":[1,2]}'.encode()

@@ -225,8 +225,24 @@ async def client_channel(management, credentials: tuple[str, str]):
 
 # --- handlers ----------------------------------------------------------------------------------------
 
+def _plain(value):
+    """What JSON cannot hold as it is (bytes in queue arguments or message headers, a
+    Decimal, a timestamp) as text."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+class ApiJSON(JSONResponse):
+    def render(self, content) -> bytes:
+        return json.dumps(content, default=_plain, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":")).encode("utf-8")
+
+
 def _json(value, status: int = 200) -> JSONResponse:
-    return JSONResponse(value, status_code=status)
+    return ApiJSON(value, status_code=status)
 
 
 def _no_content(status: int = 204) -> Response:
