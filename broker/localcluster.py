@@ -8,7 +8,9 @@ and the demo that the README's first command runs.
 The command line keeps its state under ./var/warren (or $WARREN_HOME): node data, logs/NAME.log
 and pids.json.  Node i gets client port 5690+i, AMQP port 5671+i (n1..n3: 5672..5674, AMQP's
 usual port first) and peer port 25690+i unless --client-base / --amqp-base / --peer-base (or
-$WARREN_CLIENT_BASE / $WARREN_AMQP_BASE / $WARREN_PEER_BASE) move them.  `stop` stops the nodes of
+$WARREN_CLIENT_BASE / $WARREN_AMQP_BASE / $WARREN_PEER_BASE) move them; `start` also gives each
+node a management HTTP port (API, /metrics, web UI) 15671+i (n1 on 15672, RabbitMQ's), moved by
+--http-base / $WARREN_HTTP_BASE.  `stop` stops the nodes of
 pids.json and every other node registered under the home's run/ (a node started by hand with
 this WARREN_HOME), and signals a pid only after checking that the process is still warren-server
 with that node name (the pid may have been reused since).
