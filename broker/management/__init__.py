@@ -33,7 +33,13 @@ class Management:
 
     # --- the node's news -----------------------------------------------------------------------
     def meta_changed(self, change) -> None:
-        self.timeline.meta_changed(change, state.metadata(self.node))
+        """Called by the node after each applied change, inside the metadata's apply loop: a
+        failure here is logged and costs the timeline an event, never the node its metadata."""
+        try:
+            self.timeline.meta_changed(change, state.metadata(self.node))
+        except Exception:  # noqa: BLE001
+            self.node.log.exception("the management timeline could not follow a metadata change")
+            self.timeline.resync(state.metadata(self.node))
 
     def link_down(self, peer: str) -> None:
         self.timeline.link_down(peer)
