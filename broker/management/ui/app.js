@@ -1,7 +1,8 @@
-// warren's web UI. Polls /api/warren/cluster once a second (the nodes, every queue with its
-// placement, counts, rates and sync progress, and the timeline's new events) and redraws in
-// place; actions use the management API (policies, sync, cancel, purge, delete). Charts are
-// small SVG polylines drawn here; nothing is fetched from anywhere but this node.
+// warren's web UI. Polls /api/warren/cluster once a second (the nodes, the first queues that
+// match the filter with their placement, counts, rates and sync progress, and the timeline's
+// new events) and redraws in place; actions use the management API (policies, sync, cancel,
+// purge, delete). Charts are small SVG polylines drawn here; nothing is fetched from anywhere
+// but this node.
 "use strict";
 
 const POLL_MS = 1000;
@@ -16,6 +17,8 @@ const history = {}; // queue -> [[time, publish, deliver, ack], ...]
 const cards = {}; // queue -> its card's elements
 let view = null;
 let timer = null;
+let polling = false; // a request is on its way
+let pollAgain = false; // asked for a poll meanwhile (an action, the filter): one more at once
 
 const $ = (id) => document.getElementById(id);
 
@@ -62,18 +65,23 @@ $("login-form").addEventListener("submit", (ev) => {
 
 // --- polling ---------------------------------------------------------------------------------------
 async function poll() {
+  if (polling) { pollAgain = true; return; }
   if (timer) { clearTimeout(timer); timer = null; }
+  polling = true;
   try {
-    view = await api("GET", "/api/warren/cluster?after=" + lastEvent);
+    const filter = encodeURIComponent($("queue-filter").value.trim());
+    view = await api("GET", `/api/warren/cluster?after=${lastEvent}&limit=${SHOWN_QUEUES}&filter=${filter}`);
     $("main").hidden = false;
     $("login").hidden = true;
     render(view);
     $("status").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (err) {
-    if (err.message === "not authorised") return;
+    if (err.message === "not authorised") { polling = false; return; }
     $("status").textContent = "no answer from this node: " + err.message;
   }
-  timer = setTimeout(poll, POLL_MS);
+  polling = false;
+  timer = setTimeout(poll, pollAgain ? 0 : POLL_MS);
+  pollAgain = false;
 }
 
 function render(v) {
@@ -149,10 +157,9 @@ $("policy-form").addEventListener("submit", async (ev) => {
 // --- queues -------------------------------------------------------------------------------------------
 function renderQueues(v, sampled) {
   const filter = $("queue-filter").value.trim();
-  const all = v.queues.filter((x) => !filter || x.name.includes(filter));
-  const shown = all.slice(0, SHOWN_QUEUES);
-  $("queue-count").textContent = `${v.queues.length} queues` +
-    (all.length > shown.length ? `, the first ${shown.length} of ${all.length} shown (filter to see others)` : "");
+  const shown = v.queues.filter((x) => !filter || x.name.includes(filter));
+  $("queue-count").textContent = `${v.queue_count} queues` + (filter ? `, ${v.matching} matching` : "") +
+    (v.matching > shown.length ? `; the first ${shown.length} shown (filter to see others)` : "");
   const now = Date.now() / 1000;
   const names = new Set(shown.map((x) => x.name));
   for (const name of Object.keys(cards)) {
@@ -175,7 +182,7 @@ function renderQueues(v, sampled) {
     updateCard(card, x, members, running, h);
   }
   for (const name of Object.keys(history)) {
-    if (!v.queues.some((x) => x.name === name)) delete history[name];
+    if (!names.has(name)) delete history[name];
   }
 }
 
@@ -309,5 +316,5 @@ function confirmStep(text) {
   });
 }
 
-$("queue-filter").addEventListener("input", () => view && renderQueues(view, false));
+$("queue-filter").addEventListener("input", () => { if (view) renderQueues(view, false); poll(); });
 poll();
