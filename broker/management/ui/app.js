@@ -284,12 +284,13 @@ function drawChart(svg, label, h) {
   const t1 = h.length ? h[h.length - 1][0] : 0;
   // seconds across the chart: the history kept, from one minute up to five
   const span = Math.min(300, Math.max(60, h.length ? t1 - h[0][0] : 0));
-  const line = (i, color) => {
+  const line = (i, color, dash) => {
     const points = h.map((s) => [320 - (t1 - s[0]) * 320 / span, 78 - 74 * s[i] / top])
       .filter((pt) => pt[0] >= 0).map((pt) => pt[0].toFixed(1) + "," + pt[1].toFixed(1)).join(" ");
-    return `<polyline fill="none" stroke="${color}" stroke-width="1.5" points="${points}"/>`;
+    return `<polyline fill="none" stroke="${color}" stroke-width="2" stroke-dasharray="${dash}" points="${points}"/>`;
   };
-  svg.innerHTML = line(1, "#1565c0") + line(2, "#2e7d32") + line(3, "#ef6c00");
+  // equal rates (every message delivered and acked) overlap: the later lines are dashed
+  svg.innerHTML = line(1, "#1565c0", "") + line(2, "#2e7d32", "6 4") + line(3, "#ef6c00", "2 5");
   label.textContent = `(top ${top.toFixed(1)}/s, last ${Math.round(span / 60)} min)`;
 }
 
