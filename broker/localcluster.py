@@ -545,6 +545,12 @@ def _registered(home: Path) -> dict[str, int]:
     return found
 
 
+def running_registered(home: Path) -> dict[str, int]:
+    """The nodes registered under HOME/run/ whose pid still runs that node (a node killed with
+    -9 leaves its entry behind)."""
+    return {name: pid for name, pid in _registered(home).items() if is_node_process(pid, name)[0]}
+
+
 def home_nodes(home: Path) -> dict[str, int]:
     """Every node of HOME and its pid: those of pids.json, then any other registered one."""
     path = Path(home) / PID_FILE
