@@ -113,6 +113,14 @@ def test_every_block_can_be_run_or_says_why_not():
     assert sum(b.kind == "run" and b.lang != "toml" for b in BLOCKS) >= 8
 
 
+def test_the_pika_publisher_is_the_tutorials():
+    """The README's pika publisher is RabbitMQ's tutorial as written (bar a comment naming the node)."""
+    import tutorial_text
+
+    shown = [re.sub(r"\s+# .*$", "", b.text, flags=re.M) for b in BLOCKS if b.lang == "python"]
+    assert tutorial_text.publisher(5672) in shown
+
+
 # --- the session ------------------------------------------------------------------------------
 
 def _free_base(span: int = 4) -> int:
