@@ -358,3 +358,24 @@ def test_json_answers_hold_what_json_cannot():
     """Queue arguments and message headers may hold bytes (AMQP's field tables): shown as text."""
     from broker.management.app import ApiJSON
     assert ApiJSON({"headers": {"h": b"v\xff"}, "ids": (1, 2)}).body == '{"headers":{"h":"v\ufffd"},"ids":[1,2]}'.encode()
+
+
+@pytest.mark.process
+def test_the_api_answers_while_the_app_is_stopped(cluster):
+    """The HTTP port lives with the process, like the peer port: with its app stopped a node
+    still answers, every node shown as not running, its queues as down. Starting the app again
+    (it replays its log, a thousand declarations and more) is as quick as without the API: the
+    timeline follows the replay in memory (reading the saved state per change took 6 s)."""
+    c = cluster
+    c.call("n3", "stop_app")
+    with api(c, "n3") as http:
+        assert {n["name"]: n["running"] for n in http.get("/api/nodes").json()}["n3"] is False
+        states = {q["state"] for q in http.get("/api/queues").json()}
+        assert states == {"down"}
+        assert http.get("/api/overview").status_code == 200
+        assert "rabbitmq_queues 0.0" in httpx.get(f"http://127.0.0.1:{c.http_ports['n3']}/metrics").text
+        started = time.monotonic()
+        c.call("n3", "start_app", timeout=30)
+        assert time.monotonic() - started < 3
+        wait_until(lambda: {n["name"]: n["running"] for n in http.get("/api/nodes").json()}
+                   == {"n1": False, "n2": True, "n3": True}, what="n3 running again")

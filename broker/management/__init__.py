@@ -36,10 +36,10 @@ class Management:
         """Called by the node after each applied change, inside the metadata's apply loop: a
         failure here is logged and costs the timeline an event, never the node its metadata."""
         try:
-            self.timeline.meta_changed(change, state.metadata(self.node))
+            self.timeline.meta_changed(change, state.applied(self.node))
         except Exception:  # noqa: BLE001
             self.node.log.exception("the management timeline could not follow a metadata change")
-            self.timeline.resync(state.metadata(self.node))
+            self.timeline.resync(state.applied(self.node))
 
     def link_down(self, peer: str) -> None:
         self.timeline.link_down(peer)

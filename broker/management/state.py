@@ -43,6 +43,13 @@ def metadata(node):
     return node.md if node.app_running else node.cluster.load_metadata()
 
 
+def applied(node):
+    """The metadata as the node applies it, whether or not its app counts as running yet (a
+    starting app replays its log before it runs: reading the saved state instead, as
+    `metadata` does then, would read the whole file once per change replayed)."""
+    return node.md
+
+
 def _view(q: dict) -> QueueView:
     return QueueView(q["name"], bool(q["durable"]), bool(q["auto_delete"]), bool(q["exclusive"]),
                      dict(q.get("arguments") or {}), q["leader"], tuple(q.get("mirrors", ())),
