@@ -101,16 +101,14 @@ COMMAND_HELP = {
     "stop_app": "stop the app; the node still answers warrenctl",
     "start_app": "start the node's app again",
     "set_vm_memory_high_watermark": "[absolute] VALUE: the memory alarm's mark until restart",
-    "node_is_mirror_sync_critical": "fail (exit 1, naming the queues) if the node holds the only "
-                                    "synchronised replica of a mirrored queue",
+    "node_is_mirror_sync_critical": "fail if the node holds a queue's only synced replica",
     # cluster
     "cluster_status": "cluster name, members and running nodes",
     "await_online_nodes": "wait until COUNT nodes run (up to --timeout)",
     "join_cluster": "join TARGET's cluster (stop_app first)",
     "reset": "leave the cluster, forget it (stop_app first)",
     "forget_cluster_node": "remove a stopped node from the members",
-    "rolling_restart": "restart every node in turn (stop_app, start_app), waiting for the mirrors "
-                       "to synchronise between nodes; a report at the end",
+    "rolling_restart": "restart each node in turn, waiting for the mirrors' sync",
     # queues, connections, consumers
     "list_queues": "queues, with COLUMNs (default: name messages)",
     "list_connections": "client connections on every running node",
