@@ -36,7 +36,8 @@ class NodeReport:
     blocked_s: float = 0.0  # the longest blocking sync of one queue in that time
     queues_blocked: list = field(default_factory=list)
     longest_gap_s: float | None = None  # from the client log, if one was given
-    window: tuple = (0.0, 0.0)  # Unix times: stop_app asked .. synchronised
+    window: tuple = (0.0, 0.0)  # Unix times: stop_app asked .. synchronised (in JSON:
+    # stopped_at, synced_at, so that a harness with the clients' logs can find their gaps)
 
 
 class RollingRestart:
@@ -110,14 +111,18 @@ class RollingRestart:
         up = time.time()
         report.down_s = up - started
         self.say(f"  {name}: app started, down {report.down_s:.2f} s; waiting for the mirrors")
-        final = self.wait_synchronised(name, least)
+        seen: dict[str, list[float]] = {}
+        final = self.wait_synchronised(name, least, seen)
         done = time.time()
         report.synced_after_s, report.window = done - up, (started, done)
         for q in final["queues"]:
             last = q["last_sync"]
-            if last and last != syncs_before.get(q["name"]) and last.get("mode") == "blocking":
+            if last == syncs_before.get(q["name"]) or (last or {}).get("mode") != "blocking":
+                last = None
+            blocked = blocked_seconds(seen.get(q["name"], []), last)
+            if blocked:
                 report.queues_blocked.append(q["name"])
-                report.blocked_s = max(report.blocked_s, float(last.get("elapsed", 0.0)))
+                report.blocked_s = max(report.blocked_s, blocked)
         self.say(f"  {name}: every mirrored queue synchronised {report.synced_after_s:.2f} s after "
                  f"its start; longest blocking sync {report.blocked_s:.2f} s "
                  f"({len(report.queues_blocked)} queue(s) blocked)")
@@ -135,12 +140,14 @@ class RollingRestart:
                                        f"{getattr(exc, 'text', exc)}") from None
                 time.sleep(0.5)
 
-    def wait_synchronised(self, name: str, least: dict) -> dict:
-        """Poll until `name` runs again in the cluster's view and no mirrored queue waits."""
+    def wait_synchronised(self, name: str, least: dict, seen: dict) -> dict:
+        """Poll until `name` runs again in the cluster's view and no mirrored queue waits;
+        `seen` gets, per queue, the longest elapsed time seen of each blocking sync."""
         deadline = time.monotonic() + self.sync_timeout
         printed = 0.0
         while True:
             st = self.status(avoid=name, least_mirrors=least)
+            note_blocking_syncs(st, seen)
             waiting = st["waiting"] if name in st["running_nodes"] else {"": f"{name} not running yet"}
             if not waiting:
                 return st
@@ -151,6 +158,30 @@ class RollingRestart:
                 raise RollingError(f"after {self.sync_timeout:g} s (--sync-timeout) still waiting "
                                    f"for {waiting_line(st, waiting)}")
             time.sleep(POLL_SECONDS)
+
+
+def note_blocking_syncs(st: dict, seen: dict) -> None:
+    """Per queue, the elapsed time of each blocking sync seen running: a sync whose elapsed time
+    went down since the last look is a new one."""
+    for q in st["queues"]:
+        sync = q.get("sync")
+        if not sync or q["sync_mode"] == "background":
+            continue
+        spans = seen.setdefault(q["name"], [])
+        if spans and sync["elapsed"] >= spans[-1]:
+            spans[-1] = sync["elapsed"]
+        else:
+            spans.append(sync["elapsed"])
+
+
+def blocked_seconds(spans: list[float], last: dict | None) -> float:
+    """How long a queue was blocked by its syncs: those seen running (`spans`), the last one
+    counted with its final figure (`last`, the leader's record of its last blocking sync, when
+    it ended during the wait)."""
+    final = float(last["elapsed"]) if last else 0.0
+    if not spans:
+        return final
+    return sum(spans[:-1]) + max(spans[-1], final)
 
 
 def waiting_line(st: dict, waiting: dict) -> str:
@@ -165,7 +196,9 @@ def waiting_line(st: dict, waiting: dict) -> str:
         sync = q.get("sync")
         if sync:
             left = sync["total_messages"] - sync["messages"]
-            parts.append(f"{qname} (syncing: {left:,} messages left, {sync['rate_msgs']:,.0f} msgs/s)")
+            parts.append(f"{qname} (syncing for {sync['elapsed']:.1f} s: {left:,} of "
+                         f"{sync['total_messages']:,} messages left to send, "
+                         f"{sync['rate_msgs']:,.0f} msgs/s)")
         else:
             parts.append(f"{qname} ({why}; {q['messages']:,} messages)")
     return f"{len(waiting)} queue(s): " + ", ".join(parts)
@@ -200,7 +233,7 @@ def report_rows(reports: list[NodeReport], client_log: str | None) -> list[dict]
         if times is not None:
             r.longest_gap_s = longest_gap(times, *r.window)
         row = asdict(r)
-        del row["window"]
+        row["stopped_at"], row["synced_at"] = row.pop("window")
         rows.append(row)
     return rows
 

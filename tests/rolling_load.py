@@ -95,14 +95,17 @@ class Consumer(_Client):
 
     def __init__(self, addresses, queue, log_path, prefetch: int = 100, **kw):
         super().__init__(addresses, queue, **kw)
+        self.delay = 0.0  # seconds spent on each message (a slow consumer keeps a backlog)
         self.ids: set[int] = set()
         self.deliveries = 0
         self.log = open(log_path, "a", buffering=1)
 
     def _on_message(self, ch, method, _properties, body) -> None:
-        self.log.write(f"{time.time():.6f} {body.decode()}\n")
-        self.ids.add(int(body))
+        self.log.write(f"{time.time():.6f} {body.split()[0].decode()}\n")
+        self.ids.add(int(body.split()[0]))
         self.deliveries += 1
+        if self.delay:
+            time.sleep(self.delay)
         ch.basic_ack(method.delivery_tag)
 
     def run(self) -> None:
@@ -140,10 +143,11 @@ class RobustConsumer(threading.Thread):
     def __init__(self, url: str, queue: str, log_path):
         super().__init__(daemon=True)
         self.url, self.queue = url, queue
+        self.delay = 0.0
         self.ids: set[int] = set()
         self.deliveries = 0
         self.log = open(log_path, "a", buffering=1)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -164,15 +168,70 @@ class RobustConsumer(threading.Thread):
             queue = await ch.declare_queue(self.queue, durable=True)
 
             async def on_message(message):
-                self.log.write(f"{time.time():.6f} {message.body.decode()}\n")
-                self.ids.add(int(message.body))
+                self.log.write(f"{time.time():.6f} {message.body.split()[0].decode()}\n")
+                self.ids.add(int(message.body.split()[0]))
                 self.deliveries += 1
+                if self.delay:
+                    await asyncio.sleep(self.delay)
                 await message.ack()
 
             await queue.consume(on_message)
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 await asyncio.sleep(0.2)
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
+        self._halt.set()
+        self.join(timeout)
+
+
+class WarrenConsumer(threading.Thread):
+    """warren's own client (broker/client/aio.py), in trio in a thread: it reconnects to its
+    address list by itself and re-creates its consumer."""
+
+    def __init__(self, addresses: list[str], queue: str, log_path, user="guest", password="guest"):
+        super().__init__(daemon=True)
+        self.addresses, self.queue, self.user, self.password = addresses, queue, user, password
+        self.delay = 0.0
+        self.ids: set[int] = set()
+        self.deliveries = 0
+        self.reconnects = 0
+        self.log = open(log_path, "a", buffering=1)
+        self._halt = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        import trio
+
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+        finally:
+            self.log.close()
+
+    async def _main(self) -> None:
+        import trio
+
+        from broker.client.aio import open_connection
+
+        async with open_connection(self.addresses, user=self.user, password=self.password) as conn:
+            ch = await conn.channel()
+            await ch.basic_qos(prefetch_count=100)
+            await ch.queue_declare(self.queue, durable=True)
+            consumer = await ch.basic_consume(self.queue)
+            while not self._halt.is_set():
+                with trio.move_on_after(0.2):
+                    async for msg in consumer:
+                        self.log.write(f"{time.time():.6f} {msg.body.split()[0].decode()}\n")
+                        self.ids.add(int(msg.body.split()[0]))
+                        self.deliveries += 1
+                        ch.basic_ack(msg.delivery_tag)  # before a wait that may be cancelled
+                        if self.delay:
+                            await trio.sleep(self.delay)
+                        if self._halt.is_set():
+                            break
+            self.reconnects = conn.reconnects
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._halt.set()
         self.join(timeout)

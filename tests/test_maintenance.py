@@ -53,3 +53,18 @@ def test_rolling_restart_waits_for_mirrors_placed_again_and_synchronised():
     md.apply(["queues.update", [["m.q", {"synced": ["n2", "n3"]}]]])
     assert unsynchronised_queues(md, RUNNING, before) == {}
     assert unsynchronised_queues(md, {"n2", "n3"}) == {"m.q": "its leader n1 is not running"}
+
+
+def test_blocked_time_counts_every_blocking_sync_seen_and_the_last_one_whole():
+    from broker.rolling import blocked_seconds, note_blocking_syncs
+
+    seen: dict = {}
+    for elapsed in (0.5, 2.0, 0.3):  # a sync seen at 0.5 s and 2 s, then a new one
+        note_blocking_syncs({"queues": [{"name": "q", "sync_mode": "automatic",
+                                         "sync": {"elapsed": elapsed}},
+                                        {"name": "b", "sync_mode": "background",
+                                         "sync": {"elapsed": 9.0}}]}, seen)
+    assert seen == {"q": [2.0, 0.3]}
+    assert blocked_seconds(seen["q"], {"elapsed": 0.8}) == 2.8
+    assert blocked_seconds([], {"elapsed": 0.4}) == 0.4
+    assert blocked_seconds([], None) == 0.0
