@@ -35,6 +35,7 @@ class NodeReport:
     synced_after_s: float = 0.0  # start_app answered .. every mirrored queue synchronised
     blocked_s: float = 0.0  # the longest blocking sync of one queue in that time
     queues_blocked: list = field(default_factory=list)
+    blocking_syncs: dict = field(default_factory=dict)  # queue -> seconds of each blocking sync
     longest_gap_s: float | None = None  # from the client log, if one was given
     window: tuple = (0.0, 0.0)  # Unix times: stop_app asked .. synchronised (in JSON:
     # stopped_at, synced_at, so that a harness with the clients' logs can find their gaps)
@@ -119,10 +120,11 @@ class RollingRestart:
             last = q["last_sync"]
             if last == syncs_before.get(q["name"]) or (last or {}).get("mode") != "blocking":
                 last = None
-            blocked = blocked_seconds(seen.get(q["name"], []), last)
-            if blocked:
+            syncs = blocking_syncs(seen.get(q["name"], []), last)
+            if syncs:
+                report.blocking_syncs[q["name"]] = syncs
                 report.queues_blocked.append(q["name"])
-                report.blocked_s = max(report.blocked_s, blocked)
+                report.blocked_s = max(report.blocked_s, sum(syncs))
         self.say(f"  {name}: every mirrored queue synchronised {report.synced_after_s:.2f} s after "
                  f"its start; longest blocking sync {report.blocked_s:.2f} s "
                  f"({len(report.queues_blocked)} queue(s) blocked)")
@@ -174,14 +176,14 @@ def note_blocking_syncs(st: dict, seen: dict) -> None:
             spans.append(sync["elapsed"])
 
 
-def blocked_seconds(spans: list[float], last: dict | None) -> float:
-    """How long a queue was blocked by its syncs: those seen running (`spans`), the last one
-    counted with its final figure (`last`, the leader's record of its last blocking sync, when
-    it ended during the wait)."""
-    final = float(last["elapsed"]) if last else 0.0
+def blocking_syncs(spans: list[float], last: dict | None) -> list[float]:
+    """The seconds of each blocking sync of a queue: those seen running (`spans`), the last one
+    with its final figure (`last`, the leader's record of its last blocking sync, when it ended
+    during the wait). Their sum is how long the queue was blocked."""
+    final = [float(last["elapsed"])] if last else []
     if not spans:
         return final
-    return sum(spans[:-1]) + max(spans[-1], final)
+    return spans[:-1] + [max(spans[-1:] + final)]
 
 
 def waiting_line(st: dict, waiting: dict) -> str:

@@ -56,7 +56,7 @@ def test_rolling_restart_waits_for_mirrors_placed_again_and_synchronised():
 
 
 def test_blocked_time_counts_every_blocking_sync_seen_and_the_last_one_whole():
-    from broker.rolling import blocked_seconds, note_blocking_syncs
+    from broker.rolling import blocking_syncs, note_blocking_syncs
 
     seen: dict = {}
     for elapsed in (0.5, 2.0, 0.3):  # a sync seen at 0.5 s and 2 s, then a new one
@@ -65,6 +65,7 @@ def test_blocked_time_counts_every_blocking_sync_seen_and_the_last_one_whole():
                                         {"name": "b", "sync_mode": "background",
                                          "sync": {"elapsed": 9.0}}]}, seen)
     assert seen == {"q": [2.0, 0.3]}
-    assert blocked_seconds(seen["q"], {"elapsed": 0.8}) == 2.8
-    assert blocked_seconds([], {"elapsed": 0.4}) == 0.4
-    assert blocked_seconds([], None) == 0.0
+    assert blocking_syncs(seen["q"], {"elapsed": 0.8}) == [2.0, 0.8]
+    assert blocking_syncs(seen["q"], None) == [2.0, 0.3]
+    assert blocking_syncs([], {"elapsed": 0.4}) == [0.4]
+    assert blocking_syncs([], None) == []
