@@ -101,12 +101,14 @@ COMMAND_HELP = {
     "stop_app": "stop the app; the node still answers warrenctl",
     "start_app": "start the node's app again",
     "set_vm_memory_high_watermark": "[absolute] VALUE: the memory alarm's mark until restart",
+    "node_is_mirror_sync_critical": "fail if the node holds a queue's only synced replica",
     # cluster
     "cluster_status": "cluster name, members and running nodes",
     "await_online_nodes": "wait until COUNT nodes run (up to --timeout)",
     "join_cluster": "join TARGET's cluster (stop_app first)",
     "reset": "leave the cluster, forget it (stop_app first)",
     "forget_cluster_node": "remove a stopped node from the members",
+    "rolling_restart": "restart each node in turn, waiting for the mirrors' sync",
     # queues, connections, consumers
     "list_queues": "queues, with COLUMNs (default: name messages)",
     "list_connections": "client connections on every running node",
@@ -142,8 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
         description = COMMAND_HELP[name] + (". " + SYNC_RATE_HELP if name == "sync_queue" else "")
         return sub.add_parser(name, help=COMMAND_HELP[name], description=description)
 
-    for name in ("status", "await_startup", "stop", "stop_app", "start_app", "cluster_status", "reset"):
+    for name in ("status", "await_startup", "stop", "stop_app", "start_app", "cluster_status", "reset",
+                 "node_is_mirror_sync_critical"):
         command(name)
+    _rolling_restart_options(command("rolling_restart"))
     w = command("set_vm_memory_high_watermark")
     w.add_argument("value", nargs="+", metavar="VALUE",
                    help="a fraction of memory (0.4), or 'absolute' and a size (absolute 512MiB)")
@@ -181,6 +185,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _rolling_restart_options(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--force", action="store_true",
+                   help="take down a node even if it is sync-critical (node_is_mirror_sync_critical)")
+    r.add_argument("--nodes", nargs="+", metavar="NODE", help="these members, in this order "
+                   "(default: every member, in join order)")
+    r.add_argument("--pause", type=float, default=0.0,
+                   help="seconds each node's app stays stopped (default 0)")
+    r.add_argument("--sync-timeout", dest="sync_timeout", type=float, default=600.0,
+                   help="seconds to wait for the mirrors after each node (default 600)")
+    r.add_argument("--client-log", dest="client_log", metavar="FILE",
+                   help="a client's delivery log (a line per delivery, its first field the Unix "
+                        "time it arrived): the report adds the longest gap around each node")
+
+
 def _cell(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -214,6 +232,8 @@ def run(argv=None) -> int:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
     cmd = args.command
+    if cmd == "rolling_restart":
+        return _rolling_restart(args, secret, host, port)
     payload: dict = {}
     columns = None
     header = None
@@ -274,6 +294,8 @@ def run(argv=None) -> int:
     except trio.TooSlowError:
         print(f"Error: node '{args.node}' did not answer within {args.timeout:g} s", file=sys.stderr)
         return 75
+    if cmd == "node_is_mirror_sync_critical":
+        return _sync_critical_result(args, value)
     if cmd == "sync_queue" and args.formatter != "json":
         return _follow_sync(args, host, port, me, secret, value)
     if cmd == "stop":
@@ -313,6 +335,58 @@ def run(argv=None) -> int:
     elif value is not None:
         print(value)
     return 0
+
+
+def _sync_critical_result(args, value: dict) -> int:
+    """node_is_mirror_sync_critical's answer: exit 0 when no queue depends on the node alone."""
+    queues = value["queues"]
+    if queues:
+        message = (f"node {value['node']} holds the only synchronised replica of {len(queues)} "
+                   f"mirrored queue(s): {', '.join(queues)}")
+    else:
+        message = f"node {value['node']} reported no mirrored queues whose only synchronised replica it holds"
+    if args.formatter == "json":
+        print(json.dumps({"result": "error" if queues else "ok", "node": value["node"],
+                          "queues": queues, "message": message}))
+    elif queues:
+        print(f"Error: {message}", file=sys.stderr)
+    elif not args.quiet:
+        print(message)
+    return 1 if queues else 0
+
+
+def _rolling_restart(args, secret: bytes, host: str, port: int) -> int:
+    """rolling_restart (broker/rolling.py): progress on stdout (stderr with --formatter json),
+    then the per-node report."""
+    from .rolling import RollingError, RollingRestart, print_report, report_rows
+
+    me = f"warrenctl-{os.getpid()}"
+    entry = args.node
+
+    def call(where, command, payload, timeout):
+        h, p = (host, port) if where == entry else where
+        return trio.run(ctl_call, TcpNetwork(), h, p, me, secret, command, payload, timeout)
+
+    out = sys.stderr if args.formatter == "json" else sys.stdout
+    rolling = RollingRestart(call, entry, force=args.force, pause=args.pause,
+                             sync_timeout=args.sync_timeout, timeout=args.timeout,
+                             say=lambda line: print(line, file=out, flush=True))
+    code = 0
+    try:
+        rolling.run(args.nodes)
+    except RollingError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        code = 1
+    except ProtocolError as exc:
+        print(f"Error: {exc.text}", file=sys.stderr)
+        code = 1
+    except (OSError, trio.TooSlowError) as exc:
+        print(f"Error: a node did not answer: {connect_reason(exc) if isinstance(exc, OSError) else 'timed out'}",
+              file=sys.stderr)
+        code = 69
+    if rolling.reports or args.formatter == "json":
+        print_report(report_rows(rolling.reports, args.client_log), args.formatter)
+    return code
 
 
 def default_node(command: str) -> str:

@@ -157,7 +157,7 @@ def test_warrenctl_help_lists_every_command_with_a_description(env):
     assert set(listed) == parser_commands == set(COMMAND_HELP)
     assert all(listed[name] == COMMAND_HELP[name] for name in listed)
     # every control command a user can give is on the command line (the rest are node-to-node)
-    internal = {"add_member", "remove_member", "sync_status"}
+    internal = {"add_member", "remove_member", "sync_status", "maintenance_status"}
     assert set(COMMANDS) - internal <= parser_commands
     for name in ("stop", "await_startup", "await_online_nodes", "set_policy", "list_queues"):
         assert name in listed
