@@ -20,7 +20,7 @@ from wire.errors import ACCESS_REFUSED, CONNECTION_FORCED, VERSION_MISMATCH, Pro
 
 from .framed import FramedStream, Outbox
 from .memory import PublisherGate
-from .session import INLINE, Session
+from .session import INLINE, SessionDriver
 
 HANDSHAKE_TIMEOUT = 10.0
 CLIENT_KINDS = frozenset({
@@ -53,7 +53,7 @@ class NativeConnection:
         self.framed = FramedStream(stream, node.config.max_frame)
         self.peer = peer
         self.outbox = Outbox(self.framed)
-        self.session: Session | None = None
+        self.session: SessionDriver | None = None
         self.gate: PublisherGate | None = None
         self.scope = trio.CancelScope()
         self.log = node.log
@@ -73,11 +73,11 @@ class NativeConnection:
             return
         except trio.TooSlowError:
             return
-        sid = node.new_session_id()
-        session = self.session = Session(node, sid, self.peer, user, client_name, self._out)
-        node.sessions[sid] = session
+        session = self.session = SessionDriver.open(node, self.peer, user, client_name, self._out)
+        core = session.core
+        sid = core.sid
         node.connections[sid] = self
-        self.gate = PublisherGate(node.memory, session, self._tell_blocked)
+        self.gate = PublisherGate(node.memory, core, self._tell_blocked)
         try:
             with self.scope:
                 async with trio.open_nursery() as nursery:
@@ -96,9 +96,9 @@ class NativeConnection:
             self.gate.close()
             node.sessions.pop(sid, None)
             node.connections.pop(sid, None)
-            session.close()
+            core.close()
             self.outbox.close()
-            if session.exclusive_queues:
+            if core.exclusive_queues:
                 node.spawn(session.delete_exclusive)
 
     def _out(self, msg) -> None:
@@ -131,14 +131,15 @@ class NativeConnection:
         await self.framed.send_now(m.Welcome(node.name, node.cluster.md.cluster_name, self.framed.max_frame))
         return auth.user, auth.client_name
 
-    async def _read(self, session: Session) -> ProtocolError | None:
+    async def _read(self, session: SessionDriver) -> ProtocolError | None:
         """Client frames until the client leaves; returns the error to report, if any."""
         memory = self.node.memory
         gate = self.gate
+        core = session.core
         while True:
-            if not session.has_credit:
+            if not core.has_credit:
                 await session.wait_credit()
-            if memory.blocked and session.publisher:
+            if memory.blocked and core.publisher:
                 await gate.hold()
             try:
                 batch = await self.framed.receive_batch(CLIENT_KINDS)
@@ -148,7 +149,7 @@ class NativeConnection:
                 return None
             if not batch:
                 return None
-            if session.publisher:
+            if core.publisher:
                 memory.took(self.framed.last_read)
                 if memory.blocked:
                     # the alarm went on while this read waited: what it brought is held, not
@@ -159,8 +160,8 @@ class NativeConnection:
                 msg = batch[i]
                 try:
                     if type(msg) in INLINE:  # a run of publishes and acks: one batch of input
-                        i = session.handle_run(batch, i)
-                        if session.full_links:
+                        i = core.handle_run(batch, i)
+                        if core.full_links:
                             await session.wait_link_room()
                         continue
                     i += 1
@@ -184,7 +185,7 @@ class NativeConnection:
         """Tell the client why, after what is queued for it; the connection then closes (the
         node and other connections carry on)."""
         if self.session is not None:
-            self.log.warning("closing client connection", conn=self.session.conn_id, code=exc.code,
+            self.log.warning("closing client connection", conn=self.session.core.conn_id, code=exc.code,
                              reason=exc.text)
         self.outbox.put(m.Error(exc.code, exc.text))
 

@@ -1,15 +1,18 @@
-"""The session core (broker/session.py) without sockets: sessions made directly on the nodes of
-a simulated cluster, fed the typed commands of wire/messages.py, their output read as a list.
-What AMQP needs of it: routing through exchanges on the receiving node, one confirm for a
-message routed to queues led from different nodes (nacked if any refuses), returns, the order of
-replies per channel, recover, flow, and the queue limits."""
+"""The session (broker/session/) without sockets. First the core alone, against a stand-in host
+(`FakeHost`, the `SessionHost` protocol over plain dicts): commands and queue events in, output
+and operations for the leaders out, no cluster, no task, no waiting. Then sessions made
+directly on the nodes of a simulated cluster, fed the typed commands of wire/messages.py, their
+output read as a list. What AMQP needs of it: routing through exchanges on the receiving node,
+one confirm for a message routed to queues led from different nodes (nacked if any refuses),
+returns, the order of replies per channel, recover, flow, and the queue limits."""
 
 from __future__ import annotations
 
 import pytest
 import trio
 
-from broker.session import Session
+from broker.session import (CLOSE, DeclareQueue, NodeHost, Propose, Session, SessionDriver,
+                            SessionHost)
 from wire import messages as m
 from wire.errors import ProtocolError
 
@@ -24,9 +27,7 @@ class Probe:
     def __init__(self, node):
         self.node = node
         self.out: list = []
-        sid = node.new_session_id()
-        self.s = Session(node, sid, f"{node.name}:40001", "guest", "probe", self.out.append)
-        node.sessions[sid] = self.s
+        self.s = SessionDriver.open(node, f"{node.name}:40001", "guest", "probe", self.out.append)
         self.rid = 100
 
     async def do(self, cmd_type, *args, ch=1, wait=True):
@@ -256,11 +257,11 @@ async def test_deliveries_of_an_ended_leader_epoch_never_reach_the_client(tmp_pa
         await p.until(lambda: sum(len(d.bodies) for d in p.of(m.Deliver)) == 2)
         first = p.of(m.Deliver)[0]
         assert not first.redelivered
-        epoch = p.s.routes["eq"][1]
-        ids = sorted(i for q, i in p.s.channels[1].tags.values() if q == "eq")
+        epoch = p.s.core.routes["eq"][1]
+        ids = sorted(i for q, i in p.s.core.channels[1].tags.values() if q == "eq")
         assert len(ids) == 2
         # the same two messages, as a leader of the epoch before would have sent them
-        p.s.queue_events([m.EvDeliver(1, "t", "eq", ids, [b"a", b"b"], [], None, epoch - 1)])
+        p.s.core.queue_events([m.EvDeliver(1, "t", "eq", ids, [b"a", b"b"], [], None, epoch - 1)])
         # never shown to the client as such; given back, and delivered again with the flag
         await p.until(lambda: sum(len(d.bodies) for d in p.of(m.Deliver)) == 4)
         again = p.of(m.Deliver)[1:]
@@ -406,3 +407,294 @@ def test_acks_one_at_a_time_move_a_tag_runs_mark():
         assert Session._settle(None, ch, [tag], 0) == {"q1": [99 + tag]}
     assert ch.tag_runs[0] is run and run[2] is ids and run[3] == 10
     assert ch.tags[11] == ("q1", 110) and 10 not in ch.tags and len(ch.tags) == 990
+
+
+# --- the core alone, against a stand-in host ------------------------------------------------
+
+class _Log:
+    def bind(self, **_):
+        return self
+
+    def info(self, *_, **__):
+        pass
+
+    warning = debug = info
+
+
+class FakeHost:
+    """`SessionHost` over plain dicts: queues {name: {"leader", "epoch", ...}}, exchanges, and
+    bindings {exchange: [[queue, key, args]]}; what the core sends a leader lands in `sent`."""
+
+    name = "n1"
+
+    def __init__(self):
+        self.log = _Log()
+        self.leaving = False
+        self.queues: dict[str, dict] = {}
+        self.exchanges: dict[str, dict] = {"amq.direct": {"type": "direct", "internal": False}}
+        self.bindings: dict[str, list] = {}
+        self.links = {"n2"}
+        self.full: set[str] = set()
+        self.sent: list = []
+        self.routing: dict[str, dict] = {}
+        self.inputs = 0  # batches of input opened and closed
+        self.proposed: list = []
+
+    def add_queue(self, name, leader="n1", epoch=1, **more):
+        self.queues[name] = {"leader": leader, "epoch": epoch, **more}
+
+    def queue(self, name):
+        return self.queues.get(name)
+
+    def queue_route(self, qdef):
+        return qdef["leader"], qdef["epoch"]
+
+    def queue_epoch(self, qdef):
+        return qdef["epoch"]
+
+    def queue_locked(self, qdef, conn_id):
+        return qdef.get("owner") not in (None, conn_id)
+
+    def queue_down_reason(self, qdef):
+        return qdef.get("down", "")
+
+    def exchange(self, name):
+        return self.exchanges.get(name)
+
+    def exchange_kind(self, xdef):
+        return xdef["type"], xdef["internal"]
+
+    def bound(self, exchange, binding):
+        return binding in self.bindings.get(exchange, ())
+
+    def route(self, exchange, key, headers=None):
+        if not exchange:
+            return [key] if key in self.queues else []
+        return [q for q, k, _ in self.bindings.get(exchange, ()) if k == key]
+
+    def linked(self, node):
+        return node == self.name or node in self.links
+
+    def to_leader(self, qname, op):
+        self.sent.append(op)
+
+    def link_full(self, qname):
+        return qname in self.full
+
+    def mirror_bodies(self, ev):
+        return [None] * len(ev.ids)
+
+    def begin_input(self):
+        self.inputs += 1
+
+    def end_input(self):
+        self.inputs += 1
+
+    def track_route(self, qname, session):
+        self.routing.setdefault(qname, {})[session.sid] = session
+
+    def untrack_route(self, qname, sid):
+        self.routing.get(qname, {}).pop(sid, None)
+
+    # the driver's half
+    async def propose(self, change):
+        self.proposed.append(change)
+        await trio.lowlevel.checkpoint()
+        return None
+
+    async def declare_queue(self, core, msg):
+        await trio.lowlevel.checkpoint()
+        if msg.queue in self.queues:
+            return None
+        self.add_queue(msg.queue)
+        return [msg.queue, 0, 0]
+
+    async def wait_link_room(self, qname):
+        await trio.lowlevel.checkpoint()
+        self.full.discard(qname)
+
+
+def core_session(host=None):
+    host = host or FakeHost()
+    out: list = []
+    s = Session(host, 7, "127.0.0.1:40001", "guest", "probe", out.append)
+    assert s.handle(m.ChannelOpen(1, 1)) is None
+    assert out.pop() == m.Reply(1, None)
+    return host, s, out
+
+
+def sent(host, t):
+    return [op for op in host.sent if type(op) is t]
+
+
+def test_the_nodes_host_answers_everything_the_protocol_declares():
+    from types import SimpleNamespace as NS
+    router = NS(to_leader=print, link_full=print, mirror_bodies=print, begin_input=print,
+                end_input=print, wait_link_room=print)
+    node = NS(name="n1", log=_Log(), queue_down_reason=print, router=router, leaving=False,
+              cluster=NS(md=None, links={}), routing={})
+    host = NodeHost(node)
+    declared = {n for n in vars(SessionHost) if not n.startswith("_")} | set(SessionHost.__annotations__)
+    assert {"queue", "to_leader", "track_route", "leaving"} <= declared
+    assert [n for n in sorted(declared) if not hasattr(host, n)] == []
+    assert [n for n in sorted(declared) if not hasattr(FakeHost(), n)] == []
+
+
+def test_a_publish_goes_to_the_leader_and_is_confirmed_when_accepted():
+    host, s, out = core_session()
+    host.add_queue("q", leader="n2", epoch=3)
+    s.handle(m.ConfirmSelect(2, 1))
+    assert out.pop() == m.Reply(2, None)
+    i = s.handle_run([m.Publish(1, "q", [b"a", b"bc"], None), m.ChannelOpen(9, 2)], 0)
+    assert i == 1 and host.inputs == 2  # one batch of input, opened and closed
+    (pub,) = sent(host, m.QPublish)
+    assert (pub.queue, pub.owner, pub.pseq, pub.bodies, pub.resent, pub.epoch) == \
+        ("q", ("n1", 7, 1), 1, [b"a", b"bc"], False, 3)
+    assert s.routes == {"q": ("n2", 3)} and host.routing["q"] == {7: s}
+    assert (s.inflight_msgs, s.inflight_bytes, s.channels[1].inflight) == (2, 3, 2)
+    assert not out  # nothing confirmed before every mirror has it
+    s.queue_events([m.EvAccepted("q", 1)])
+    assert out == [m.Confirm(1, [[1, 2]], [], "")]
+    assert (s.inflight_msgs, s.inflight_bytes) == (0, 0)
+
+
+def test_credit_is_state_and_the_driver_is_told_once_when_it_may_be_back(monkeypatch):
+    import broker.session.publishing as publishing
+    monkeypatch.setattr(publishing, "WINDOW_MSGS", 3)
+    host, s, out = core_session()
+    host.add_queue("q")
+    told = []
+    s.handle_now(m.Publish(1, "q", [b"1", b"2"], None))
+    s.handle_now(m.Publish(1, "q", [b"3", b"4"], None))
+    assert not s.has_credit and s.publisher
+    s.when_room = lambda: told.append(True)
+    s.queue_events([m.EvAccepted("q", 1)])
+    assert s.has_credit and told == [True] and s.when_room is None
+    s.queue_events([m.EvAccepted("q", 2)])
+    assert told == [True]
+
+
+def test_a_full_link_is_left_for_the_driver_and_the_run_goes_on():
+    host, s, out = core_session()
+    host.add_queue("q", leader="n2")
+    host.full.add("q")
+    msgs = [m.Publish(1, "q", [b"x"], None), m.Publish(1, "q", [b"y"], None)]
+    assert s.handle_run(msgs, 0) == 2
+    assert len(sent(host, m.QPublish)) == 2 and s.full_links == ["q", "q"]
+
+
+def test_a_new_leader_epoch_gets_what_is_in_flight_and_the_consumers_again():
+    host, s, out = core_session()
+    host.add_queue("q", leader="n2", epoch=1)
+    s.handle_now(m.Publish(1, "q", [b"x"], None))
+    s.handle(m.BasicConsume(3, 1, "q", "c1", False, False, {}))
+    s.handle(m.BasicConsume(4, 1, "q", "c2", False, False, {"x-cancel-on-ha-failover": True}))
+    s.queue_events([m.EvConsumeOk(1, 3, "c1", "q", False), m.EvConsumeOk(1, 4, "c2", "q", False)])
+    assert [(r.rid, r.value) for r in out] == [(3, "c1"), (4, "c2")]
+    host.sent.clear()
+    s.meta_changed({"other"})  # a change that does not name the queue: nothing
+    assert not host.sent
+    host.add_queue("q", leader="n3", epoch=2)
+    s.meta_changed({"q"})
+    (pub,) = sent(host, m.QPublish)
+    assert pub.resent and pub.epoch == 2 and s.routes["q"] == ("n3", 2)
+    assert [c.tag for c in sent(host, m.QConsume)] == ["c1"]  # c2 is cancelled, not re-registered
+
+
+def test_a_queue_deleted_nacks_what_is_in_flight_and_cancels_its_consumers():
+    host, s, out = core_session()
+    host.add_queue("q")
+    s.handle(m.ConfirmSelect(2, 1))
+    s.handle(m.BasicConsume(3, 1, "q", "c1", False, False, {}))
+    s.queue_events([m.EvConsumeOk(1, 3, "c1", "q", False)])
+    s.handle_now(m.Publish(1, "q", [b"x"], None))
+    out.clear()
+    del host.queues["q"]
+    s.meta_changed({"q"})
+    assert out == [m.Cancelled(1, "c1", "queue 'q' in vhost '/' was deleted"),
+                   m.Confirm(1, [], [[1, 1]], "queue 'q' in vhost '/' was deleted")]
+    assert not s.routes and host.routing["q"] == {}
+
+
+def test_deliveries_of_an_older_epoch_are_given_back_and_newer_ones_hold_the_acks():
+    host, s, out = core_session()
+    host.add_queue("q", leader="n2", epoch=2)
+    s.handle(m.BasicConsume(3, 1, "q", "c", False, False, {}))
+    s.queue_events([m.EvConsumeOk(1, 3, "c", "q", False)])
+    out.clear()
+    host.sent.clear()
+    s.queue_events([m.EvDeliver(1, "c", "q", [5], [b"old"], [], None, 1)])
+    assert not out and sent(host, m.QSettle)[0].ids == [5]  # requeued at the leader, unseen
+    host.sent.clear()
+    s.queue_events([m.EvDeliver(1, "c", "q", [6], [b"new"], [], None, 3)])  # beat the metadata here
+    assert [d.bodies for d in out] == [[b"new"]]
+    s.handle_now(m.Ack(1, [1], 0))
+    assert not host.sent  # held: only the epoch-3 leader knows that delivery
+    host.add_queue("q", leader="n3", epoch=3)
+    s.meta_changed({"q"})
+    (ack,) = sent(host, m.QSettle)
+    assert (ack.ids, ack.how) == ([6], m.ACK)
+
+
+def test_a_node_leaving_shows_no_more_deliveries():
+    host, s, out = core_session()
+    host.add_queue("q")
+    s.handle(m.BasicConsume(3, 1, "q", "c", False, False, {}))
+    s.queue_events([m.EvConsumeOk(1, 3, "c", "q", False)])
+    out.clear()
+    host.leaving = True
+    s.queue_events([m.EvDeliver(1, "c", "q", [1], [b"x"], [], None, 1)])
+    assert not out
+
+
+def test_commands_that_wait_for_the_log_come_back_as_actions():
+    host, s, out = core_session()
+    host.add_queue("q")
+    action = s.handle(m.ExchangeDeclare(2, 1, "ex", "direct", False, False, False, False, {}))
+    assert type(action) is Propose and action.change[0] == "exchange.declare"
+    host.exchanges["ex"] = {"type": "direct", "internal": False}
+    # a bind asked meanwhile is answered at once (already bound), but after the declare
+    host.bindings["ex"] = [["q", "k", {}]]
+    assert s.handle(m.QueueBind(3, 1, "q", "ex", "k", {})) is None
+    assert not out  # its reply waits for the declare's
+    assert action.then(None) is None
+    assert out == [m.Reply(2, None), m.Reply(3, None)]
+    declare = s.handle(m.QueueDeclare(4, 1, "new", False, True, False, False, {}))
+    assert type(declare) is DeclareQueue and declare.msg.queue == "new"
+    assert declare.then(["new", 0, 0]) is None and out[-1] == m.Reply(4, ["new", 0, 0])
+    assert s.handle(m.ConnectionClose(5)) is CLOSE
+
+
+def test_a_refused_action_closes_its_channel_with_its_request():
+    from broker.session import ChannelError
+    host, s, out = core_session()
+    action = s.handle(m.ExchangeDeclare(2, 1, "ex", "topic", False, False, False, False, {}))
+    s.action_failed(action, ChannelError(406, "inequivalent arg 'type'"))
+    assert out == [m.Fail(2, 1, 406, "inequivalent arg 'type'")] and 1 not in s.channels
+
+
+async def test_the_driver_carries_out_actions_and_waits_for_credit_without_polling(monkeypatch):
+    import broker.session.publishing as publishing
+    monkeypatch.setattr(publishing, "WINDOW_MSGS", 1)
+    host, s, out = core_session()
+    driver = SessionDriver(host, s)
+    assert not await driver.handle(m.ExchangeDeclare(2, 1, "ex", "fanout", False, False, False, False, {}))
+    assert host.proposed[0][0] == "exchange.declare" and out.pop() == m.Reply(2, None)
+    assert not await driver.handle(m.QueueDeclare(3, 1, "q", False, True, False, False, {}))
+    assert out.pop() == m.Reply(3, ["q", 0, 0])
+    host.full.add("q")
+    await driver.handle(m.Publish(1, "q", [b"1", b"2"], None))
+    assert not s.full_links and not host.full  # waited for the link's room
+    released = []
+
+    async def reader():
+        await driver.wait_credit()
+        released.append(True)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not released and s.when_room is not None
+        s.queue_events([m.EvAccepted("q", 1)])
+    assert released == [True]
+    assert await driver.handle(m.ConnectionClose(9))

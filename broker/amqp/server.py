@@ -22,7 +22,7 @@ from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
 from ..framed import CORK, LINGER, DirectWrites, Reader, direct_socket
 from ..memory import PublisherGate
 from ..native import check_login
-from ..session import INLINE, Session
+from ..session import INLINE, SessionDriver
 from . import protocol as proto
 
 READ_SIZE = 256 * 1024
@@ -44,7 +44,7 @@ class AmqpConnection:
             authenticate=self._authenticate, can_open=self._can_open, node=node.name,
             cluster=node.cluster.md.cluster_name, max_message=max(4096, cfg.max_frame - 65536),
             now=now)
-        self.session: Session | None = None
+        self.session: SessionDriver | None = None
         self.gate: PublisherGate | None = None
         self.scope = trio.CancelScope()
         self._wake = trio.Event()
@@ -89,10 +89,11 @@ class AmqpConnection:
                 self.gate.close()
             session = self.session
             if session is not None:
-                node.sessions.pop(session.sid, None)
-                node.connections.pop(session.sid, None)
-                session.close()
-                if session.exclusive_queues:
+                core = session.core
+                node.sessions.pop(core.sid, None)
+                node.connections.pop(core.sid, None)
+                core.close()
+                if core.exclusive_queues:
                     node.spawn(session.delete_exclusive)
             with trio.move_on_after(1) as cleanup:
                 cleanup.shield = True
@@ -134,7 +135,7 @@ class AmqpConnection:
         try:
             while p.state is not proto.State.CLOSED:
                 session = self.session
-                if session is not None and not session.has_credit:
+                if session is not None and not session.core.has_credit:
                     p.send_blocked(True, "warren credit flow: too many unconfirmed publishes on "
                                          "this connection (a mirror is behind)")
                     p.hold_reading(True, trio.current_time())
@@ -144,7 +145,7 @@ class AmqpConnection:
                     p.hold_reading(False, trio.current_time())
                     self._kick()
                 gate = self.gate
-                publisher = gate is not None and session.publisher
+                publisher = gate is not None and session.core.publisher
                 if publisher and memory.blocked:
                     await self._hold(gate)
                 data = await stream.receive_some(READ_SIZE)
@@ -168,7 +169,7 @@ class AmqpConnection:
                     if type(ev) in INLINE and self.session is not None \
                             and p.state is proto.State.OPENED:
                         i = self._run_inline(events, i)
-                        if self.session.full_links:
+                        if self.session.core.full_links:
                             await self.session.wait_link_room()
                     else:
                         await self._event(ev)
@@ -192,11 +193,11 @@ class AmqpConnection:
     def _run_inline(self, events: list, i: int) -> int:
         """A run of publishes and acks as one batch of input (Session.handle_run); a protocol
         error closes the connection."""
-        session = self.session
+        core = self.session.core
         try:
-            return session.handle_run(events, i)
+            return core.handle_run(events, i)
         except ProtocolError as exc:
-            self.log.warning("closing AMQP connection", conn=session.conn_id, code=exc.code,
+            self.log.warning("closing AMQP connection", conn=core.conn_id, code=exc.code,
                              reason=exc.text)
             self.proto.close(exc.code, exc.text, trio.current_time())
             return len(events)  # the rest of the read is not handled: the connection closes
@@ -208,10 +209,10 @@ class AmqpConnection:
             self._open_session(ev)
         elif t is proto.ChannelFailed:
             if session is not None:
-                session.fail_channel(ev.ch, ev.code, ev.text)
+                session.core.fail_channel(ev.ch, ev.code, ev.text)
         elif t is proto.ConnectionFailed:
             self.log.warning("closing AMQP connection", peer=self.peer, code=ev.code, reason=ev.text,
-                             conn=session.conn_id if session else None)
+                             conn=session.core.conn_id if session else None)
         elif t is proto.Closed:
             self.log.debug("AMQP connection closed", peer=self.peer, reason=ev.reason)
         elif session is not None and self.proto.state is proto.State.OPENED:
@@ -219,7 +220,7 @@ class AmqpConnection:
                 if await session.handle(ev):
                     self.proto.close(CONNECTION_FORCED, "closed", trio.current_time())
             except ProtocolError as exc:
-                self.log.warning("closing AMQP connection", conn=session.conn_id, code=exc.code,
+                self.log.warning("closing AMQP connection", conn=session.core.conn_id, code=exc.code,
                                  reason=exc.text)
                 self.proto.close(exc.code, exc.text, trio.current_time())
 
@@ -229,12 +230,11 @@ class AmqpConnection:
         name = props.get("connection_name") or props.get("product") or "AMQP client"
         if isinstance(name, bytes):
             name = name.decode(errors="replace")
-        sid = node.new_session_id()
-        session = self.session = Session(node, sid, self.peer, ev.user, str(name), self._out)
-        session.protocol = "AMQP 0-9-1"
-        node.sessions[sid] = session
-        node.connections[sid] = self
-        self.gate = PublisherGate(node.memory, session, self._tell_memory)
+        session = self.session = SessionDriver.open(node, self.peer, ev.user, str(name), self._out)
+        core = session.core
+        core.protocol = "AMQP 0-9-1"
+        node.connections[core.sid] = self
+        self.gate = PublisherGate(node.memory, core, self._tell_memory)
 
     def _tell_memory(self, blocked: bool, reason: str) -> None:
         """The memory alarm holds (or releases) this publishing connection."""
