@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import enum
 import platform
-from dataclasses import dataclass
 
 from pamqp import commands, decode
 
@@ -34,6 +33,7 @@ from wire.errors import (ACCESS_REFUSED, CHANNEL_ERROR, COMMAND_INVALID, CONNECT
                          FRAME_ERROR, NOT_ALLOWED, NOT_IMPLEMENTED, PRECONDITION_FAILED,
                          SYNTAX_ERROR, UNEXPECTED_FRAME, CODE_NAMES, ProtocolError)
 
+from ..frontend import ChannelFailed, Closed, ConnectionFailed, LoggedIn
 from . import codec
 
 SERVER_FRAME_MAX = 131072  # RabbitMQ's default
@@ -70,33 +70,10 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-# --- events for the driver -----------------------------------------------------------------------
+HANDSHAKING = frozenset({State.HEADER, State.START_OK, State.TUNE_OK, State.OPEN})
 
-@dataclass(slots=True)
-class LoggedIn:
-    user: str
-    client_properties: dict
-
-
-@dataclass(slots=True)
-class ChannelFailed:
-    """A channel error found here (the session closes the channel: `Session.fail_channel`)."""
-    ch: int
-    code: int
-    text: str
-
-
-@dataclass(slots=True)
-class ConnectionFailed:
-    """A connection error: connection.close was sent (or the connection is just gone)."""
-    code: int
-    text: str
-
-
-@dataclass(slots=True)
-class Closed:
-    """The connection is over: close the socket once `data_to_send` is written."""
-    reason: str
+# the events for the driver (LoggedIn, ChannelFailed, ConnectionFailed, Closed) are
+# broker/frontend.py's, shared with the native protocol
 
 
 class _Channel:
@@ -126,7 +103,11 @@ def _error_text(code: int, text: str) -> str:
 class AmqpProtocol:
     """One connection's protocol state. `authenticate(mechanism, user, password)` raises
     ProtocolError to refuse a login; `can_open()` returns why the node refuses connections
-    now (pause_minority), or ""."""
+    now (pause_minority), or "". It is a broker/frontend.py `ClientProtocol`."""
+
+    NAME = "AMQP"
+    SESSION_PROTOCOL = "AMQP 0-9-1"
+    DEFAULT_CLIENT_NAME = "AMQP client"
 
     def __init__(self, *, authenticate, can_open=lambda: "", node: str = "", cluster: str = "",
                  heartbeat: int = SERVER_HEARTBEAT, frame_max: int = SERVER_FRAME_MAX,
@@ -931,6 +912,33 @@ class AmqpProtocol:
     @property
     def has_output(self) -> bool:
         return bool(self._out)
+
+    def take_output(self, now: float) -> list | None:
+        """The pending output as the parts of one write (None if there is none)."""
+        data = self.data_to_send(now)
+        return [data] if data else None
+
+    # --- what else the connection driver asks (broker/frontend.py ClientProtocol) --------------
+    @property
+    def handshaking(self) -> bool:
+        return self.state in HANDSHAKING
+
+    @property
+    def opened(self) -> bool:
+        return self.state is State.OPENED
+
+    @property
+    def closed(self) -> bool:
+        return self.state is State.CLOSED
+
+    def receive_eof(self, now: float) -> list:
+        """The client went away: nothing to tell it."""
+        self.state = State.CLOSED
+        return []
+
+    def client_closed(self, now: float) -> None:
+        """The session ended the connection on the client's word."""
+        self.close(CONNECTION_FORCED, "closed", now)
 
 
 def _table(value) -> dict:
