@@ -66,7 +66,7 @@ class NodeHost:
 
     def __init__(self, node):
         self._node = node
-        self._cluster = cluster = node.cluster
+        self._cluster = node.cluster
         router = node.router
         self.name = node.name
         self.log = node.log
