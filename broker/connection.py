@@ -217,7 +217,16 @@ class ClientConnection:
                     self.log.exception(f"{p.NAME} connection failed", peer=self.peer)
                     p.close(INTERNAL_ERROR, f"internal error: {exc!r}"[:200], trio.current_time())
                     events = []
-                await self._handle_commands(events)
+                i, n = 0, len(events)
+                while i < n:  # in order; a run of publishes and acks as one batch of input
+                    ev = events[i]
+                    if type(ev) in INLINE and self.session is not None and p.opened:
+                        i = self._run_inline(events, i)
+                        if self.session.core.full_links:
+                            await self.session.wait_link_room()
+                    else:
+                        await self._event(ev)
+                        i += 1
                 if p.state is not self._timer_state:
                     self._state_changed()
                 self._kick()
@@ -225,20 +234,6 @@ class ClientConnection:
             pass
         finally:
             self._stop.set()
-
-    async def _handle_commands(self, events: list) -> None:
-        """A read's commands and events, in order; a run of publishes and acks as one batch."""
-        p = self.proto
-        i, n = 0, len(events)
-        while i < n:
-            ev = events[i]
-            if type(ev) in INLINE and self.session is not None and p.opened:
-                i = self._run_inline(events, i)
-                if self.session.core.full_links:
-                    await self.session.wait_link_room()
-            else:
-                await self._event(ev)
-                i += 1
 
     async def _wait_credit(self, session: SessionDriver) -> None:
         """Read nothing while the session's window is full (the client is told if it can be)."""

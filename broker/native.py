@@ -74,16 +74,16 @@ class NativeProtocol:
         try:
             msgs = self.decoder.feed(data)
             if not msgs:
-                return []
-            events: list = []
+                return msgs
             if self.state is HANDSHAKE:
-                events.append(self._login(msgs[0]))
-                msgs = msgs[1:]
-            for msg in msgs:  # a frame a client may not send spoils the whole read
+                msgs[0] = self._login(msgs[0])  # the LoggedIn event in the auth's place
+                rest = msgs[1:]
+            else:
+                rest = msgs
+            for msg in rest:  # a frame a client may not send spoils the whole read
                 if msg.KIND not in CLIENT_KINDS:
                     raise ProtocolError(UNEXPECTED_FRAME, f"message {msg.KIND!r} is not allowed here")
-            events += msgs
-            return events
+            return msgs
         except ProtocolError as exc:
             return self._fail(exc)
 
