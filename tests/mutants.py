@@ -123,12 +123,12 @@ MUTANTS = [
     Mutant("stale-deliveries-shown", "broker/session/core.py",
            "                    if ev.epoch < route[1]:\n                        self._stale_delivery(ch, ev)\n                        continue\n",
            "                    if False:\n                        self._stale_delivery(ch, ev)\n                        continue\n",
-           ["tests/test_session_core.py"],
+           ["tests/test_session_core.py", "tests/test_sim_session.py"],
            "deliveries a deposed leader sent late reach the client, unflagged, after the new leader's"),
     Mutant("replaced-link-forgotten", "broker/cluster.py",
            "                self.hooks.link_replaced(name)\n",
            "",
-           ["tests/test_session_core.py"],
+           ["tests/test_sim_session.py"],
            "what was in flight on a link another link replaced is never given back (a consumer's credit is lost)"),
     Mutant("raft-commit-without-majority", "mirroring/raft.py",
            "    def _majority(self) -> int:\n        return len(self.voters) // 2 + 1",
@@ -216,11 +216,11 @@ MUTANTS = [
            ["tests/test_sim_freeze.py"],
            "a node that learns from a snapshot that its run went down and came back up shows its "
            "consumers deliveries the leaders already requeued, flagged, for others"),
-    Mutant("alarm-read-handled", "broker/native.py",
-           "                if memory.blocked:\n"
-           "                    # the alarm went on while this read waited: what it brought is held, not\n",
-           "                if False:\n"
-           "                    # the alarm went on while this read waited: what it brought is held, not\n",
+    Mutant("alarm-read-handled", "broker/connection.py",
+           "                    if memory.blocked:\n"
+           "                        # the alarm went on while this read waited: what it brought is held,\n",
+           "                    if False:\n"
+           "                        # the alarm went on while this read waited: what it brought is held,\n",
            ["tests/test_memory_alarm.py::test_one_nodes_alarm_blocks_publishers_on_every_node_and_consumers_keep_draining"],
            "a publisher's read that waited while the memory alarm went on is handled at once: "
            "what the client sent after it was told it is blocked is confirmed"),
