@@ -51,6 +51,11 @@ _REQUESTS = (m.QConsume, m.QCancel, m.QGet, m.QPurge, m.QDeclareOk, m.QDelete)
 
 
 class Router:
+    """Where operations, replication and events go on this node, and its replicas (see the
+    module docstring). It is the `ReplicaHost` of every replica task it starts
+    (broker/queue_process.py), and the routing half of its sessions' host
+    (broker/session/host.py `NodeHost`)."""
+
     def __init__(self, node):
         self.node = node
         self.name = node.name

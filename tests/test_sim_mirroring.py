@@ -734,8 +734,8 @@ async def test_confirms_and_publisher_held_until_silent_mirror_declared_down(tmp
     """"a message will only be confirmed to the publisher when it has been accepted by all of
     the mirrors" and "Publishers will remain blocked until all mirrors issue credit or until the
     remaining nodes consider the mirror to be disconnected from the cluster.\""""
-    import broker.session as session_mod
-    monkeypatch.setattr(session_mod, "WINDOW_MSGS", 100)
+    import broker.session.publishing as publishing
+    monkeypatch.setattr(publishing, "WINDOW_MSGS", 100)
     async with sim_cluster(tmp_path) as c:
         await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "all"})
         async with c.connect("n1") as c1:
