@@ -88,7 +88,7 @@ MUTANTS = [
            "        pass",
            ["tests/test_dst.py::test_regression_seeds", "tests/test_sim_lent_bodies.py::test_deliveries_for_a_consumer_its_node_no_longer_has_go_back"],
            "a leader keeps feeding a consumer whose channel closed before a failover"),
-    Mutant("leader-confirms-out-of-step", "mirroring/replica.py",
+    Mutant("leader-confirms-out-of-step", "mirroring/replica_leading.py",
            "        return not self.in_step or self.leaving and not self._outlives_its_node()\n",
            "        return self.leaving and not self._outlives_its_node()\n",
            ["tests/test_replica_property.py"],
@@ -141,7 +141,7 @@ MUTANTS = [
            ["tests/test_sim_mirroring.py::test_a_last_ack_reaches_the_mirrors_within_the_settle_linger"],
            "a round run at the end of a peer batch leaves the queue task's timer where it was, "
            "so acks held for a batch wait a second instead of 4 ms"),
-    Mutant("acks-held-until-a-publish", "mirroring/replica.py",
+    Mutant("acks-held-until-a-publish", "mirroring/replica_leading.py",
            "        return now < self._settles_since + SETTLE_LINGER",
            "        return True",
            PROPERTY + ["tests/test_sim_mirroring.py::test_a_last_ack_reaches_the_mirrors_within_the_settle_linger"],
@@ -253,13 +253,13 @@ MUTANTS = [
            "                pass\n",
            ["tests/test_sim_cluster.py::test_a_refused_link_is_read_and_logged_once_on_each_side"],
            "a dialer whose LinkHello met a closed connection gives up without reading why it was refused"),
-    Mutant("leaving-node-still-confirms", "mirroring/replica.py",
+    Mutant("leaving-node-still-confirms", "mirroring/replica_leading.py",
            "        return not self.in_step or self.leaving and not self._outlives_its_node()\n",
            "        return not self.in_step\n",
            ["tests/test_sim_mirroring.py::test_a_node_stopping_its_app_confirms_nothing_its_queue_would_lose"],
            "a node stopping its app, its record of going on its way, still confirms publishes that "
            "no mirror it could hand the queue to holds (dst seed 111127)"),
-    Mutant("leaving-node-holds-every-confirm", "mirroring/replica.py",
+    Mutant("leaving-node-holds-every-confirm", "mirroring/replica_leading.py",
            "        mirrors = list(self.rep.mirrors)\n        return choose_promotion(",
            "        mirrors = []\n        return choose_promotion(",
            ["tests/test_sim_mirroring.py::test_a_node_stopping_its_app_still_confirms_what_a_synchronised_mirror_holds"],
@@ -363,7 +363,7 @@ MUTANTS = [
             "test_acknowledgements_alone_hold_their_confirms_while_the_node_is_out_of_step"],
            "a leader's round of mirrors' acknowledgements alone confirms without asking whether "
            "its node is in step with the metadata log"),
-    Mutant("mirror-batches-alone-unacknowledged", "mirroring/replica.py",
+    Mutant("mirror-batches-alone-unacknowledged", "mirroring/replica_following.py",
            "            self.handle(msg, now)  # (a missing batch turns us WAITING: the rest are then ignored)\n"
            "        self.flush(now)",
            "            self.handle(msg, now)  # (a missing batch turns us WAITING: the rest are then ignored)",
