@@ -743,14 +743,6 @@ class QueueState:
             k += 1
         return out
 
-    def oldest_id(self) -> int | None:
-        """The smallest message id this replica holds (ready or unacknowledged)."""
-        low = self.ready[0][0] if self.ready else None
-        if self.unacked:
-            u = min(self.unacked)
-            low = u if low is None or u < low else low
-        return low
-
     def apply_effects(self, effects: list, now: float = 0.0) -> None:
         """Apply a leader's effects, in its order (see the module docstring). A mirror records no
         effects of its own, so the public methods serve; only enqueue ids, deliveries and gets,
