@@ -45,10 +45,6 @@ PROPOSE_TIMEOUT = 15.0
 NOT_LEADER = "not-leader"
 LIVENESS_EVERY = 0.5  # seconds between the leader's liveness and placement checks
 COMPACT_AFTER = 512  # log entries kept before compacting into a snapshot
-# check that the planning copy the leader keeps between rounds of proposals equals its metadata
-# each time it is used again (an O(queues) comparison: the simulation turns it on, so every
-# seeded schedule checks it)
-CHECK_PLANNING_COPY = False
 RAFT_MESSAGES = (m.RaftVote, m.RaftVoteReply, m.RaftAppend, m.RaftAppendReply, m.RaftSnapshot,
                  m.RaftTimeoutNow)
 # What a log leader sends its followers. Taken from any linked node, member or not in our view,
@@ -94,7 +90,7 @@ def fresh_state(name: str, peer: list, client: list) -> Persistent:
 
 class Cluster:
     def __init__(self, name: str, config, network, log, hooks: ClusterHooks, *, persist: bool,
-                 rng: random.Random):
+                 rng: random.Random, check_planning_copy: bool = False):
         self.name = name
         self.config = config
         self.network = network
@@ -131,6 +127,9 @@ class Cluster:
         # the leader's copy of the metadata that proposals are planned on, with what was planned
         # applied: (copy, the metadata it copies, the term it was made in); `_planning_copy`
         self._plan_copy: tuple | None = None
+        # check that this copy equals the metadata each time it is used again (an O(queues)
+        # comparison: the simulation turns it on, so every seeded schedule checks it)
+        self.check_planning_copy = check_planning_copy
         self._wake = trio.Event()
         self._sleeping_until = float("-inf")  # the driver loop's deadline while it waits
         self._changed = trio.Event()
@@ -396,7 +395,7 @@ class Cluster:
         if kept is not None:
             spec, base, made_in = kept
             if base is self.md and made_in == term and spec.version == base.version:
-                if CHECK_PLANNING_COPY:
+                if self.check_planning_copy:
                     assert spec.snapshot() == base.snapshot(), "the planning copy drifted"
                 return spec
         return self.md.copy()

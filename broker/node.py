@@ -50,7 +50,7 @@ SHUTDOWN_HANDOVER_TIMEOUT = 5.0
 
 class Node:
     def __init__(self, config: configmod.NodeConfig, network, *, persist: bool = True,
-                 rng: random.Random | None = None, memory_probe=None):
+                 rng: random.Random | None = None, memory_probe=None, check_planning_copy: bool = False):
         self.config = config
         self.name = config.name
         self.network = network
@@ -65,7 +65,8 @@ class Node:
         else:
             self.new_nonce = new_nonce
         self.log = logmod.get(self.name)
-        self.cluster = Cluster(self.name, config, network, self.log, self, persist=persist, rng=self.rng)
+        self.cluster = Cluster(self.name, config, network, self.log, self, persist=persist, rng=self.rng,
+                               check_planning_copy=check_planning_copy)
         self.router = Router(self)
         # the memory alarm (broker/memory.py); the probe is this process's RSS unless a
         # simulation gives its own

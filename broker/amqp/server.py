@@ -19,7 +19,7 @@ import trio
 
 from wire.errors import CONNECTION_FORCED, INTERNAL_ERROR, ProtocolError
 
-from ..framed import CORK, LINGER, DirectWrites, Reader, direct_socket
+from ..framed import CORK, DirectWrites, Reader, direct_socket
 from ..memory import PublisherGate
 from ..native import check_login
 from ..session import INLINE, Session
@@ -247,8 +247,6 @@ class AmqpConnection:
         try:
             while True:
                 await self._wake.wait()
-                if LINGER is not None:
-                    await trio.sleep(LINGER)
                 self._wake = trio.Event()
                 # no waiting for more: what the other tasks produce while this send is in
                 # flight (send_all yields) forms the next write

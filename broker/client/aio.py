@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.framed import LINGER, DirectWrites, FramedStream, direct_socket, frame_parts
+from broker.framed import DirectWrites, FramedStream, direct_socket, frame_parts
 from broker.network import TcpNetwork
 from wire import messages as m
 from wire.errors import ProtocolError
@@ -777,8 +777,6 @@ class Connection:
                 if not w.items and not direct.rest:
                     await w.wake.wait()
                 w.wake = trio.Event()  # what is put from here on wakes the next turn
-                if LINGER is not None:
-                    await trio.sleep(LINGER)
                 # a direct write's tail first, then what the application put meanwhile: one write
                 await direct.send(stream, w.take_parts)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
