@@ -37,6 +37,7 @@ from mirroring.raft import ChangeInProgress, NotLeader, Persistent, Raft, Role
 from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_ALLOWED, PRECONDITION_FAILED, ProtocolError
 
+from .backoff import Backoff
 from .framed import FramedStream
 from .peers import HANDSHAKE_TIMEOUT, PeerLink, dial_handshake, exchange_link_hellos
 from .statefile import StateFile
@@ -132,7 +133,10 @@ class Cluster:
         self.check_planning_copy = check_planning_copy
         self._wake = trio.Event()
         self._sleeping_until = float("-inf")  # the driver loop's deadline while it waits
+        # the news a waiter wakes on (`wait_changed`), replaced each time it is set (`_announce`),
+        # and the log's (leader, role, term, last index) the last news was for
         self._changed = trio.Event()
+        self._log_view: tuple | None = None
         self._nursery: trio.Nursery | None = None
         self.peer_addr = [config.advertise_host, config.peer_port]
         self.client_addr = [config.advertise_host, config.client_port]
@@ -225,6 +229,7 @@ class Cluster:
             if self.raft is not None:
                 self.save_state(self.raft.persistent(), self.raft.commit)
             self.raft = None
+            self._announce()  # waiters see the app stopped
             self.paused = False
             # a new run of the app gets the whole grace before it pauses: a node stopped while
             # paused, then started, paused its clients before it had dialed anyone (its
@@ -297,6 +302,10 @@ class Cluster:
             # wake (up to LIVENESS_EVERY later), or a client that connects as soon as the
             # cluster is whole (a node just rejoined and started) is refused meanwhile
             self._check_pause(now)
+        view = (raft.leader, raft.role, raft.term, raft.last_index)
+        if view != self._log_view:
+            self._log_view = view
+            self._announce()
         if raft.next_deadline() < self._sleeping_until:
             # a message moved Raft's timer earlier (a split vote's quick retry, a new leader's
             # first heartbeat): wake the loop for it, or the retry waits for the liveness tick,
@@ -341,8 +350,7 @@ class Cluster:
                 self._close_links_to_runs_counted_down(was_up, was_down)
             if item[0] != "noop":
                 self.hooks.meta_changed(item)
-        ev, self._changed = self._changed, trio.Event()
-        ev.set()
+        self._announce()
         if self.persist and len(raft.log) > COMPACT_AFTER and self.applied > raft.snap_index:
             raft.compact(self.applied, self.md.snapshot())
             self.save_state(raft.persistent(), raft.commit)
@@ -367,7 +375,18 @@ class Cluster:
             if md.up.get(node) == run or (md.up.get(node) is None and md.down.get(node) == "failure"):
                 link.close("the cluster counted the node down: what the link carried is stale")
 
+    def _announce(self) -> None:
+        ev, self._changed = self._changed, trio.Event()
+        ev.set()
+
     async def wait_changed(self) -> None:
+        """Wait for news: a committed change applied, the log's leader, role, term or length
+        moved, a peer link came or went, or the app stopped. Whatever a waiter here waits for
+        (a leader to send a proposal to, a link to a member, a change to commit) can only come
+        with one of these, so it rechecks its condition after each and never polls. The news
+        says the condition may hold now, not that it does; a waiter that awaits something else
+        between its check and this wait takes `self._changed` before the check and waits on
+        that, so news in between is not missed."""
         await self._changed.wait()
 
     # --- proposals -----------------------------------------------------------------------------
@@ -448,6 +467,9 @@ class Cluster:
                 raft = self.raft
                 if raft is None:
                     raise MetaError(NOT_ALLOWED, f"node {self.name} is not running")
+                # an attempt that fails waits for the news from here on (see wait_changed):
+                # a new leader, a new term, or a link to the leader
+                news = self._changed
                 leader = raft.leader
                 if leader == self.name and raft.role is Role.LEADER:
                     ev = trio.Event()
@@ -465,18 +487,19 @@ class Cluster:
                     try:
                         reply = await self._call(self.links[leader],
                                                  lambda rid: m.MetaPropose(rid, change))
-                    except NodeStopped:
-                        await trio.sleep(0.01)
+                    except NodeStopped:  # the link went: that is news
+                        await news.wait()
                         continue
                     ok, value, code, text = reply.ok, reply.value, reply.code, reply.error
-                else:
-                    with trio.move_on_after(0.05):
-                        await self.wait_changed()
+                else:  # no leader known, or no link to it: either comes as news
+                    await news.wait()
                     continue
                 if ok:
                     return value
                 if text == NOT_LEADER:
-                    await trio.sleep(0.01)
+                    # the leader asked had stepped down, or its term ended before the change
+                    # committed: the next leader, or at least the next term, is news here
+                    await news.wait()
                     continue
                 raise MetaError(code or INTERNAL_ERROR, text)
 
@@ -625,18 +648,19 @@ class Cluster:
                 if name != self.name and name not in self.links and name not in self._dialing:
                     self._dialing.add(name)
                     self.spawn(self._dial_loop, name)
-            with trio.move_on_after(1.0):
-                await self.wait_changed()
+            # the addresses change only with news: a change applied or appended to the log
+            await self.wait_changed()
 
     async def _dial_loop(self, name: str) -> None:
-        delay = 0.05
-        cap = min(2.0, self.config.net_ticktime / 4)
+        backoff = Backoff(0.05, min(2.0, self.config.net_ticktime / 4))
         refused = None  # the last refusal's reason, logged when it first comes
         try:
             while self.raft is not None and name in self.addresses():
                 if name in self.links:
-                    await trio.sleep(0.25)
-                    delay = 0.05
+                    # linked (dialed by either side): dial again once the link goes, the
+                    # member leaves or the app stops, each of which is news
+                    await self.wait_changed()
+                    backoff.reset()
                     continue
                 host, port = self.addresses()[name]
                 try:
@@ -652,23 +676,20 @@ class Cluster:
                     # a link that ended at once (a duplicate, a refusal) is dialed again only
                     # after the usual back-off; one that lived a while, at once
                     if trio.current_time() - started < 1.0:
-                        await trio.sleep(delay)
-                        delay = min(delay * 2, cap)
+                        await backoff.wait()
                     else:
-                        delay = 0.05
+                        backoff.reset()
                         refused = None
                 except ProtocolError as exc:  # refused: said once per reason, not per retry
                     if exc.text != refused:
                         refused = exc.text
                         self.log.warning("link refused", peer=name, reason=exc.text)
                     self.refused_by[name] = exc.text
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, cap)
+                    await backoff.wait()
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError,
                         trio.ClosedResourceError) as exc:
                     self.log.debug("dial failed", peer=name, error=str(exc))
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, cap)
+                    await backoff.wait()
         finally:
             self._dialing.discard(name)
             self.refused_by.pop(name, None)
@@ -692,6 +713,7 @@ class Cluster:
             else:
                 return
         self.links[name] = link
+        self._announce()
         self._lost_at.pop(name, None)
         self.refused_by.pop(name, None)
         now = trio.current_time()
@@ -704,6 +726,7 @@ class Cluster:
         reason = await link.run(self._on_peer_messages)
         if self.links.get(name) is link:
             del self.links[name]
+            self._announce()
             now = trio.current_time()
             self._lost_at[name] = now
             self.log.warning("node down", peer=name, reason=reason, running=sorted(self.running))
@@ -804,7 +827,7 @@ class Cluster:
         leader = raft.leader
         with trio.move_on_after(5):
             while leader is None and self.raft is not None:
-                await trio.sleep(0.02)
+                await self.wait_changed()  # an elected leader is news
                 leader = self.raft.leader if self.raft is not None else None
         if leader is None:
             raise ProtocolError(NOT_ALLOWED, "the cluster has no leader right now; try again")
@@ -818,11 +841,12 @@ class Cluster:
                 raft.propose(["member.add", name, list(peer), list(client)])
                 break
             except ChangeInProgress as exc:
-                # one membership change at a time: wait for the one under way to commit
-                if trio.current_time() > deadline:
-                    raise ProtocolError(PRECONDITION_FAILED, f"cannot add {name} now ({exc}); try again") from None
-                with trio.move_on_after(0.1):
+                # one membership change at a time: wait for the one under way to commit (its
+                # commit is news), or for the leader to change
+                with trio.move_on_at(deadline) as waited:
                     await self.wait_changed()
+                if waited.cancelled_caught:
+                    raise ProtocolError(PRECONDITION_FAILED, f"cannot add {name} now ({exc}); try again") from None
                 raft = self.raft
                 if raft is None or raft.role is not Role.LEADER:
                     raise ProtocolError(NOT_ALLOWED, "the cluster's leader changed; try again") from None

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import trio
 
+from broker.backoff import Backoff
 from broker.framed import DirectWrites, FramedStream, direct_socket, frame_parts
 from broker.network import TcpNetwork
 from wire import messages as m
@@ -644,7 +645,7 @@ class Connection:
         return framed, welcome.node
 
     async def _connect_any(self, first: bool) -> None:
-        delay = 0.05
+        backoff = Backoff(0.05, self.max_retry_delay)  # between rounds of every node
         attempts = 0
         last_error = None
         while True:
@@ -672,8 +673,7 @@ class Connection:
                 nodes = ", ".join(f"{h}:{p}" for h, p in self.nodes)
                 raise AMQPConnectionError(f"could not connect to {'any of ' if len(self.nodes) > 1 else ''}"
                                           f"{nodes}: {_why(last_error)}")
-            await trio.sleep(delay)
-            delay = min(delay * 2, self.max_retry_delay)
+            await backoff.wait()
 
     async def _serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         first = True
