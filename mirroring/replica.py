@@ -279,6 +279,7 @@ class Replica:
         self.last_sync: dict | None = None
         self.sync_wanted = ""  # a sync to start once the current round is done
         self._ack_due = False
+        self._told_not_following = (-1, 0.0)  # (epoch, when) we last told its leader we follow nothing
         self._settles_since: float | None = None  # when the acks held back (SETTLE_LINGER) began
         self._settles_seen = 0  # how many of the held effects are known to be acks
         self._events: dict[tuple, list] = {}
@@ -987,8 +988,32 @@ class Replica:
             self._log("replication batch missing; mirror restarts", level="warning",
                       epoch=msg.epoch, seq=msg.seq, last=self.follow.last_seq)
             self.follow.epoch = -1
+            self._told_not_following = (msg.epoch, now)  # (the batches behind it need no word)
             self._send(self.leader_node, m.RMirrorReset(self.name, msg.epoch, self.me))
             self._to(S.WAITING)
+
+    def _on_rep_not_following(self, msg: m.RRep, now: float) -> None:
+        """A replication batch reached this replica while it follows nobody (WAITING): its
+        leader believes a mirror here follows the batch's epoch, and that mirror is not this
+        replica. A node catching up on several metadata changes at once can stop its replica
+        and start a new one for the same queue (the mirror left the list and came back), while
+        the queue's leader, catching up on the same changes at once, saw no change for that
+        node: the leader's start reached the replica being stopped, which followed and answered
+        it, and the new replica never hears of a start. Silent, it held every confirm until
+        the leader gave up on it after net_ticktime (dst seed 15 of the restart test, and a
+        second `make demo`: 10 s with no confirm). So it says it is not following: the leader
+        drops it through the metadata (as for a missing batch, a confirm never waits on a
+        mirror's word the metadata does not have) and the planner adds it again, started
+        afresh. Said again only after RETRY_PROPOSAL_AFTER (the leader's proposal may not have
+        been committed), not for every batch behind the first."""
+        epoch, when = self._told_not_following
+        if msg.epoch < self.assign.epoch or self.me not in self.assign.mirrors \
+                or (msg.epoch == epoch and now - when < RETRY_PROPOSAL_AFTER):
+            return  # an old leader's batch, or its leader was told a moment ago
+        self._told_not_following = (msg.epoch, now)
+        self._log("replication batch for a mirror that is not following; asking to start again",
+                  level="warning", epoch=msg.epoch, seq=msg.seq, leader=self.leader_node)
+        self._send(self.leader_node, m.RMirrorReset(self.name, msg.epoch, self.me))
 
     def _on_sync_batch(self, msg: m.RSyncBatch, now: float) -> None:
         f = self.follow
@@ -1133,7 +1158,7 @@ MIRROR_REPLICATION = {
 }
 # what each state acts on; anything else is parked (client operations) or ignored
 ACTS_ON: dict[State, dict] = {
-    S.WAITING: {m.RMirrorStart: Replica._on_mirror_start},
+    S.WAITING: {m.RMirrorStart: Replica._on_mirror_start, m.RRep: Replica._on_rep_not_following},
     S.MIRROR: MIRROR_REPLICATION,
     S.MIRROR_SYNCING: MIRROR_REPLICATION,
     S.LEADER: {**CLIENT_OPS, **LEADER_REPLICATION},
