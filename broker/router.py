@@ -13,7 +13,9 @@ queue replicas this node runs.
   the metadata); one replaced by a second link to the same node gets `LinkReplaced` (what was in
   flight on the first may be lost).
 * An operation for a queue this node has not heard of yet (its metadata is a moment behind the
-  sender's) waits a few seconds for the declaration, then fails with NOT_FOUND.
+  sender's) waits a few seconds for the declaration, then fails with NOT_FOUND. So does the
+  leader's replication that a replica stopped for its queue moving away had not handled: it is
+  for the mirror the metadata places here next, if any (`_take_back_mirror_input`).
 * A leader replica asks `may_deliver` every round: it hands out deliveries and confirms only
   while this node is in step with the metadata log (or the only node recorded running); the
   ones that held are woken when the log says the node is in step again (`in_step`).

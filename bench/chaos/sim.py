@@ -708,7 +708,8 @@ def _one(args) -> dict:
     v = r.verdict
     return {"seed": seed, "ok": v.ok, "line": r.line(), "reasons": v.reasons[:5], "replay": r.replay(),
             "lost_allowed": dict(v.lost_allowed), "digest": r.digest, "wall_s": r.wall_s,
-            "kinds": r.schedule.fault_kinds(), "real": r.real_replay()}
+            "kinds": r.schedule.fault_kinds(), "real": r.real_replay(),
+            "confirm_stall_s": v.confirm_stall_s, "confirm_stall_why": v.confirm_stall_why}
 
 
 def explore(first: int, count: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
@@ -739,6 +740,12 @@ def explore(first: int, count: int, kinds=None, faults=(1, 3), scale: float = DE
           f"{sum(r['wall_s'] for r in results) / max(1, len(results)):.2f} s per schedule", file=out)
     for r in allowed:
         print(f"  allowed loss, seed {r['seed']} [{','.join(r['kinds'])}]: {r['lost_allowed']}", file=out)
+    stalls = [r for r in results if r.get("confirm_stall_s") is not None]
+    if stalls:
+        worst = max(stalls, key=lambda r: r["confirm_stall_s"])
+        print(f"  longest confirm stall with every node up and linked and no fault in force: "
+              f"{worst['confirm_stall_s'] * 1000:.0f} ms (seed {worst['seed']}: "
+              f"{worst['confirm_stall_why']})", file=out)
     out.flush()
     return results
 
