@@ -429,6 +429,9 @@ def test_the_longest_gap_in_deliveries_says_which_fault_was_in_force():
     h.broker_events = linked_at(0.0) + [drop_asked(2.0)]
     v = check(h)
     assert v.longest_gap_why.startswith("no fault in force; n2: asking to drop the mirror on node n1"), v.longest_gap_why
+    # a fault that ended before the gap is named with how long before
+    v = check(history(pubs, dels, faults=[Fault(1.0, "pause", "n3", t_end=1.3)]))
+    assert v.longest_gap_why.startswith("no fault in force (pause of n3 ended 0.2 s before)"), v.longest_gap_why
 
 
 def test_broker_events_are_read_from_the_node_logs_and_kept_with_the_history(tmp_path):

@@ -454,8 +454,10 @@ def confirm_stalls(pubs: list[Publish], breaks: dict[int, list[float]], end: flo
     return out
 
 
-def _in_force(f: Fault, a: float, b: float, after: float = 0.0) -> bool:
-    return f.t <= b and a <= (f.t_end if f.t_end is not None else f.t) + after
+def _in_force(f: Fault, a: float, b: float) -> bool:
+    """Was fault `f` in force during (a, b)? (One that ended as `a` began was not.)"""
+    end = f.t_end if f.t_end is not None else f.t
+    return f.t < b and a < end or a <= f.t <= b and end == f.t
 
 
 def explain(h: History, a: float, b: float, unlinked: list[tuple[float, float]] | None) -> str:
@@ -467,7 +469,14 @@ def explain(h: History, a: float, b: float, unlinked: list[tuple[float, float]] 
         name = f"{f.kind}{' of ' + f.target if f.target else ''}"
         if _in_force(f, a, b) and name not in faults:
             faults.append(name)
-    said = [f"during {', '.join(faults)}"] if faults else ["no fault in force"]
+    if faults:
+        said = [f"during {', '.join(faults)}"]
+    else:
+        ended = [f for f in h.faults if (f.t_end if f.t_end is not None else f.t) <= a]
+        last = max(ended, key=lambda f: f.t_end if f.t_end is not None else f.t, default=None)
+        said = ["no fault in force" + (
+            f" ({last.kind}{' of ' + last.target if last.target else ''} ended "
+            f"{a - (last.t_end if last.t_end is not None else last.t):.1f} s before)" if last else "")]
     if not faults and unlinked:
         down = sum(min(b, y) - max(a, x) for x, y in unlinked if x < b and y > a)
         if down > 0:
