@@ -189,19 +189,19 @@ class Router:
                 del self.replicas[qname]
 
     def _take_back_mirror_input(self, qp: QueueProcess) -> None:
-        """A replica stopped because the queue moved off this node gives back the leader's
-        replication it has not handled yet: it is for the mirror on this node, and the replica
-        that answers it must be the one the metadata places here last. A node catching up on
-        several changes at once may stop its mirror (a change drops it) and start a new one (a
-        later change adds it back) in one go, while the queue's leader, catching up on the same
-        changes at once, saw no change for this node and sent one start. Handled by the
-        stopping replica, that start was answered, the leader counted the mirror following, and
-        the new replica, which never heard of a start, ignored every batch: confirms waited
-        net_ticktime, until the leader gave up on the mirror (dst seed 15 of
-        tests/test_sim_restart_stall.py; a second `make demo` stalled 10 s). Kept as for a queue
-        not known yet: the replica started next gets it, in order; none within EARLY_OP_WAIT,
-        it goes. (A start the stopping replica had answered already is caught by the new
-        replica's side: replica.py `_on_rep_not_following`.)"""
+        """A replica stopped because its queue moved off this node gives back the leader's
+        replication it has not handled yet (a start, batches, a sync's): it is for the mirror on
+        this node, which from now on is the replica the metadata places here next, if any. A
+        node applying several changes at once (after a restart or a freeze) can stop its mirror
+        (a change drops it) and start a new one (a later change adds it back) in one go, with
+        the leader's start for the mirror added back already in the inbox of the replica being
+        stopped. Handled there, it was answered: the leader counted the mirror following, and
+        the new replica, which never had a start, ignored every batch; confirms waited
+        net_ticktime, until the leader gave up on the mirror (seed 23 of
+        tests/test_sim_restart_stall.py; a second `make demo` stalled 10 s). Kept as for a
+        queue not known yet: the replica started next gets it, in order; with none within
+        EARLY_OP_WAIT, it goes. A start the old replica had handled before its stop came is the
+        new replica's to report (mirroring/replica.py `_on_rep_not_following`)."""
         inbox = qp.inbox
         if not any(type(item) in MIRROR_INPUT for item in inbox):
             return

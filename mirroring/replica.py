@@ -993,19 +993,18 @@ class Replica:
             self._to(S.WAITING)
 
     def _on_rep_not_following(self, msg: m.RRep, now: float) -> None:
-        """A replication batch reached this replica while it follows nobody (WAITING): its
-        leader believes a mirror here follows the batch's epoch, and that mirror is not this
-        replica. A node catching up on several metadata changes at once can stop its replica
-        and start a new one for the same queue (the mirror left the list and came back), while
-        the queue's leader, catching up on the same changes at once, saw no change for that
-        node: the leader's start reached the replica being stopped, which followed and answered
-        it, and the new replica never hears of a start. Silent, it held every confirm until
-        the leader gave up on it after net_ticktime (dst seed 15 of the restart test, and a
-        second `make demo`: 10 s with no confirm). So it says it is not following: the leader
-        drops it through the metadata (as for a missing batch, a confirm never waits on a
-        mirror's word the metadata does not have) and the planner adds it again, started
-        afresh. Said again only after RETRY_PROPOSAL_AFTER (the leader's proposal may not have
-        been committed), not for every batch behind the first."""
+        """A replication batch reached this replica while it follows nobody (WAITING), from
+        the leader of an epoch the metadata names: that leader counts a mirror here as
+        following, and it is not this replica. A node applying several metadata changes at once
+        (after a restart or a freeze) can stop its mirror and start a new one for the same
+        queue; a start of the leader's that the old replica handled just before its stop came
+        was answered by it (broker/router.py `_take_back_mirror_input` covers one still in its
+        inbox), and the new replica never hears of one. Silent, it held every confirm until the
+        leader gave up on it after net_ticktime (tests/test_process_restart_stall.py: 10 s). So
+        it says so with RMirrorReset, as for a missing batch: the leader drops it through the
+        metadata (a mirror leaves the set that confirms wait for only that way) and the planner
+        adds it again, started afresh. Said again only after RETRY_PROPOSAL_AFTER (the leader's
+        proposal may not have been committed), not for every batch behind the first."""
         epoch, when = self._told_not_following
         if msg.epoch < self.assign.epoch or self.me not in self.assign.mirrors \
                 or (msg.epoch == epoch and now - when < RETRY_PROPOSAL_AFTER):
