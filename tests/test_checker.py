@@ -455,3 +455,20 @@ def test_broker_events_are_read_from_the_node_logs_and_kept_with_the_history(tmp
     h.broker_events = ev
     again = history_from_dict(json.loads(json.dumps(history_to_dict(h))))
     assert again.broker_events == ev
+
+
+def test_a_confirm_stall_during_a_blocking_sync_is_the_specs_and_excused():
+    """The spec: a blocking sync holds every operation of its queue, publishes among them."""
+    pubs, dels = stalled(5.0)
+    h = history(pubs, dels, end=20.0)
+    start = BrokerEvent(1.4, "n2", f"Mirrored queue '{Q}' in vhost '/': Synchronising 40000 messages to mirrors "
+                                   f"on n1", {"queue": Q, "mode": "blocking", "reason": "ha-sync-mode automatic"})
+    done = BrokerEvent(6.5, "n2", f"Mirrored queue '{Q}' in vhost '/': Synchronisation complete: 40000 "
+                                  f"messages, 1024 bytes in 5.000 s", {"queue": Q, "mode": "blocking"})
+    h.broker_events = linked_at(0.0) + [start, done]
+    v = check(h)
+    assert v.ok and v.confirm_stall_s < 0.1, v.reasons
+    # a background sync lets the queue serve: it excuses nothing
+    h.broker_events = linked_at(0.0) + [
+        BrokerEvent(e.t, e.node, e.event, {**e.fields, "mode": "background"}) for e in (start, done)]
+    assert not check(h).ok

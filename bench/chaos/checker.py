@@ -50,8 +50,9 @@ The rules
 - phantom deliveries = ids nobody published: a bug.
 - confirm stalls = the longest time a publisher had publishes outstanding and no confirm (nor
   nack) came, counting only the time when every node was up and linked and no fault was in
-  force (`BrokerEvent`s from the node logs tell when the links were up; a history without them
-  excuses each fault until `recovery_grace` after it ended). One longer than `stall_limit`
+  force (`BrokerEvent`s from the node logs tell when the links were up, and when a queue ran a
+  blocking sync, which the spec lets hold every operation; a history without them excuses each
+  fault until `recovery_grace` after it ended). One longer than `stall_limit`
   (STALL_LIMIT) is a bug: a healthy cluster confirms within a round trip to every mirror.
 - measures (not judged): the longest time without a delivery while published messages waited
   (published, not yet delivered), and for every fault the time from it to the first delivery
@@ -147,7 +148,8 @@ class BrokerEvent:
 BROKER_EVENTS = ("node listening", "app started", "stopping app", "app stopped", "node up",
                  "node down", "asking to drop the mirror", "Promoting mirror",
                  "not following", "replication batch missing", "steps down", "mirror following leader",
-                 "pausing clients")
+                 "pausing clients", ": Synchronising ", ": Synchronisation ")
+EVENT_FIELDS = ("peer", "reason", "leader", "how", "queue", "mode")  # the fields kept of each
 
 
 def keeps_event(event: str) -> bool:
@@ -421,6 +423,20 @@ def unlinked_spans(events: list[BrokerEvent], end: float) -> list[tuple[float, f
     return spans
 
 
+def blocking_syncs(events: list[BrokerEvent], end: float) -> list[tuple[float, float]]:
+    """When a queue leader ran a blocking sync (the spec: the queue serves nothing else
+    meanwhile, so its confirms wait), from its log lines "Synchronising N messages ..." and
+    "Synchronisation complete/stopped/cancelled"."""
+    spans, open_ = [], {}
+    for e in sorted(events, key=lambda e: e.t):
+        key = (e.node, e.fields.get("queue"))
+        if ": Synchronising " in e.event and e.fields.get("mode") == "blocking":
+            open_.setdefault(key, e.t)
+        elif ": Synchronisation " in e.event and key in open_:
+            spans.append((open_.pop(key), e.t))
+    return spans + [(t, end) for t in open_.values()]
+
+
 def confirm_stalls(pubs: list[Publish], breaks: dict[int, list[float]], end: float,
                    shortest: float = 0.0) -> list[tuple[float, float, int]]:
     """(from, to, publisher) for each span in which a publisher had publishes outstanding and
@@ -481,9 +497,13 @@ def explain(h: History, a: float, b: float, unlinked: list[tuple[float, float]] 
         down = sum(min(b, y) - max(a, x) for x, y in unlinked if x < b and y > a)
         if down > 0:
             said.append(f"not every node up and linked for {down:.1f} s of it")
+    syncing = sum(min(b, y) - max(a, x) for x, y in blocking_syncs(h.broker_events, b) if x < b and y > a)
+    if syncing > 0:
+        said.append(f"a blocking sync for {syncing:.1f} s of it")
     seen: list[str] = []
     for e in h.broker_events:
-        if not a <= e.t <= b + 0.5 or e.event.startswith(("node up", "node listening", "app started")):
+        if not a <= e.t <= b + 0.5 or e.event.startswith(("node up", "node listening", "app started")) \
+                or "Synchronis" in e.event:
             continue
         f = e.fields
         text = e.event.split(": ", 1)[-1]
@@ -653,7 +673,8 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
     if unlinked is None:
         holes = excused  # no node logs: each fault until recovery_grace after it ended
     else:
-        holes = _merge([(f.t, f.t_end if f.t_end is not None else f.t) for f in h.faults] + unlinked)
+        holes = _merge([(f.t, f.t_end if f.t_end is not None else f.t) for f in h.faults] + unlinked
+                       + blocking_syncs(h.broker_events, end))
     hole_starts = [a for a, _ in holes]
     stall, stall_at, stall_by = None, None, None
     for a, b, publisher in confirm_stalls(h.publishes, breaks, end, shortest=0.0):

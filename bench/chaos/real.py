@@ -49,9 +49,9 @@ from broker.localcluster import LocalCluster
 
 from . import logs
 from . import netns as netnsmod
-from .checker import (BrokerEvent, Fault, History, Phase, Verdict, allow_unsynchronised_promotions, check,
-                      keeps_event,
-                      policy_timeline, spec_allows_loss)
+from .checker import (EVENT_FIELDS, BrokerEvent, Fault, History, Phase, Verdict,
+                      allow_unsynchronised_promotions, check, keeps_event, policy_timeline,
+                      spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
 from .schedule import expected_mirrors, Schedule, generate
 
@@ -966,7 +966,7 @@ def broker_events_in_logs(paths) -> list[BrokerEvent]:
             except ValueError:
                 continue
             node = fields.pop("node", None) or Path(path).stem
-            keep = {k: v for k, v in fields.items() if k in ("peer", "reason", "leader", "how", "queue")}
+            keep = {k: v for k, v in fields.items() if k in EVENT_FIELDS}
             if keeps_event(event):
                 out.append(BrokerEvent(t, node, event, keep))
     return sorted(out, key=lambda e: e.t)

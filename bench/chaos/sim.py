@@ -37,8 +37,9 @@ import trio.testing
 from broker.control import ctl_call
 from broker.simulation import CLIENT_PORT, PEER_PORT, SIM_USER, SimCluster, deterministic, trace_digest, traced
 
-from .checker import (BrokerEvent, Fault, History, Phase, Verdict, allow_unsynchronised_promotions,
-                      check, keeps_event, policy_timeline, spec_allows_loss)
+from .checker import (EVENT_FIELDS, BrokerEvent, Fault, History, Phase, Verdict,
+                      allow_unsynchronised_promotions, check, keeps_event, policy_timeline,
+                      spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
 from .schedule import expected_mirrors, KINDS, Action, Schedule, generate
 
@@ -648,7 +649,7 @@ def broker_events_in_trace(trace: list) -> list[BrokerEvent]:
     for t, name, fields in trace:
         if t is None or not keeps_event(name):
             continue
-        f = {k: v.strip("'") for k, v in fields if k in ("node", "peer", "reason", "leader", "how", "queue")}
+        f = {k: v.strip("'") for k, v in fields if k == "node" or k in EVENT_FIELDS}
         node = f.pop("node", "")
         if node:
             out.append(BrokerEvent(t, node, name, f))
