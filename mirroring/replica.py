@@ -201,6 +201,7 @@ class Replica(Leading, Syncing, Following):
         self.last_sync: dict | None = None
         self.sync_wanted = ""  # a sync to start once the current round is done
         self._ack_due = False
+        self._told_not_following = (-1, 0.0)  # (epoch, when) we last told its leader we follow nothing
         self._settles_since: float | None = None  # when the acks held back (SETTLE_LINGER) began
         self._settles_seen = 0  # how many of the held effects are known to be acks
         self._events: dict[tuple, list] = {}
@@ -713,7 +714,7 @@ MIRROR_REPLICATION = {
 }
 # what each state acts on; anything else is parked (client operations) or ignored
 ACTS_ON: dict[State, dict] = {
-    S.WAITING: {m.RMirrorStart: Replica._on_mirror_start},
+    S.WAITING: {m.RMirrorStart: Replica._on_mirror_start, m.RRep: Replica._on_rep_not_following},
     S.MIRROR: MIRROR_REPLICATION,
     S.MIRROR_SYNCING: MIRROR_REPLICATION,
     S.LEADER: {**CLIENT_OPS, **LEADER_REPLICATION},

@@ -40,8 +40,31 @@ class Following:
             self._log("replication batch missing; mirror restarts", level="warning",
                       epoch=msg.epoch, seq=msg.seq, last=self.follow.last_seq)
             self.follow.epoch = -1
+            self._told_not_following = (msg.epoch, now)  # (the batches behind it need no word)
             self._send(self.leader_node, m.RMirrorReset(self.name, msg.epoch, self.me))
             self._to(S.WAITING)
+
+    def _on_rep_not_following(self, msg: m.RRep, now: float) -> None:
+        """A replication batch reached this replica while it follows nobody (WAITING), from
+        the leader of an epoch the metadata names: that leader counts a mirror here as
+        following, and it is not this replica. A node applying several metadata changes at once
+        (after a restart or a freeze) can stop its mirror and start a new one for the same
+        queue; a start of the leader's that the old replica handled just before its stop came
+        was answered by it (broker/router.py `_take_back_mirror_input` covers one still in its
+        inbox), and the new replica never hears of one. Silent, it held every confirm until the
+        leader gave up on it after net_ticktime (tests/test_process_restart_stall.py: 10 s). So
+        it says so with RMirrorReset, as for a missing batch: the leader drops it through the
+        metadata (a mirror leaves the set that confirms wait for only that way) and the planner
+        adds it again, started afresh. Said again only after RETRY_PROPOSAL_AFTER (the leader's
+        proposal may not have been committed), not for every batch behind the first."""
+        epoch, when = self._told_not_following
+        if msg.epoch < self.assign.epoch or self.me not in self.assign.mirrors \
+                or (msg.epoch == epoch and now - when < RETRY_PROPOSAL_AFTER):
+            return  # an old leader's batch, or its leader was told a moment ago
+        self._told_not_following = (msg.epoch, now)
+        self._log("replication batch for a mirror that is not following; asking to start again",
+                  level="warning", epoch=msg.epoch, seq=msg.seq, leader=self.leader_node)
+        self._send(self.leader_node, m.RMirrorReset(self.name, msg.epoch, self.me))
 
     def _on_sync_batch(self, msg: m.RSyncBatch, now: float) -> None:
         f = self.follow

@@ -49,8 +49,9 @@ from broker.localcluster import LocalCluster
 
 from . import logs
 from . import netns as netnsmod
-from .checker import (Fault, History, Phase, Verdict, allow_unsynchronised_promotions, check,
-                      policy_timeline, spec_allows_loss)
+from .checker import (EVENT_FIELDS, BrokerEvent, Fault, History, Phase, Verdict,
+                      allow_unsynchronised_promotions, check, keeps_event, policy_timeline,
+                      spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
 from .faults import FaultRunner
 from .schedule import expected_mirrors, Schedule, generate
@@ -963,6 +964,47 @@ def promotions_in_logs(paths, queue: str) -> list[tuple[float, str, bool]]:
     return sorted(out)
 
 
+_LOG_LINE = re.compile(r"^(\S+) \[\s*\w+\s*\] (.*?)((?: +\w+=(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\[[^\]]*\]|\S+))*)\s*$")
+_LOG_FIELD = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\[[^\]]*\]|\S+)")
+
+
+def broker_events_in_logs(paths) -> list[BrokerEvent]:
+    """The node log lines the checker reads (links up and down, app starts and stops, mirrors
+    given up on, promotions: `checker.BROKER_EVENTS`), with their unix times, from the console
+    or JSON logs of the nodes (each file named after its node)."""
+    out = []
+    for path in paths:
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if not keeps_event(line):
+                continue
+            if line.startswith("{"):
+                try:
+                    rec = json.loads(line)
+                    stamp, event = rec.pop("timestamp"), rec.pop("event")
+                except (ValueError, KeyError):
+                    continue
+                fields = {k: str(v) for k, v in rec.items()}
+            else:
+                match = _LOG_LINE.match(line)
+                if not match:
+                    continue
+                stamp, event = match[1], match[2].strip()
+                fields = {k: v.strip("'\"") for k, v in _LOG_FIELD.findall(match[3])}
+            try:
+                t = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+            node = fields.pop("node", None) or Path(path).stem
+            keep = {k: v for k, v in fields.items() if k in EVENT_FIELDS}
+            if keeps_event(event):
+                out.append(BrokerEvent(t, node, event, keep))
+    return sorted(out, key=lambda e: e.t)
+
+
 def _checker_options(opts: Options) -> dict:
     return {"stranded_after": opts.stranded_after,
             "recovery_grace": max(5.0, 2 * opts.net_ticktime + 3.0)}
@@ -983,6 +1025,7 @@ def run_one(schedule: Schedule, opts: Options, ns, skip_reason, folder: Path, ru
     for why in allow_unsynchronised_promotions(history.faults, run.promotions(),
                                                policy_timeline(run.policies)):
         run.notes.append(f"loss allowed from the promotion: {why}")
+    history.broker_events = broker_events_in_logs([run.c.log_path(n) for n in run.names])
     verdict = check(history, **_checker_options(opts))
     sdir = folder / f"chaos-{schedule.seed}" / "warren"
     logs.write(sdir, run_id=run_id, scenario=f"chaos-{schedule.seed}", schedule=schedule.as_dict(),
@@ -1002,7 +1045,8 @@ def summary(s: Schedule, v: Verdict, opts: Options) -> dict:
     return {"scenario": f"chaos-{s.seed}", "seed": s.seed, "kinds": s.fault_kinds(), "ok": v.ok,
             "lost": v.lost, "lost_allowed": sum(v.lost_allowed.values()), "stranded": v.stranded,
             "stuck": v.stuck, "duplicates_unflagged": v.duplicates_unflagged,
-            "longest_gap_s": v.longest_gap_s, "replay": replay_of(s, opts)}
+            "longest_gap_s": v.longest_gap_s, "confirm_stall_s": v.confirm_stall_s,
+            "replay": replay_of(s, opts)}
 
 
 def run_schedules(schedules: list[Schedule], opts: Options, folder: Path, run_id: str,

@@ -37,8 +37,9 @@ import trio.testing
 from broker.control import ctl_call
 from broker.simulation import CLIENT_PORT, PEER_PORT, SIM_USER, SimCluster, deterministic, trace_digest, traced
 
-from .checker import (Fault, History, Phase, Verdict, allow_unsynchronised_promotions, check,
-                      policy_timeline, spec_allows_loss)
+from .checker import (EVENT_FIELDS, BrokerEvent, Fault, History, Phase, Verdict,
+                      allow_unsynchronised_promotions, check, keeps_event, policy_timeline,
+                      spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
 from .faults import FaultRunner
 from .schedule import expected_mirrors, KINDS, Action, Schedule, generate
@@ -46,6 +47,10 @@ from .schedule import expected_mirrors, KINDS, Action, Schedule, generate
 SIM_KINDS = KINDS + ("drop", "delay", "client_drop")
 SIM_RATE = 150  # msgs/s over all publishers: what a simulated second costs real time
 SIM_TICKTIME = 3.0
+# the longest confirm stall with every node up and linked and no fault in force: the real
+# campaign's STALL_LIMIT, scaled to the simulation's shorter net_ticktime (a leader gives up on a
+# silent mirror after net_ticktime, 3 s here: the stall must be caught below that)
+SIM_STALL_LIMIT = 2.0
 DEFAULT_SCALE = 0.4  # shorter faults and gaps than the real campaign's: a schedule in ~0.25 s
 POLICY = "chaos-ha"
 
@@ -672,6 +677,20 @@ async def _scenario(s: Schedule, say) -> History:
     return history
 
 
+def broker_events_in_trace(trace: list) -> list[BrokerEvent]:
+    """The node log events the checker reads (links, app starts and stops, mirrors given up
+    on, promotions), from a run's trace."""
+    out = []
+    for t, name, fields in trace:
+        if t is None or not keeps_event(name):
+            continue
+        f = {k: v.strip("'") for k, v in fields if k == "node" or k in EVENT_FIELDS}
+        node = f.pop("node", "")
+        if node:
+            out.append(BrokerEvent(t, node, name, f))
+    return out
+
+
 def promotions_in_trace(trace: list, queue: str) -> list[tuple[float, str, bool]]:
     """(time, node, synchronised) of each promotion of `queue`'s mirrors in a run's trace."""
     needle = f"Mirrored queue '{queue}' in vhost '/': Promoting mirror"
@@ -695,7 +714,9 @@ def run_seed(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
     for why in allow_unsynchronised_promotions(history.faults, promotions_in_trace(trace, s.queue),
                                                policy_timeline(policies)):
         history.meta["notes"].append(f"loss allowed from the promotion: {why}")
-    verdict = check(history, stranded_after=5.0, recovery_grace=2 * SIM_TICKTIME + 3.0)
+    history.broker_events = broker_events_in_trace(trace)
+    verdict = check(history, stranded_after=5.0, recovery_grace=2 * SIM_TICKTIME + 3.0,
+                    stall_limit=SIM_STALL_LIMIT)
     return SimResult(seed, s, verdict, trace_digest(trace), time.perf_counter() - t0,
                      trace if keep_trace else [])
 
@@ -723,7 +744,8 @@ def _one(args) -> dict:
     v = r.verdict
     return {"seed": seed, "ok": v.ok, "line": r.line(), "reasons": v.reasons[:5], "replay": r.replay(),
             "lost_allowed": dict(v.lost_allowed), "digest": r.digest, "wall_s": r.wall_s,
-            "kinds": r.schedule.fault_kinds(), "real": r.real_replay()}
+            "kinds": r.schedule.fault_kinds(), "real": r.real_replay(),
+            "confirm_stall_s": v.confirm_stall_s, "confirm_stall_why": v.confirm_stall_why}
 
 
 def explore(first: int, count: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
@@ -754,6 +776,12 @@ def explore(first: int, count: int, kinds=None, faults=(1, 3), scale: float = DE
           f"{sum(r['wall_s'] for r in results) / max(1, len(results)):.2f} s per schedule", file=out)
     for r in allowed:
         print(f"  allowed loss, seed {r['seed']} [{','.join(r['kinds'])}]: {r['lost_allowed']}", file=out)
+    stalls = [r for r in results if r.get("confirm_stall_s") is not None]
+    if stalls:
+        worst = max(stalls, key=lambda r: r["confirm_stall_s"])
+        print(f"  longest confirm stall with every node up and linked and no fault in force: "
+              f"{worst['confirm_stall_s'] * 1000:.0f} ms (seed {worst['seed']}: "
+              f"{worst['confirm_stall_why']})", file=out)
     out.flush()
     return results
 
