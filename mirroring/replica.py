@@ -51,12 +51,12 @@ from .policy import HA
 from .queue import NO_LIMITS, Limits, QueueState
 from .replica_following import Following
 from .replica_leading import SETTLE_LINGER, Leading
-from .replica_states import FOLLOWING, LEADING, SERVING, TRANSITIONS, ReplicaError, S, State
+from .replica_states import (FOLLOWING, LEADING, RETRY_PROPOSAL_AFTER, SERVING, TRANSITIONS,
+                             ReplicaError, S, State)
 from .replica_syncing import _SyncJob, Syncing
 from .replication import LeaderReplication, MirrorFollow, merge_accepted
 
 ROUND_BYTES = 2 << 20  # publish bytes applied per round: a replication batch stays far below the frame limit
-RETRY_PROPOSAL_AFTER = 1.0
 MIRROR_START_RETRY = 1.0
 # a message (id, body, props, redelivered), and an unacknowledged entry's message
 _msg_id, _msg_body, _msg_props, _msg_redelivered = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)

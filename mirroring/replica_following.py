@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from wire import messages as m
 
-from .replica_states import S
+from .replica_states import RETRY_PROPOSAL_AFTER, S
 
 
 class Following:

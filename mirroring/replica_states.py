@@ -45,5 +45,9 @@ TRANSITIONS: dict[tuple[State, State], str] = {
 }
 
 
+# a proposal to the metadata (or a word to a leader) not acted on is made again after this long
+RETRY_PROPOSAL_AFTER = 1.0
+
+
 class ReplicaError(Exception):
     """A transition the table does not allow: a bug, never a client's doing."""
