@@ -1,0 +1,62 @@
+"""The features on a 3-node cluster whose queues are mirrored to every node (the `mirrored`
+fixture's policy), with the publisher, the queue's leader and the consumer on different nodes:
+what a client sees must not depend on where it is connected."""
+
+from __future__ import annotations
+
+from amqp_helpers import QUIET, bodies, channel, get, message_count, publish
+
+
+def mirrored_name(names, suffix):
+    return "mirrored." + names + suffix
+
+
+def test_mirrored_round_trip_across_nodes(mirrored, names):
+    q = mirrored_name(names, "q")
+    with channel(mirrored.urls[0]) as a, channel(mirrored.urls[1]) as b:
+        a.queue_declare(q)
+        for i in range(5):
+            publish(b, "", q, str(i))
+        assert bodies(a, q) == [str(i).encode() for i in range(5)]
+
+
+def test_mirrored_queue_ttl_expires(mirrored, names):
+    q = mirrored_name(names, "q")
+    with channel(mirrored.urls[0]) as a, channel(mirrored.urls[2]) as c:
+        a.queue_declare(q, arguments={"x-message-ttl": 100})
+        publish(c, "", q, "old")
+        c.connection.sleep(0.4)
+        assert message_count(c, q) == 0
+
+
+def test_mirrored_dead_lettering_across_nodes(mirrored, names):
+    work, dead = mirrored_name(names, "work"), mirrored_name(names, "dead")
+    with channel(mirrored.urls[0]) as a, channel(mirrored.urls[1]) as b, channel(mirrored.urls[2]) as c:
+        a.queue_declare(dead)
+        a.queue_declare(work, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+        publish(b, "", work, "job")
+        method, _, _ = get(c, work, auto_ack=False)
+        c.basic_reject(method.delivery_tag, requeue=False)
+        _, props, body = get(b, dead)
+        assert body == b"job"
+        assert [(d["queue"], d["reason"]) for d in props.headers["x-death"]] == [(work, "rejected")]
+
+
+def test_mirrored_priority_queue_across_nodes(mirrored, names):
+    q = mirrored_name(names, "q")
+    with channel(mirrored.urls[0]) as a, channel(mirrored.urls[1]) as b, channel(mirrored.urls[2]) as c:
+        a.queue_declare(q, arguments={"x-max-priority": 9})
+        for i, priority in enumerate([0, 9, 4, 9]):
+            publish(b, "", q, str(i), priority=priority)
+        assert bodies(c, q) == [b"1", b"3", b"2", b"0"]
+
+
+def test_mirrored_per_message_expiration(mirrored, names):
+    q = mirrored_name(names, "q")
+    with channel(mirrored.urls[0]) as a, channel(mirrored.urls[1]) as b:
+        a.queue_declare(q)
+        publish(b, "", q, "short", expiration="100")
+        publish(b, "", q, "long", expiration="60000")
+        b.connection.sleep(0.4)
+        assert get(a, q)[2] == b"long"
+        assert get(a, q, QUIET) is None
