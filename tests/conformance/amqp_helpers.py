@@ -1,5 +1,6 @@
 """Small pika helpers shared by the conformance cases: connections, fetching with a deadline,
-draining, and catching the channel or connection error a broker closes with."""
+draining, consumers on their own connections, and catching the channel or connection error a
+broker closes with."""
 
 from __future__ import annotations
 
@@ -97,3 +98,40 @@ def _closed(kind, code, text):
             f"closed with {e.reply_code} {e.reply_text!r}"
     else:
         raise AssertionError(f"expected the broker to close with {code} {text or ''}")
+
+
+class Consumer:
+    """A consumer on its own connection, recording (body, redelivered) of what it receives."""
+
+    def __init__(self, url, queue, auto_ack=True, prefetch=0, arguments=None):
+        self.conn = connect(url)
+        self.ch = self.conn.channel()
+        if prefetch:
+            self.ch.basic_qos(prefetch_count=prefetch)
+        self.got: list[tuple[bytes, bool]] = []
+        self.tag = self.ch.basic_consume(queue, self._on_message, auto_ack=auto_ack, arguments=arguments)
+
+    def _on_message(self, ch, method, props, body):
+        self.got.append((body, method.redelivered))
+
+    @property
+    def bodies(self):
+        return [b for b, _ in self.got]
+
+    def pump(self, seconds=0.05):
+        self.conn.process_data_events(seconds)
+
+    def close(self):
+        if self.conn.is_open:
+            self.conn.close()
+
+
+def pump_until(consumers, predicate, timeout=ARRIVAL_TIMEOUT):
+    """Lets every consumer's connection take what the broker sends until `predicate()` holds;
+    False after `timeout` seconds."""
+    def step():
+        for c in consumers:
+            if c.conn.is_open:
+                c.pump(0.01)
+        return predicate()
+    return wait_until(step, timeout, step=0)

@@ -50,6 +50,8 @@ class Broker:
 
     def set_policy(self, name: str, pattern: str, definition: dict, priority: int = 0,
                    apply_to: str = "all") -> None:
+        """Sets (or replaces) a policy. Cases leave theirs in place: their patterns match only the
+        case's own names, and on RabbitMQ every rabbitmqctl call costs seconds."""
         self._set_policy(name, pattern, json.dumps(definition), priority, apply_to)
 
     def clear_policy(self, name: str) -> None:
@@ -118,37 +120,6 @@ def mirrored(request, tmp_path_factory):
 def names(request):
     """A unique prefix for the queues and exchanges of one case (the brokers are shared)."""
     return f"c{uuid.uuid4().hex[:10]}."
-
-
-@pytest.fixture
-def policies(broker):
-    """Sets policies on `broker` for one case and clears them afterwards."""
-    setter = _PolicySetter(broker)
-    yield setter
-    setter.clear_all()
-
-
-class _PolicySetter:
-    def __init__(self, broker: Broker):
-        self.broker = broker
-        self.set_names: list[str] = []
-
-    def set(self, name: str, pattern: str, definition: dict, priority: int = 0,
-            apply_to: str = "all") -> None:
-        self.broker.set_policy(name, pattern, definition, priority, apply_to)
-        self.set_names.append(name)
-
-    def clear(self, name: str) -> None:
-        self.broker.clear_policy(name)
-        self.set_names.remove(name)
-
-    def clear_all(self) -> None:
-        for name in self.set_names:
-            try:
-                self.broker.clear_policy(name)
-            except Exception:
-                pass
-        self.set_names.clear()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,42 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from amqp_helpers import channel, channel_closed, connect, message_count, publish, wait_until
-
-
-class Consumer:
-    """A consumer on its own connection, recording (body, redelivered) of what it receives."""
-
-    def __init__(self, url, queue, auto_ack=True, prefetch=0, arguments=None):
-        self.conn = connect(url)
-        self.ch = self.conn.channel()
-        if prefetch:
-            self.ch.basic_qos(prefetch_count=prefetch)
-        self.got: list[tuple[bytes, bool]] = []
-        self.tag = self.ch.basic_consume(queue, self._on_message, auto_ack=auto_ack, arguments=arguments)
-
-    def _on_message(self, ch, method, props, body):
-        self.got.append((body, method.redelivered))
-
-    @property
-    def bodies(self):
-        return [b for b, _ in self.got]
-
-    def pump(self, seconds=0.05):
-        self.conn.process_data_events(seconds)
-
-    def close(self):
-        if self.conn.is_open:
-            self.conn.close()
-
-
-def pump_until(consumers, predicate, timeout=1.5):
-    def step():
-        for c in consumers:
-            if c.conn.is_open:
-                c.pump(0.01)
-        return predicate()
-    return wait_until(step, timeout, step=0)
+from amqp_helpers import Consumer, channel, channel_closed, message_count, publish, pump_until
 
 
 @pytest.fixture

@@ -226,12 +226,12 @@ def test_dead_letter_exchange_that_does_not_exist_drops_quietly(broker, names):
         assert ch.is_open
 
 
-def test_dead_letter_policy_keys(broker, names, policies):
+def test_dead_letter_policy_keys(broker, names):
     with channel(broker.url) as ch:
         ch.exchange_declare(names + "dlx", "direct")
         ch.queue_declare(names + "dead")
         ch.queue_bind(names + "dead", names + "dlx", "by-policy")
-        policies.set(names + "dl", "^" + re.escape(names + "work") + "$",
+        broker.set_policy(names + "dl", "^" + re.escape(names + "work") + "$",
                      {"dead-letter-exchange": names + "dlx", "dead-letter-routing-key": "by-policy"},
                      apply_to="queues")
         ch.queue_declare(names + "work")
@@ -243,7 +243,7 @@ def test_dead_letter_policy_keys(broker, names, policies):
         assert only_death(props)["reason"] == "rejected"
 
 
-def test_dead_letter_exchange_argument_beats_policy_but_policy_key_fills_in(broker, names, policies):
+def test_dead_letter_exchange_argument_beats_policy_but_policy_key_fills_in(broker, names):
     """RabbitMQ 3.10 resolves each key on its own: the queue's x-dead-letter-exchange wins over the
     policy's, while the policy's dead-letter-routing-key applies since the queue sets none."""
     with channel(broker.url) as ch:
@@ -252,7 +252,7 @@ def test_dead_letter_exchange_argument_beats_policy_but_policy_key_fills_in(brok
             ch.queue_declare(names + "dead-" + side)
             ch.queue_bind(names + "dead-" + side, names + side)
         ch.queue_declare(names + "work", arguments={"x-dead-letter-exchange": names + "arg"})
-        policies.set(names + "dl", "^" + re.escape(names + "work") + "$",
+        broker.set_policy(names + "dl", "^" + re.escape(names + "work") + "$",
                      {"dead-letter-exchange": names + "pol", "dead-letter-routing-key": "polkey"},
                      apply_to="queues")
         ch.connection.sleep(0.3)  # the queue hears of its policy asynchronously

@@ -35,23 +35,23 @@ def test_alternate_exchange_argument_takes_unroutable_messages(broker, names):
         assert get(ch, names + "ae-q", QUIET) is None
 
 
-def test_alternate_exchange_policy_key(broker, names, policies):
+def test_alternate_exchange_policy_key(broker, names):
     with channel(broker.url) as ch:
         with_alternate(ch, names)
-        policies.set(names + "ae", "^" + re.escape(names + "main") + "$",
+        broker.set_policy(names + "ae", "^" + re.escape(names + "main") + "$",
                      {"alternate-exchange": names + "ae"}, apply_to="exchanges")
         ch.connection.sleep(0.2)
         publish(ch, names + "main", "other", "unrouted")
         assert get(ch, names + "ae-q")[2] == b"unrouted"
 
 
-def test_alternate_exchange_argument_beats_policy(broker, names, policies):
+def test_alternate_exchange_argument_beats_policy(broker, names):
     with channel(broker.url) as ch:
         with_alternate(ch, names, **{"alternate-exchange": names + "ae"})
         ch.exchange_declare(names + "ae2", "fanout")
         ch.queue_declare(names + "ae2-q")
         ch.queue_bind(names + "ae2-q", names + "ae2")
-        policies.set(names + "ae", "^" + re.escape(names + "main") + "$",
+        broker.set_policy(names + "ae", "^" + re.escape(names + "main") + "$",
                      {"alternate-exchange": names + "ae2"}, apply_to="exchanges")
         ch.connection.sleep(0.2)
         publish(ch, names + "main", "other", "unrouted")

@@ -79,9 +79,9 @@ def test_bad_queue_ttl_refused(broker, names, value, reason):
             ch.queue_declare(q, arguments={"x-message-ttl": value})
 
 
-def test_message_ttl_policy_expires_messages(broker, names, policies):
+def test_message_ttl_policy_expires_messages(broker, names):
     q = names + "q"
-    policies.set(names + "ttl", "^" + re.escape(q) + "$", {"message-ttl": 100}, apply_to="queues")
+    broker.set_policy(names + "ttl", "^" + re.escape(q) + "$", {"message-ttl": 100}, apply_to="queues")
     with channel(broker.url) as ch:
         ch.queue_declare(q)
         publish(ch, "", q, "m")
@@ -90,25 +90,25 @@ def test_message_ttl_policy_expires_messages(broker, names, policies):
 
 
 @pytest.mark.parametrize("argument, policy", [(100, 60000), (60000, 100)], ids=["argument-lower", "policy-lower"])
-def test_lower_of_argument_and_policy_ttl_applies(broker, names, policies, argument, policy):
+def test_lower_of_argument_and_policy_ttl_applies(broker, names, argument, policy):
     q = names + "q"
     with channel(broker.url) as ch:
         ch.queue_declare(q, arguments={"x-message-ttl": argument})
-        policies.set(names + "ttl", "^" + re.escape(q) + "$", {"message-ttl": policy}, apply_to="queues")
+        broker.set_policy(names + "ttl", "^" + re.escape(q) + "$", {"message-ttl": policy}, apply_to="queues")
         ch.connection.sleep(0.3)  # the queue hears of its policy asynchronously
         publish(ch, "", q, "m")
         ch.connection.sleep(0.4)
         assert message_count(ch, q) == 0
 
 
-def test_message_ttl_policy_set_later_spares_messages_already_queued(broker, names, policies):
+def test_message_ttl_policy_set_later_spares_messages_already_queued(broker, names):
     """RabbitMQ 3.10 gives a message its deadline when it is enqueued: a message-ttl set by a policy
     afterwards expires the messages published after it only."""
     q = names + "q"
     with channel(broker.url) as ch:
         ch.queue_declare(q)
         publish(ch, "", q, "before")
-        policies.set(names + "ttl", "^" + re.escape(q) + "$", {"message-ttl": 100}, apply_to="queues")
+        broker.set_policy(names + "ttl", "^" + re.escape(q) + "$", {"message-ttl": 100}, apply_to="queues")
         ch.connection.sleep(0.3)
         publish(ch, "", q, "after")
         ch.connection.sleep(0.4)

@@ -4,7 +4,7 @@ what a client sees must not depend on where it is connected."""
 
 from __future__ import annotations
 
-from amqp_helpers import QUIET, bodies, channel, get, message_count, publish
+from amqp_helpers import QUIET, Consumer, bodies, channel, get, message_count, publish, pump_until
 
 
 def mirrored_name(names, suffix):
@@ -60,3 +60,21 @@ def test_mirrored_per_message_expiration(mirrored, names):
         b.connection.sleep(0.4)
         assert get(a, q)[2] == b"long"
         assert get(a, q, QUIET) is None
+
+
+def test_mirrored_single_active_consumer_takeover_across_nodes(mirrored, names):
+    q = mirrored_name(names, "sac")
+    with channel(mirrored.urls[0]) as a:
+        a.queue_declare(q, arguments={"x-single-active-consumer": True})
+        first = Consumer(mirrored.urls[1], q, auto_ack=False, prefetch=1)
+        second = Consumer(mirrored.urls[2], q)
+        try:
+            for i in range(3):
+                publish(a, "", q, str(i))
+            assert pump_until([first, second], lambda: first.got == [(b"0", False)])
+            first.close()
+            assert pump_until([second], lambda: len(second.got) == 3)
+            assert second.got == [(b"0", True), (b"1", False), (b"2", False)]
+        finally:
+            first.close()
+            second.close()

@@ -18,35 +18,35 @@ def only(q):
     return "^" + re.escape(q) + "$"
 
 
-def test_max_length_policy_trims_a_live_queue(broker, names, policies):
+def test_max_length_policy_trims_a_live_queue(broker, names):
     q = names + "q"
     with channel(broker.url) as ch:
         ch.queue_declare(q)
         for i in range(6):
             publish(ch, "", q, str(i))
-        policies.set(names + "p", only(q), {"max-length": 2}, apply_to="queues")
+        broker.set_policy(names + "p", only(q), {"max-length": 2}, apply_to="queues")
         assert wait_until(lambda: message_count(ch, q) == 2, conn=ch.connection)
         assert bodies(ch, q) == [b"4", b"5"]
 
 
-def test_max_length_policy_cleared_lifts_the_limit(broker, names, policies):
+def test_max_length_policy_cleared_lifts_the_limit(broker, names):
     q = names + "q"
     with channel(broker.url) as ch:
         ch.queue_declare(q)
-        policies.set(names + "p", only(q), {"max-length": 1}, apply_to="queues")
+        broker.set_policy(names + "p", only(q), {"max-length": 1}, apply_to="queues")
         ch.connection.sleep(0.2)
-        policies.clear(names + "p")
+        broker.clear_policy(names + "p")
         ch.connection.sleep(0.2)
         for i in range(3):
             publish(ch, "", q, str(i))
         assert bodies(ch, q) == [b"0", b"1", b"2"]
 
 
-def test_max_length_bytes_policy_counts_bodies(broker, names, policies):
+def test_max_length_bytes_policy_counts_bodies(broker, names):
     q = names + "q"
     with channel(broker.url) as ch:
         ch.queue_declare(q)
-        policies.set(names + "p", only(q), {"max-length-bytes": 10}, apply_to="queues")
+        broker.set_policy(names + "p", only(q), {"max-length-bytes": 10}, apply_to="queues")
         ch.connection.sleep(0.2)
         for body in ("aaaa", "bbbb", "cccc"):
             publish(ch, "", q, body)
@@ -62,11 +62,11 @@ def test_max_length_bytes_argument(broker, names):
         assert bodies(ch, q) == [b"bbbb", b"cccc"]
 
 
-def test_overflow_reject_publish_policy_nacks(broker, names, policies):
+def test_overflow_reject_publish_policy_nacks(broker, names):
     q = names + "q"
     with channel(broker.url) as ch:
         ch.queue_declare(q)
-        policies.set(names + "p", only(q), {"max-length": 1, "overflow": "reject-publish"}, apply_to="queues")
+        broker.set_policy(names + "p", only(q), {"max-length": 1, "overflow": "reject-publish"}, apply_to="queues")
         ch.connection.sleep(0.2)
         ch.confirm_delivery()
         publish(ch, "", q, "kept")
@@ -75,11 +75,11 @@ def test_overflow_reject_publish_policy_nacks(broker, names, policies):
         assert bodies(ch, q) == [b"kept"]
 
 
-def test_expires_policy_deletes_an_unused_queue(broker, names, policies):
+def test_expires_policy_deletes_an_unused_queue(broker, names):
     q = names + "q"
     with channel(broker.url) as ch:
         ch.queue_declare(q)
-    policies.set(names + "p", only(q), {"expires": 200}, apply_to="queues")
+    broker.set_policy(names + "p", only(q), {"expires": 200}, apply_to="queues")
     time.sleep(0.5)
 
     def gone():
@@ -95,27 +95,27 @@ def test_expires_policy_deletes_an_unused_queue(broker, names, policies):
     assert wait_until(gone, timeout=3, step=0.5)
 
 
-def test_lower_max_length_of_argument_and_policy_counts(broker, names, policies):
+def test_lower_max_length_of_argument_and_policy_counts(broker, names):
     q = names + "q"
     with channel(broker.url) as ch:
         ch.queue_declare(q, arguments={"x-max-length": 5})
-        policies.set(names + "p", only(q), {"max-length": 2}, apply_to="queues")
+        broker.set_policy(names + "p", only(q), {"max-length": 2}, apply_to="queues")
         ch.connection.sleep(0.2)
         for i in range(6):
             publish(ch, "", q, str(i))
         assert bodies(ch, q) == [b"4", b"5"]
-        policies.set(names + "p", only(q), {"max-length": 10}, apply_to="queues")
+        broker.set_policy(names + "p", only(q), {"max-length": 10}, apply_to="queues")
         ch.connection.sleep(0.2)
         for i in range(8):
             publish(ch, "", q, str(i))
         assert bodies(ch, q) == [b"3", b"4", b"5", b"6", b"7"]
 
 
-def test_overflow_argument_beats_policy(broker, names, policies):
+def test_overflow_argument_beats_policy(broker, names):
     q = names + "q"
     with channel(broker.url) as ch:
         ch.queue_declare(q, arguments={"x-max-length": 1, "x-overflow": "drop-head"})
-        policies.set(names + "p", only(q), {"overflow": "reject-publish"}, apply_to="queues")
+        broker.set_policy(names + "p", only(q), {"overflow": "reject-publish"}, apply_to="queues")
         ch.connection.sleep(0.2)
         for i in range(3):
             publish(ch, "", q, str(i))
@@ -130,12 +130,12 @@ def test_bad_overflow_argument(broker, names):
             ch.queue_declare(q, arguments={"x-overflow": "nope"})
 
 
-def test_policy_of_higher_priority_wins(broker, names, policies):
+def test_policy_of_higher_priority_wins(broker, names):
     q = names + "q"
     with channel(broker.url) as ch:
         ch.queue_declare(q)
-        policies.set(names + "low", only(q), {"max-length": 1}, priority=1, apply_to="queues")
-        policies.set(names + "high", "^" + re.escape(names), {"max-length": 3}, priority=5, apply_to="queues")
+        broker.set_policy(names + "low", only(q), {"max-length": 1}, priority=1, apply_to="queues")
+        broker.set_policy(names + "high", "^" + re.escape(names), {"max-length": 3}, priority=5, apply_to="queues")
         ch.connection.sleep(0.2)
         for i in range(5):
             publish(ch, "", q, str(i))

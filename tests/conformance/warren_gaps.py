@@ -48,6 +48,7 @@ GAPS: dict[str, str] = {
     # consumers
     "test_single_active_consumer_only_the_first_receives": SAC,
     "test_single_active_consumer_takeover_on_connection_close_gets_unacked": SAC,
+    "test_mirrored_single_active_consumer_takeover_across_nodes": SAC,
     "test_bad_single_active_consumer_argument": "RabbitMQ's check of x-single-active-consumer",
     "test_higher_priority_consumer_served_first_until_its_prefetch_is_full": CONSUMER_PRIORITIES,
     "test_higher_priority_consumer_takes_everything_it_can": CONSUMER_PRIORITIES,
