@@ -51,7 +51,7 @@ class Broker:
     def set_policy(self, name: str, pattern: str, definition: dict, priority: int = 0,
                    apply_to: str = "all") -> None:
         """Sets (or replaces) a policy. Cases leave theirs in place: their patterns match only the
-        case's own names, and on RabbitMQ every rabbitmqctl call costs seconds."""
+        case's own names, and the broker goes when the run ends."""
         self._set_policy(name, pattern, json.dumps(definition), priority, apply_to)
 
     def clear_policy(self, name: str) -> None:
@@ -73,13 +73,10 @@ def _warren_broker(cluster) -> Broker:
 
 def _rabbit_broker(rabbit) -> Broker:
     def set_policy(name, pattern, definition, priority, apply_to):
-        rabbit.ctl(1, "set_policy", "--priority", str(priority), "--apply-to", apply_to,
-                   name, pattern, definition)
+        rabbit.set_policy(name, pattern, json.loads(definition), priority, apply_to)
 
-    def clear_policy(name):
-        rabbit.ctl(1, "clear_policy", name)
-
-    return Broker([rabbit.amqp_url(i) for i in range(1, rabbit.count + 1)], set_policy, clear_policy)
+    return Broker([rabbit.amqp_url(i) for i in range(1, rabbit.count + 1)], set_policy,
+                  rabbit.clear_policy)
 
 
 def _start(request, tmp_path_factory, nodes: int):
@@ -111,8 +108,8 @@ def broker(request, tmp_path_factory):
 @pytest.fixture(scope="session")
 def mirrored(request, tmp_path_factory):
     with _start(request, tmp_path_factory, 3) as b:
-        b.set_policy("conformance-mirrored", MIRRORED_PATTERN, {"ha-mode": "all", "ha-sync-mode": "automatic"},
-                     priority=-1, apply_to="queues")
+        b.set_policy("conformance-mirrored", MIRRORED_PATTERN,
+                     {"ha-mode": "all", "ha-sync-mode": "automatic"}, priority=-1, apply_to="queues")
         yield b
 
 

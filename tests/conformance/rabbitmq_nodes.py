@@ -3,7 +3,10 @@ current user in a temporary directory, on free ports, under node names no other 
 its own Erlang cookie in a temporary HOME; a cluster of N of them joined to the first.
 
     with RabbitCluster(3) as rabbit:
-        rabbit.amqp_url(1); rabbit.ctl(1, "set_policy", ...)
+        rabbit.amqp_url(1); rabbit.set_policy(...); rabbit.ctl(1, "cluster_status")
+
+The first node runs the management plugin, on a free port too: a policy set over its HTTP API
+takes milliseconds, where each rabbitmqctl call starts an Erlang VM (seconds on a busy machine).
 
 The environment of a node is the one bench/rabbitmq/cluster.sh gives its nodes, with the ports and
 names picked here so that a benchmark cluster and the suite can run side by side.
@@ -11,11 +14,15 @@ names picked here so that a benchmark cluster and the suite can run side by side
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -36,9 +43,10 @@ class RabbitCluster:
         self.home = self.dir / "home"
         tag = uuid.uuid4().hex[:8]
         self.names = [f"conformance-{tag}-{i}@localhost" for i in range(1, nodes + 1)]
-        ports = pick_free_ports(2 * nodes)
+        ports = pick_free_ports(2 * nodes + 1)
         self.amqp_ports = ports[:nodes]
-        self.dist_ports = ports[nodes:]
+        self.dist_ports = ports[nodes:2 * nodes]
+        self.management_port = ports[-1]
         self.procs: list[subprocess.Popen] = []
 
     def __enter__(self) -> "RabbitCluster":
@@ -72,7 +80,7 @@ class RabbitCluster:
             "RABBITMQ_PID_FILE": str(node / "pid"),
             "RABBITMQ_CONFIG_FILE": str(node / "rabbitmq"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(node / "enabled_plugins"),
-            "RABBITMQ_ENABLED_PLUGINS": "",
+            "RABBITMQ_ENABLED_PLUGINS": "rabbitmq_management" if i == 1 else "",
             "ERL_CRASH_DUMP": str(node / "log" / "erl_crash.dump"),
             # a small shared machine: no busy-waiting schedulers
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "+sbwt none +sbwtdcpu none +sbwtdio none",
@@ -89,6 +97,24 @@ class RabbitCluster:
                                f"{done.stdout}{done.stderr}")
         return done.stdout
 
+    def _http(self, method: str, path: str, body: dict | None = None) -> None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.management_port}/api/{path}", method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"content-type": "application/json",
+                     "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
+
+    def set_policy(self, name: str, pattern: str, definition: dict, priority: int = 0,
+                   apply_to: str = "all") -> None:
+        self._http("PUT", "policies/%2F/" + urllib.parse.quote(name, safe=""),
+                   {"pattern": pattern, "definition": definition, "priority": priority,
+                    "apply-to": apply_to})
+
+    def clear_policy(self, name: str) -> None:
+        self._http("DELETE", "policies/%2F/" + urllib.parse.quote(name, safe=""))
+
     def start(self) -> None:
         self.home.mkdir(parents=True)
         cookie = self.home / ".erlang.cookie"
@@ -98,8 +124,11 @@ class RabbitCluster:
             node = self._node_dir(i)
             (node / "log").mkdir(parents=True)
             (node / "mnesia").mkdir()
-            (node / "rabbitmq.conf").write_text("vm_memory_high_watermark.relative = 0.2\n")
-            (node / "enabled_plugins").write_text("[].\n")
+            conf = "vm_memory_high_watermark.relative = 0.2\n"
+            if i == 1:
+                conf += f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {self.management_port}\n"
+            (node / "rabbitmq.conf").write_text(conf)
+            (node / "enabled_plugins").write_text("[rabbitmq_management].\n" if i == 1 else "[].\n")
             with open(node / "log" / "console.log", "wb") as console:
                 self.procs.append(subprocess.Popen([str(SBIN / "rabbitmq-server")], env=self._env(i),
                                                    stdout=console, stderr=subprocess.STDOUT,

@@ -21,8 +21,8 @@ def test_rpc_round_trip_through_direct_reply_to(broker, names):
     try:
         cch = client.channel()
         replies = []
-        cch.basic_consume(REPLY_TO, lambda c, m, p, b: replies.append((m.exchange, m.routing_key, p.correlation_id, b)),
-                          auto_ack=True)
+        cch.basic_consume(REPLY_TO, lambda c, m, p, b: replies.append(
+            (m.exchange, m.routing_key, p.correlation_id, b)), auto_ack=True)
         with channel(broker.url) as server:
             server.queue_declare(q)
             publish(cch, "", q, "2+2", reply_to=REPLY_TO, correlation_id="c-1")
@@ -96,7 +96,8 @@ def test_aio_pika_rpc_client_with_direct_reply_to(broker, names):
             waiting = list(futures.values())
             for n in range(5):
                 await client_ch.default_exchange.publish(
-                    aio_pika.Message(str(n).encode(), correlation_id=str(n), reply_to=REPLY_TO), routing_key=q)
+                    aio_pika.Message(str(n).encode(), correlation_id=str(n), reply_to=REPLY_TO),
+                    routing_key=q)
             return await asyncio.wait_for(asyncio.gather(*waiting), 5)
         finally:
             await client_conn.close()

@@ -127,7 +127,8 @@ def test_exchange_unbind_of_a_missing_binding_is_ok(broker, names):
 def test_publishing_to_an_internal_exchange_is_refused(broker, names):
     with channel(broker.url) as ch:
         ch.exchange_declare(names + "int", "direct", internal=True)
-        with channel_closed(403, f"ACCESS_REFUSED - cannot publish to internal exchange '{names}int' in vhost '/'"):
+        with channel_closed(403, f"ACCESS_REFUSED - cannot publish to internal exchange '{names}int' "
+                                 f"in vhost '/'"):
             publish(ch, names + "int", "k", "x")
             ch.exchange_declare(names + "int", passive=True)
 

@@ -69,7 +69,8 @@ def test_bad_expiration_closes_the_channel(broker, names, expiration, reason):
             ch.queue_declare(q, passive=True)  # a round trip, to hear of the error
 
 
-@pytest.mark.parametrize("value, reason", [(-1, "{value_negative,-1}"), ("x", '"expected integer, got longstr"')],
+@pytest.mark.parametrize("value, reason", [(-1, "{value_negative,-1}"),
+                                           ("x", '"expected integer, got longstr"')],
                          ids=["negative", "string"])
 def test_bad_queue_ttl_refused(broker, names, value, reason):
     q = names + "q"
@@ -89,7 +90,8 @@ def test_message_ttl_policy_expires_messages(broker, names):
         assert get(ch, q, QUIET) is None
 
 
-@pytest.mark.parametrize("argument, policy", [(100, 60000), (60000, 100)], ids=["argument-lower", "policy-lower"])
+@pytest.mark.parametrize("argument, policy", [(100, 60000), (60000, 100)],
+                         ids=["argument-lower", "policy-lower"])
 def test_lower_of_argument_and_policy_ttl_applies(broker, names, argument, policy):
     q = names + "q"
     with channel(broker.url) as ch:

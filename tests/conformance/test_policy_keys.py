@@ -66,7 +66,8 @@ def test_overflow_reject_publish_policy_nacks(broker, names):
     q = names + "q"
     with channel(broker.url) as ch:
         ch.queue_declare(q)
-        broker.set_policy(names + "p", only(q), {"max-length": 1, "overflow": "reject-publish"}, apply_to="queues")
+        broker.set_policy(names + "p", only(q), {"max-length": 1, "overflow": "reject-publish"},
+                          apply_to="queues")
         ch.connection.sleep(0.2)
         ch.confirm_delivery()
         publish(ch, "", q, "kept")
@@ -135,7 +136,8 @@ def test_policy_of_higher_priority_wins(broker, names):
     with channel(broker.url) as ch:
         ch.queue_declare(q)
         broker.set_policy(names + "low", only(q), {"max-length": 1}, priority=1, apply_to="queues")
-        broker.set_policy(names + "high", "^" + re.escape(names), {"max-length": 3}, priority=5, apply_to="queues")
+        broker.set_policy(names + "high", "^" + re.escape(names), {"max-length": 3}, priority=5,
+                          apply_to="queues")
         ch.connection.sleep(0.2)
         for i in range(5):
             publish(ch, "", q, str(i))
