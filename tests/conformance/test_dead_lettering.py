@@ -226,16 +226,17 @@ def test_dead_letter_exchange_that_does_not_exist_drops_quietly(broker, names):
         assert ch.is_open
 
 
-def test_dead_letter_policy_keys(broker, names):
+def test_dead_letter_policy_keys_apply_to_a_live_queue(broker, names):
     with channel(broker.url) as ch:
         ch.exchange_declare(names + "dlx", "direct")
         ch.queue_declare(names + "dead")
         ch.queue_bind(names + "dead", names + "dlx", "by-policy")
-        broker.set_policy(names + "dl", "^" + re.escape(names + "work") + "$",
-                     {"dead-letter-exchange": names + "dlx", "dead-letter-routing-key": "by-policy"},
-                     apply_to="queues")
         ch.queue_declare(names + "work")
         publish(ch, "", names + "work", "m")
+        broker.set_policy(names + "dl", "^" + re.escape(names + "work") + "$",
+                          {"dead-letter-exchange": names + "dlx", "dead-letter-routing-key": "by-policy"},
+                          apply_to="queues")
+        ch.connection.sleep(0.3)  # the queue hears of its policy asynchronously
         method, _, _ = get(ch, names + "work", auto_ack=False)
         ch.basic_reject(method.delivery_tag, requeue=False)
         method, props, _ = get(ch, names + "dead")

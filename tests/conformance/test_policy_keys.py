@@ -53,6 +53,17 @@ def test_max_length_bytes_policy_counts_bodies(broker, names):
         assert bodies(ch, q) == [b"bbbb", b"cccc"]
 
 
+def test_max_length_bytes_policy_trims_a_live_queue(broker, names):
+    q = names + "q"
+    with channel(broker.url) as ch:
+        ch.queue_declare(q)
+        for body in ("aaaa", "bbbb", "cccc"):
+            publish(ch, "", q, body)
+        broker.set_policy(names + "p", only(q), {"max-length-bytes": 10}, apply_to="queues")
+        assert wait_until(lambda: message_count(ch, q) == 2, conn=ch.connection)
+        assert bodies(ch, q) == [b"bbbb", b"cccc"]
+
+
 def test_max_length_bytes_argument(broker, names):
     q = names + "q"
     with channel(broker.url) as ch:
