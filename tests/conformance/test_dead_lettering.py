@@ -193,6 +193,25 @@ def test_retry_loop_counts_deaths_most_recent_first(broker, names):
             assert (headers["x-first-death-queue"], headers["x-first-death-reason"]) == (work, "rejected")
 
 
+def test_retry_queue_set_by_policy_alone(broker, names):
+    """The retry pattern applications build: a retry queue whose TTL and dead-letter target come
+    from a policy sends a rejected job back to its work queue after the delay."""
+    work, retry = names + "work", names + "retry"
+    broker.set_policy(names + "retry", "^" + re.escape(retry) + "$",
+                      {"message-ttl": 100, "dead-letter-exchange": "", "dead-letter-routing-key": work},
+                      apply_to="queues")
+    with channel(broker.url) as ch:
+        ch.queue_declare(work, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": retry})
+        ch.queue_declare(retry)
+        publish(ch, "", work, "job")
+        method, _, _ = get(ch, work, auto_ack=False)
+        ch.basic_reject(method.delivery_tag, requeue=False)
+        _, props, body = get(ch, work)
+        assert body == b"job"
+        assert [(d["queue"], d["reason"]) for d in props.headers["x-death"]] == [
+            (retry, "expired"), (work, "rejected")]
+
+
 def test_expiry_cycle_to_the_same_queue_is_dropped(broker, names):
     q = names + "self"
     with channel(broker.url) as ch:

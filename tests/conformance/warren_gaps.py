@@ -26,6 +26,7 @@ GAPS: dict[str, str] = {
     "test_default_exchange_as_dead_letter_exchange": DEAD_LETTERING,
     "test_retry_loop_counts_deaths_most_recent_first": DEAD_LETTERING,
     "test_dead_letter_policy_keys_apply_to_a_live_queue": "the dead-letter-exchange and dead-letter-routing-key policy keys",
+    "test_retry_queue_set_by_policy_alone": "the dead-letter-* policy keys",
     "test_dead_letter_exchange_argument_beats_policy_but_policy_key_fills_in":
         "the dead-letter-* policy keys and their precedence",
     "test_bad_dead_letter_arguments": "RabbitMQ's checks of the x-dead-letter-* arguments",
