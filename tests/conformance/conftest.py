@@ -13,6 +13,7 @@ Against warren, the cases named in warren_gaps.GAPS are expected to fail (strict
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -52,7 +53,7 @@ class Broker:
                    apply_to: str = "all") -> None:
         """Sets (or replaces) a policy. Cases leave theirs in place: their patterns match only the
         case's own names, and the broker goes when the run ends."""
-        self._set_policy(name, pattern, json.dumps(definition), priority, apply_to)
+        self._set_policy(name, pattern, definition, priority, apply_to)
 
     def clear_policy(self, name: str) -> None:
         self._clear_policy(name)
@@ -62,7 +63,8 @@ def _warren_broker(cluster) -> Broker:
     first = cluster.names[0]
 
     def set_policy(name, pattern, definition, priority, apply_to):
-        cluster.call(first, "set_policy", {"name": name, "pattern": pattern, "definition": definition,
+        cluster.call(first, "set_policy", {"name": name, "pattern": pattern,
+                                           "definition": json.dumps(definition),
                                            "priority": priority, "apply_to": apply_to})
 
     def clear_policy(name):
@@ -72,42 +74,34 @@ def _warren_broker(cluster) -> Broker:
 
 
 def _rabbit_broker(rabbit) -> Broker:
-    def set_policy(name, pattern, definition, priority, apply_to):
-        rabbit.set_policy(name, pattern, json.loads(definition), priority, apply_to)
-
-    return Broker([rabbit.amqp_url(i) for i in range(1, rabbit.count + 1)], set_policy,
+    return Broker([rabbit.amqp_url(i) for i in range(1, rabbit.count + 1)], rabbit.set_policy,
                   rabbit.clear_policy)
 
 
-def _start(request, tmp_path_factory, nodes: int):
-    """A context manager giving a started Broker of `nodes` nodes of the chosen kind."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def started():
-        if broker_kind() == "rabbitmq":
-            import rabbitmq_nodes
-            if not rabbitmq_nodes.installed():
-                pytest.skip("rabbitmq-server is not installed (apt-get install -y rabbitmq-server)")
-            with rabbitmq_nodes.RabbitCluster(nodes) as rabbit:
-                yield _rabbit_broker(rabbit)
-        else:
-            from cluster_procs import running_cluster
-            with running_cluster(request, tmp_path_factory, nodes) as cluster:
-                yield _warren_broker(cluster)
-
-    return started()
+@contextlib.contextmanager
+def _started(request, tmp_path_factory, nodes: int):
+    """A started Broker of `nodes` nodes of the chosen kind, stopped afterwards."""
+    if broker_kind() == "rabbitmq":
+        import rabbitmq_nodes
+        if not rabbitmq_nodes.installed():
+            pytest.skip("rabbitmq-server is not installed (apt-get install -y rabbitmq-server)")
+        with rabbitmq_nodes.RabbitCluster(nodes) as rabbit:
+            yield _rabbit_broker(rabbit)
+    else:
+        from cluster_procs import running_cluster
+        with running_cluster(request, tmp_path_factory, nodes) as cluster:
+            yield _warren_broker(cluster)
 
 
 @pytest.fixture(scope="session")
 def broker(request, tmp_path_factory):
-    with _start(request, tmp_path_factory, 1) as b:
+    with _started(request, tmp_path_factory, 1) as b:
         yield b
 
 
 @pytest.fixture(scope="session")
 def mirrored(request, tmp_path_factory):
-    with _start(request, tmp_path_factory, 3) as b:
+    with _started(request, tmp_path_factory, 3) as b:
         b.set_policy("conformance-mirrored", MIRRORED_PATTERN,
                      {"ha-mode": "all", "ha-sync-mode": "automatic"}, priority=-1, apply_to="queues")
         yield b
