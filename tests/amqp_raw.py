@@ -104,10 +104,7 @@ class RawClient:
 
     def publish(self, ch: int, exchange: str, key: str, body: bytes, raw_props: bytes) -> None:
         """basic.publish with the property bytes exactly as given."""
-        hdr = struct.pack(">HHQ", 60, 0, len(body)) + raw_props
-        self.send(frame.marshal(C.Basic.Publish(0, exchange, key), ch)
-                  + codec.FRAME_HEAD.pack(codec.HEADER, ch, len(hdr)) + hdr + codec.FRAME_END_CHAR
-                  + (frame.marshal(frame.body.ContentBody(body), ch) if body else b""))
+        self.send(publish_frames(ch, exchange, key, body, raw_props))
 
     def get(self, ch: int, queue: str, timeout: float = 10.0):
         """basic.get, no ack: (GetOk, raw property bytes, body) or None when empty."""
@@ -123,6 +120,16 @@ class RawClient:
             _, part, _ = self.next(timeout)
             body += part.value
         return ok, payload[12:], body
+
+
+def publish_frames(ch: int, exchange: str, key: str, body: bytes, raw_props: bytes = b"\0\0",
+                   mandatory: bool = False) -> bytes:
+    """The frames of one basic.publish (method, header with `raw_props`, body), to send alone
+    or several in one write."""
+    hdr = struct.pack(">HHQ", 60, 0, len(body)) + raw_props
+    return (frame.marshal(C.Basic.Publish(0, exchange, key, mandatory), ch)
+            + codec.FRAME_HEAD.pack(codec.HEADER, ch, len(hdr)) + hdr + codec.FRAME_END_CHAR
+            + (frame.marshal(frame.body.ContentBody(body), ch) if body else b""))
 
 
 # --- exact property bytes -------------------------------------------------------------------

@@ -16,7 +16,7 @@ import trio
 from broker.client.aio import open_connection
 from cluster_procs import running_cluster
 
-from amqp_raw import RawClient, all_properties
+from amqp_raw import RawClient, all_properties, publish_frames
 from wire.props import decode_raw
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
@@ -207,6 +207,39 @@ def test_mandatory_returns_and_reject_publish_nacks_with_pika(cluster):
     assert ch.queue_declare("full", passive=True).method.message_count == 2
     ch.basic_publish("amq.fanout", "", b"to nobody")  # not mandatory: confirmed and dropped
     conn.close()
+
+
+def test_a_mandatory_publish_sent_in_one_write_with_plain_ones_comes_back(cluster):
+    """Mandatory and plain publishes to one exchange and key with no binding, in one write (so
+    one read): every mandatory message comes back as basic.return before the confirm that
+    covers it; the plain ones are only confirmed."""
+    from pamqp import commands as C
+    from pamqp import header
+    pub = RawClient(cluster.amqp_port("n1"))
+    pub.open_channel()
+    pub.method(1, C.Confirm.Select())
+    pub.expect(C.Confirm.SelectOk)
+    flags = [False, True, False, True, True, False]
+    pub.send(b"".join(publish_frames(1, "amq.direct", "no.binding", b"m%d" % tag, mandatory=fl)
+                      for tag, fl in enumerate(flags, 1)))
+    returned, confirmed, returned_after_confirm = [], set(), []
+    while len(confirmed) < len(flags):
+        _, obj, _ = pub.next()
+        if isinstance(obj, C.Basic.Return):
+            assert obj.reply_code == 312 and obj.routing_key == "no.binding"
+            pub.expect(header.ContentHeader)
+            _, body, _ = pub.next()
+            tag = int(body.value[1:])
+            returned.append(tag)
+            if tag in confirmed:
+                returned_after_confirm.append(tag)
+        else:
+            assert isinstance(obj, C.Basic.Ack), obj
+            upto = obj.delivery_tag
+            confirmed |= set(range(1, upto + 1)) if obj.multiple else {upto}
+    assert returned == [tag for tag, fl in enumerate(flags, 1) if fl]
+    assert returned_after_confirm == []
+    pub.close()
 
 
 def test_message_ttl_expires_without_a_consumer(cluster):

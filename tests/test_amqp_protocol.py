@@ -239,6 +239,26 @@ def test_publishes_batch_per_channel_exchange_and_key():
     assert d.ch == 2 and d.bodies == [b""]
 
 
+def test_a_mandatory_flag_is_kept_in_a_read_that_mixes_it_with_plain_publishes():
+    """Publishes to one exchange and key in one read, some mandatory: each message keeps its own
+    flag (a mixed run splits where the flag changes); a run with one flag stays one batch."""
+    c = Client()
+    c.open()
+    c.channel(1)
+    flags = [False, True, True, False, True]
+    data = b""
+    for i, mandatory in enumerate(flags):
+        data += f(C.Basic.Publish(0, "amq.direct", "nowhere", mandatory), 1) + content(1, b"%d" % i)
+    events = c.send(data)
+    assert [(e[3], e[4]) for e in _flat(events)] == [(fl, b"%d" % i) for i, fl in enumerate(flags)]
+    assert [(e.mandatory, len(e.bodies)) for e in events] == [(False, 1), (True, 2), (False, 1), (True, 1)]
+    for same in (False, True):
+        data = b"".join(f(C.Basic.Publish(0, "amq.direct", "nowhere", same), 1) + content(1, b"m")
+                        for _ in range(4))
+        (one,) = c.send(data)
+        assert one.mandatory is same and one.bodies == [b"m"] * 4
+
+
 def test_acks_batch_and_multiple_zero_means_everything():
     c = Client()
     c.open()

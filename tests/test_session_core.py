@@ -262,6 +262,20 @@ def test_a_publish_goes_to_the_leader_and_is_confirmed_when_accepted():
     assert (s.inflight_msgs, s.inflight_bytes) == (0, 0)
 
 
+def test_mixed_mandatory_batches_in_one_run_return_only_the_mandatory_messages():
+    """The AMQP front end's batches of one read, to an exchange with no binding for their key,
+    plain and mandatory in turn: only the mandatory ones come back, each before its confirm."""
+    host, s, out = core_session()
+    s.handle(m.ConfirmSelect(2, 1))
+    assert out.pop() == m.Reply(2, None)
+    run = [m.PublishTo(1, "amq.direct", "nowhere", False, [b"a"], None),
+           m.PublishTo(1, "amq.direct", "nowhere", True, [b"b", b"c"], None),
+           m.PublishTo(1, "amq.direct", "nowhere", False, [b"d"], None)]
+    assert s.handle_run(run, 0) == 3
+    assert [o.bodies if type(o) is m.Returned else o.acks for o in out] == \
+        [[[1, 1]], [b"b", b"c"], [[2, 3]], [[4, 4]]]
+
+
 def test_credit_is_state_and_the_driver_is_told_once_when_it_may_be_back(monkeypatch):
     import broker.session.publishing as publishing
     monkeypatch.setattr(publishing, "WINDOW_MSGS", 3)
