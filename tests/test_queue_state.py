@@ -533,3 +533,30 @@ def test_running_totals_count_deliveries_gets_and_acks():
     assert q.acked_total == 2
     q.ack(A, [99])  # not unacknowledged: counts nothing
     assert q.stats()["acked"] == 2 and q.stats()["published"] == 6
+
+
+def test_a_mirror_keeps_its_leaders_ttl_deadlines_and_expires_at_them_once_promoted():
+    """x-message-ttl across a failover: a mirror following the leader's effects, and one started
+    later from its snapshot, hold each publish batch's deadline as the leader set it; promoted,
+    either drops each batch at that deadline, not before and not after."""
+    leader, follower = QueueState("q"), QueueState("q")
+    for now, bodies in ((100.0, [b"a1", b"a2"]), (110.0, [b"b1"])):
+        leader.effects = []
+        leader.publish(bodies, None, now=now, ttl=30.0)
+        effects, leader.effects = leader.effects, None
+        # the TTL travels as a duration (nodes' clocks differ): the mirror counts it from when
+        # the effect reaches it, here at once (as on the simulated network)
+        follower.apply_effects(effects, now=now)
+    assert list(follower.expiry) == list(leader.expiry) == [(2, 130.0), (3, 140.0)]
+    late = QueueState("q")
+    late.reset_as_mirror(leader.mirror_snapshot(now=120.0), now=120.0)
+    late.add_synced_messages([[m[0], m[1], m[2], False] for m in leader.ready])
+    assert list(late.expiry) == list(leader.expiry)
+    for promoted in (follower, late):
+        promoted.failover()
+        assert promoted.next_expiry() == 130.0
+        assert promoted.expire(129.999) == 0 and ids(promoted.ready) == [1, 2, 3]
+        assert promoted.expire(130.0) == 2 and ids(promoted.ready) == [3]
+        assert promoted.next_expiry() == 140.0
+        assert promoted.expire(139.999) == 0 and promoted.expire(140.0) == 1
+        assert not promoted.ready and promoted.next_expiry() is None
