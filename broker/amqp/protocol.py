@@ -18,8 +18,9 @@ Channels: `channel.open` first; methods become the session commands of wire/mess
 synchronous one with a request id whose answer (`Reply`/`Fail`) becomes the right `-ok` method
 (or nothing, with `nowait`). A channel the server closed reads nothing but `close-ok`. Content
 is assembled per channel (method, header, bodies); consecutive publishes on one channel to one
-exchange and routing key travel to the session as one `PublishTo` batch, consecutive acks as
-one `Ack`. Properties stay as the publisher encoded them (wire/props.py); a `user_id` that is
+exchange and routing key with one `mandatory` flag travel to the session as one `PublishTo`
+batch (a change of flag starts a new batch: the flag is the batch's), consecutive acks as one
+`Ack`. Properties stay as the publisher encoded them (wire/props.py); a `user_id` that is
 not the connection's user closes the channel with 406, as RabbitMQ does.
 """
 
