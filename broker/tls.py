@@ -44,15 +44,18 @@ class NodeTls:
 
 
 def _load(ctx: ssl.SSLContext, cert: str, key: str, ca: str) -> ssl.SSLContext:
+    for path in (cert, key, ca):
+        if path and not Path(path).is_file():
+            raise TlsError(f"cannot read {path}: no such file")
     try:
         if cert:
             ctx.load_cert_chain(cert, key or None)
         if ca:
             ctx.load_verify_locations(cafile=ca)
-    except FileNotFoundError as exc:
-        raise TlsError(f"cannot read {exc.filename}: {exc.strerror}") from None
     except ssl.SSLError as exc:
         raise TlsError(f"unusable certificate, key or CA ({cert}, {key}, {ca}): {exc.reason or exc}") from None
+    except OSError as exc:
+        raise TlsError(f"cannot read {cert}, {key} or {ca}: {exc.strerror or exc}") from None
     return ctx
 
 
