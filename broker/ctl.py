@@ -310,7 +310,10 @@ def run(argv=None) -> int:
     try:
         value = trio.run(ctl_call, _network, host, port, me, secret, cmd, payload, args.timeout)
     except ProtocolError as exc:
-        print(f"Error: {exc.text}", file=sys.stderr)
+        hint = ("; if the node's peer port speaks TLS, give --tls-cert, --tls-key and --tls-ca "
+                "(or WARREN_TLS_CERT, WARREN_TLS_KEY, WARREN_TLS_CA)"
+                if "before the handshake" in exc.text and not args.tls_cert else "")
+        print(f"Error: {exc.text}{hint}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"Error: unable to perform an operation on node '{args.node}' ({host}:{port}): "

@@ -160,8 +160,8 @@ class TcpNetwork:
                 with trio.fail_after(HANDSHAKE_TIMEOUT):
                     await secured.do_handshake()
             except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-                # refused (no certificate, one of another CA, an expired one, not TLS at all):
-                # the client's own handshake reports why
+                # refused (no certificate, one of another CA, an expired one, not TLS at all)
+                await _send_alert(secured, stream)
                 await trio.aclose_forcefully(stream)
                 return
             await _run_handler(handler, secured, peer)
@@ -177,6 +177,20 @@ class TcpNetwork:
         if self.dial_tls is None:
             return stream
         return await tls_handshake(stream, self.dial_tls, host, port)
+
+
+async def _send_alert(secured: trio.SSLStream, stream: trio.SocketStream) -> None:
+    """Send the alert a refused handshake left unsent (trio's SSLStream keeps it in its outgoing
+    buffer when the handshake fails), so the client reads why ("certificate required", "unknown
+    ca", "certificate expired") rather than a bare end of stream. Best effort: one second."""
+    outgoing = getattr(secured, "_outgoing", None)
+    alert = outgoing.read() if outgoing is not None else b""
+    if alert:
+        with trio.move_on_after(1.0):
+            try:
+                await stream.send_all(alert)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
 
 
 async def tls_handshake(stream: trio.abc.Stream, context: ssl.SSLContext, host: str,

@@ -79,7 +79,7 @@ def _refused(server_ctx, client_ctx) -> str:
     try:
         trio.run(_round_trip, server_ctx, client_ctx, 1, 10)
     except* (OSError, trio.BrokenResourceError) as group:
-        why = " ".join(str(e) for e in group.exceptions) or "refused"
+        why = " ".join(f"{e} {e.__cause__ or ''}" for e in group.exceptions).strip() or "refused"
     return why
 
 
@@ -104,19 +104,21 @@ def test_plain_streams_keep_the_direct_socket_path_and_tls_streams_use_their_own
     trio.run(main)
 
 
-@pytest.mark.parametrize("stem, where, reason", [
-    (None, None, "no certificate"),
-    ("stranger", "other", "a certificate of another CA"),
-    ("expired", None, "an expired certificate"),
+@pytest.mark.parametrize("stem, where, reason, alert", [
+    (None, None, "no certificate", "certificate required"),
+    ("stranger", "other", "a certificate of another CA", "unknown ca"),
+    ("expired", None, "an expired certificate", "certificate expired"),
 ])
-def test_a_listener_that_requires_a_certificate_refuses_a_bad_one(certs, stem, where, reason):
+def test_a_listener_that_requires_a_certificate_refuses_a_bad_one(certs, stem, where, reason, alert):
     if stem is None:
         ctx = client_context(ca=str(certs / "ca.pem"))
     else:
         ctx = _client(certs, stem, certs / where if where else None)
     # TLS 1.3: the server checks the client's certificate after the client's handshake is over,
     # so the client meets the refusal at its handshake or at its first read, as a closed link
-    assert _refused(_server(certs), ctx), f"a client with {reason} was let in"
+    why = _refused(_server(certs), ctx)
+    assert why, f"a client with {reason} was let in"
+    assert alert in why.lower().replace("_", " "), f"the client was not told why: {why}"
 
 
 def test_verify_peer_without_fail_if_no_peer_cert_lets_a_client_without_one_in(certs):
