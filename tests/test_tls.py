@@ -187,3 +187,27 @@ def test_node_contexts_name_a_missing_file(tmp_path, certs):
     contexts = node_contexts(cfg)
     assert contexts.peer_server.verify_mode == ssl.CERT_REQUIRED  # the peer port: always mutual
     assert contexts.clients.verify_mode == ssl.CERT_OPTIONAL
+
+
+def test_the_compose_override_gives_each_node_its_own_certificate_and_an_amqps_port():
+    import yaml
+    from pathlib import Path
+    override = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker-compose.tls.yml").read_text())
+    for name in ("n1", "n2", "n3"):
+        node = override["services"][name]
+        assert "./var/certs:/certs:ro" in node["volumes"]
+        env = node["environment"]
+        assert (env["WARREN_TLS_CERT"], env["WARREN_TLS_KEY"], env["WARREN_TLS_CA"]) == (
+            f"/certs/{name}.pem", f"/certs/{name}.key", "/certs/ca.pem")
+        assert env["WARREN_AMQPS_PORT"] == "5671" and node["ports"][0].endswith(":5671")
+
+
+def test_make_certs_names_each_node_for_compose_and_localhost(tmp_path):
+    from cryptography import x509
+    make_certs(tmp_path, nodes=2, hosts=["broker.example"])
+    cert = x509.load_pem_x509_certificate((tmp_path / "n2.pem").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"n2", "localhost", "broker.example"} <= set(names.get_values_for_type(x509.DNSName))
+    assert (tmp_path / "n2.key").stat().st_mode & 0o077 == 0  # the keys: the owner's only
+    assert {p.name for p in tmp_path.iterdir()} == {"ca.pem", "ca.key", "n1.pem", "n1.key", "n2.pem",
+                                                    "n2.key", "client.pem", "client.key"}
