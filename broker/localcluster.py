@@ -831,7 +831,8 @@ def _start_command(home: Path, args, server_args: list[str]) -> None:
     wanted = args.names or cluster.names
     already = [name for name in wanted if name not in started]
     if started:
-        urls = ", ".join(f"http://127.0.0.1:{cluster.http_ports[n]}/" for n in cluster.names
+        scheme = "https" if cluster.tls else "http"
+        urls = ", ".join(f"{scheme}://127.0.0.1:{cluster.http_ports[n]}/" for n in cluster.names
                          if n in cluster.http_ports)
         print(f"started {', '.join(started)}"
               + (f" ({', '.join(already)} already running)" if already else "")
