@@ -47,7 +47,7 @@ def certs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cluster(request, tmp_path_factory, certs):
     with running_cluster(request, tmp_path_factory, 3, net_ticktime=3.0, tls=certs,
-                         server_args=REQUIRE_CERTS) as c:
+                         server_args=REQUIRE_CERTS, http=True) as c:
         yield c
 
 
@@ -86,6 +86,15 @@ def test_native_client_over_tls(cluster, certs):
     ch.basic_publish("", "tls.native", body)
     assert ch.basic_get("tls.native", auto_ack=True)[2] == body
     conn.close()
+
+
+def test_the_management_api_is_https_and_requires_a_client_certificate(cluster, certs):
+    import httpx
+    url = f"https://localhost:{cluster.http_ports['n1']}/api/overview"
+    r = httpx.get(url, auth=("guest", "guest"), verify=ctx(certs), timeout=10)
+    assert r.status_code == 200 and r.json()["node"] == "n1", r.text
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(url, auth=("guest", "guest"), verify=client_context(ca=str(certs / "ca.pem")), timeout=10)
 
 
 def test_the_client_port_speaks_only_tls(cluster):
