@@ -131,8 +131,27 @@ class TcpNetwork:
     most) before the handler sees it. A TLS stream has no ``socket`` attribute, so framed.py's
     readers and writers take it through its own methods; a plain one keeps the direct path."""
 
-    def __init__(self, dial_tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, dial_tls: ssl.SSLContext | None = None, log: Any = None) -> None:
         self.dial_tls = dial_tls
+        self.log = log  # where refused TLS handshakes are told, once per reason (None: nowhere)
+        self._refusals: set[str] = set()
+
+    def _note_refused(self, port: int, peer: str, exc: BaseException) -> None:
+        """A refused TLS handshake, logged once per port and reason (bounded, whatever strangers
+        send): who was refused on the peer port, and why, without a line per retry."""
+        if self.log is None:
+            return
+        cause = exc.__cause__
+        reason = ("no TLS handshake within %g s" % HANDSHAKE_TIMEOUT if isinstance(exc, trio.TooSlowError)
+                  else getattr(cause, "verify_message", None) or getattr(cause, "reason", None)
+                  or str(cause or exc) or "the connection was closed")
+        key = f"{port} {reason}"
+        if key in self._refusals:
+            return
+        if len(self._refusals) >= 256:
+            self._refusals.clear()
+        self._refusals.add(key)
+        self.log.warning("TLS handshake refused", port=port, peer=peer, reason=reason)
 
     async def serve(
         self,
@@ -159,8 +178,9 @@ class TcpNetwork:
             try:
                 with trio.fail_after(HANDSHAKE_TIMEOUT):
                     await secured.do_handshake()
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
                 # refused (no certificate, one of another CA, an expired one, not TLS at all)
+                self._note_refused(bound, peer, exc)
                 await _send_alert(secured, stream)
                 await trio.aclose_forcefully(stream)
                 return

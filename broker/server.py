@@ -160,7 +160,7 @@ def node_for(cfg: configmod.NodeConfig) -> Node:
     """The node of these settings, on TCP; with TLS, its contexts built (a TlsError if unusable)
     and its network dialing peers over TLS."""
     contexts = tlsmod.node_contexts(cfg)
-    network = TcpNetwork(dial_tls=contexts.peer_dial if contexts else None)
+    network = TcpNetwork(dial_tls=contexts.peer_dial if contexts else None, log=logmod.get(cfg.name))
     return Node(cfg, network, tls=contexts)
 
 

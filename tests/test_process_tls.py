@@ -152,6 +152,8 @@ def test_a_node_whose_certificate_comes_from_another_ca_cannot_join(cluster, cer
         time.sleep(2)
         assert "n4" not in cluster.cluster_status("n1")["members"]
         assert "unknown ca" in text, text  # n1's refusal, as n4 logs it
+        n1_log = cluster.log_path("n1").read_text()
+        assert "TLS handshake refused" in n1_log and "unable to get local issuer certificate" in n1_log
     finally:
         proc.kill()
         proc.wait()
