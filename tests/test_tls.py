@@ -211,3 +211,32 @@ def test_make_certs_names_each_node_for_compose_and_localhost(tmp_path):
     assert (tmp_path / "n2.key").stat().st_mode & 0o077 == 0  # the keys: the owner's only
     assert {p.name for p in tmp_path.iterdir()} == {"ca.pem", "ca.key", "n1.pem", "n1.key", "n2.pem",
                                                     "n2.key", "client.pem", "client.key"}
+
+
+def test_refused_handshakes_are_logged_once_per_reason(certs):
+    class Log:
+        lines: list = []
+
+        def warning(self, event, **fields):
+            self.lines.append((event, fields["reason"]))
+
+    log = Log()
+
+    async def main():
+        network = TcpNetwork(log=log)
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(lambda task_status: network.serve(
+                "127.0.0.1", 0, _echo_frames, tls=_server(certs), task_status=task_status))
+            for _ in range(3):
+                for context in (client_context(ca=str(certs / "ca.pem")), _client(certs, "expired")):
+                    try:
+                        stream = await TcpNetwork(dial_tls=context).connect("127.0.0.1", port)
+                        await stream.receive_some(10)
+                    except (OSError, trio.BrokenResourceError):
+                        pass
+            await trio.sleep(0.2)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert sorted(log.lines) == [("TLS handshake refused", "PEER_DID_NOT_RETURN_A_CERTIFICATE"),
+                                 ("TLS handshake refused", "certificate has expired")], log.lines
