@@ -17,7 +17,8 @@ import trio
 from cluster_procs import free_port, running_cluster
 
 from broker.client import aio
-from broker.client.blocking import BlockingConnection, ConnectionParameters, PlainCredentials
+from broker.client.blocking import BlockingConnection, ConnectionParameters
+from broker.client.errors import AMQPError
 from broker.control import ctl_call
 from broker.localcluster import executable
 from broker.network import TcpNetwork
@@ -98,7 +99,7 @@ def test_the_management_api_is_https_and_requires_a_client_certificate(cluster, 
 
 
 def test_the_client_port_speaks_only_tls(cluster):
-    with pytest.raises(Exception):
+    with pytest.raises(AMQPError):
         BlockingConnection(ConnectionParameters(cluster.client_addr("n1")))
 
 
@@ -108,7 +109,7 @@ def test_a_client_without_a_valid_certificate_is_refused_where_one_is_required(c
                else ctx(certs, "expired-client"))
     with pytest.raises(pika.exceptions.AMQPConnectionError):
         pika.BlockingConnection(pika_params(cluster, "n1", context))
-    with pytest.raises(Exception):
+    with pytest.raises(AMQPError):
         BlockingConnection(ConnectionParameters(cluster.client_addr("n1"), ssl_context=context))
 
 
