@@ -109,7 +109,7 @@ def test_a_client_without_a_valid_certificate_is_refused_where_one_is_required(c
                else ctx(certs, "expired-client"))
     with pytest.raises(pika.exceptions.AMQPConnectionError):
         pika.BlockingConnection(pika_params(cluster, "n1", context))
-    with pytest.raises(AMQPError):
+    with pytest.raises(AMQPError, match="alert certificate (required|expired)"):
         BlockingConnection(ConnectionParameters(cluster.client_addr("n1"), ssl_context=context))
 
 

@@ -487,6 +487,8 @@ def _why(exc) -> str:
         return os.strerror(cause.errno) if cause.errno else cause.strerror
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
+    if isinstance(exc, trio.BrokenResourceError) and not str(exc) and cause is not None:
+        return f"TLS: {cause}"  # a refused TLS handshake: the node's alert, in the ssl error
     return str(exc) or type(exc).__name__
 
 
