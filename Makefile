@@ -21,6 +21,14 @@ TEST_WORKERS ?= 3
 test: install
 	$(PYTHON) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
+# the conformance suite (tests/conformance) against warren, then against RabbitMQ 3.10 when
+# Debian's rabbitmq-server is installed (it starts its own node on free ports in a temporary dir)
+.PHONY: conformance
+conformance: install
+	WARREN_CONFORMANCE_BROKER=warren $(PYTHON) -m pytest -q -p no:cacheprovider tests/conformance
+	if sh bench/rabbitmq/cluster.sh check; then WARREN_CONFORMANCE_BROKER=rabbitmq $(PYTHON) -m pytest -q -p no:cacheprovider tests/conformance; \
+	else echo "rabbitmq-server is not installed: tests/conformance ran against warren only"; fi
+
 # the fault explorer on the deterministic simulation: SEEDS seeded chaos schedules (a failure
 # prints the one command that replays it)
 SEEDS ?= 1000

@@ -26,7 +26,7 @@ import trio
 
 from wire.errors import ACCESS_REFUSED, INTERNAL_ERROR, ProtocolError
 
-from .framed import CORK, LINGER, DirectWrites, Reader, direct_socket
+from .framed import CORK, DirectWrites, Reader, direct_socket
 from .frontend import ChannelFailed, ClientProtocol, Closed, ConnectionFailed, LoggedIn
 from .memory import PublisherGate
 from .session import INLINE, SessionDriver
@@ -173,8 +173,6 @@ class ClientConnection:
         try:
             while True:
                 await self._wake.wait()
-                if LINGER is not None:
-                    await trio.sleep(LINGER)
                 self._wake = trio.Event()
                 # no waiting for more: what the other tasks produce while this send is in
                 # flight (send_all yields) forms the next write

@@ -94,6 +94,7 @@ class QueueProcess:
         self._sleep: trio.CancelScope | None = None  # its timer while it waits
         self._noted = False  # due a round at the end of the current batch
         self._in_round = False  # a round runs (catch_up must not start another inside it)
+        self._round_watch: trio.Event | None = None  # set at the end of the next round
         self.scope = trio.CancelScope()
         self.log = host.log.bind(queue=self.name)
         # the newest Assign delivered: an older one still in the inbox is superseded (the
@@ -202,6 +203,10 @@ class QueueProcess:
             if deadline != self._sleep.deadline:  # (moving a trio deadline is not cheap)
                 self._sleep.deadline = deadline
 
+    def watch_round(self, event: trio.Event) -> None:
+        """Set `event` at the end of the replica's next round (whichever way it runs)."""
+        self._round_watch = event
+
     def kick(self) -> None:
         """Run a round even with nothing new in the inbox (the node came in step)."""
         self._wake.set()
@@ -292,6 +297,10 @@ class QueueProcess:
                 host.auto_delete(self.name)
         for (node, sid), evs in events.items():
             host.to_session(node, sid, evs)
+        watch = self._round_watch
+        if watch is not None:
+            self._round_watch = None
+            watch.set()
 
 
 _INPUTS = {

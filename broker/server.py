@@ -22,7 +22,6 @@ import trio
 
 from . import config as configmod
 from . import log as logmod
-from . import profiler
 from . import tls as tlsmod
 from .network import TcpNetwork
 from .node import Node
@@ -119,11 +118,9 @@ def parse_args(argv=None) -> dict:
     return vars(p.parse_args(argv))
 
 
-async def serve(cfg: configmod.NodeConfig, node: Node | None = None,
-                profile: tuple[str, float, float] | None = None) -> None:
+async def serve(cfg: configmod.NodeConfig, node: Node | None = None) -> None:
     """Run the node until SIGINT/SIGTERM or a `warrenctl stop` (the `request_shutdown` hook the
-    control plane calls), then stop its app (a controlled shutdown) and unregister it.
-    `profile`: (directory, after, seconds) of a profiling window (broker/profiler.py)."""
+    control plane calls), then stop its app (a controlled shutdown) and unregister it."""
     node = node or node_for(cfg)
     stop = trio.Event()
     reason: dict = {}
@@ -143,10 +140,6 @@ async def serve(cfg: configmod.NodeConfig, node: Node | None = None,
                     return
 
         nursery.start_soon(on_signals)
-        if profile is not None:
-            where, after, seconds = profile
-            nursery.start_soon(profiler.profile_window, os.path.join(where, f"{cfg.name}.prof"),
-                               after, seconds)
         await stop.wait()
         if reason["why"] == "warrenctl stop":
             await trio.sleep(STOP_REPLY_GRACE)
@@ -205,11 +198,6 @@ def main(argv=None) -> None:
         cfg = configmod.load(flags)
     except configmod.ConfigError as exc:
         _fail(str(exc), 2)
-    try:
-        profile = profiler.window_from_env(os.environ.get(profiler.ENV))
-        steps = profiler.steps_from_env(os.environ.get(profiler.STEPS_ENV))
-    except ValueError as exc:
-        _fail(str(exc), 2)
     logmod.configure(cfg.log_format, cfg.log_level)
     try:
         node = node_for(cfg)
@@ -232,10 +220,8 @@ def main(argv=None) -> None:
     sched_problem = apply_sched_policy(cfg.sched_policy)
     if sched_problem:
         node.log.warning("scheduling policy not applied", policy=cfg.sched_policy, reason=sched_problem)
-    instruments = [] if steps is None else [
-        profiler.SlowSteps(os.path.join(steps[0], f"{cfg.name}.steps"), steps[1])]
     try:
-        trio.run(serve, cfg, node, profile, instruments=instruments)
+        trio.run(serve, cfg, node)
     except (OSError, BaseExceptionGroup) as exc:
         os_error = _first_os_error(exc)
         if os_error is None:
