@@ -39,6 +39,13 @@ dst: install
 mutants: install
 	$(PYTHON) tests/mutants.py
 
+# a local CA and node and client certificates in var/certs (python -m broker.tls certs), for
+# `python -m broker.localcluster start --tls` and docker-compose.tls.yml; CERTS_ARGS passes options
+# (e.g. CERTS_ARGS="--nodes 5 --hosts broker.example.com")
+.PHONY: certs
+certs: install
+	$(PYTHON) -m broker.tls certs var/certs $(CERTS_ARGS)
+
 # a 3-node cluster as background processes on 127.0.0.1 (state in var/warren)
 cluster: install
 	$(PYTHON) -m broker.localcluster start

@@ -59,6 +59,14 @@ class NodeConfig:
     # Linux scheduling policy of the node process: "batch" (SCHED_BATCH: a peer it wakes does not
     # preempt it mid-round; see broker/server.py) or "other" (SCHED_OTHER, the usual one)
     sched_policy: str = "batch"
+    # TLS (broker/tls.py): off unless tls_cert is set; then the peer and client ports speak only
+    # TLS, AMQPS listens on amqps_port beside the plain amqp_port, and the HTTP port takes TLS
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    tls_verify_peer: bool = False  # ask clients for a certificate, check any given against tls_ca
+    tls_fail_if_no_peer_cert: bool = False  # refuse a client without one (implies verify_peer)
+    amqps_port: int = 5671
 
     @property
     def memory_watermark(self) -> Watermark:
@@ -68,7 +76,7 @@ class NodeConfig:
         import re
         if not re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", self.name):
             raise ConfigError(f"node name {self.name!r}: use 1-64 letters, digits, '_', '.', '@', '-'")
-        for key in ("client_port", "amqp_port", "peer_port", "http_port"):
+        for key in ("client_port", "amqp_port", "peer_port", "http_port", "amqps_port"):
             port = getattr(self, key)
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{key} {port} is not a TCP port")
@@ -95,6 +103,10 @@ class NodeConfig:
             raise ConfigError(f"memory_high_watermark: {exc}") from None
         if not self.secret:
             raise ConfigError("no cluster secret")
+        if (self.tls_key or self.tls_ca) and not self.tls_cert:
+            raise ConfigError("tls_key and tls_ca need tls_cert (TLS is on when tls_cert is set)")
+        if self.tls_cert and not self.tls_ca:
+            raise ConfigError("tls_cert needs tls_ca: the peer port checks every node's certificate against it")
         if not self.advertise_host:
             self.advertise_host = self.host if self.host not in ("0.0.0.0", "::") else os.uname().nodename
         if not self.data_dir:
@@ -124,6 +136,12 @@ _FIELDS = {
     "sched_policy": ("WARREN_SCHED_POLICY", str),
     "users": ("WARREN_USERS", "users"),
     "loopback_users": ("WARREN_LOOPBACK_USERS", "names"),
+    "tls_cert": ("WARREN_TLS_CERT", str),
+    "tls_key": ("WARREN_TLS_KEY", str),
+    "tls_ca": ("WARREN_TLS_CA", str),
+    "tls_verify_peer": ("WARREN_TLS_VERIFY_PEER", "bool"),
+    "tls_fail_if_no_peer_cert": ("WARREN_TLS_FAIL_IF_NO_PEER_CERT", "bool"),
+    "amqps_port": ("WARREN_AMQPS_PORT", int),
 }
 
 
@@ -149,7 +167,17 @@ def parse_names(text: str, what: str = "WARREN_LOOPBACK_USERS") -> list:
     return names
 
 
-_PARSERS = {"users": parse_users, "names": parse_names}
+def parse_bool(text: str, what: str) -> bool:
+    """`true`/`false` (also 1/0, yes/no, on/off), the environment form of a TOML boolean."""
+    word = text.strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{what}={text!r} is not a boolean (true or false)")
+
+
+_PARSERS = {"users": parse_users, "names": parse_names, "bool": parse_bool}
 
 
 # TOML key -> the Python types it accepts (bool is an int to Python: never accepted for numbers)
@@ -182,7 +210,7 @@ def _read_toml(path: str) -> dict:
         raise ConfigError(f"config file {path}: unknown key{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(unknown)} (known keys: {', '.join(sorted(types))})")
     for key, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, types[key]):
+        if (isinstance(value, bool) and bool not in types[key]) or not isinstance(value, types[key]):
             want = "a number" if float in types[key] else _TOML_NAMES[types[key][0]]
             if str in types[key] and float in types[key]:
                 want = "a number or a string"

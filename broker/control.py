@@ -49,7 +49,7 @@ async def ctl_call(network, host: str, port: int, me: str, secret: bytes, comman
                 await framed.send_now(m.CtlCommand(1, command, args))
                 reply = await framed.receive(frozenset({"ctl.reply", "error"}))
             except trio.BrokenResourceError as exc:  # the node went (or reset us) mid-call
-                raise ProtocolError(NOT_ALLOWED, f"the connection to {host}:{port} broke: {exc}") from None
+                raise ProtocolError(NOT_ALLOWED, f"the connection to {host}:{port} broke: {str(exc) or exc.__cause__}") from None
     if reply is None:
         raise ProtocolError(NOT_ALLOWED, "the node closed the connection without answering")
     if isinstance(reply, m.Error):

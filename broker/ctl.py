@@ -61,6 +61,13 @@ def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("-q", "--quiet", action="store_true", default=d(False), help="no header lines")
     p.add_argument("-t", "--timeout", type=float, default=d(30.0),
                    help="seconds to wait for the node (default 30)")
+    p.add_argument("--tls-cert", dest="tls_cert", default=d(os.environ.get("WARREN_TLS_CERT") or None),
+                   help="a certificate to present to nodes whose peer port speaks TLS "
+                        "(default $WARREN_TLS_CERT): TLS to the node when set")
+    p.add_argument("--tls-key", dest="tls_key", default=d(os.environ.get("WARREN_TLS_KEY") or None),
+                   help="its private key (default $WARREN_TLS_KEY)")
+    p.add_argument("--tls-ca", dest="tls_ca", default=d(os.environ.get("WARREN_TLS_CA") or None),
+                   help="the CA the node's certificate is checked against (default $WARREN_TLS_CA)")
 
 
 # What sync_queue's rate means, in its help (the bar and the summary show the same figure).
@@ -213,9 +220,27 @@ def _table(rows: list[dict], columns) -> str:
     return "\n".join("\t".join(_cell(r.get(c, "")) for c in columns) for r in rows)
 
 
+def ctl_network(args) -> TcpNetwork:
+    """Plain TCP, or TLS to the peer port when a certificate is given (nodes with TLS on require
+    one there)."""
+    if not args.tls_cert:
+        return TcpNetwork()
+    from .tls import client_context
+    return TcpNetwork(dial_tls=client_context(args.tls_cert, args.tls_key or "", args.tls_ca or ""))
+
+
+_network = TcpNetwork()  # run() sets it from the TLS options
+
+
 def run(argv=None) -> int:
+    global _network
     args = build_parser().parse_args(argv)
     try:
+        from .tls import TlsError
+        try:
+            _network = ctl_network(args)
+        except TlsError as exc:
+            raise configmod.ConfigError(str(exc)) from None
         if args.node is None:
             args.node = default_node(args.command)
         secret = configmod.resolve_secret(args.secret, args.secret_file, create=False)
@@ -283,9 +308,12 @@ def run(argv=None) -> int:
     me = f"warrenctl-{os.getpid()}"
     process = local_process(host, port) if cmd == "stop" else None
     try:
-        value = trio.run(ctl_call, TcpNetwork(), host, port, me, secret, cmd, payload, args.timeout)
+        value = trio.run(ctl_call, _network, host, port, me, secret, cmd, payload, args.timeout)
     except ProtocolError as exc:
-        print(f"Error: {exc.text}", file=sys.stderr)
+        hint = ("; if the node's peer port speaks TLS, give --tls-cert, --tls-key and --tls-ca "
+                "(or WARREN_TLS_CERT, WARREN_TLS_KEY, WARREN_TLS_CA)"
+                if "before the handshake" in exc.text and not args.tls_cert else "")
+        print(f"Error: {exc.text}{hint}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"Error: unable to perform an operation on node '{args.node}' ({host}:{port}): "
@@ -365,7 +393,7 @@ def _rolling_restart(args, secret: bytes, host: str, port: int) -> int:
 
     def call(where, command, payload, timeout):
         h, p = (host, port) if where == entry else where
-        return trio.run(ctl_call, TcpNetwork(), h, p, me, secret, command, payload, timeout)
+        return trio.run(ctl_call, _network, h, p, me, secret, command, payload, timeout)
 
     out = sys.stderr if args.formatter == "json" else sys.stdout
     rolling = RollingRestart(call, entry, force=args.force, pause=args.pause,
@@ -456,7 +484,7 @@ def _await(args, secret: bytes, check, what: str) -> int:
     while True:
         try:
             host, port = configmod.lookup(args.node)
-            answer = trio.run(ctl_call, TcpNetwork(), host, port, f"warrenctl-{os.getpid()}", secret,
+            answer = trio.run(ctl_call, _network, host, port, f"warrenctl-{os.getpid()}", secret,
                               command, {}, max(0.5, min(5.0, deadline - time.monotonic())))
             problem = check(answer)
         except ProtocolError as exc:
@@ -485,7 +513,7 @@ def _wait_gone(host: str, port: int, me: str, secret: bytes, timeout: float) -> 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            trio.run(ctl_call, TcpNetwork(), host, port, me, secret, "status", {}, 2.0)
+            trio.run(ctl_call, _network, host, port, me, secret, "status", {}, 2.0)
         except (OSError, ProtocolError, trio.TooSlowError, trio.BrokenResourceError):
             return True
         time.sleep(0.1)
@@ -504,7 +532,7 @@ def _follow_sync(args, host, port, me, secret, started: dict) -> int:
     last_print = 0.0
     while True:
         try:
-            st = trio.run(ctl_call, TcpNetwork(), host, port, me, secret, "sync_status", {"queue": q},
+            st = trio.run(ctl_call, _network, host, port, me, secret, "sync_status", {"queue": q},
                           args.timeout)
         except (ProtocolError, OSError, trio.TooSlowError) as exc:
             print(f"\nError: lost track of the sync: {getattr(exc, 'text', exc)}", file=sys.stderr)

@@ -14,7 +14,9 @@ port 5690+i, AMQP port 5671+i (n1..n3: 5672..5674, AMQP's usual port first) and 
 25690+i unless --client-base / --amqp-base / --peer-base (or $WARREN_CLIENT_BASE /
 $WARREN_AMQP_BASE / $WARREN_PEER_BASE) move them; `start` also gives each node a management HTTP
 port (API, /metrics, web UI) 15671+i (n1 on 15672, RabbitMQ's), moved by --http-base /
-$WARREN_HTTP_BASE.  `stop` stops the nodes of pids.json and every
+$WARREN_HTTP_BASE.  `start --tls [CERTS]` turns TLS on with the certificates `make certs` wrote
+(default var/certs): node NAME presents NAME.pem, its peer and client ports speak only TLS, and it
+gets an AMQPS port 5672-i (n1 on 5671, RabbitMQ's) beside its AMQP port.  `stop` stops the nodes of pids.json and every
 other node registered under the home's run/ (a node started by hand with this WARREN_HOME), and
 signals a pid only after checking that the process is still warren-server with that node name
 (the pid may have been reused since).  The demo runs in var/demo on free ports, wiped at its
@@ -43,6 +45,8 @@ from pathlib import Path
 CLIENT_BASE = 5690
 AMQP_BASE = 5671
 HTTP_BASE = 15671  # the management HTTP API: n1 on 15672, RabbitMQ's port
+AMQPS_TOP = 5672  # with TLS, node i's AMQPS port is this - i: n1 on 5671, RabbitMQ's
+DEFAULT_CERTS = Path("var/certs")  # where `make certs` writes
 PEER_BASE = 25690
 DEFAULT_HOME = Path("var/warren")
 DEFAULT_DEMO_HOME = Path("var/demo")
@@ -146,7 +150,7 @@ class LocalCluster:
                  client_base: int = CLIENT_BASE, peer_base: int = PEER_BASE,
                  net_ticktime: float = 10.0, secret: str | None = None,
                  server_args: list[str] | tuple[str, ...] = (), amqp_base: int = AMQP_BASE,
-                 http: bool = False, http_base: int = HTTP_BASE):
+                 http: bool = False, http_base: int = HTTP_BASE, tls: Path | str | None = None):
         self.home = Path(home).resolve()
         self.names = [f"n{i}" for i in range(1, nodes + 1)]
         self.net_ticktime = net_ticktime
@@ -159,6 +163,14 @@ class LocalCluster:
             self.ports = {name: (client_base + i, peer_base + i)
                           for i, name in enumerate(self.names, 1)}
             self.amqp_ports = {name: amqp_base + i for i, name in enumerate(self.names, 1)}
+        # TLS (`tls`: a directory as `make certs` writes it): each node gets NAME.pem/NAME.key and
+        # an AMQPS port (`amqps_port(name)`: n1 on 5671, RabbitMQ's, then downwards), warrenctl
+        # and `call` present client.pem on the peer port
+        self.tls = Path(tls).resolve() if tls is not None else None
+        self.amqps_ports: dict[str, int] = {}
+        if self.tls is not None:
+            self.amqps_ports = dict(zip(self.names, pick_free_ports(nodes) if free_ports else
+                                        range(AMQPS_TOP - 1, AMQPS_TOP - nodes - 1, -1)))
         # the management HTTP API (`http_port(name)`), when asked for
         self.http_ports: dict[str, int] = {}
         if http:
@@ -167,6 +179,11 @@ class LocalCluster:
         self.env = dict(os.environ, WARREN_HOME=str(self.home), PYTHONUNBUFFERED="1")
         self.env["WARREN_SECRET"] = secret or os.environ.get("WARREN_SECRET") or DEMO_SECRET
         self.env.pop("WARREN_NODE", None)
+        for var in ("WARREN_TLS_CERT", "WARREN_TLS_KEY", "WARREN_TLS_CA"):
+            self.env.pop(var, None)
+        if self.tls is not None:  # for warrenctl (the nodes' own flags win over these)
+            self.env.update(WARREN_TLS_CERT=str(self.tls / "client.pem"),
+                            WARREN_TLS_KEY=str(self.tls / "client.key"), WARREN_TLS_CA=str(self.tls / "ca.pem"))
         self.procs: dict[str, subprocess.Popen] = {}
         self._logs: dict[str, object] = {}
 
@@ -226,6 +243,7 @@ class LocalCluster:
         settings = {"nodes": self.names, "ports": self.ports, "amqp_ports": self.amqp_ports,
                     "http_ports": self.http_ports, "net_ticktime": self.net_ticktime,
                     "server_args": self.server_args,
+                    "tls": None if self.tls is None else str(self.tls), "amqps_ports": self.amqps_ports,
                     "secret": self.env["WARREN_SECRET"]}
         tmp = self.home / (CLUSTER_FILE + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -240,11 +258,13 @@ class LocalCluster:
         try:
             settings = json.loads(path.read_text())
             cluster = cls(home, len(settings["nodes"]), net_ticktime=float(settings["net_ticktime"]),
-                          secret=settings["secret"], server_args=settings["server_args"])
+                          secret=settings["secret"], server_args=settings["server_args"],
+                          tls=settings.get("tls"))
             cluster.names = [str(name) for name in settings["nodes"]]
             cluster.ports = {name: tuple(settings["ports"][name]) for name in cluster.names}
             cluster.amqp_ports = {name: int(settings["amqp_ports"][name]) for name in cluster.names}
             cluster.http_ports = {name: int(port) for name, port in settings.get("http_ports", {}).items()}
+            cluster.amqps_ports = {name: int(port) for name, port in settings.get("amqps_ports", {}).items()}
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -277,7 +297,23 @@ class LocalCluster:
                 "--peer-port", str(peer), "--amqp-port", str(self.amqp_ports[name]),
                 "--net-ticktime", str(self.net_ticktime),
                 *(["--http-port", str(self.http_ports[name])] if name in self.http_ports else []),
-                *self.server_args]
+                *self.tls_args(name), *self.server_args]
+
+    def tls_args(self, name: str) -> list[str]:
+        """Node `name`'s TLS flags: its certificate, key and the CA, and its AMQPS port."""
+        if self.tls is None:
+            return []
+        return ["--tls-cert", str(self.tls / f"{name}.pem"), "--tls-key", str(self.tls / f"{name}.key"),
+                "--tls-ca", str(self.tls / "ca.pem"), "--amqps-port", str(self.amqps_ports[name])]
+
+    def client_ssl_context(self, stem: str = "client"):
+        """A client-side ssl.SSLContext presenting STEM.pem of the cluster's certificates (None
+        without TLS): for the native client's `ssl_context`, pika's SSLOptions, `call`."""
+        if self.tls is None:
+            return None
+        from .tls import client_context
+        return client_context(str(self.tls / f"{stem}.pem"), str(self.tls / f"{stem}.key"),
+                              str(self.tls / "ca.pem"))
 
     def _save_pids(self) -> None:
         """HOME/pids.json: this launcher's running nodes, and the other nodes it names that still
@@ -423,7 +459,7 @@ class LocalCluster:
 
         def ask() -> None:
             try:
-                outcome["value"] = trio.run(ctl_call, TcpNetwork(), *where, f"localcluster-{os.getpid()}",
+                outcome["value"] = trio.run(ctl_call, TcpNetwork(dial_tls=self.client_ssl_context()), *where, f"localcluster-{os.getpid()}",
                                             secret, command, args or {}, timeout)
             except ProtocolError as exc:
                 outcome["error"] = exc.text
@@ -509,6 +545,10 @@ class LocalCluster:
 
     def amqp_url(self, name: str, user: str = "guest", password: str = "guest") -> str:
         return f"amqp://{user}:{password}@127.0.0.1:{self.amqp_port(name)}/%2F"
+
+    def amqps_port(self, name: str) -> int:
+        """The node's AMQP 0-9-1 over TLS port (a cluster with `tls` only)."""
+        return self.amqps_ports[name]
 
     def all_client_addrs(self) -> list[str]:
         return [self.client_addr(n) for n in self.names]
@@ -621,7 +661,8 @@ def running_pids(home: Path) -> dict[str, int]:
 def start(home: Path, nodes: int = 3, ticktime: float = 10.0, client_base: int = CLIENT_BASE,
           peer_base: int = PEER_BASE, server_args: list[str] | tuple[str, ...] = (),
           dump_logs: bool = True, amqp_base: int = AMQP_BASE, only: list[str] | tuple[str, ...] = (),
-          free_ports: bool = False, http_base: int | None = None) -> tuple[LocalCluster, list[str]]:
+          free_ports: bool = False, http_base: int | None = None,
+          tls: Path | None = None) -> tuple[LocalCluster, list[str]]:
     """Start the nodes of HOME's cluster that are not running (only those of `only` when given),
     each with the ports and settings of the cluster's first start (HOME/cluster.json), and wait
     until they run in the cluster; a home without that file gets a new cluster of `nodes` nodes
@@ -640,7 +681,7 @@ def start(home: Path, nodes: int = 3, ticktime: float = 10.0, client_base: int =
         cluster = LocalCluster(home, nodes, client_base=client_base, peer_base=peer_base,
                                net_ticktime=ticktime, server_args=server_args, amqp_base=amqp_base,
                                free_ports=free_ports, http=http_base is not None,
-                               http_base=http_base or HTTP_BASE)
+                               http_base=http_base or HTTP_BASE, tls=tls)
         cluster.save_settings()
     unknown = [name for name in only if name not in cluster.names]
     if unknown:
@@ -670,7 +711,8 @@ def settings_conflicts(cluster: LocalCluster, given: dict) -> list[str]:
     kept = {"nodes": len(names), "net_ticktime": cluster.net_ticktime,
             "client_base": cluster.client_port(names[0]) - 1, "peer_base": cluster.peer_port(names[0]) - 1,
             "amqp_base": cluster.amqp_port(names[0]) - 1, "server_args": cluster.server_args,
-            "http_base": cluster.http_ports[names[0]] - 1 if names[0] in cluster.http_ports else None}
+            "http_base": cluster.http_ports[names[0]] - 1 if names[0] in cluster.http_ports else None,
+            "tls": cluster.tls}
     return [f"--{key.replace('_', '-')} {value!r} (it has {kept[key]!r})" for key, value in given.items()
             if value not in (None, []) and value != kept[key]]
 
@@ -763,6 +805,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="node i's management HTTP port (API, /metrics, web UI) is this + i "
                         "(default $WARREN_HTTP_BASE or 15671: n1 on 15672)")
     p.add_argument("--net-ticktime", type=float, help="the nodes' net ticktime (default 10)")
+    p.add_argument("--tls", type=Path, nargs="?", const=DEFAULT_CERTS, metavar="CERTS",
+                   help="TLS on every port, with the certificates `make certs` wrote to CERTS "
+                        "(default var/certs): node i's AMQPS port is 5672 - i (n1 on 5671)")
     return p
 
 
@@ -770,7 +815,7 @@ def _start_command(home: Path, args, server_args: list[str]) -> None:
     """`start [NODE...]`: start what is missing and say what runs where."""
     given = {"nodes": args.nodes, "net_ticktime": args.net_ticktime, "client_base": args.client_base,
              "peer_base": args.peer_base, "amqp_base": args.amqp_base, "server_args": server_args,
-             "http_base": args.http_base}
+             "http_base": args.http_base, "tls": args.tls.resolve() if args.tls else None}
     kept = LocalCluster.from_settings(home)
     conflicts = settings_conflicts(kept, given) if kept is not None else []
     if conflicts:
@@ -782,23 +827,28 @@ def _start_command(home: Path, args, server_args: list[str]) -> None:
              (("client_base", CLIENT_BASE), ("peer_base", PEER_BASE), ("amqp_base", AMQP_BASE))}
     http_base = given["http_base"] or _env_int("WARREN_HTTP_BASE") or HTTP_BASE
     cluster, started = start(home, args.nodes or 3, args.net_ticktime or 10.0, server_args=server_args,
-                             dump_logs=False, only=args.names, http_base=http_base, **bases)
+                             dump_logs=False, only=args.names, http_base=http_base, tls=given["tls"], **bases)
     wanted = args.names or cluster.names
     already = [name for name in wanted if name not in started]
     if started:
-        urls = ", ".join(f"http://127.0.0.1:{cluster.http_ports[n]}/" for n in cluster.names
+        scheme = "https" if cluster.tls else "http"
+        urls = ", ".join(f"{scheme}://127.0.0.1:{cluster.http_ports[n]}/" for n in cluster.names
                          if n in cluster.http_ports)
         print(f"started {', '.join(started)}"
               + (f" ({', '.join(already)} already running)" if already else "")
               + f"; client ports {', '.join(str(cluster.client_port(n)) for n in cluster.names)}; AMQP ports "
               f"{', '.join(str(cluster.amqp_port(n)) for n in cluster.names)}; "
+              + (f"AMQPS ports {', '.join(str(cluster.amqps_port(n)) for n in cluster.names)}; "
+                 if cluster.tls else "")
               + (f"web UI and HTTP API {urls}; " if urls else "")
               + f"logs in {home / 'logs'}")
     else:
         print(f"{', '.join(already)} of {home} already running: nothing to start")
     secret = cluster.env["WARREN_SECRET"]
+    tls_env = "".join(f" {var}={shlex.quote(cluster.env[var])}" for var in
+                      ("WARREN_TLS_CERT", "WARREN_TLS_KEY", "WARREN_TLS_CA") if cluster.tls)
     print(f"use it from any shell: export WARREN_HOME={shlex.quote(str(home))} "
-          f"WARREN_SECRET={shlex.quote(secret)}; warrenctl -n {cluster.names[0]} cluster_status")
+          f"WARREN_SECRET={shlex.quote(secret)}{tls_env}; warrenctl -n {cluster.names[0]} cluster_status")
 
 
 def main(argv=None) -> None:

@@ -4,7 +4,9 @@ This module owns
 
 * ``Network``: the protocol the rest of the broker codes against (``serve`` to
   listen, ``connect`` to dial out; both deal in plain ``trio.abc.Stream``\\ s);
-* ``TcpNetwork``: the production implementation over real TCP sockets;
+* ``TcpNetwork``: the production implementation over real TCP sockets, with TLS (trio's
+  ``SSLStream``) on the listeners given a server context and on every dial when it is given a
+  client context;
 * ``SimNetwork``: an in-memory, deterministic simulated world of named hosts
   with fault injection (partitions, dropped connections, latency, killed
   hosts).  Whole-cluster tests run on it under
@@ -41,12 +43,15 @@ import math
 import os
 import random
 import socket
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import trio
+
+HANDSHAKE_TIMEOUT = 10.0  # seconds an accepted connection has to finish its TLS handshake
 
 __all__ = ["Network", "Handler", "TcpNetwork", "SimNetwork"]
 
@@ -61,9 +66,10 @@ class Network(Protocol):
         port: int,
         handler: Handler,
         *,
+        tls: ssl.SSLContext | None = None,
         task_status: Any = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Listen on host:port forever; for each accepted connection run
+        """Listen on host:port forever (speaking TLS with `tls`, a server context, if given); for each accepted connection run
         `await handler(stream, peer_description)` in a task of a nursery owned by serve()
         (so cancelling serve() cancels all handlers). task_status.started(bound_port) once
         listening (port 0 = pick a free one). The handler's stream is closed when the handler returns."""
@@ -117,7 +123,35 @@ def connect_reason(exc: OSError) -> str:
 
 
 class TcpNetwork:
-    """``Network`` over real TCP sockets (TCP_NODELAY on every stream)."""
+    """``Network`` over real TCP sockets (TCP_NODELAY on every stream).
+
+    `dial_tls`, a client context, makes every ``connect`` a TLS one (its peer's name checked
+    against the host dialed when the context checks host names); ``serve(..., tls=ctx)`` makes
+    a listener whose every connection starts with a TLS handshake (HANDSHAKE_TIMEOUT seconds at
+    most) before the handler sees it. A TLS stream has no ``socket`` attribute, so framed.py's
+    readers and writers take it through its own methods; a plain one keeps the direct path."""
+
+    def __init__(self, dial_tls: ssl.SSLContext | None = None, log: Any = None) -> None:
+        self.dial_tls = dial_tls
+        self.log = log  # where refused TLS handshakes are told, once per reason (None: nowhere)
+        self._refusals: set[str] = set()
+
+    def _note_refused(self, port: int, peer: str, exc: BaseException) -> None:
+        """A refused TLS handshake, logged once per port and reason (bounded, whatever strangers
+        send): who was refused on the peer port, and why, without a line per retry."""
+        if self.log is None:
+            return
+        cause = exc.__cause__
+        reason = ("no TLS handshake within %g s" % HANDSHAKE_TIMEOUT if isinstance(exc, trio.TooSlowError)
+                  else getattr(cause, "verify_message", None) or getattr(cause, "reason", None)
+                  or str(cause or exc) or "the connection was closed")
+        key = f"{port} {reason}"
+        if key in self._refusals:
+            return
+        if len(self._refusals) >= 256:
+            self._refusals.clear()
+        self._refusals.add(key)
+        self.log.warning("TLS handshake refused", port=port, peer=peer, reason=reason)
 
     async def serve(
         self,
@@ -125,6 +159,7 @@ class TcpNetwork:
         port: int,
         handler: Handler,
         *,
+        tls: ssl.SSLContext | None = None,
         task_status: Any = trio.TASK_STATUS_IGNORED,
     ) -> None:
         listeners = await trio.open_tcp_listeners(port, host=host)
@@ -136,7 +171,20 @@ class TcpNetwork:
                 peer = _describe(stream.socket.getpeername())
             except OSError:
                 peer = "?"
-            await _run_handler(handler, stream, peer)
+            if tls is None:
+                await _run_handler(handler, stream, peer)
+                return
+            secured = trio.SSLStream(stream, tls, server_side=True)
+            try:
+                with trio.fail_after(HANDSHAKE_TIMEOUT):
+                    await secured.do_handshake()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
+                # refused (no certificate, one of another CA, an expired one, not TLS at all)
+                self._note_refused(bound, peer, exc)
+                await _send_alert(secured, stream)
+                await trio.aclose_forcefully(stream)
+                return
+            await _run_handler(handler, secured, peer)
 
         task_status.started(bound)
         # serve_listeners closes the listeners when it is cancelled, and runs
@@ -146,7 +194,39 @@ class TcpNetwork:
     async def connect(self, host: str, port: int) -> trio.abc.Stream:
         stream = await trio.open_tcp_stream(host, port)
         _set_nodelay(stream)
-        return stream
+        if self.dial_tls is None:
+            return stream
+        return await tls_handshake(stream, self.dial_tls, host, port)
+
+
+async def _send_alert(secured: trio.SSLStream, stream: trio.SocketStream) -> None:
+    """Send the alert a refused handshake left unsent (trio's SSLStream keeps it in its outgoing
+    buffer when the handshake fails), so the client reads why ("certificate required", "unknown
+    ca", "certificate expired") rather than a bare end of stream. Best effort: one second."""
+    outgoing = getattr(secured, "_outgoing", None)
+    alert = outgoing.read() if outgoing is not None else b""
+    if alert:
+        with trio.move_on_after(1.0):
+            try:
+                await stream.send_all(alert)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+
+async def tls_handshake(stream: trio.abc.Stream, context: ssl.SSLContext, host: str,
+                        port: int) -> trio.SSLStream:
+    """`stream` as the client end of a TLS connection to host:port; a refused handshake is an
+    OSError saying why (what callers of ``connect`` expect of a peer they cannot reach)."""
+    secured = trio.SSLStream(stream, context, server_hostname=host if context.check_hostname else None)
+    try:
+        await secured.do_handshake()
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        await trio.aclose_forcefully(stream)
+        cause = exc.__cause__
+        reason = (getattr(cause, "verify_message", None) or getattr(cause, "reason", None)
+                  or str(cause or exc) or "the connection was closed")
+        raise OSError(f"TLS handshake with {host}:{port} failed: {reason}") from exc
+    return secured
 
 
 # ---------------------------------------------------------------------------
@@ -306,9 +386,12 @@ class _SimHost:
         port: int,
         handler: Handler,
         *,
+        tls: ssl.SSLContext | None = None,
         task_status: Any = trio.TASK_STATUS_IGNORED,
     ) -> None:
         net = self._net
+        if tls is not None:
+            raise ValueError("the simulated network has no TLS")
         if host != self.name:
             raise ValueError(
                 f"host {self.name!r} can only listen on its own name, not {host!r}"

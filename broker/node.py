@@ -19,6 +19,7 @@ Theory of operation:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -85,8 +86,10 @@ class Connections(dict):
 
 class Node:
     def __init__(self, config: configmod.NodeConfig, network, *, persist: bool = True,
-                 rng: random.Random | None = None, memory_probe=None, check_planning_copy: bool = False):
+                 rng: random.Random | None = None, memory_probe=None, check_planning_copy: bool = False,
+                 tls=None):
         self.config = config
+        self.tls = tls  # broker/tls.py's NodeTls, or None: every port plain
         self.name = config.name
         self.network = network
         self.persist = persist
@@ -119,6 +122,7 @@ class Node:
         self.peer_port = config.peer_port
         self.client_port = config.client_port
         self.amqp_port = config.amqp_port
+        self.amqps_port = None  # AMQP over TLS, when self.tls
         self.http_port = config.http_port
         self.management = None  # broker/management: the HTTP API's view of the cluster, when served
         self._sids = itertools.count(1)
@@ -166,7 +170,7 @@ class Node:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as root:
             self.root = root
-            self.peer_port = await root.start(self.network.serve, self.config.host,
+            self.peer_port = await root.start(self._serve(self.tls and self.tls.peer_server), self.config.host,
                                               self.config.peer_port, self._on_peer_conn)
             self.cluster.peer_addr = [self.config.advertise_host, self.peer_port]
             self.log.info("node listening", peer_port=self.peer_port)
@@ -187,6 +191,10 @@ class Node:
                                    None if self.http_port is None else (self.config.advertise_host, self.http_port))
             self.started.set()
             task_status.started(self)
+
+    def _serve(self, tls):
+        """The network's `serve` for one listener, speaking TLS with context `tls` if not None."""
+        return functools.partial(self.network.serve, tls=tls or None)
 
     async def _join_seed(self, seed: str) -> None:
         """First boot with a cluster seed: keep trying to join until the seed answers."""
@@ -225,15 +233,19 @@ class Node:
                     self.cluster.client_addr = [self.config.advertise_host, self.config.client_port]
                     await app.start(self.cluster.run, incarnation)
                     await app.start(self.memory.run)
-                    self.client_port = await app.start(self.network.serve, self.config.host,
+                    self.client_port = await app.start(self._serve(self.tls and self.tls.clients), self.config.host,
                                                        self.config.client_port, self._on_client_conn)
                     self.cluster.client_addr = [self.config.advertise_host, self.client_port]
                     self.amqp_port = await app.start(self.network.serve, self.config.host,
                                                      self.config.amqp_port, self._on_amqp_conn)
+                    if self.tls is not None:
+                        self.amqps_port = await app.start(self._serve(self.tls.clients), self.config.host,
+                                                          self.config.amqps_port, self._on_amqp_conn)
                     self.app_running = True
                     self.leaving = False
                     self.router.reconcile()
                     self.log.info("app started", client_port=self.client_port, amqp_port=self.amqp_port,
+                                  amqps_port=self.amqps_port,
                                   incarnation=incarnation, members=list(self.md.members))
                     task_status.started()
             finally:

@@ -22,6 +22,7 @@ import trio
 
 from . import config as configmod
 from . import log as logmod
+from . import tls as tlsmod
 from .network import TcpNetwork
 from .node import Node
 
@@ -100,6 +101,19 @@ def parse_args(argv=None) -> dict:
                    help="Linux scheduling policy of the node: batch (SCHED_BATCH: processes it "
                         "wakes do not preempt it mid-round) or other (SCHED_OTHER) "
                         "(WARREN_SCHED_POLICY, default batch)")
+    p.add_argument("--tls-cert", dest="tls_cert",
+                   help="the node's certificate (PEM): turns TLS on for the peer, client and HTTP "
+                        "ports and opens the AMQPS port (WARREN_TLS_CERT)")
+    p.add_argument("--tls-key", dest="tls_key", help="its private key, if not in the certificate's file (WARREN_TLS_KEY)")
+    p.add_argument("--tls-ca", dest="tls_ca",
+                   help="CA certificates (PEM) that peers' and clients' certificates are checked against (WARREN_TLS_CA)")
+    p.add_argument("--tls-verify-peer", dest="tls_verify_peer", action=argparse.BooleanOptionalAction,
+                   default=None, help="ask clients for a certificate and check any given (WARREN_TLS_VERIFY_PEER)")
+    p.add_argument("--tls-fail-if-no-peer-cert", dest="tls_fail_if_no_peer_cert",
+                   action=argparse.BooleanOptionalAction, default=None,
+                   help="refuse clients that give no certificate (WARREN_TLS_FAIL_IF_NO_PEER_CERT)")
+    p.add_argument("--amqps-port", dest="amqps_port", type=int,
+                   help="AMQP 0-9-1 over TLS port when TLS is on (WARREN_AMQPS_PORT, default 5671)")
     p.add_argument("--config", help="TOML configuration file (WARREN_CONFIG_FILE)")
     return vars(p.parse_args(argv))
 
@@ -107,7 +121,7 @@ def parse_args(argv=None) -> dict:
 async def serve(cfg: configmod.NodeConfig, node: Node | None = None) -> None:
     """Run the node until SIGINT/SIGTERM or a `warrenctl stop` (the `request_shutdown` hook the
     control plane calls), then stop its app (a controlled shutdown) and unregister it."""
-    node = node or Node(cfg, TcpNetwork())
+    node = node or node_for(cfg)
     stop = trio.Event()
     reason: dict = {}
 
@@ -133,6 +147,14 @@ async def serve(cfg: configmod.NodeConfig, node: Node | None = None) -> None:
         await node.stop_app()
         configmod.unregister(cfg.name)
         nursery.cancel_scope.cancel()
+
+
+def node_for(cfg: configmod.NodeConfig) -> Node:
+    """The node of these settings, on TCP; with TLS, its contexts built (a TlsError if unusable)
+    and its network dialing peers over TLS."""
+    contexts = tlsmod.node_contexts(cfg)
+    network = TcpNetwork(dial_tls=contexts.peer_dial if contexts else None, log=logmod.get(cfg.name))
+    return Node(cfg, network, tls=contexts)
 
 
 def _port_problem(host: str, port: int, option: str) -> str | None:
@@ -177,14 +199,18 @@ def main(argv=None) -> None:
     except configmod.ConfigError as exc:
         _fail(str(exc), 2)
     logmod.configure(cfg.log_format, cfg.log_level)
-    node = Node(cfg, TcpNetwork())
+    try:
+        node = node_for(cfg)
+    except tlsmod.TlsError as exc:
+        _fail(str(exc), 2)
     if cfg.cluster_seed and not node.has_state():
         try:
             configmod.lookup(cfg.cluster_seed)
         except configmod.ConfigError as exc:
             _fail(f"--cluster-seed {cfg.cluster_seed}: {exc}", 2)
     for port, option in ((cfg.peer_port, "--peer-port"), (cfg.client_port, "--client-port"),
-                         (cfg.amqp_port, "--amqp-port"), (cfg.http_port, "--http-port")):
+                         (cfg.amqp_port, "--amqp-port"), (cfg.http_port, "--http-port"),
+                         (cfg.amqps_port if cfg.tls_cert else None, "--amqps-port")):
         if port is None:
             continue
         problem = _port_problem(cfg.host, port, option)

@@ -26,7 +26,9 @@ A `ProcessCluster` (a `broker.localcluster.LocalCluster`) offers:
 - `start()`, `stop(kill=False)`, `cleanup()` (stop and remove the temporary directory).
 
 `server_args=[...]` passes extra flags to every `warren-server`; `http=True` gives every node a
-management HTTP port on a free port (`http_ports[name]`). `wait_no_consumers(ch, queue)`
+management HTTP port on a free port (`http_ports[name]`); `tls=DIR` (certificates as
+`python -m broker.tls certs DIR` writes them) turns TLS on: `amqps_port(name)`,
+`client_ssl_context()`. `wait_no_consumers(ch, queue)`
 waits until a queue has no consumer (through a blocking channel of pika or of warren's client).
 """
 
@@ -45,11 +47,11 @@ SECRET = "process-test-secret"
 
 class ProcessCluster(LocalCluster):
     def __init__(self, n: int = 3, net_ticktime: float = 5.0, tmpdir: str | None = None,
-                 server_args: list[str] | tuple[str, ...] = (), http: bool = False):
+                 server_args: list[str] | tuple[str, ...] = (), http: bool = False, tls=None):
         self._own_tmp = tmpdir is None
         self.tmp = Path(tmpdir or tempfile.mkdtemp(prefix="warren-proc-"))
         super().__init__(self.tmp / "home", n, free_ports=True, net_ticktime=net_ticktime,
-                         secret=SECRET, server_args=server_args, http=http)
+                         secret=SECRET, server_args=server_args, http=http, tls=tls)
         self.home.mkdir(parents=True, exist_ok=True)
 
     def cleanup(self) -> None:
@@ -60,13 +62,13 @@ class ProcessCluster(LocalCluster):
 
 @contextlib.contextmanager
 def running_cluster(request, tmp_path_factory, n: int = 3, net_ticktime: float = 5.0,
-                    server_args: list[str] | tuple[str, ...] = (), http: bool = False):
+                    server_args: list[str] | tuple[str, ...] = (), http: bool = False, tls=None):
     """A started ProcessCluster in a pytest temporary directory, killed afterwards; the nodes'
     logs are printed when a test that used it failed."""
     failed_before = request.session.testsfailed
     tmp = tmp_path_factory.mktemp(f"cluster-{request.node.name}"[:60])
     with ProcessCluster(n, net_ticktime=net_ticktime, tmpdir=str(tmp), server_args=server_args,
-                        http=http) as c:
+                        http=http, tls=tls) as c:
         yield c
         if request.session.testsfailed > failed_before:
             c.dump_logs()

@@ -17,6 +17,9 @@ calls `on_reconnect(node)`. Publishes not yet confirmed when the connection brok
 nacks with reason "connection lost", so the application can publish them again. Delivery tags keep
 increasing across reconnections; acks for tags of the old connection are dropped.
 
+TLS: `open_connection(..., ssl_context=ctx)` with a client-side `ssl.SSLContext` (for instance
+`broker.tls.client_context(cert, key, ca)`) talks TLS to a node's client port (`--tls-cert`).
+
 Blocked connections: a node with a memory alarm (or in a cluster where a node has one) stops
 reading from connections that publish and says so. The connection then has `blocked` True and
 `blocked_reason` set, calls `on_blocked(reason)`, and records a ("blocked", reason) event; when
@@ -485,20 +488,24 @@ def _why(exc) -> str:
         return os.strerror(cause.errno) if cause.errno else cause.strerror
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
+    if isinstance(exc, trio.BrokenResourceError) and not str(exc) and cause is not None:
+        return f"TLS: {cause}"  # a refused TLS handshake: the node's alert, in the ssl error
     return str(exc) or type(exc).__name__
 
 
 class Connection:
     def __init__(self, nodes, user: str, password: str, client_name: str, network,
                  reconnect: bool, on_reconnect, max_retry_delay: float, connect_attempts: int,
-                 on_blocked=None, on_unblocked=None):
+                 on_blocked=None, on_unblocked=None, ssl_context=None):
         self.nodes = parse_nodes(nodes)
         if not self.nodes:
             raise ValueError("give at least one node address")
+        if ssl_context is not None and network is not None:
+            raise ValueError("give ssl_context or network, not both")
         self.user = user
         self.password = password
         self.client_name = client_name
-        self.network = network or TcpNetwork()
+        self.network = network or TcpNetwork(dial_tls=ssl_context)
         self.reconnect = reconnect
         self.on_reconnect = on_reconnect
         self.on_disconnect = None
@@ -863,12 +870,14 @@ class Connection:
 async def open_connection(nodes="127.0.0.1:5672", *, user: str = "guest", password: str = "guest",
                           client_name: str = "warren-client", network=None, reconnect: bool = True,
                           on_reconnect=None, max_retry_delay: float = 2.0, connect_attempts: int = 1,
-                          on_blocked=None, on_unblocked=None):
+                          on_blocked=None, on_unblocked=None, ssl_context=None):
     """Connect to the first reachable node of `nodes` ("host:port" strings or (host, port)).
+    `ssl_context` (an `ssl.SSLContext` for the client side, e.g. `broker.tls.client_context(cert,
+    key, ca)`): connect over TLS, to nodes whose client port speaks it.
     `on_blocked(reason)` / `on_unblocked()`: the node holds this connection (memory alarm) / no
     longer does."""
     conn = Connection(nodes, user, password, client_name, network, reconnect, on_reconnect,
-                      max_retry_delay, connect_attempts, on_blocked, on_unblocked)
+                      max_retry_delay, connect_attempts, on_blocked, on_unblocked, ssl_context)
     try:
         async with trio.open_nursery() as nursery:
             conn._nursery = nursery

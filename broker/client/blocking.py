@@ -23,16 +23,19 @@ from .errors import AMQPConnectionError, AMQPError, NackError
 
 
 class ConnectionParameters:
-    """Where to connect. `host` may also be a list of "host:port" strings for fail-over."""
+    """Where to connect. `host` may also be a list of "host:port" strings for fail-over;
+    `ssl_context`, a client-side `ssl.SSLContext`, connects over TLS."""
 
     def __init__(self, host="localhost", port: int = 5672, credentials=None,
-                 connection_attempts: int = 1, retry_delay: float = 2.0, client_name: str = "warren-blocking"):
+                 connection_attempts: int = 1, retry_delay: float = 2.0, client_name: str = "warren-blocking",
+                 ssl_context=None):
         hosts = host if isinstance(host, (list, tuple)) else [host]
         self.nodes = [h if ":" in str(h) else f"{'127.0.0.1' if h == 'localhost' else h}:{port}" for h in hosts]
         self.credentials = credentials or PlainCredentials("guest", "guest")
         self.connection_attempts = connection_attempts
         self.retry_delay = retry_delay
         self.client_name = client_name
+        self.ssl_context = ssl_context  # an ssl.SSLContext: TLS to the nodes' client ports
 
 
 class PlainCredentials:
@@ -82,7 +85,7 @@ class BlockingConnection:
         async with aio.open_connection(p.nodes, user=p.credentials.username,
                                        password=p.credentials.password, client_name=p.client_name,
                                        connect_attempts=p.connection_attempts,
-                                       max_retry_delay=p.retry_delay) as conn:
+                                       max_retry_delay=p.retry_delay, ssl_context=p.ssl_context) as conn:
             self._conn = conn
             self._ready.set()
             await self._stop.wait()

@@ -68,6 +68,12 @@ async def serve(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     config.accesslog = None
     config.errorlog = None  # the app logs its own failures through the node's log
     config.graceful_timeout = 0.5
+    cfg = node.config
+    if cfg.tls_cert:  # HTTPS, with the client ports' certificate rules
+        import ssl
+        config.certfile, config.keyfile, config.ca_certs = cfg.tls_cert, cfg.tls_key or cfg.tls_cert, cfg.tls_ca
+        config.verify_mode = (ssl.CERT_REQUIRED if cfg.tls_fail_if_no_peer_cert
+                              else ssl.CERT_OPTIONAL if cfg.tls_verify_peer else ssl.CERT_NONE)
     app = build_app(management)
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(functools.partial(hypercorn_serve, app, config))
