@@ -388,7 +388,7 @@ def amqp_client_available() -> str | None:
     """None when the AMQP load generator can run (it needs pamqp), else why not."""
     import importlib.util
     if importlib.util.find_spec("pamqp") is None:
-        return "pamqp (the AMQP codec of the load generator) is not installed (pip install -e '.[bench]')"
+        return "pamqp (the AMQP codec of the load generator) is not installed (pip install -e .)"
     return None
 
 
