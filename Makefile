@@ -35,7 +35,7 @@ $(RUNTIME): pyproject.toml | $(PYTHON)
 $(VENV)/.warren-installed-%: pyproject.toml | $(PYTHON)
 	$(PIP) install -q -e ".[$*]"
 	echo "$(CURDIR)" > $(CLONE_MARK)
-	touch $@
+	touch $@ $(RUNTIME)
 
 # an environment shared by several clones: install again when another clone was the last to
 ifneq ($(file <$(CLONE_MARK)),$(CURDIR))
