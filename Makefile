@@ -74,6 +74,14 @@ check: $(TEST_EXTRAS)
 	$(PYTHON) -m pytest -q -p no:cacheprovider -n $(CHECK_WORKERS) --dist worksteal \
 		-m "not process and not docker and not spark"
 
+# the conformance suite (tests/conformance) against warren, then against RabbitMQ 3.10 when
+# Debian's rabbitmq-server is installed (it starts its own node on free ports in a temporary dir)
+.PHONY: conformance
+conformance: $(TEST_EXTRAS)
+	WARREN_CONFORMANCE_BROKER=warren $(PYTHON) -m pytest -q -p no:cacheprovider tests/conformance
+	if sh bench/rabbitmq/cluster.sh check; then WARREN_CONFORMANCE_BROKER=rabbitmq $(PYTHON) -m pytest -q -p no:cacheprovider tests/conformance; \
+	else echo "rabbitmq-server is not installed: tests/conformance ran against warren only"; fi
+
 # the fault explorer on the deterministic simulation: SEEDS seeded chaos schedules (a failure
 # prints the one command that replays it)
 SEEDS ?= 1000
@@ -153,3 +161,11 @@ docker-up: docker-image
 
 docker-down:
 	$(DOCKER_COMPOSE) down --remove-orphans
+
+# maintenance one node at a time (warrenctl rolling_restart) on `make cluster`'s nodes, or on the
+# compose cluster's; ROLLING_ARGS passes options (e.g. ROLLING_ARGS="--pause 5 --force")
+.PHONY: rolling-restart docker-rolling-restart
+rolling-restart: $(RUNTIME)
+	WARREN_HOME=$${WARREN_HOME:-$(CURDIR)/var/warren} WARREN_SECRET=$${WARREN_SECRET:-warren-local-demo-secret} warrenctl -n n1 rolling_restart $(ROLLING_ARGS)
+docker-rolling-restart:
+	$(DOCKER_COMPOSE) exec -T n1 warrenctl -n 127.0.0.1:25672 rolling_restart $(ROLLING_ARGS)

@@ -1,4 +1,5 @@
-"""Cluster membership and metadata on one node: the peer links, the metadata log, liveness.
+"""Cluster membership and metadata on one node: the peer links (their part of `Cluster` is in
+cluster_links.py), the metadata log, liveness.
 
 Theory of operation:
 * Every member dials every other member it has no link to; a link starts with each side's
@@ -37,32 +38,14 @@ from mirroring.raft import ChangeInProgress, NotLeader, Persistent, Raft, Role
 from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_ALLOWED, PRECONDITION_FAILED, ProtocolError
 
-from .framed import FramedStream
-from .peers import HANDSHAKE_TIMEOUT, PeerLink, dial_handshake, exchange_link_hellos
+from .cluster_links import NodeStopped, PeerLinks
+from .peers import PeerLink
 from .statefile import StateFile
 
 PROPOSE_TIMEOUT = 15.0
 NOT_LEADER = "not-leader"
 LIVENESS_EVERY = 0.5  # seconds between the leader's liveness and placement checks
 COMPACT_AFTER = 512  # log entries kept before compacting into a snapshot
-# check that the planning copy the leader keeps between rounds of proposals equals its metadata
-# each time it is used again (an O(queues) comparison: the simulation turns it on, so every
-# seeded schedule checks it)
-CHECK_PLANNING_COPY = False
-RAFT_MESSAGES = (m.RaftVote, m.RaftVoteReply, m.RaftAppend, m.RaftAppendReply, m.RaftSnapshot,
-                 m.RaftTimeoutNow)
-# What a log leader sends its followers. Taken from any linked node, member or not in our view,
-# if its term is at least ours: our view may be behind the log, and the leader a node added
-# since (dst seed 50115: a node cut off while another was forgotten and joined again ignored
-# that node, the log's new leader, for 30 s). As in Raft, a follower does not ask who the
-# leader is, only whether its term is current: only a majority of the members can have made it
-# leader. A non-member's older term gets no answer (an answer would carry our term to it), and
-# votes from non-members stay ignored, so a node removed from the cluster cannot disturb it.
-LEADER_MESSAGES = (m.RaftAppend, m.RaftSnapshot)
-
-
-class NodeStopped(Exception):
-    """The node a request went to went away before answering."""
 
 
 class ClusterHooks(Protocol):
@@ -92,9 +75,12 @@ def fresh_state(name: str, peer: list, client: list) -> Persistent:
     return Persistent(snap_config=(name,), snap_data=md.snapshot())
 
 
-class Cluster:
+class Cluster(PeerLinks):
+    """The cluster on one node: its metadata log's driver, proposals, liveness and pause;
+    its peer links and the requests over them are `PeerLinks` (cluster_links.py)."""
+
     def __init__(self, name: str, config, network, log, hooks: ClusterHooks, *, persist: bool,
-                 rng: random.Random):
+                 rng: random.Random, check_planning_copy: bool = False):
         self.name = name
         self.config = config
         self.network = network
@@ -131,9 +117,15 @@ class Cluster:
         # the leader's copy of the metadata that proposals are planned on, with what was planned
         # applied: (copy, the metadata it copies, the term it was made in); `_planning_copy`
         self._plan_copy: tuple | None = None
+        # check that this copy equals the metadata each time it is used again (an O(queues)
+        # comparison: the simulation turns it on, so every seeded schedule checks it)
+        self.check_planning_copy = check_planning_copy
         self._wake = trio.Event()
         self._sleeping_until = float("-inf")  # the driver loop's deadline while it waits
+        # the news a waiter wakes on (`wait_changed`), replaced each time it is set (`_announce`),
+        # and the log's (leader, role, term, last index) the last news was for
         self._changed = trio.Event()
+        self._log_view: tuple | None = None
         self._nursery: trio.Nursery | None = None
         self.peer_addr = [config.advertise_host, config.peer_port]
         self.client_addr = [config.advertise_host, config.client_port]
@@ -226,6 +218,7 @@ class Cluster:
             if self.raft is not None:
                 self.save_state(self.raft.persistent(), self.raft.commit)
             self.raft = None
+            self._announce()  # waiters see the app stopped
             self.paused = False
             # a new run of the app gets the whole grace before it pauses: a node stopped while
             # paused, then started, paused its clients before it had dialed anyone (its
@@ -298,6 +291,10 @@ class Cluster:
             # wake (up to LIVENESS_EVERY later), or a client that connects as soon as the
             # cluster is whole (a node just rejoined and started) is refused meanwhile
             self._check_pause(now)
+        view = (raft.leader, raft.role, raft.term, raft.last_index)
+        if view != self._log_view:
+            self._log_view = view
+            self._announce()
         if raft.next_deadline() < self._sleeping_until:
             # a message moved Raft's timer earlier (a split vote's quick retry, a new leader's
             # first heartbeat): wake the loop for it, or the retry waits for the liveness tick,
@@ -342,8 +339,7 @@ class Cluster:
                 self._close_links_to_runs_counted_down(was_up, was_down)
             if item[0] != "noop":
                 self.hooks.meta_changed(item)
-        ev, self._changed = self._changed, trio.Event()
-        ev.set()
+        self._announce()
         if self.persist and len(raft.log) > COMPACT_AFTER and self.applied > raft.snap_index:
             raft.compact(self.applied, self.md.snapshot())
             self.save_state(raft.persistent(), raft.commit)
@@ -368,7 +364,18 @@ class Cluster:
             if md.up.get(node) == run or (md.up.get(node) is None and md.down.get(node) == "failure"):
                 link.close("the cluster counted the node down: what the link carried is stale")
 
+    def _announce(self) -> None:
+        ev, self._changed = self._changed, trio.Event()
+        ev.set()
+
     async def wait_changed(self) -> None:
+        """Wait for news: a committed change applied, the log's leader, role, term or length
+        moved, a peer link came or went, or the app stopped. Whatever a waiter here waits for
+        (a leader to send a proposal to, a link to a member, a change to commit) can only come
+        with one of these, so it rechecks its condition after each and never polls. The news
+        says the condition may hold now, not that it does; a waiter that awaits something else
+        between its check and this wait takes `self._changed` before the check and waits on
+        that, so news in between is not missed."""
         await self._changed.wait()
 
     # --- proposals -----------------------------------------------------------------------------
@@ -396,7 +403,7 @@ class Cluster:
         if kept is not None:
             spec, base, made_in = kept
             if base is self.md and made_in == term and spec.version == base.version:
-                if CHECK_PLANNING_COPY:
+                if self.check_planning_copy:
                     assert spec.snapshot() == base.snapshot(), "the planning copy drifted"
                 return spec
         return self.md.copy()
@@ -449,6 +456,9 @@ class Cluster:
                 raft = self.raft
                 if raft is None:
                     raise MetaError(NOT_ALLOWED, f"node {self.name} is not running")
+                # an attempt that fails waits for the news from here on (see wait_changed):
+                # a new leader, a new term, or a link to the leader
+                news = self._changed
                 leader = raft.leader
                 if leader == self.name and raft.role is Role.LEADER:
                     ev = trio.Event()
@@ -466,18 +476,19 @@ class Cluster:
                     try:
                         reply = await self._call(self.links[leader],
                                                  lambda rid: m.MetaPropose(rid, change))
-                    except NodeStopped:
-                        await trio.sleep(0.01)
+                    except NodeStopped:  # the link went: that is news
+                        await news.wait()
                         continue
                     ok, value, code, text = reply.ok, reply.value, reply.code, reply.error
-                else:
-                    with trio.move_on_after(0.05):
-                        await self.wait_changed()
+                else:  # no leader known, or no link to it: either comes as news
+                    await news.wait()
                     continue
                 if ok:
                     return value
                 if text == NOT_LEADER:
-                    await trio.sleep(0.01)
+                    # the leader asked had stepped down, or its term ended before the change
+                    # committed: the next leader, or at least the next term, is news here
+                    await news.wait()
                     continue
                 raise MetaError(code or INTERNAL_ERROR, text)
 
@@ -586,214 +597,6 @@ class Cluster:
     def pause_after(self) -> float:
         return max(3 * self.election_timeout, self.config.net_ticktime)
 
-    # --- links ---------------------------------------------------------------------------------
-    def is_member(self, node: str) -> bool:
-        return node in self.md.members or (self.raft is not None and node in self.raft.voters)
-
-    def accepts_link_from(self, node: str) -> bool:
-        """May `node` open a peer link to this one? A member may. So may a node this view does
-        not list, while this node is out of touch with a working majority: the view may then
-        be behind the log (the node joined again, and leads the log now, while this one was cut
-        off), and only the log's leader, over such a link, can bring it up to date (dst seed
-        105384: a node that missed a forget and rejoin refused the log's new leader as a
-        non-member for 30 s, paused the while). Over it, only a log leader's appends count
-        (LEADER_MESSAGES). In touch with a majority, this view is the cluster's, and a node it
-        does not list is told to join first."""
-        if self.is_member(node):
-            return True
-        raft = self.raft
-        return raft is not None and not raft.has_quorum_contact(trio.current_time())
-
-    def addresses(self) -> dict[str, list]:
-        """Peer addresses of every member, as the metadata applied here lists them and as the
-        log's changes not yet applied add and remove them (a node being added is dialed before
-        its change commits: the log's leader must reach it to replicate to it). A member that
-        was removed is no longer dialed, though its old member.add is still in the log (it was:
-        a forgotten node restarted without a reset was linked to by every member, counted
-        running, and never told it had to reset)."""
-        out = {n: rec["peer"] for n, rec in self.md.members.items()}
-        if self.raft is not None:
-            for change in self.raft.unapplied():
-                if change[0] == "member.add":
-                    out[change[1]] = change[2]
-                elif change[0] == "member.remove":
-                    out.pop(change[1], None)
-        return out
-
-    async def _dialer(self) -> None:
-        while True:
-            for name, addr in self.addresses().items():
-                if name != self.name and name not in self.links and name not in self._dialing:
-                    self._dialing.add(name)
-                    self.spawn(self._dial_loop, name)
-            with trio.move_on_after(1.0):
-                await self.wait_changed()
-
-    async def _dial_loop(self, name: str) -> None:
-        delay = 0.05
-        cap = min(2.0, self.config.net_ticktime / 4)
-        refused = None  # the last refusal's reason, logged when it first comes
-        try:
-            while self.raft is not None and name in self.addresses():
-                if name in self.links:
-                    await trio.sleep(0.25)
-                    delay = 0.05
-                    continue
-                host, port = self.addresses()[name]
-                try:
-                    with trio.fail_after(HANDSHAKE_TIMEOUT):
-                        stream = await self.network.connect(host, port)
-                        framed = FramedStream(stream, self.config.max_frame)
-                        other = await dial_handshake(framed, self.name, self.config.secret, "peer", self.hooks.new_nonce())
-                    if other != name:
-                        await stream.aclose()
-                        raise ProtocolError(NOT_ALLOWED, f"expected node {name}, reached {other}")
-                    started = trio.current_time()
-                    await self.run_link(name, framed, dialer=self.name)
-                    # a link that ended at once (a duplicate, a refusal) is dialed again only
-                    # after the usual back-off; one that lived a while, at once
-                    if trio.current_time() - started < 1.0:
-                        await trio.sleep(delay)
-                        delay = min(delay * 2, cap)
-                    else:
-                        delay = 0.05
-                        refused = None
-                except ProtocolError as exc:  # refused: said once per reason, not per retry
-                    if exc.text != refused:
-                        refused = exc.text
-                        self.log.warning("link refused", peer=name, reason=exc.text)
-                    self.refused_by[name] = exc.text
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, cap)
-                except (OSError, trio.TooSlowError, trio.BrokenResourceError,
-                        trio.ClosedResourceError) as exc:
-                    self.log.debug("dial failed", peer=name, error=str(exc))
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, cap)
-        finally:
-            self._dialing.discard(name)
-            self.refused_by.pop(name, None)
-
-    async def run_link(self, name: str, framed: FramedStream, dialer: str) -> None:
-        """Serve an authenticated link to member `name` until it ends."""
-        with trio.fail_after(HANDSHAKE_TIMEOUT):
-            hello = await exchange_link_hellos(framed, self.incarnation)
-        if hello is None:  # the other side dropped it (a duplicate of a link it has)
-            raise trio.BrokenResourceError("link closed during set-up")
-        if self.raft is None:
-            return
-        link = PeerLink(name, framed, dialer, self.config.net_ticktime)
-        link.incarnation = hello.incarnation
-        existing = self.links.get(name)
-        if existing is not None:
-            if dialer == min(self.name, name) and existing.dialer != dialer:
-                existing.superseded = True
-                existing.close("superseded by a second link")
-                self.hooks.link_replaced(name)
-            else:
-                return
-        self.links[name] = link
-        self._lost_at.pop(name, None)
-        self.refused_by.pop(name, None)
-        now = trio.current_time()
-        self.log.info("node up", peer=name, running=sorted(self.running))
-        self.raft.peer_up(now, name)
-        self.hooks.link_up(name)
-        self._after_raft(now)
-        self._liveness_due = True
-        self._poke()
-        reason = await link.run(self._on_peer_messages)
-        if self.links.get(name) is link:
-            del self.links[name]
-            now = trio.current_time()
-            self._lost_at[name] = now
-            self.log.warning("node down", peer=name, reason=reason, running=sorted(self.running))
-            self._fail_pending(name)
-            if self.raft is not None:
-                self.raft.peer_down(now, name)
-                self._after_raft(now)
-            self.hooks.link_down(name)
-            self._liveness_due = True
-            self._poke()
-
-    def _on_peer_messages(self, link: PeerLink, batch: list) -> None:
-        raft_touched = False
-        now = link.last_heard  # (PeerLink.run reads the clock just before handing us the batch)
-        traffic = []  # for the node, in order, as one batch (Router.peer_messages)
-        for msg in batch:
-            t = type(msg)
-            if t in RAFT_MESSAGES:
-                if self.raft is not None and (self.is_member(link.name) or (
-                        t in LEADER_MESSAGES and msg.term >= self.raft.term)):
-                    self.raft.receive(now, link.name, msg)
-                    raft_touched = True
-            elif t is m.Tick:
-                pass
-            elif t is m.MetaPropose:
-                self._serve_propose(link, msg)
-            elif t is m.MetaResult or t is m.NodeRpcReply:
-                self._resolve(msg.rid, msg)
-            elif t is m.NodeRpc:
-                self.spawn(self._serve_rpc, link, msg)
-            else:
-                traffic.append(msg)
-        if traffic:
-            self.hooks.peer_messages(link, traffic)
-        if raft_touched:
-            self._after_raft(now)
-
-    # --- node-to-node requests ---------------------------------------------------------------
-    async def _call(self, link: PeerLink, make):
-        rid = next(self._rids)
-        ev = trio.Event()
-        box: list = []
-        self._pending[rid] = (link.name, ev, box)
-        link.send(make(rid))
-        try:
-            await ev.wait()
-        finally:
-            self._pending.pop(rid, None)
-        if not box or box[0] is None:
-            raise NodeStopped(link.name)
-        return box[0]
-
-    def _resolve(self, rid: int, reply) -> None:
-        entry = self._pending.pop(rid, None)
-        if entry is not None:
-            entry[2].append(reply)
-            entry[1].set()
-
-    def _fail_pending(self, node: str) -> None:
-        for rid, (name, ev, _) in list(self._pending.items()):
-            if name == node:
-                del self._pending[rid]
-                ev.set()
-
-    async def call_node(self, node: str, name: str, args: dict):
-        """A request to another running node (or this one); returns the value or raises."""
-        if node == self.name:
-            return await self.hooks.node_rpc(name, args)
-        link = self.links.get(node)
-        if link is None:
-            raise NodeStopped(node)
-        reply = await self._call(link, lambda rid: m.NodeRpc(rid, name, args))
-        if not reply.ok:
-            raise ProtocolError(reply.code, reply.error)
-        return reply.value
-
-    async def _serve_rpc(self, link: PeerLink, msg: m.NodeRpc) -> None:
-        try:
-            value = await self.hooks.node_rpc(msg.name, msg.args)
-        except ProtocolError as exc:
-            link.send(m.NodeRpcReply(msg.rid, False, None, exc.code, exc.text))
-        except NodeStopped as exc:
-            link.send(m.NodeRpcReply(msg.rid, False, None, NOT_ALLOWED, f"node {exc} went away"))
-        except Exception as exc:  # noqa: BLE001
-            self.log.exception("node rpc failed", rpc=msg.name)
-            link.send(m.NodeRpcReply(msg.rid, False, None, INTERNAL_ERROR, repr(exc)))
-        else:
-            link.send(m.NodeRpcReply(msg.rid, True, value, 0, ""))
-
     # --- membership ----------------------------------------------------------------------------
     async def admit(self, name: str, peer: list, client: list) -> dict:
         """A node asks to join (join_cluster on it named us): the log's leader appends it as a
@@ -805,7 +608,7 @@ class Cluster:
         leader = raft.leader
         with trio.move_on_after(5):
             while leader is None and self.raft is not None:
-                await trio.sleep(0.02)
+                await self.wait_changed()  # an elected leader is news
                 leader = self.raft.leader if self.raft is not None else None
         if leader is None:
             raise ProtocolError(NOT_ALLOWED, "the cluster has no leader right now; try again")
@@ -819,11 +622,12 @@ class Cluster:
                 raft.propose(["member.add", name, list(peer), list(client)])
                 break
             except ChangeInProgress as exc:
-                # one membership change at a time: wait for the one under way to commit
-                if trio.current_time() > deadline:
-                    raise ProtocolError(PRECONDITION_FAILED, f"cannot add {name} now ({exc}); try again") from None
-                with trio.move_on_after(0.1):
+                # one membership change at a time: wait for the one under way to commit (its
+                # commit is news), or for the leader to change
+                with trio.move_on_at(deadline) as waited:
                     await self.wait_changed()
+                if waited.cancelled_caught:
+                    raise ProtocolError(PRECONDITION_FAILED, f"cannot add {name} now ({exc}); try again") from None
                 raft = self.raft
                 if raft is None or raft.role is not Role.LEADER:
                     raise ProtocolError(NOT_ALLOWED, "the cluster's leader changed; try again") from None

@@ -24,17 +24,6 @@ from wire.schema import decode_bytes, encode
 READ_SIZE = 256 * 1024
 
 
-def _linger_setting() -> float | None:
-    """WARREN_WRITER_LINGER, a knob for measuring writer policies (bench/README.md, "Writers"):
-    unset, the writer sends at once (the default, measured best); 0, it first lets every ready
-    task run once (one pass of the scheduler); a number of seconds, it first waits that long."""
-    text = os.environ.get("WARREN_WRITER_LINGER", "").strip()
-    return float(text) if text else None
-
-
-LINGER = _linger_setting()
-
-
 class Reader:
     """Reads a stream's bytes; for a socket, straight from its descriptor.
 
@@ -437,8 +426,6 @@ class Outbox:
                     continue
                 # no waiting for more: an idle connection sends at once, and what is put while
                 # a send is in flight (send_parts yields to the other tasks) forms the next batch
-                if LINGER is not None:
-                    await trio.sleep(LINGER)
                 await direct.send(stream, self._take_parts)
                 self._check_below()
         finally:

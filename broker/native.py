@@ -1,109 +1,132 @@
-"""warren's own client protocol (msgpack frames, wire/messages.py) in front of a Session.
+"""warren's own client protocol (msgpack frames, wire/messages.py) in front of a session.
 
-It owns the socket: the handshake (user, password, the loopback rule), the reader (client
-frames -> Session.handle, holding the client while the session has no credit, and holding a
-publishing client while a memory alarm is on, which it is told with `Blocked`/`Unblocked`
-frames), the writer (one Outbox, batching), and the error path (a protocol error gets an Error
-frame and the connection, not the node, is closed). What a session means is broker/session.py's
-business.
+`NativeProtocol` is the sans-IO state machine (a broker/frontend.py `ClientProtocol`): the
+handshake (the server's hello, the client's credentials checked against the users and the
+loopback rule, the welcome), client frames decoded into session commands (only the kinds a
+client may send), session outputs encoded as frames (one `writev` of every frame queued), and
+the error path (an error frame that says why, then the connection, not the node, is closed).
+A publishing client held by a memory alarm is told so with `Blocked`/`Unblocked` frames; one
+held by credit flow is not told (warren's client has no such frame). `NativeConnection` is the
+connection driver (broker/connection.py) speaking it. What a session means is
+broker/session/'s business.
 """
 
 from __future__ import annotations
 
-import ipaddress
-
-import trio
-
 from wire import messages as m
+from wire.errors import ACCESS_REFUSED, CONNECTION_FORCED, UNEXPECTED_FRAME, VERSION_MISMATCH, ProtocolError
+from wire.frames import FrameDecoder
 from wire.props import native_list
-from wire.errors import ACCESS_REFUSED, CONNECTION_FORCED, VERSION_MISMATCH, ProtocolError
+from wire.schema import decode_bytes
 
-from .framed import FramedStream, Outbox
-from .memory import PublisherGate
-from .session import INLINE, Session
+from .connection import ClientConnection, check_login, is_loopback
+from .framed import frame_parts
+from .frontend import Closed, ConnectionFailed, LoggedIn
 
-HANDSHAKE_TIMEOUT = 10.0
 CLIENT_KINDS = frozenset({
     "channel.open", "channel.close", "queue.declare", "queue.delete", "queue.purge", "basic.qos",
     "confirm.select", "publish", "basic.consume", "basic.cancel", "basic.get", "ack", "nack",
     "connection.close", "tx.select", "tx.commit", "tx.rollback",
 })
 
+HANDSHAKE, OPEN, CLOSED = "waiting for client.auth", "open", "closed"  # NativeProtocol.state
 
-def is_loopback(peer: str, own_host: str) -> bool:
-    host = peer.rsplit(":", 1)[0].strip("[]") if ":" in peer else peer
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == own_host  # simulated network: a client on the node's own host
+__all__ = ["CLIENT_KINDS", "NativeConnection", "NativeProtocol", "check_login", "is_loopback"]
 
 
-def check_login(config, user: str, password: str, peer: str) -> None:
-    """The users and the loopback rule (shared by every front end)."""
-    if config.users.get(user) != password:
-        raise ProtocolError(ACCESS_REFUSED, f"login refused for user '{user}': wrong user name or password")
-    if user in config.loopback_users and not is_loopback(peer, config.advertise_host):
-        raise ProtocolError(ACCESS_REFUSED,
-                            f"user '{user}' can only connect via localhost (loopback_users)")
+class NativeProtocol:
+    """One native client connection's protocol state. `authenticate(user, password)` raises
+    ProtocolError to refuse a login; `can_open()` returns why the node refuses connections now
+    (a pause), or ""; `welcome()` is the Welcome to send once the client is in."""
 
+    NAME = "client"
+    SESSION_PROTOCOL = "warren"
+    DEFAULT_CLIENT_NAME = ""
 
-class NativeConnection:
-    def __init__(self, node, stream, peer: str):
-        self.node = node
-        self.framed = FramedStream(stream, node.config.max_frame)
-        self.peer = peer
-        self.outbox = Outbox(self.framed)
-        self.session: Session | None = None
-        self.gate: PublisherGate | None = None
-        self.scope = trio.CancelScope()
-        self.log = node.log
+    def __init__(self, *, authenticate, can_open, welcome, hello: m.Hello, max_frame: int):
+        self.authenticate = authenticate
+        self.can_open = can_open
+        self.welcome = welcome
+        self.max_frame = max_frame
+        self.decoder = FrameDecoder(max_frame, decode_bytes)
+        self.state = HANDSHAKE
+        self._items: list = [hello]  # messages to send, encoded at the next write
 
-    async def serve(self) -> None:
-        node = self.node
+    # --- state ------------------------------------------------------------------------------------
+    @property
+    def handshaking(self) -> bool:
+        return self.state is HANDSHAKE
+
+    @property
+    def opened(self) -> bool:
+        return self.state is OPEN
+
+    @property
+    def closed(self) -> bool:
+        return self.state is CLOSED
+
+    # --- bytes in -----------------------------------------------------------------------------------
+    def receive_data(self, data: bytes, now: float) -> list:
+        """Feed bytes from the client; returns the session commands (and the handshake's and
+        errors' events) they make, in order. Nothing after a connection error is handled."""
+        if self.state is CLOSED:
+            return []
         try:
-            with trio.fail_after(HANDSHAKE_TIMEOUT):
-                user, client_name = await self._handshake()
+            msgs = self.decoder.feed(data)
+            if not msgs:
+                return msgs
+            if self.state is HANDSHAKE:
+                msgs[0] = self._login(msgs[0])  # the LoggedIn event in the auth's place
+                rest = msgs[1:]
+            else:
+                rest = msgs
+            for msg in rest:  # a frame a client may not send spoils the whole read
+                if msg.KIND not in CLIENT_KINDS:
+                    raise ProtocolError(UNEXPECTED_FRAME, f"message {msg.KIND!r} is not allowed here")
+            return msgs
         except ProtocolError as exc:
-            self.log.warning("client connection refused", peer=self.peer, reason=exc.text)
-            with trio.move_on_after(2):  # no writer runs yet: say why straight away
-                try:
-                    await self.framed.send_now(m.Error(exc.code, exc.text))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
-            return
-        except trio.TooSlowError:
-            return
-        sid = node.new_session_id()
-        session = self.session = Session(node, sid, self.peer, user, client_name, self._out)
-        node.sessions[sid] = session
-        node.connections[sid] = self
-        self.gate = PublisherGate(node.memory, session, self._tell_blocked)
-        try:
-            with self.scope:
-                async with trio.open_nursery() as nursery:
-                    written = trio.Event()
-                    nursery.start_soon(self._write, written)
-                    error = await self._read(session)
-                    if error is not None:
-                        self._tell_error(error)
-                    # the writer sends what is queued (the close reply, the error), then stops;
-                    # nothing else writes meanwhile (two senders on one stream collide)
-                    self.outbox.close()
-                    with trio.move_on_after(2):
-                        await written.wait()
-                    nursery.cancel_scope.cancel()
-        finally:
-            self.gate.close()
-            node.sessions.pop(sid, None)
-            node.connections.pop(sid, None)
-            session.close()
-            self.outbox.close()
-            if session.exclusive_queues:
-                node.spawn(session.delete_exclusive)
+            return self._fail(exc)
 
-    def _out(self, msg) -> None:
-        """Session output to the client: messages published over AMQP get their properties as
-        warren's client reads them; AMQP-only outputs have no msgpack form."""
+    def _login(self, msg) -> LoggedIn:
+        if msg.KIND != "client.auth":
+            if msg.KIND == "error":
+                raise ProtocolError(msg.code, msg.text)
+            raise ProtocolError(UNEXPECTED_FRAME, f"message {msg.KIND!r} is not allowed here")
+        if msg.version != m.PROTOCOL_VERSION:
+            raise ProtocolError(VERSION_MISMATCH, f"protocol version {msg.version} not supported "
+                                                  f"(this node speaks {m.PROTOCOL_VERSION})")
+        self.authenticate(msg.user, msg.password)
+        refusal = self.can_open()
+        if refusal:
+            raise ProtocolError(CONNECTION_FORCED, refusal)
+        self._items.append(self.welcome())
+        self.state = OPEN
+        return LoggedIn(msg.user, {"connection_name": msg.client_name})
+
+    def receive_eof(self, now: float) -> list:
+        """The client went away: in the middle of a frame, or of the handshake, it is told
+        why (if it still reads)."""
+        if self.state is CLOSED:
+            return []
+        try:
+            self.decoder.check_eof()
+            if self.state is HANDSHAKE:
+                raise ProtocolError(ACCESS_REFUSED, "connection closed during the handshake")
+        except ProtocolError as exc:
+            return self._fail(exc)
+        self.state = CLOSED
+        return []
+
+    def _fail(self, exc: ProtocolError) -> list:
+        self.close(exc.code, exc.text, 0.0)
+        return [ConnectionFailed(exc.code, exc.text), Closed(exc.text)]
+
+    # --- session output -> frames ----------------------------------------------------------------
+    def send_output(self, msg) -> None:
+        """One output of the session: messages published over AMQP get their properties as
+        warren's client reads them; AMQP-only outputs (Returned) have no msgpack form."""
+        if self.state is CLOSED:
+            return
         t = type(msg)
         if t is m.Deliver:
             if msg.props is not None:
@@ -114,88 +137,59 @@ class NativeConnection:
                 v[3] = native_list([v[3]])[0]  # a basic.get answer [tag, body, redelivered, props, n]
         elif t is m.Returned:
             return
-        self.outbox.put(msg)
+        self._items.append(msg)
 
-    async def _handshake(self) -> tuple[str, str]:
+    def send_blocked(self, blocked: bool, reason: str = "", source: str = "credit") -> None:
+        """A memory alarm holds this publishing client (or no longer does): it is told.
+        Credit flow holds it untold."""
+        if source == "memory" and self.state is OPEN:
+            self._items.append(m.Blocked(reason) if blocked else m.Unblocked())
+
+    def hold_reading(self, held: bool, now: float) -> None:
+        """Nothing to do: warren's protocol has no heartbeats to stop checking."""
+
+    def close(self, code: int, text: str, now: float) -> None:
+        """Close from the server's side: an error frame that says why, then nothing more."""
+        if self.state is CLOSED:
+            return
+        self._items.append(m.Error(code, text))
+        self.state = CLOSED
+
+    def client_closed(self, now: float) -> None:
+        """The client said goodbye (its connection.close is answered): nothing more."""
+        self.state = CLOSED
+
+    # --- bytes out and time --------------------------------------------------------------------
+    @property
+    def has_output(self) -> bool:
+        return bool(self._items)
+
+    def take_output(self, now: float) -> list | None:
+        """Every frame queued, as the parts of one write (None if nothing is)."""
+        if not self._items:
+            return None
+        batch, self._items = self._items, []
+        return frame_parts(batch, self.max_frame)
+
+    def next_deadline(self) -> float | None:
+        return None  # the driver keeps the handshake's time limit
+
+    def tick(self, now: float) -> list:
+        return []
+
+
+class NativeConnection(ClientConnection):
+    """A connection on the client port: the connection driver speaking warren's protocol."""
+
+    def make_protocol(self, now: float) -> NativeProtocol:
         node = self.node
-        await self.framed.send_now(m.Hello(m.PROTOCOL_VERSION, node.name, node.new_nonce(), self.framed.max_frame))
-        auth = await self.framed.receive(frozenset({"client.auth"}))
-        if auth is None:
-            raise ProtocolError(ACCESS_REFUSED, "connection closed during the handshake")
-        if auth.version != m.PROTOCOL_VERSION:
-            raise ProtocolError(VERSION_MISMATCH,
-                                f"protocol version {auth.version} not supported (this node speaks {m.PROTOCOL_VERSION})")
-        check_login(node.config, auth.user, auth.password, self.peer)
-        if node.cluster.paused:
-            raise ProtocolError(CONNECTION_FORCED, node.paused_reason())
-        await self.framed.send_now(m.Welcome(node.name, node.cluster.md.cluster_name, self.framed.max_frame))
-        return auth.user, auth.client_name
+        max_frame = node.config.max_frame
+        return NativeProtocol(
+            authenticate=self._authenticate, can_open=self._can_open,
+            welcome=lambda: m.Welcome(node.name, node.cluster.md.cluster_name, max_frame),
+            hello=m.Hello(m.PROTOCOL_VERSION, node.name, node.new_nonce(), max_frame),
+            max_frame=max_frame)
 
-    async def _read(self, session: Session) -> ProtocolError | None:
-        """Client frames until the client leaves; returns the error to report, if any."""
-        memory = self.node.memory
-        gate = self.gate
-        while True:
-            if not session.has_credit:
-                await session.wait_credit()
-            if memory.blocked and session.publisher:
-                await gate.hold()
-            try:
-                batch = await self.framed.receive_batch(CLIENT_KINDS)
-            except ProtocolError as exc:
-                return exc
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return None
-            if not batch:
-                return None
-            if session.publisher:
-                memory.took(self.framed.last_read)
-                if memory.blocked:
-                    # the alarm went on while this read waited: what it brought is held, not
-                    # handled, until the alarm is over (one read of this client's at most)
-                    await gate.hold()
-            i, n = 0, len(batch)
-            while i < n:
-                msg = batch[i]
-                try:
-                    if type(msg) in INLINE:  # a run of publishes and acks: one batch of input
-                        i = session.handle_run(batch, i)
-                        if session.full_links:
-                            await session.wait_link_room()
-                        continue
-                    i += 1
-                    if await session.handle(msg):
-                        return None
-                except ProtocolError as exc:
-                    return exc
-
-    def _tell_blocked(self, blocked: bool, reason: str) -> None:
-        self.outbox.put(m.Blocked(reason) if blocked else m.Unblocked())
-
-    async def _write(self, done: trio.Event) -> None:
-        try:
-            await self.outbox.run()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.scope.cancel()
-        finally:
-            done.set()
-
-    def _tell_error(self, exc: ProtocolError) -> None:
-        """Tell the client why, after what is queued for it; the connection then closes (the
-        node and other connections carry on)."""
-        if self.session is not None:
-            self.log.warning("closing client connection", conn=self.session.conn_id, code=exc.code,
-                             reason=exc.text)
-        self.outbox.put(m.Error(exc.code, exc.text))
-
-    def force_close(self, code: int, text: str) -> None:
-        """Close this connection from the server's side (pause, stop_app)."""
-        self.outbox.put(m.Error(code, text))
-        self.outbox.close()
-        self.node.spawn(self._cancel_soon)
-
-    async def _cancel_soon(self) -> None:
-        with trio.move_on_after(1.0):
-            while not self.outbox.closed or self.outbox._queued:
-                await trio.sleep(0.01)
-        self.scope.cancel()
+    def _can_open(self) -> str:
+        node = self.node
+        return node.paused_reason() if node.cluster.paused else ""

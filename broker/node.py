@@ -20,6 +20,7 @@ Theory of operation:
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 
@@ -30,6 +31,7 @@ from mirroring.metadata import MetaError, delete_asked_by
 from mirroring.queue import SID_RUN_MASK
 from mirroring.queue import check_arguments as check_queue_arguments
 from mirroring.replica import LEADING
+from mirroring.replica_leading import SYNCED_CHECK_EVERY
 from wire.errors import (ACCESS_REFUSED, CONNECTION_FORCED, INTERNAL_ERROR, NOT_ALLOWED, NOT_FOUND,
                          PRECONDITION_FAILED, ProtocolError)
 from wire import messages as m
@@ -37,6 +39,7 @@ from wire.handshake import NONCE_BYTES, new_nonce
 
 from . import config as configmod
 from . import log as logmod
+from .backoff import Backoff
 from .cluster import Cluster, NodeStopped
 from .framed import FramedStream
 from .memory import NodeMemory, ProcessMemory
@@ -48,9 +51,41 @@ from .session import ChannelError, Session
 SHUTDOWN_HANDOVER_TIMEOUT = 5.0
 
 
+class Connections(dict):
+    """The app's client connections by session id (each a NativeConnection or AmqpConnection,
+    which the front ends add and remove; `force_close` ends one). A controlled stop closes them
+    all, then waits until every one has gone (`wait_empty`)."""
+
+    def __init__(self):
+        super().__init__()
+        self._emptied: trio.Event | None = None  # set once the last one has gone, if awaited
+
+    def _maybe_emptied(self) -> None:
+        if not self and self._emptied is not None:
+            self._emptied.set()
+
+    def pop(self, key, *default):
+        value = super().pop(key, *default)
+        self._maybe_emptied()
+        return value
+
+    def __delitem__(self, key) -> None:
+        super().__delitem__(key)
+        self._maybe_emptied()
+
+    def clear(self) -> None:
+        super().clear()
+        self._maybe_emptied()
+
+    async def wait_empty(self) -> None:
+        while self:
+            self._emptied = trio.Event()
+            await self._emptied.wait()
+
+
 class Node:
     def __init__(self, config: configmod.NodeConfig, network, *, persist: bool = True,
-                 rng: random.Random | None = None, memory_probe=None):
+                 rng: random.Random | None = None, memory_probe=None, check_planning_copy: bool = False):
         self.config = config
         self.name = config.name
         self.network = network
@@ -65,7 +100,8 @@ class Node:
         else:
             self.new_nonce = new_nonce
         self.log = logmod.get(self.name)
-        self.cluster = Cluster(self.name, config, network, self.log, self, persist=persist, rng=self.rng)
+        self.cluster = Cluster(self.name, config, network, self.log, self, persist=persist, rng=self.rng,
+                               check_planning_copy=check_planning_copy)
         self.router = Router(self)
         # the memory alarm (broker/memory.py); the probe is this process's RSS unless a
         # simulation gives its own
@@ -76,13 +112,15 @@ class Node:
         # queue -> the sessions (by sid) that route operations to it (`Session.routes`): a
         # metadata change that names its queues is shown to these sessions only
         self.routing: dict[str, dict[int, Session]] = {}
-        self.connections: dict[int, object] = {}  # NativeConnection or AmqpConnection: force_close
+        self.connections = Connections()
         self._refused_links: dict[str, str] = {}  # node -> the refusal last logged (_note_refusal)
         self.app_running = False
         self.joining_seed: str | None = None  # first boot: the seed being joined, until it answers
         self.peer_port = config.peer_port
         self.client_port = config.client_port
         self.amqp_port = config.amqp_port
+        self.http_port = config.http_port
+        self.management = None  # broker/management: the HTTP API's view of the cluster, when served
         self._sids = itertools.count(1)
         self._counted_down = False  # the metadata records this very run of the node as down
         self._counted_up = False  # it records this very run up (as of the last change applied)
@@ -90,6 +128,7 @@ class Node:
         # the shutdown record is on its way: deliveries are no longer shown (see _hand_over_on_shutdown)
         self.leaving = False
         self._app_scope: trio.CancelScope | None = None
+        self._app_stopped = trio.Event()  # set when the app's present run has ended
         self.root = None
         self.app = None
         self.started = trio.Event()
@@ -131,6 +170,9 @@ class Node:
                                               self.config.peer_port, self._on_peer_conn)
             self.cluster.peer_addr = [self.config.advertise_host, self.peer_port]
             self.log.info("node listening", peer_port=self.peer_port)
+            if self.config.http_port is not None:
+                from .management import serve as serve_management
+                self.http_port = await root.start(serve_management, self)
             if self.config.cluster_seed and not self.has_state():
                 self.joining_seed = self.config.cluster_seed
                 try:
@@ -141,7 +183,8 @@ class Node:
             if self.persist:
                 configmod.register(self.name, (self.config.advertise_host, self.peer_port),
                                    (self.config.advertise_host, self.client_port), os.getpid(),
-                                   (self.config.advertise_host, self.amqp_port))
+                                   (self.config.advertise_host, self.amqp_port),
+                                   None if self.http_port is None else (self.config.advertise_host, self.http_port))
             self.started.set()
             task_status.started(self)
 
@@ -150,15 +193,14 @@ class Node:
         host, port = configmod.lookup(seed)
         if (host, port) == (self.config.advertise_host, self.peer_port):
             return
-        delay = 0.2
+        backoff = Backoff(0.2, 5.0)
         while True:
             try:
                 await self.join_cluster(host, port)
                 return
             except (OSError, ProtocolError, trio.TooSlowError) as exc:
                 self.log.info("waiting for cluster seed", seed=seed, error=str(exc))
-                await trio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                await backoff.wait()
 
     async def start_app(self) -> None:
         if self.app_running:
@@ -173,6 +215,7 @@ class Node:
         await self.root.start(self._app)
 
     async def _app(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        stopped = self._app_stopped = trio.Event()
         with trio.CancelScope() as scope:
             self._app_scope = scope
             incarnation = self.rng.getrandbits(31) | 1
@@ -201,6 +244,7 @@ class Node:
                 self.routing.clear()
                 self.connections.clear()
                 self.log.info("app stopped")
+                stopped.set()
 
     async def stop_app(self) -> None:
         """A controlled stop: hand over what we lead, say we are going, then stop."""
@@ -212,11 +256,10 @@ class Node:
         for conn in list(self.connections.values()):
             conn.force_close(CONNECTION_FORCED, f"node {self.name} is stopping (stop_app or shutdown)")
         with trio.move_on_after(1.0):
-            while self.connections:
-                await trio.sleep(0.01)
+            await self.connections.wait_empty()
+        stopped = self._app_stopped
         self._app_scope.cancel()
-        while self.app_running:
-            await trio.sleep(0.01)
+        await stopped.wait()
 
     async def _hand_over_on_shutdown(self) -> None:
         """Let mirrors catch up with our leaders (and the log record which are synchronised),
@@ -225,18 +268,8 @@ class Node:
         cluster = self.cluster
         if not cluster.links:
             return
-        deadline = trio.current_time() + 1.0
-        while trio.current_time() < deadline:
-            behind = False
-            for qp in self.router.leaders():
-                r = qp.replica
-                if any(t.acked < r.rep.seq for t in r.rep.mirrors.values()) or \
-                        r.synced_now() != sorted(r.assign.synced):
-                    behind = True
-                    qp.deliver(lambda replica, now: None)  # a round: flush and report
-            if not behind:
-                break
-            await trio.sleep(0.005)
+        with trio.move_on_after(1.0):
+            await self._mirrors_caught_up()
         raft = cluster.raft
         if raft is not None and raft.leader == self.name:
             raft.transfer_leadership(trio.current_time())
@@ -255,9 +288,42 @@ class Node:
         except (ProtocolError, trio.TooSlowError) as exc:
             self.log.warning("could not hand queues over before stopping", error=str(exc))
 
+    async def _mirrors_caught_up(self) -> None:
+        """Return once every mirror of every queue we lead has acknowledged all it was sent,
+        and the metadata lists as synchronised exactly the mirrors that are.
+
+        What this waits for arrives in the leaders' rounds: a mirror's acknowledgement is taken
+        in one, and so is the Assign that brings a queue's synchronised mirrors as the log
+        committed them. So it waits for the next round of any leader still behind
+        (`QueueProcess.watch_round`) and looks again. A leader reports its synchronised
+        mirrors to the log in a round too, at most every SYNCED_CHECK_EVERY: one still behind
+        is given a round of its own (a no-op input: the round flushes and reports) that
+        often, since a round sooner would report nothing new."""
+        nudged: dict = {}  # queue process -> when it was last given a round
+        while True:
+            now = trio.current_time()
+            behind = []
+            for qp in self.router.leaders():
+                r = qp.replica
+                if any(t.acked < r.rep.seq for t in r.rep.mirrors.values()) or \
+                        r.synced_now() != sorted(r.assign.synced):
+                    behind.append(qp)
+            if not behind:
+                return
+            progress = trio.Event()
+            for qp in behind:
+                qp.watch_round(progress)
+                if now >= nudged.get(qp, -math.inf) + SYNCED_CHECK_EVERY:
+                    nudged[qp] = now
+                    qp.deliver(lambda replica, now: None)
+            with trio.move_on_at(min(nudged[qp] for qp in behind) + SYNCED_CHECK_EVERY):
+                await progress.wait()
+
     # --- the cluster's news --------------------------------------------------------------------
     def meta_changed(self, change) -> None:
         self.router.reconcile(self.md.touched if change is not None else None)
+        if self.management is not None:
+            self.management.meta_changed(change)
         run = self.cluster.incarnation
         md = self.md
         counted = md.up.get(self.name) == run
@@ -316,6 +382,8 @@ class Node:
         self.router.link_up(node)
 
     def link_down(self, node: str) -> None:
+        if self.management is not None:
+            self.management.link_down(node)
         self.memory.link_down(node)
         self.router.link_down(node)
 

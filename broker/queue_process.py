@@ -22,12 +22,30 @@ once, catching up, queues one per change, and the replica must act on where the 
 now, not on the states it passed through. A Stop (the queue deleted, or moved off this node)
 supersedes every Assign before it in the same way: the metadata's newest word is then that
 this node holds no replica at all.
+
+Where a round runs. There is one round (`_round`: a batch of inputs, the timers, the round's
+end, its outputs), and three places that run it, because the round must run in whichever task
+already holds the input when waking this task would cost a pass of trio's scheduler per hop (on
+every node a mirrored publish crosses, the largest cost per message at moderate rates):
+* the replica's own task (`run`): after a wake-up, a timer, or a round that stopped at its
+  budget; the only place that waits;
+* the task that fed a batch of input while this task was idle (`after_batch`, at the end of
+  `Router.begin_input`/`end_input`: a peer link's reader, or a client connection's reader with
+  a run of publishes and acks); it runs the round through `_round_inline`, which then moves
+  the parked task's timer to the replica's new deadline, or wakes the task if more is due. A
+  batch of nothing but replication takes a shorter path (`_replication_alone`);
+* a session that needs the bodies a batch still waiting here would give this mirror
+  (`catch_up`, also through `_round_inline`).
+All three hold `_in_round` while a round runs, so none starts one inside another.
+
+What a replica's task asks of the node is `ReplicaHost` (the Router, broker/router.py).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Any, Protocol
 
 import trio
 
@@ -40,8 +58,33 @@ BATCH = 512
 CATCH_UP_ROUNDS = 8  # rounds catch_up runs at most (each takes up to BATCH inputs)
 
 
+class ReplicaHost(Protocol):
+    """What a replica's task asks of its node (broker/router.py `Router` answers it)."""
+
+    log: Any
+    # the open batch of input (Router.begin_input), or None: an idle replica that gets input
+    # during it appends itself, and the batch's end runs its round (`after_batch`)
+    batch: list | None
+    batch_now: float  # the clock when the open batch began: its rounds' time
+
+    @property
+    def leaving(self) -> bool: ...  # the node's shutdown record is on its way (Node.leaving)
+
+    def may_deliver(self, qp: "QueueProcess", now: float) -> bool: ...  # in step with the log
+    def replica_ended(self, qp: "QueueProcess") -> None: ...
+    # --- the replica's outputs ---
+    def to_node(self, node: str, msg, encoded=None) -> None: ...  # to the replica on `node`
+    def encode_once(self, msg) -> Any: ...  # one encoding for a batch several mirrors get
+    def to_session(self, node: str, sid: int, events: list) -> None: ...
+    def propose(self, change) -> None: ...  # a metadata change, through the log, soon
+    def delete_for_client(self, qname: str, owner: tuple, rid: int, count: int) -> None: ...
+    def auto_delete(self, qname: str) -> None: ...
+
+
 class QueueProcess:
-    def __init__(self, host, replica: rp.Replica):
+    """One replica's task and inbox (see the module docstring)."""
+
+    def __init__(self, host: ReplicaHost, replica: rp.Replica):
         self.host = host  # the Router: sends, session events, proposals, logs
         self.replica = replica
         self.name = replica.name
@@ -51,6 +94,7 @@ class QueueProcess:
         self._sleep: trio.CancelScope | None = None  # its timer while it waits
         self._noted = False  # due a round at the end of the current batch
         self._in_round = False  # a round runs (catch_up must not start another inside it)
+        self._round_watch: trio.Event | None = None  # set at the end of the next round
         self.scope = trio.CancelScope()
         self.log = host.log.bind(queue=self.name)
         # the newest Assign delivered: an older one still in the inbox is superseded (the
@@ -159,6 +203,10 @@ class QueueProcess:
             if deadline != self._sleep.deadline:  # (moving a trio deadline is not cheap)
                 self._sleep.deadline = deadline
 
+    def watch_round(self, event: trio.Event) -> None:
+        """Set `event` at the end of the replica's next round (whichever way it runs)."""
+        self._round_watch = event
+
     def kick(self) -> None:
         """Run a round even with nothing new in the inbox (the node came in step)."""
         self._wake.set()
@@ -249,6 +297,10 @@ class QueueProcess:
                 host.auto_delete(self.name)
         for (node, sid), evs in events.items():
             host.to_session(node, sid, evs)
+        watch = self._round_watch
+        if watch is not None:
+            self._round_watch = None
+            watch.set()
 
 
 _INPUTS = {

@@ -22,7 +22,6 @@ import trio
 
 from . import config as configmod
 from . import log as logmod
-from . import profiler
 from .network import TcpNetwork
 from .node import Node
 
@@ -70,6 +69,8 @@ def parse_args(argv=None) -> dict:
     p.add_argument("--amqp-port", dest="amqp_port", type=int,
                    help="AMQP 0-9-1 port (WARREN_AMQP_PORT, default 5673; 5672 is the client port)")
     p.add_argument("--peer-port", dest="peer_port", type=int, help="peer/control port (default 25672)")
+    p.add_argument("--http-port", dest="http_port", type=int,
+                   help="management HTTP API, /metrics and web UI port (WARREN_HTTP_PORT; off unless set)")
     p.add_argument("--secret", help="cluster secret (WARREN_SECRET)")
     p.add_argument("--secret-file", dest="secret_file", help="file holding the cluster secret (WARREN_SECRET_FILE)")
     p.add_argument("--net-ticktime", dest="net_ticktime", type=float, help="seconds of silence before a peer is down (default 60)")
@@ -103,11 +104,9 @@ def parse_args(argv=None) -> dict:
     return vars(p.parse_args(argv))
 
 
-async def serve(cfg: configmod.NodeConfig, node: Node | None = None,
-                profile: tuple[str, float, float] | None = None) -> None:
+async def serve(cfg: configmod.NodeConfig, node: Node | None = None) -> None:
     """Run the node until SIGINT/SIGTERM or a `warrenctl stop` (the `request_shutdown` hook the
-    control plane calls), then stop its app (a controlled shutdown) and unregister it.
-    `profile`: (directory, after, seconds) of a profiling window (broker/profiler.py)."""
+    control plane calls), then stop its app (a controlled shutdown) and unregister it."""
     node = node or Node(cfg, TcpNetwork())
     stop = trio.Event()
     reason: dict = {}
@@ -127,10 +126,6 @@ async def serve(cfg: configmod.NodeConfig, node: Node | None = None,
                     return
 
         nursery.start_soon(on_signals)
-        if profile is not None:
-            where, after, seconds = profile
-            nursery.start_soon(profiler.profile_window, os.path.join(where, f"{cfg.name}.prof"),
-                               after, seconds)
         await stop.wait()
         if reason["why"] == "warrenctl stop":
             await trio.sleep(STOP_REPLY_GRACE)
@@ -181,11 +176,6 @@ def main(argv=None) -> None:
         cfg = configmod.load(flags)
     except configmod.ConfigError as exc:
         _fail(str(exc), 2)
-    try:
-        profile = profiler.window_from_env(os.environ.get(profiler.ENV))
-        steps = profiler.steps_from_env(os.environ.get(profiler.STEPS_ENV))
-    except ValueError as exc:
-        _fail(str(exc), 2)
     logmod.configure(cfg.log_format, cfg.log_level)
     node = Node(cfg, TcpNetwork())
     if cfg.cluster_seed and not node.has_state():
@@ -194,7 +184,9 @@ def main(argv=None) -> None:
         except configmod.ConfigError as exc:
             _fail(f"--cluster-seed {cfg.cluster_seed}: {exc}", 2)
     for port, option in ((cfg.peer_port, "--peer-port"), (cfg.client_port, "--client-port"),
-                         (cfg.amqp_port, "--amqp-port")):
+                         (cfg.amqp_port, "--amqp-port"), (cfg.http_port, "--http-port")):
+        if port is None:
+            continue
         problem = _port_problem(cfg.host, port, option)
         if problem:
             _fail(problem, 1)
@@ -202,10 +194,8 @@ def main(argv=None) -> None:
     sched_problem = apply_sched_policy(cfg.sched_policy)
     if sched_problem:
         node.log.warning("scheduling policy not applied", policy=cfg.sched_policy, reason=sched_problem)
-    instruments = [] if steps is None else [
-        profiler.SlowSteps(os.path.join(steps[0], f"{cfg.name}.steps"), steps[1])]
     try:
-        trio.run(serve, cfg, node, profile, instruments=instruments)
+        trio.run(serve, cfg, node)
     except (OSError, BaseExceptionGroup) as exc:
         os_error = _first_os_error(exc)
         if os_error is None:

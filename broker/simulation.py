@@ -27,14 +27,12 @@ from contextlib import asynccontextmanager
 import trio
 import trio.testing
 
-from . import cluster as clustermod
 from .client.aio import open_connection
 from .config import NodeConfig
 from .memory import SimMemory
 from .network import SimNetwork
 from .node import Node
 
-clustermod.CHECK_PLANNING_COPY = True  # every simulated schedule checks the log leader's planning copy
 
 CLIENT_PORT = 5672
 PEER_PORT = 25672
@@ -94,8 +92,9 @@ class SimCluster:
         self._starts += 1
         rng = random.Random(f"{self.seed}/{name}/{self._starts}")
         memory = self.memory.setdefault(name, SimMemory())
+        # every simulated schedule checks the log leader's planning copy (broker/cluster.py)
         return Node(self.config(name, **extra), self.net.host(name), persist=self.persist, rng=rng,
-                    memory_probe=memory)
+                    memory_probe=memory, check_planning_copy=True)
 
     async def start_node(self, name: str) -> Node:
         return await self._launch(name, self._new_node(name))

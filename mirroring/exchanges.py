@@ -190,27 +190,6 @@ class _Node:
         self.dests: list = []
 
 
-def topic_matches(binding_key: str, routing_key: str) -> bool:
-    """One binding key against one routing key (the plain recursive definition)."""
-    return _words_match(split_words(binding_key), 0, split_words(routing_key), 0, {})
-
-
-def _words_match(p: list, i: int, w: list, j: int, memo: dict) -> bool:
-    key = (i, j)
-    if key in memo:
-        return memo[key]
-    if i == len(p):
-        r = j == len(w)
-    elif p[i] == "#":
-        r = _words_match(p, i + 1, w, j, memo) or (j < len(w) and _words_match(p, i, w, j + 1, memo))
-    elif j == len(w):
-        r = False
-    else:
-        r = (p[i] == "*" or p[i] == w[j]) and _words_match(p, i + 1, w, j + 1, memo)
-    memo[key] = r
-    return r
-
-
 # --- headers matching --------------------------------------------------------------------------
 
 def _type_class(v) -> str:

@@ -1,6 +1,7 @@
 """The state of one queue replica: ready messages, consumers, unacknowledged deliveries.
 
-Rules (everything that changes a queue's contents lives in this file):
+Rules (everything that changes a queue's contents lives in this file and in queue_mirror.py, the
+part of `QueueState` a mirror uses to start from a snapshot, take a sync and apply effects):
 
 * Messages get increasing ids in publish order; `ready` is always sorted by id.
 * A consumer belongs to an *owner* (node, session id, channel). Unacknowledged messages are
@@ -50,7 +51,7 @@ ready messages from its start id on.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from heapq import merge
@@ -60,6 +61,8 @@ from operator import itemgetter
 from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
 from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, EDrop, EEnqueue,
                            EFailover, EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
+
+from .queue_mirror import MirrorSide
 
 _msg_id = itemgetter(0)
 _msg_body = itemgetter(1)
@@ -176,7 +179,7 @@ class Consumer:
         return self.prefetch - self.in_flight
 
 
-class QueueState:
+class QueueState(MirrorSide):
     """One queue's contents and consumers. Pure: no I/O, no clock."""
 
     def __init__(self, name: str):
@@ -196,6 +199,9 @@ class QueueState:
         # highest id known to have expired (a requeued message up to it is dropped too)
         self.expiry: deque[tuple[int, float]] = deque()
         self.expired_upto = 0
+        # running totals for the management API's rates, added once per batch (never per message)
+        self.delivered_total = 0  # handed to consumers and to basic.get
+        self.acked_total = 0  # acknowledged by clients
 
     def seen(self, origin, pseq: int) -> bool:
         """Was this publish batch already applied (a resend after a failover)?"""
@@ -290,6 +296,9 @@ class QueueState:
             "messages": len(self.ready) + unacked,
             "consumers": len(self.consumers),
             "ready_bytes": self.ready_bytes,
+            "published": self.next_id - 1,
+            "delivered": self.delivered_total,
+            "acked": self.acked_total,
         }
 
     # --- publishing ------------------------------------------------------------------------
@@ -557,6 +566,7 @@ class QueueState:
                 self._hold(c.owner, key, ids, batch.copy())  # (batch is the caller's)
             result.append((c, batch))
             rounds.append((c.owner, c.tag, ids))
+            self.delivered_total += len(ids)
         if self.effects is not None:
             self.effects.append(EDeliver(rounds, size))
         self.ready_bytes -= size  # the bodies of everything either path took
@@ -576,6 +586,7 @@ class QueueState:
             return None
         m = self.ready.popleft()
         self.ready_bytes -= len(m[1])
+        self.delivered_total += 1
         if self.effects is not None:
             self.effects.append(EGet(owner, m[0], no_ack))
         if not no_ack:
@@ -635,10 +646,13 @@ class QueueState:
             if type(ids) is not list:
                 ids = list(ids)
             done = self._ack_runs(owner, ids)
-            if done == len(ids):
-                return done
-            return done + len(self._take(owner, ids[done:]))
-        return len(self._take(owner, ids))
+            if done != len(ids):
+                done += len(self._take(owner, ids[done:]))
+        else:
+            done = len(self._take(owner, ids))
+        if how == ACK:
+            self.acked_total += done
+        return done
 
     def ack(self, owner: tuple, ids) -> int:
         return self.settle(owner, ACK, ids)
@@ -664,181 +678,3 @@ class QueueState:
             ready.clear()
             ready.extend(merged)
         return len(back)
-
-    # --- replication: the mirror side --------------------------------------------------------
-    def mirror_snapshot(self, with_messages: bool = False, now: float = 0.0) -> dict:
-        """What a new mirror needs to follow this leader: consumers with their credit, the
-        unacknowledged ids (so acks stay exact), publish de-duplication marks, the TTL
-        batches (as time left from `now`: clocks differ between nodes), and with
-        `with_messages` (a full sync) no more: the messages come in sync batches."""
-        return {
-            "expiry": [[last, at - now] for last, at in self.expiry],
-            "expired_upto": self.expired_upto,
-            "next_id": self.next_id,
-            "consumers": [[list(c.owner), c.tag, c.no_ack, c.prefetch, c.exclusive, c.arguments,
-                           c.in_flight] for c in self.consumers.values()],
-            "unacked": [[mid, list(o), k[1] if k else None] for mid, (o, k, _) in self.unacked.items()],
-            "last_pseq": [[list(k), v] for k, v in self.last_pseq.items()],
-            "had_consumer": self.had_consumer,
-            "redeliver_below": self.redeliver_below,
-        }
-
-    def reset_as_mirror(self, snap: dict, now: float = 0.0) -> None:
-        """Throw away everything and start following a leader from `snap` (spec: a mirror that
-        (re)joins "throws away any ... local contents it already has and starts empty")."""
-        self.expiry = deque((last, now + left) for last, left in snap.get("expiry", ()))
-        self.expired_upto = snap.get("expired_upto", 0)
-        self.ready.clear()
-        self.ready_bytes = 0
-        self.next_id = snap["next_id"]
-        self.consumers = {}
-        for owner, tag, no_ack, prefetch, exclusive, arguments, in_flight in snap["consumers"]:
-            owner = tuple(owner)
-            self.consumers[(owner, tag)] = Consumer(owner, tag, no_ack, prefetch, exclusive,
-                                                    arguments, in_flight)
-        self.unacked = {mid: (tuple(o), (tuple(o), tag) if tag is not None else None, None)
-                        for mid, o, tag in snap["unacked"]}
-        self.last_pseq = {tuple(k): v for k, v in snap["last_pseq"]}
-        self.had_consumer = snap["had_consumer"]
-        self.redeliver_below = snap.get("redeliver_below", 0)
-
-    def add_synced_messages(self, msgs: list) -> None:
-        """A batch of a full sync: messages [id, body, props, redelivered] the leader holds
-        below this mirror's start. Ready ones go in id order; unacked ones fill their stubs."""
-        unacked = self.unacked
-        back = []
-        for mid, body, props, red in msgs:
-            entry = unacked.get(mid)
-            if entry is not None:
-                unacked[mid] = (entry[0], entry[1], (mid, body, props, red))
-            else:
-                back.append((mid, body, props, red))
-        if back:
-            back.sort()
-            self.ready_bytes += sum(len(m[1]) for m in back)
-            ready = self.ready
-            k = bisect_left(ready, back[0][0], key=_msg_id)
-            if k == len(ready) or back[-1][0] < ready[k][0]:
-                # the usual case (batches arrive in id order): one contiguous run goes in at k
-                ready.rotate(-k)
-                ready.extendleft(reversed(back))
-                ready.rotate(k)
-            else:
-                merged = list(merge(back, ready))
-                ready.clear()
-                ready.extend(merged)
-
-    def ready_between(self, lo: int, hi: int, limit: int) -> list:
-        """Up to `limit` ready messages with lo < id < hi, in id order, without walking the
-        queue from its head (a bisection over the sorted deque, then indexed reads)."""
-        ready = self.ready
-        k = bisect_right(ready, lo, key=_msg_id)
-        out = []
-        n = len(ready)
-        while k < n and len(out) < limit:
-            m = ready[k]
-            if m[0] >= hi:
-                break
-            out.append(m)
-            k += 1
-        return out
-
-    def oldest_id(self) -> int | None:
-        """The smallest message id this replica holds (ready or unacknowledged)."""
-        low = self.ready[0][0] if self.ready else None
-        if self.unacked:
-            u = min(self.unacked)
-            low = u if low is None or u < low else low
-        return low
-
-    def apply_effects(self, effects: list, now: float = 0.0) -> None:
-        """Apply a leader's effects, in its order (see the module docstring). A mirror records no
-        effects of its own, so the public methods serve; only enqueue ids, deliveries and gets,
-        which a late mirror may lack, need their own handling. `now` times the TTL of what is
-        enqueued."""
-        assert self.effects is None, "a replica that records effects cannot apply a leader's"
-        for eff in effects:
-            t = type(eff)
-            if t is EEnqueue:
-                self.next_id = eff.first
-                self.publish(eff.bodies, eff.props, eff.origin, eff.pseq, eff.redelivered, now,
-                             eff.ttl)
-            else:
-                _APPLY[t](self, eff)
-
-    def _apply_get(self, eff: EGet) -> None:
-        m = None
-        if self.ready and self.ready[0][0] == eff.id:
-            m = self.ready.popleft()
-            self.ready_bytes -= len(m[1])
-        if not eff.no_ack:
-            self.unacked[eff.id] = (tuple(eff.owner), None, m)
-
-    def _apply_consume(self, eff: EConsume) -> None:
-        owner = tuple(eff.owner)
-        self.consumers[(owner, eff.tag)] = Consumer(owner, eff.tag, eff.no_ack, eff.prefetch,
-                                                    eff.exclusive, eff.arguments)
-        self.had_consumer = True
-
-    def _apply_deliveries(self, eff: EDeliver) -> None:
-        rounds = eff.rounds
-        ready = self.ready
-        if len(rounds) == 1:
-            # the usual case: one consumer took a run from the head of the queue, which this
-            # replica holds in the same order; done in C loops
-            owner, tag, ids = rounds[0]
-            n = len(ids)
-            if n and len(ready) >= n and ready[0][0] == ids[0] and list(map(_msg_id, islice(ready, n))) == ids:
-                msgs = list(starmap(ready.popleft, repeat((), n)))
-                # (the same messages as the leader's run: its size is theirs)
-                self.ready_bytes -= eff.size or sum(map(len, map(_msg_body, msgs)))
-                owner = tuple(owner)
-                key = (owner, tag)
-                c = self.consumers.get(key)
-                if c is not None and not c.no_ack:
-                    c.in_flight += n
-                    self._hold(owner, key, ids, msgs)
-                self._rotate()
-                return
-        delivered = set()
-        for _, _, ids in rounds:
-            delivered.update(ids)
-        have = {}
-        while ready and ready[0][0] in delivered:
-            m = ready.popleft()
-            have[m[0]] = m
-            self.ready_bytes -= len(m[1])
-        for owner, tag, ids in rounds:
-            owner = tuple(owner)
-            key = (owner, tag)
-            c = self.consumers.get(key)
-            if c is None or c.no_ack:
-                continue
-            c.in_flight += len(ids)
-            self._hold(owner, key, ids, [have.get(mid) for mid in ids])  # None: a message it lacked
-        self._rotate()
-
-    def comparable(self) -> tuple:
-        """The whole state as plain values, to compare a mirror with its leader in tests."""
-        return (
-            list(self.ready), self.next_id, self.ready_bytes,
-            sorted((mid, o, k, m) for mid, (o, k, m) in self.unacked.items()),
-            [(k, c.no_ack, c.prefetch, c.exclusive, c.in_flight) for k, c in self.consumers.items()],
-            sorted(self.last_pseq.items()), self.had_consumer, self.redeliver_below,
-            [last for last, _ in self.expiry], self.expired_upto,
-        )
-
-
-_APPLY = {
-    EDrop: lambda q, e: q.drop_upto(e.upto, e.expired),
-    EDeliver: QueueState._apply_deliveries,
-    EGet: QueueState._apply_get,
-    ESettle: lambda q, e: q.settle(tuple(e.owner), e.how, e.ids),
-    EConsume: QueueState._apply_consume,
-    ECancel: lambda q, e: q.remove_consumer(tuple(e.owner), e.tag),
-    EOwnerGone: lambda q, e: q.owner_gone(tuple(e.owner)),
-    ESessionGone: lambda q, e: q.session_gone(e.node, e.sid),
-    ENodeGone: lambda q, e: q.node_gone(e.node, e.forget_publishers, e.run),
-    EPurge: lambda q, e: q.purge(),
-    EFailover: lambda q, e: q.failover(e.redeliver_below),
-}

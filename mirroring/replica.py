@@ -1,7 +1,10 @@
 """One replica of one queue, leader or mirror, as a state machine. Pure: no I/O, no clock.
 
-Everything that decides what a replica does with what it receives lives in this file (its parts:
-the queue's contents in queue.py, confirm bookkeeping in replication.py, sync pacing in sync.py).
+Everything that decides what a replica does with what it receives lives in this file and the
+three parts of `Replica` beside it (replica_leading.py: a leader's mirrors, replication batches
+and confirms; replica_syncing.py: its batch sync; replica_following.py: a mirror's side), with
+the states in replica_states.py (and the queue's contents in queue.py, confirm bookkeeping in
+replication.py, sync pacing in sync.py).
 broker/queue_process.py is only a pump: typed inputs in, outputs out.
 
 Inputs: the client operations and replication messages of wire/messages.py (`handle`), and the
@@ -38,77 +41,26 @@ Rules that keep confirmed messages safe (see also replication.py):
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from operator import itemgetter
 
 from wire import messages as m
 from wire.errors import PRECONDITION_FAILED, ProtocolError
 
-from .policy import HA, choose_promotion
+from .policy import HA
 from .queue import NO_LIMITS, Limits, QueueState
+from .replica_following import Following
+from .replica_leading import SETTLE_LINGER, Leading
+from .replica_states import (FOLLOWING, LEADING, RETRY_PROPOSAL_AFTER, SERVING, TRANSITIONS,
+                             ReplicaError, S, State)
+from .replica_syncing import _SyncJob, Syncing
 from .replication import LeaderReplication, MirrorFollow, merge_accepted
-from .sync import BatchSync, message_size, progress_line
 
 ROUND_BYTES = 2 << 20  # publish bytes applied per round: a replication batch stays far below the frame limit
-SYNC_PROGRESS_EVERY = 1.0  # seconds between sync progress log lines
-SYNCED_CHECK_EVERY = 0.05  # seconds between natural-sync checks (they cost O(unacked))
-RETRY_PROPOSAL_AFTER = 1.0
 MIRROR_START_RETRY = 1.0
-LIVE_SYNC_BATCH_BYTES = 128 << 10  # a background sync's batches are small (see _SyncJob)
-# Acks alone do not make a replication batch at once: they wait up to this long to ride with the
-# next batch that carries publishes (nothing waits on them; a failover within the window only
-# redelivers, flagged, what was acked in it). At a steady moderate rate this halves the batches,
-# and so the mirrors' answers and every node's wake-ups (see "Acks ride with publishes").
-SETTLE_LINGER = 0.004
 # a message (id, body, props, redelivered), and an unacknowledged entry's message
 _msg_id, _msg_body, _msg_props, _msg_redelivered = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
 _entry_msg = itemgetter(2)
-
-
-class State(enum.Enum):
-    WAITING = "waiting for its leader"
-    MIRROR = "mirror"
-    MIRROR_SYNCING = "mirror, receiving a sync"
-    LEADER = "leader"
-    LEADER_SYNCING = "leader, syncing (operations wait)"
-    LEADER_SYNCING_LIVE = "leader, syncing in the background"
-    STOPPED = "stopped"
-
-    # members are singletons: hash them as objects, in C (Enum's own hash is Python code, and
-    # the state is looked up in LEADING and its kin several times a round)
-    __hash__ = object.__hash__
-
-
-S = State
-LEADING = frozenset({S.LEADER, S.LEADER_SYNCING, S.LEADER_SYNCING_LIVE})
-FOLLOWING = frozenset({S.WAITING, S.MIRROR, S.MIRROR_SYNCING})
-SERVING = frozenset({S.LEADER, S.LEADER_SYNCING_LIVE})
-
-TRANSITIONS: dict[tuple[State, State], str] = {
-    (S.WAITING, S.MIRROR): "RMirrorStart: the leader started us (empty, or resuming)",
-    (S.MIRROR, S.MIRROR): "RMirrorStart of a new leader (resume or restart)",
-    (S.MIRROR_SYNCING, S.MIRROR): "RSyncEnd, or a new leader's RMirrorStart",
-    (S.MIRROR, S.MIRROR_SYNCING): "RSyncBatch: a batch sync started",
-    (S.MIRROR_SYNCING, S.MIRROR_SYNCING): "RMirrorStart of a new leader during a sync",
-    (S.MIRROR, S.WAITING): "a replication batch went missing: we asked the leader for a restart",
-    (S.MIRROR_SYNCING, S.WAITING): "a replication batch went missing during a sync",
-    (S.WAITING, S.LEADER): "Assign: we lead (a new queue, or promoted before any start)",
-    (S.MIRROR, S.LEADER): "Assign: promoted (failover or hand-over)",
-    (S.MIRROR_SYNCING, S.LEADER): "Assign: promoted during a sync (unsynchronised)",
-    (S.LEADER, S.LEADER_SYNCING): "SyncRequest, blocking (the spec: the queue waits)",
-    (S.LEADER, S.LEADER_SYNCING_LIVE): "SyncRequest, background (ha-sync-mode: background)",
-    (S.LEADER_SYNCING, S.LEADER): "the sync completed, was cancelled or lost its mirrors",
-    (S.LEADER_SYNCING_LIVE, S.LEADER): "the sync completed, was cancelled or lost its mirrors",
-    (S.LEADER, S.WAITING): "Assign: another replica leads a newer epoch (demoted)",
-    (S.LEADER_SYNCING, S.WAITING): "Assign: demoted during a sync",
-    (S.LEADER_SYNCING_LIVE, S.WAITING): "Assign: demoted during a sync",
-    **{(s, S.STOPPED): "Stop: deleted, or no replica here any more" for s in State if s is not S.STOPPED},
-}
-
-
-class ReplicaError(Exception):
-    """A transition the table does not allow: a bug, never a client's doing."""
 
 
 # --- inputs from the node ----------------------------------------------------------------------
@@ -211,42 +163,12 @@ class ReplicaConfig:
     stall_after: float = 60.0  # a mirror that acknowledges nothing this long is dropped
 
 
-class _SyncJob:
-    """A batch sync in progress: the pacing (BatchSync) and each target's acknowledgements."""
+class Replica(Leading, Syncing, Following):
+    """One replica of one queue. Its parts by responsibility: this class holds the state, takes
+    the inputs, serves client operations, changes leadership and runs a round; a leader's
+    replication and confirms are `Leading` (replica_leading.py), its batch sync `Syncing`
+    (replica_syncing.py), a mirror's side `Following` (replica_following.py)."""
 
-    def __init__(self, replica: "Replica", targets: list, blocking: bool, why: str, now: float):
-        self.blocking = blocking
-        self.why = why
-        self.low = max(t.start_id for t in targets)  # send ids below the newest start
-        self.cursor = min(t.synced_upto for t in targets)  # ids up to here were sent before
-        self.acks = {t.node: 0 for t in targets}
-        total, size = replica.old_messages_count(self.cursor, self.low)
-        cfg = replica.cfg
-        batch_size = replica.assign.ha.sync_batch_size or cfg.sync_batch_size
-        max_bytes = cfg.max_sync_bytes
-        if blocking:
-            # about 8192 messages unacknowledged at most, in at least 4 batches
-            window = max(4, min(4096, 8192 // batch_size))
-        else:
-            # the live stream shares the link and the mirror: keep little sync data ahead of it
-            # (what the mirror must acknowledge before a confirm), so confirms stay prompt
-            window = 2
-            max_bytes = min(max_bytes, LIVE_SYNC_BATCH_BYTES)
-        self.replica = replica
-        self.progress_at = now  # when a target last acknowledged a batch
-        self.pacer = BatchSync(self, total, size, batch_size, max_bytes,
-                               cfg.sync_max_throughput, now, window)
-        self.next_report = now + SYNC_PROGRESS_EVERY
-
-    def take(self, max_msgs: int, max_bytes: int) -> list:
-        """The next old messages after `cursor`, as the queue holds them now."""
-        batch = self.replica.old_messages(self.cursor, self.low, max_msgs, max_bytes)
-        if batch:
-            self.cursor = batch[-1][0]
-        return batch
-
-
-class Replica:
     def __init__(self, name: str, cfg: ReplicaConfig, assign: Assign, now: float):
         self.name = name
         self.cfg = cfg
@@ -279,6 +201,7 @@ class Replica:
         self.last_sync: dict | None = None
         self.sync_wanted = ""  # a sync to start once the current round is done
         self._ack_due = False
+        self._told_not_following = (-1, 0.0)  # (epoch, when) we last told its leader we follow nothing
         self._settles_since: float | None = None  # when the acks held back (SETTLE_LINGER) began
         self._settles_seen = 0  # how many of the held effects are known to be acks
         self._events: dict[tuple, list] = {}
@@ -286,7 +209,6 @@ class Replica:
         self._synced_check_at = 0.0
         self._periodic_at = -1.0  # next_deadline's once-a-second wake-up while it has mirrors
         self._proposed: dict[tuple, float] = {}  # what we asked the metadata for, and when
-        self._stopped_reason = ""
         self.last_used = now  # x-expires: when a client last used the queue
         self.qlog = f"Mirrored queue '{name}' in vhost '/'"
         self.assign_now(assign, now)
@@ -432,7 +354,6 @@ class Replica:
                     self.emit(c.owner, m.EvCancelled(c.owner[2], c.tag, self.name, ev.reason))
                 self.q.consumers.clear()
             self._ship(now)
-        self._stopped_reason = ev.reason
         self._to(S.STOPPED)
 
     def tick(self, now: float) -> None:
@@ -671,346 +592,6 @@ class Replica:
         self.epoch = -1
         self._to(S.WAITING)
 
-    def _update_mirrors(self, now: float, resume: list | None = None) -> None:
-        """Follow the metadata's mirror list: start new mirrors, forget removed ones."""
-        wanted = [n for n in self.assign.mirrors if n != self.me]
-        self._ship(now)
-        for node in list(self.rep.mirrors):
-            if node not in wanted:
-                self._release(self.rep.remove(node))
-                if self.sync is not None:
-                    self.sync.acks.pop(node, None)
-                self._log(f"{self.qlog}: Dropping mirror on node {node}")
-        new = [n for n in wanted if n not in self.rep.mirrors]
-        if new:
-            snap = self.q.mirror_snapshot(now=now)
-            for node in new:
-                self.rep.add(node, self.q.next_id, now)
-                self._send(node, m.RMirrorStart(self.name, self.epoch, self.me, snap, resume,
-                                                self.rep.seq))
-                self._log(f"{self.qlog}: Adding mirror on node {node}")
-        self.q.effects = [] if self.rep.mirrors else None
-        if self.sync is not None and not self.sync.acks:
-            self._end_sync(False, now, "no mirror left to synchronise")
-        if new and self.assign.ha.sync_mode in ("automatic", "background"):
-            self.request_sync(f"ha-sync-mode {self.assign.ha.sync_mode}", now)
-
-    def _on_mirror_ready(self, msg: m.RMirrorReady, now: float) -> None:
-        track = self.rep.mirrors.get(msg.node)
-        if msg.epoch != self.epoch or track is None or msg.since != track.since:
-            return  # an answer to an earlier start of this mirror
-        self.rep.mirror_state(msg.node, msg.start_id, msg.synced_upto)
-        how = "resumed" if msg.resumed else "started empty"
-        self._log(f"{self.qlog}: mirror on node {msg.node} {how}", start_id=msg.start_id)
-        self._synced_check_at = 0.0
-        if self.assign.ha.sync_mode in ("automatic", "background") and not self.sync_wanted:
-            self.request_sync(f"ha-sync-mode {self.assign.ha.sync_mode}", now)
-
-    def _on_rep_ok(self, msg: m.RRepOk, now: float) -> None:
-        if msg.epoch == self.epoch:
-            self._release(self.rep.acknowledged(msg.node, msg.seq, now))
-
-    def acks_alone(self, msgs, now: float) -> bool:
-        """A round of nothing but mirrors' acknowledgements, taken without the rest of a round
-        (its timers, dispatch, replication, the sync's step), when they could not have anything
-        to do: the commonest round of a leader under a steady load (one per mirror per batch),
-        and the one its confirms wait for. Only for a leader neither syncing nor about to
-        start one, with no confirms held back; `msgs` must all be RRepOk. The confirms they
-        release are emitted as in a round (`in_step` and `leaving` set by the caller first).
-        False, having done nothing: the caller runs an ordinary round.
-
-        Why nothing else can be due: an acknowledgement changes only the mirror's track (how
-        far it acknowledged, when it last showed progress) and which confirms are released.
-        Dispatch depends on ready messages and consumers' credit, replication on effects of
-        operations, the sync on its own answers and clock, and the timers come back through
-        `next_deadline`, which an acknowledgement does not move."""
-        if self.state is not S.LEADER or self.sync is not None or self.sync_wanted \
-                or self._held_confirms:
-            return False
-        epoch, rep = self.epoch, self.rep
-        for msg in msgs:
-            if msg.epoch == epoch:
-                self._release(rep.acknowledged(msg.node, msg.seq, now))
-        return True
-
-    def batches_alone(self, msgs, now: float) -> bool:
-        """A mirror's round of nothing but replication batches (`msgs` must all be RRep): each
-        applied as in a round, then the one acknowledgement the round ends with (`flush`), so
-        the leader hears at once. Only for a mirror following its leader (MIRROR); False,
-        having done nothing, otherwise. A follower's round has no timers and no dispatch, and
-        the node's step with the metadata log matters only to a leader: nothing else is due."""
-        if self.state is not S.MIRROR:
-            return False
-        for msg in msgs:
-            self.handle(msg, now)  # (a missing batch turns us WAITING: the rest are then ignored)
-        self.flush(now)
-        return True
-
-    def _on_mirror_reset(self, msg: m.RMirrorReset, now: float) -> None:
-        if msg.epoch == self.epoch and msg.node in self.rep.mirrors:
-            self._drop_mirror(msg.node, "it lost track of the replication stream", now)
-
-    def _outlives_its_node(self) -> bool:
-        """Will what this leader confirms outlive its node, which is leaving? Only if a mirror
-        that holds it will lead once the node has gone: the leader's replica goes with its node
-        (in memory), so with no mirror the log may promote on a controlled stop
-        (ha-promote-on-shutdown), a confirm would be for a message about to be lost. Such
-        confirms are held: the publish is resent by its session to wherever the queue goes on,
-        or nacked if it has nowhere to go (dst seed 111127: a node was promoted in the middle of
-        its own stop_app, held the queue's only replica, confirmed 500 publishes and lost them
-        with its app a moment later). A confirmed publish is on every mirror the leader tracks."""
-        mirrors = list(self.rep.mirrors)
-        return choose_promotion(self.assign.ha, mirrors, set(self.assign.synced), set(mirrors),
-                                shutdown=True) is not None
-
-    def _holds_confirms(self) -> bool:
-        """Must confirms wait (in `_held_confirms`)? While this node is out of step with the
-        metadata log, or leaving with nothing that would outlive it (`_outlives_its_node`)."""
-        return not self.in_step or self.leaving and not self._outlives_its_node()
-
-    def _release(self, accepted: dict) -> None:
-        if self._holds_confirms():
-            merge_accepted(self._held_confirms, accepted)
-            return
-        name = self.name
-        for key, pseq in accepted.items():
-            self.emit(key, m.EvAccepted(name, pseq))
-
-    def _holds_settles(self, now: float) -> bool:
-        """Keep this round's effects for a later batch? Only when they are all acks, no publish
-        waits for the batch, and the first of them is younger than SETTLE_LINGER."""
-        effects = self.q.effects
-        if self.accepted or not self.rep.mirrors:
-            return False
-        seen = self._settles_seen
-        for i in range(seen, len(effects)):
-            if type(effects[i]) is not m.ESettle:
-                return False
-        self._settles_seen = len(effects)
-        if self._settles_since is None:
-            self._settles_since = now
-        return now < self._settles_since + SETTLE_LINGER
-
-    def _ship(self, now: float, linger: bool = False) -> None:
-        """Send the effects applied so far to every mirror (one batch) and accept what can be.
-        `linger`: the end of an ordinary round, where acks alone may wait (SETTLE_LINGER)."""
-        q = self.q
-        effects = q.effects
-        if effects and linger and self._holds_settles(now):
-            return
-        self._settles_since = None
-        self._settles_seen = 0
-        accepted, self.accepted = self.accepted, {}
-        if effects:
-            q.effects = []
-            seq, released = self.rep.record(accepted)
-            msg = m.RRep(self.name, self.epoch, seq, effects)
-            for node in self.rep.mirrors:
-                self._send(node, msg)
-            self._release(released)
-        elif accepted:  # resends recognised: nothing to replicate, no batch number to use
-            self._release(self.rep.after_sent(accepted))
-
-    def holds_between(self, lo: int, hi: int) -> bool:
-        """Does this replica hold a message with lo < id < hi?"""
-        q = self.q
-        return bool(q.ready_between(lo, hi, 1)) or any(lo < mid < hi for mid in q.unacked)
-
-    def _report_synced(self, now: float) -> None:
-        if now - self._synced_check_at < SYNCED_CHECK_EVERY and self._synced_check_at:
-            return
-        self._synced_check_at = now
-        if any(not t.synced for t in self.rep.mirrors.values()):
-            for node in self.rep.newly_synced(self.holds_between):
-                self._log(f"{self.qlog}: Synchronised mirror on node {node}")
-        synced = sorted(self.rep.synced())
-        if synced != sorted(self.assign.synced):
-            self._propose_once(("synced", tuple(synced), self.epoch),
-                               ["queue.synced", self.name, self.epoch, synced], now)
-
-    def synced_now(self) -> list:
-        return sorted(self.rep.synced()) if self.state in LEADING else []
-
-    # --- batch sync (leader) -----------------------------------------------------------------
-    def request_sync(self, why: str, now: float) -> bool:
-        """Start a batch sync of the unsynchronised mirrors after this round (False: nothing to do)."""
-        if self.state not in LEADING or self.sync is not None:
-            return self.sync is not None
-        if not any(t.ready and not t.synced for t in self.rep.mirrors.values()):
-            return False
-        self.sync_wanted = why
-        return True
-
-    def cancel_sync(self, now: float) -> bool:
-        if self.sync is None:
-            return False
-        self._end_sync(False, now, "cancelled", cancelled=True)
-        return True
-
-    def old_messages_count(self, lo: int, hi: int) -> tuple[int, int]:
-        n = size = 0
-        for msg in self.q.ready:
-            if msg[0] >= hi:
-                break
-            if msg[0] > lo:
-                n += 1
-                size += len(msg[1])
-        for _, _, msg in self.q.unacked.values():
-            if msg is not None and lo < msg[0] < hi:
-                n += 1
-                size += len(msg[1])
-        return n, size
-
-    def old_messages(self, lo: int, hi: int, max_msgs: int, max_bytes: int) -> list:
-        """The next messages with lo < id < hi, oldest first, as the queue holds them now
-        (ready ones with their redelivered flag, unacknowledged ones too)."""
-        q = self.q
-        cands = q.ready_between(lo, hi, max_msgs)
-        if q.unacked:
-            cands.extend(e[2] for mid, e in q.unacked.items()
-                         if lo < mid < hi and e[2] is not None)
-            cands.sort()
-        out = []
-        size = 0
-        for msg in cands[:max_msgs]:
-            s = message_size(msg)
-            if out and size + s > max_bytes:
-                break
-            out.append([msg[0], msg[1], msg[2], msg[3]])
-            size += s
-        return out
-
-    def _start_sync(self, now: float) -> None:
-        why, self.sync_wanted = self.sync_wanted, ""
-        targets = [t for t in self.rep.mirrors.values() if t.ready and not t.synced]
-        if self.state is not S.LEADER or not targets:
-            return
-        blocking = self.assign.ha.sync_mode != "background"
-        self._ship(now)
-        job = self.sync = _SyncJob(self, targets, blocking, why, now)
-        self._to(S.LEADER_SYNCING if blocking else S.LEADER_SYNCING_LIVE)
-        p = job.pacer
-        self._log(f"{self.qlog}: Synchronising {p.total_msgs} messages to mirrors on "
-                  f"{', '.join(sorted(job.acks))}", reason=why, batch_size=p.batch_size,
-                  max_throughput=p.max_rate, bytes=p.total_bytes,
-                  mode="blocking" if blocking else "background")
-
-    def _sync_step(self, now: float) -> None:
-        job = self.sync
-        p = job.pacer
-        while True:
-            batch = p.next_batch(now)
-            if batch is None:
-                break
-            msg = m.RSyncBatch(self.name, self.epoch, p.sent_batches, batch, job.cursor)
-            for node in job.acks:
-                self._send(node, msg)
-        if p.done(now):
-            self._end_sync(True, now, "completed")
-            return
-        if now >= job.next_report:
-            job.next_report = now + SYNC_PROGRESS_EVERY
-            prog = p.progress(now)
-            self._log(f"{self.qlog}: Synchronising: {progress_line(prog)}", **prog)
-
-    def _on_sync_ok(self, msg: m.RSyncOk, now: float) -> None:
-        track = self.rep.mirrors.get(msg.node)
-        if msg.epoch != self.epoch or track is None:
-            return
-        track.synced_upto = max(track.synced_upto, msg.upto)
-        job = self.sync
-        if job is None or msg.node not in job.acks:
-            return
-        job.acks[msg.node] = max(job.acks[msg.node], msg.n)
-        job.progress_at = now
-        low = min(job.acks.values())
-        job.pacer.acked(low - job.pacer.acked_batches)
-
-    def _end_sync(self, completed: bool, now: float, how: str, cancelled: bool = False) -> None:
-        job = self.sync
-        if job is None:
-            return
-        self.sync = None
-        p = job.pacer
-        p.finished_at = now
-        completed = completed and bool(job.acks)
-        for node in job.acks:
-            self._send(node, m.RSyncEnd(self.name, self.epoch, completed))
-            if completed:
-                self.rep.mirror_state(node, 0, 0)
-        status = "completed" if completed else ("cancelled" if cancelled else "stopped")
-        self.last_sync = {**p.progress(now), "status": status, "reason": job.why,
-                          "mode": "blocking" if job.blocking else "background"}
-        word = "complete" if completed else status
-        self._log(f"{self.qlog}: Synchronisation {word}: {p.msgs_sent} messages, "
-                  f"{p.body_bytes_sent} bytes in {self.last_sync['elapsed']:.3f} s",
-                  **self.last_sync, detail=how)
-        if self.state in (S.LEADER_SYNCING, S.LEADER_SYNCING_LIVE):
-            self._to(S.LEADER)
-        self._synced_check_at = 0.0
-        parked, self.parked = self.parked, []
-        for op in parked:
-            self.handle(op, now)
-
-    def sync_status(self, now: float) -> dict:
-        unsynced = [t.node for t in self.rep.mirrors.values() if not t.synced]
-        return {"running": self.sync is not None or bool(self.sync_wanted),
-                "progress": self.sync.pacer.progress(now) if self.sync else None,
-                "last": self.last_sync, "unsynchronised": unsynced}
-
-    # --- following (mirror) ------------------------------------------------------------------
-    def _on_mirror_start(self, msg: m.RMirrorStart, now: float) -> None:
-        if msg.epoch < self.follow.epoch or msg.epoch < self.assign.epoch:
-            return  # an older leader's
-        f = self.follow
-        if msg.resume is not None and f.can_resume(*msg.resume):
-            how = "resumed"
-        else:
-            self.q.reset_as_mirror(msg.snapshot, now)
-            f.start_id = msg.snapshot["next_id"]
-            f.synced_upto = 0
-            how = "started empty"
-        f.epoch, f.last_seq = msg.epoch, msg.seq
-        self.leader_node = msg.leader
-        self._to(S.MIRROR)
-        self._send(msg.leader, m.RMirrorReady(self.name, msg.epoch, self.me, f.start_id,
-                                              f.synced_upto, how == "resumed", msg.seq))
-        self._log("mirror following leader", leader=msg.leader, epoch=msg.epoch, how=how)
-
-    def _on_rep(self, msg: m.RRep, now: float) -> None:
-        ok = self.follow.accepts(msg.epoch, msg.seq)
-        if ok:
-            self.q.apply_effects(msg.effects, now)
-            self.follow.last_seq = msg.seq
-            self._ack_due = True
-        elif ok is None:
-            self._log("replication batch missing; mirror restarts", level="warning",
-                      epoch=msg.epoch, seq=msg.seq, last=self.follow.last_seq)
-            self.follow.epoch = -1
-            self._send(self.leader_node, m.RMirrorReset(self.name, msg.epoch, self.me))
-            self._to(S.WAITING)
-
-    def _on_sync_batch(self, msg: m.RSyncBatch, now: float) -> None:
-        f = self.follow
-        if msg.epoch != f.epoch:
-            return
-        if self.state is S.MIRROR:
-            self._to(S.MIRROR_SYNCING)
-        fresh = [x for x in msg.messages if f.synced_upto < x[0] < f.start_id]
-        if fresh:
-            self.q.add_synced_messages(fresh)
-        if msg.upto > f.synced_upto:
-            f.synced_upto = min(msg.upto, f.start_id - 1)
-        self._send(self.leader_node, m.RSyncOk(self.name, msg.epoch, self.me, msg.n, f.synced_upto))
-
-    def _on_sync_end(self, msg: m.RSyncEnd, now: float) -> None:
-        if msg.epoch != self.follow.epoch:
-            return
-        if msg.completed:
-            self.follow.start_id = 0  # we hold everything the leader holds
-            self.follow.synced_upto = 0
-        self._to(S.MIRROR)
-
     # --- a round -----------------------------------------------------------------------------
     def flush(self, now: float) -> bool:
         """End of a round: dispatch deliveries, replicate, run the sync. True if more could be
@@ -1133,7 +714,7 @@ MIRROR_REPLICATION = {
 }
 # what each state acts on; anything else is parked (client operations) or ignored
 ACTS_ON: dict[State, dict] = {
-    S.WAITING: {m.RMirrorStart: Replica._on_mirror_start},
+    S.WAITING: {m.RMirrorStart: Replica._on_mirror_start, m.RRep: Replica._on_rep_not_following},
     S.MIRROR: MIRROR_REPLICATION,
     S.MIRROR_SYNCING: MIRROR_REPLICATION,
     S.LEADER: {**CLIENT_OPS, **LEADER_REPLICATION},

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
-from bench.chaos.checker import (Delivery, Disconnect, Fault, History, Phase, Publish, Subscription,
-                                 allow_unsynchronised_promotions, check, history_from_dict,
-                                 history_to_dict, policy_timeline, spec_allows_loss)
-from bench.chaos.real import promotions_in_logs
+import pytest
+
+from bench.chaos.checker import (STALL_LIMIT, BrokerEvent, Delivery, Disconnect, Fault, History, Phase,
+                                 Publish, Subscription, allow_unsynchronised_promotions, check,
+                                 confirm_stalls, history_from_dict, history_to_dict,
+                                 policy_timeline, spec_allows_loss, unlinked_spans)
+from bench.chaos.real import broker_events_in_logs, promotions_in_logs
 
 Q = "q"
 
@@ -316,3 +319,156 @@ def test_the_campaign_summary_measures_the_gap_after_each_kill_of_the_leader(tmp
     # than 19.9 -> 20.3, which straddles it; the last one, while n1 is paused: no majority
     assert [(round(g, 3), majority) for g, _, majority in gaps] == [(0.44, True), (6.69, True), (3.01, False)]
     assert percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 99) == 4
+
+
+# --- confirm stalls ------------------------------------------------------------------------------
+
+NODES = ("n1", "n2", "n3")
+
+
+def linked_at(t0):
+    """Node log events: every node's app started and linked to every other at `t0`."""
+    ev = [BrokerEvent(t0, n, "app started") for n in NODES]
+    ev += [BrokerEvent(t0, a, "node up", {"peer": b}) for a in NODES for b in NODES if a != b]
+    return ev
+
+
+def stalled(seconds=10.0, at=1.5):
+    """A steady publisher whose confirms from `at` on come only `seconds` later (all at once),
+    as when a leader waits for a mirror that never acknowledges."""
+    pubs, dels = steady(100)
+    late = [pub(p.id, p.t_pub, t_conf=at + seconds) if p.t_pub >= at else p for p in pubs]
+    return late, dels
+
+
+def drop_asked(t, mirror="n1", leader="n2"):
+    return BrokerEvent(t, leader, f"Mirrored queue '{Q}' in vhost '/': asking to drop the mirror on node "
+                                  f"{mirror}", {"reason": "no acknowledgement for 10 s", "queue": Q})
+
+
+def test_the_confirm_stall_measure_follows_each_publishers_outstanding_publishes():
+    pubs = [pub(0, 0.0, t_conf=2.0), pub(1, 0.5, t_conf=2.5),  # waiting from 0.0 to 2.0
+            pub(2, 1.0, p=1, t_conf=1.1),  # another publisher's: not counted with the first's
+            pub(3, 5.0, t_conf=5.5),  # nothing outstanding from 2.5 to 5.0: no stall
+            pub(4, 6.0, outcome=None)]  # never answered: until its connection broke
+    got = sorted((a, b, p) for a, b, p in confirm_stalls(pubs, {0: [7.0]}, end=9.0))
+    assert got == [(0.0, 2.0, 0), (1.0, 1.1, 1), (2.0, 2.5, 0), (5.0, 5.5, 0), (6.0, 7.0, 0)]
+
+
+def test_a_confirm_stall_with_every_node_up_and_no_fault_fails_and_says_what_it_waited_for():
+    pubs, dels = stalled(10.0)
+    h = history(pubs, dels, end=20.0)
+    h.broker_events = linked_at(0.0) + [drop_asked(11.5)]
+    v = check(h)
+    assert not v.ok
+    assert v.confirm_stall_s == 10.0 and v.confirm_stall_at == 1.5 and v.confirm_stall_publisher == 0
+    (reason,) = v.reasons
+    assert "publisher 0 waited 10.0 s for a confirm with every node up and linked" in reason, reason
+    assert "no fault in force" in reason and "asking to drop the mirror on node n1 (no acknowledgement " \
+           "for 10 s) at +10.0 s" in reason, reason
+    assert "confirm stall 10000 ms (no fault in force; n2: asking to drop" in v.line()
+    # under the limit: measured, said, not judged
+    pubs, dels = stalled(STALL_LIMIT - 0.5)
+    h = history(pubs, dels, end=20.0)
+    h.broker_events = linked_at(0.0)
+    v = check(h)
+    assert v.ok, v.reasons
+    assert v.confirm_stall_s == STALL_LIMIT - 0.5 and "confirm stall 2500 ms (no fault in force)" in v.line()
+    assert check(h, stall_limit=2.0).ok is False
+
+
+def test_a_confirm_stall_is_excused_while_a_fault_is_in_force_or_a_node_is_not_linked():
+    pubs, dels = stalled(10.0)
+    # a fault in force for the whole stall
+    h = history(pubs, dels, end=20.0, faults=[Fault(1.0, "pause", "n2", t_end=12.0)])
+    h.broker_events = linked_at(0.0)
+    v = check(h)
+    assert v.ok, v.reasons
+    assert v.confirm_stall_s is None
+    # the fault ended at 4.0, and its node was linked again at 5.0: the 6.5 s after that count
+    h = history(pubs, dels, end=20.0, faults=[Fault(1.0, "kill", "n2", t_end=4.0)])
+    h.broker_events = (linked_at(0.0) + [BrokerEvent(1.0, a, "node down", {"peer": "n2"}) for a in ("n1", "n3")]
+                       + [BrokerEvent(4.0, "n2", "node listening"), BrokerEvent(4.1, "n2", "app started")]
+                       + [BrokerEvent(5.0, a, "node up", {"peer": b}) for a, b in
+                          (("n1", "n2"), ("n2", "n1"), ("n3", "n2"), ("n2", "n3"))])
+    v = check(h)
+    assert not v.ok and v.confirm_stall_s == 6.5 and v.confirm_stall_at == 5.0, v.reasons
+    # no fault, but a link down (as the node logs say) until 9.0: what is left is 2.5 s
+    h = history(pubs, dels, end=20.0)
+    h.broker_events = linked_at(0.0) + [BrokerEvent(1.0, "n1", "node down", {"peer": "n3"}),
+                                        BrokerEvent(9.0, "n1", "node up", {"peer": "n3"})]
+    v = check(h)
+    assert v.ok and v.confirm_stall_s == 2.5, v.reasons
+    # a history without node log events: each fault is excused until recovery_grace after it
+    h = history(pubs, dels, end=20.0, faults=[Fault(1.0, "kill", "n2", t_end=4.0)])
+    assert check(h, recovery_grace=5.0).confirm_stall_s == 2.5
+    assert check(h, recovery_grace=8.0).ok
+
+
+def test_links_up_and_down_from_the_node_logs():
+    ev = linked_at(1.0)
+    assert unlinked_spans(ev, end=10.0) == [(1.0, 1.0)]  # whole from the last link up
+    # n3 killed at 3: its peers log the link down; its new process from 5, linked at 6
+    ev += [BrokerEvent(3.0, "n1", "node down", {"peer": "n3"}), BrokerEvent(3.1, "n2", "node down", {"peer": "n3"}),
+           BrokerEvent(5.0, "n3", "node listening"), BrokerEvent(5.2, "n3", "app started")]
+    ev += [BrokerEvent(6.0, a, "node up", {"peer": b}) for a, b in
+           (("n1", "n3"), ("n3", "n1"), ("n2", "n3"), ("n3", "n2"))]
+    ev.append(BrokerEvent(8.0, "n2", "stopping app"))
+    assert unlinked_spans(ev, end=10.0) == [(1.0, 1.0), (3.0, 6.0), (8.0, 10.0)]
+    assert unlinked_spans([], end=10.0) is None
+
+
+def test_the_longest_gap_in_deliveries_says_which_fault_was_in_force():
+    pubs, dels = steady(100)
+    dels = [d if d.t < 1.5 else dlv(d.id, d.t + 2.4) for d in dels]
+    v = check(history(pubs, dels, faults=[Fault(1.4, "kill", "n2", t_end=1.6)]))
+    assert v.ok, v.reasons
+    assert round(v.longest_gap_s, 2) == 2.41 and v.longest_gap_why == "during kill of n2"
+    assert "longest gap 2410 ms (during kill of n2)" in v.line()
+    h = history(pubs, dels)
+    h.broker_events = linked_at(0.0) + [drop_asked(2.0)]
+    v = check(h)
+    assert v.longest_gap_why.startswith("no fault in force; n2: asking to drop the mirror on node n1"), v.longest_gap_why
+    # a fault that ended before the gap is named with how long before
+    v = check(history(pubs, dels, faults=[Fault(1.0, "pause", "n3", t_end=1.3)]))
+    assert v.longest_gap_why.startswith("no fault in force (pause of n3 ended 0.2 s before)"), v.longest_gap_why
+
+
+def test_broker_events_are_read_from_the_node_logs_and_kept_with_the_history(tmp_path):
+    log = tmp_path / "n2.log"
+    log.write_text(
+        "2026-11-28T13:21:31.840742Z [info     ] Mirrored queue 'q' in vhost '/': asking to drop the mirror "
+        "on node n1 node=n2 queue=q reason='no acknowledgement for 10 s'\n"
+        "2026-11-28T13:21:31.900000Z [info     ] a line the checker does not read node=n2\n"
+        "2026-11-28T13:21:32.000000Z [warning  ] node down                      node=n2 peer=n3 "
+        "reason='connection closed by peer' running=['n1', 'n2']\n"
+        '{"event": "node up", "node": "n2", "peer": "n3", "level": "info", '
+        '"timestamp": "2026-11-28T13:21:33.000000Z"}\n')
+    ev = broker_events_in_logs([log, tmp_path / "absent.log"])
+    assert [(e.node, e.event.split(": ")[-1], e.fields) for e in ev] == [
+        ("n2", "asking to drop the mirror on node n1", {"queue": "q", "reason": "no acknowledgement for 10 s"}),
+        ("n2", "node down", {"peer": "n3", "reason": "connection closed by peer"}),
+        ("n2", "node up", {"peer": "n3"})]
+    assert ev[1].t - ev[0].t == pytest.approx(0.159258, abs=1e-6)
+    pubs, dels = steady(5)
+    h = history(pubs, dels)
+    h.broker_events = ev
+    again = history_from_dict(json.loads(json.dumps(history_to_dict(h))))
+    assert again.broker_events == ev
+
+
+def test_a_confirm_stall_during_a_blocking_sync_is_the_specs_and_excused():
+    """The spec: a blocking sync holds every operation of its queue, publishes among them."""
+    pubs, dels = stalled(5.0)
+    h = history(pubs, dels, end=20.0)
+    start = BrokerEvent(1.4, "n2", f"Mirrored queue '{Q}' in vhost '/': Synchronising 40000 messages to mirrors "
+                                   f"on n1", {"queue": Q, "mode": "blocking", "reason": "ha-sync-mode automatic"})
+    done = BrokerEvent(6.5, "n2", f"Mirrored queue '{Q}' in vhost '/': Synchronisation complete: 40000 "
+                                  f"messages, 1024 bytes in 5.000 s", {"queue": Q, "mode": "blocking"})
+    h.broker_events = linked_at(0.0) + [start, done]
+    v = check(h)
+    assert v.ok and v.confirm_stall_s < 0.1, v.reasons
+    # a background sync lets the queue serve: it excuses nothing
+    h.broker_events = linked_at(0.0) + [
+        BrokerEvent(e.t, e.node, e.event, {**e.fields, "mode": "background"}) for e in (start, done)]
+    assert not check(h).ok

@@ -44,6 +44,37 @@ class Host:
     def propose(self, change):
         pass
 
+    def replica_ended(self, qp):
+        pass
+
+    def delete_for_client(self, qname, owner, rid, count):
+        pass
+
+    def auto_delete(self, qname):
+        pass
+
+
+def _declared(protocol) -> set[str]:
+    return {n for n in vars(protocol) if not n.startswith("_")} | set(protocol.__annotations__)
+
+
+def test_the_router_and_this_stand_in_answer_everything_a_replica_task_asks():
+    """QueueProcess asks its host only for what ReplicaHost declares, and both the Router and
+    the stand-in here have all of it."""
+    import inspect
+
+    from broker.queue_process import ReplicaHost
+    from broker.router import Router
+    declared = _declared(ReplicaHost)
+    router_init = inspect.getsource(Router.__init__)
+    missing = [n for n in sorted(declared) if not hasattr(Router, n) and f"self.{n}" not in router_init]
+    assert missing == []
+    assert [n for n in sorted(declared) if not hasattr(Host(), n)] == []
+    source = inspect.getsource(QueueProcess)
+    import re
+    asked = set(re.findall(r"host\.([a-z_]+)", source))
+    assert asked <= declared, asked - declared
+
 
 def config(node: str) -> ReplicaConfig:
     return ReplicaConfig(node=node, pid=f"<{node}.1.0>", sync_batch_size=4, max_sync_bytes=1 << 20,

@@ -432,8 +432,9 @@ async def test_a_refused_link_is_read_and_logged_once_on_each_side(tmp_path, aut
     for f in said:
         assert "node n3 is not a member of cluster" in f["reason"] and "run join_cluster on it first" in f["reason"]
     for member in ("n1", "n2"):
-        logged = events("peer link refused", member)
-        assert len(logged) == 1 and logged[0]["peer"] == "'n3'", logged
+        # (a member whose app stops at the end refuses the other's redial too: not counted)
+        logged = [f for f in events("peer link refused", member) if f["peer"] == "'n3'"]
+        assert len(logged) == 1, logged
         assert "not a member" in logged[0]["reason"]
 
 

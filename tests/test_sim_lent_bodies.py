@@ -1,5 +1,5 @@
 """Deliveries on the simulated network: bodies that come from the consumer's node's own mirror
-(mirroring/replica.py `local_bodies`, broker/session.py `_bodies_from_mirror`), and deliveries
+(mirroring/replica.py `local_bodies`, broker/session/consumers.py `_bodies_from_mirror`), and deliveries
 for a consumer its node no longer has, which go back to the queue.
 
 A leader sends a delivery for a consumer on a node that holds a mirror of the queue without its

@@ -30,11 +30,6 @@ def encode_frame(value, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def encoded_size(value) -> int:
-    """Bytes a value takes on the wire, header included."""
-    return HEADER.size + len(msgpack.packb(value, use_bin_type=True))
-
-
 class FrameDecoder:
     """Feed bytes in, take decoded msgpack values out.
 

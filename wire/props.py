@@ -44,10 +44,6 @@ def decode_raw(raw: bytes) -> commands.Basic.Properties:
     return ch.properties
 
 
-def encode_props(props: commands.Basic.Properties) -> bytes:
-    return props.marshal()
-
-
 def _plain(value):
     """An AMQP field value msgpack can carry."""
     if isinstance(value, dict):

@@ -48,9 +48,17 @@ The rules
 - stuck publishes = no ack and no nack by the end although the publisher's connection never
   broke after the publish: a bug.
 - phantom deliveries = ids nobody published: a bug.
+- confirm stalls = the longest time a publisher had publishes outstanding and no confirm (nor
+  nack) came, counting only the time when every node was up and linked and no fault was in
+  force (`BrokerEvent`s from the node logs tell when the links were up, and when a queue ran a
+  blocking sync, which the spec lets hold every operation; a history without them excuses each
+  fault until `recovery_grace` after it ended). One longer than `stall_limit`
+  (STALL_LIMIT) is a bug: a healthy cluster confirms within a round trip to every mirror.
 - measures (not judged): the longest time without a delivery while published messages waited
   (published, not yet delivered), and for every fault the time from it to the first delivery
-  after it.
+  after it. The longest pause in deliveries and the confirm stall each say what they waited
+  for, as far as the history can tell: the faults in force, links down, and what the node logs
+  said meanwhile (a mirror the leader gave up on, a promotion).
 """
 
 from __future__ import annotations
@@ -59,6 +67,14 @@ import bisect
 from dataclasses import asdict, dataclass, field
 
 CROSS_PATH_SLACK = 0.25  # seconds by which receive order across consumers may invert (see the rules)
+# The longest confirm stall allowed with every node up and linked and no fault in force. A
+# confirm then waits for one round trip to each mirror (milliseconds). What may hold confirms
+# for longer in a healthy cluster is bounded by the cluster's own timers: a node out of step
+# with the metadata log holds them until it hears from the log's leader (the election timeout,
+# at most 2 s), and a mirror's start that went unanswered is sent again after 1 s. 3 s is above
+# those, and below what a mirror nobody hears from costs: its leader waits net_ticktime (10 s by
+# default) before it gives up on it, which is the stall this rule is there to catch.
+STALL_LIMIT = 3.0
 
 # --- the history -------------------------------------------------------------------------------
 
@@ -118,6 +134,28 @@ class Disconnect:
     reason: str = ""
 
 
+@dataclass(slots=True)
+class BrokerEvent:
+    """A line of a node's log that the checker reads: a link up or down, the app starting or
+    stopping, a mirror given up on, a promotion (`BROKER_EVENTS`)."""
+    t: float
+    node: str
+    event: str
+    fields: dict = field(default_factory=dict)
+
+
+# the log events a driver keeps for the checker (substrings of the event text)
+BROKER_EVENTS = ("node listening", "app started", "stopping app", "app stopped", "node up",
+                 "node down", "asking to drop the mirror", "Promoting mirror",
+                 "not following", "replication batch missing", "steps down", "mirror following leader",
+                 "pausing clients", ": Synchronising ", ": Synchronisation ")
+EVENT_FIELDS = ("peer", "reason", "leader", "how", "queue", "mode")  # the fields kept of each
+
+
+def keeps_event(event: str) -> bool:
+    return any(k in event for k in BROKER_EVENTS)
+
+
 @dataclass
 class History:
     publishes: list[Publish] = field(default_factory=list)
@@ -128,6 +166,7 @@ class History:
     disconnects: list[Disconnect] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    broker_events: list[BrokerEvent] = field(default_factory=list)
 
     def phase(self, name: str) -> float | None:
         """The time of the first marker called `name`, or None."""
@@ -262,6 +301,12 @@ class Verdict:
     longest_gap_at: float | None
     recovery: list[dict]
     anomalies: list[str]
+    longest_gap_why: str = ""  # what the longest pause in deliveries waited for
+    # the longest confirm stall with every node up and linked and no fault in force
+    confirm_stall_s: float | None = None
+    confirm_stall_at: float | None = None
+    confirm_stall_publisher: int | None = None
+    confirm_stall_why: str = ""
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -272,14 +317,20 @@ class Verdict:
         """One line: OK/FAIL and the numbers that matter."""
         allowed = sum(self.lost_allowed.values())
         gap = "-" if self.longest_gap_s is None else f"{self.longest_gap_s * 1000:.0f} ms"
+        stall = "-" if self.confirm_stall_s is None else f"{self.confirm_stall_s * 1000:.0f} ms"
         rec = [r["first_delivery_after_s"] for r in self.recovery if r["first_delivery_after_s"] is not None]
         return (f"{'OK  ' if self.ok else 'FAIL'} published {self.published:,} confirmed {self.confirmed:,} "
                 f"nacked {self.nacked:,} unconfirmed {self.unconfirmed:,} delivered {self.delivered:,} | "
                 f"lost {self.lost:,} (allowed {allowed:,}) dup {self.duplicates:,} "
                 f"(unflagged {self.duplicates_unflagged:,}) stranded {self.stranded:,}"
                 f"{'+' + str(len(self.stranded_consumers)) + ' consumer(s)' if self.stranded_consumers else ''} "
-                f"stuck {self.stuck:,} | longest gap {gap}, recovery "
+                f"stuck {self.stuck:,} | longest gap {gap}{_why(self.longest_gap_why)}, "
+                f"confirm stall {stall}{_why(self.confirm_stall_why)}, recovery "
                 f"{'-' if not rec else f'{max(rec):.2f} s'}")
+
+
+def _why(text: str) -> str:
+    return f" ({text})" if text else ""
 
 
 def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -334,8 +385,145 @@ def _flagged_repeats(first: Delivery, reps: list[Delivery]) -> bool:
     return all(e.consumer != d.consumer and d.t - e.t <= CROSS_PATH_SLACK for e in earlier)
 
 
+def unlinked_spans(events: list[BrokerEvent], end: float) -> list[tuple[float, float]] | None:
+    """When not every node was up and linked to every other, from the node logs' events: a
+    node counts from its "app started" until it stops ("stopping app", "app stopped", or a new
+    process's "node listening"), and each node's link to each peer from its "node up" to its
+    "node down" as that node logged it (a killed node logs nothing, but its peers log the
+    link down). None without events (a history recorded before the drivers kept them)."""
+    if not events:
+        return None
+    nodes = sorted({e.node for e in events})
+    running: set[str] = set()
+    links: set[tuple[str, str]] = set()
+    want = {(a, b) for a in nodes for b in nodes if a != b}
+    spans: list[tuple[float, float]] = []
+    since: float | None = None
+    for e in sorted(events, key=lambda e: e.t):
+        ev = e.event
+        if ev.startswith("app started"):
+            running.add(e.node)
+        elif ev.startswith(("stopping app", "app stopped", "node listening")):
+            running.discard(e.node)
+            links = {l for l in links if l[0] != e.node}
+        elif ev.startswith("node up") and e.fields.get("peer"):
+            links.add((e.node, e.fields["peer"]))
+        elif ev.startswith("node down") and e.fields.get("peer"):
+            links.discard((e.node, e.fields["peer"]))
+        else:
+            continue
+        whole = len(running) == len(nodes) and links >= want
+        if not whole and since is None:
+            since = e.t
+        elif whole and since is not None:
+            spans.append((since, e.t))
+            since = None
+    if since is not None:
+        spans.append((since, end))
+    return spans
+
+
+def blocking_syncs(events: list[BrokerEvent], end: float) -> list[tuple[float, float]]:
+    """When a queue leader ran a blocking sync (the spec: the queue serves nothing else
+    meanwhile, so its confirms wait), from its log lines "Synchronising N messages ..." and
+    "Synchronisation complete/stopped/cancelled"."""
+    spans, open_ = [], {}
+    for e in sorted(events, key=lambda e: e.t):
+        key = (e.node, e.fields.get("queue"))
+        if ": Synchronising " in e.event and e.fields.get("mode") == "blocking":
+            open_.setdefault(key, e.t)
+        elif ": Synchronisation " in e.event and key in open_:
+            spans.append((open_.pop(key), e.t))
+    return spans + [(t, end) for t in open_.values()]
+
+
+def confirm_stalls(pubs: list[Publish], breaks: dict[int, list[float]], end: float,
+                   shortest: float = 0.0) -> list[tuple[float, float, int]]:
+    """(from, to, publisher) for each span in which a publisher had publishes outstanding and
+    no answer came (longer than `shortest`). A publish is outstanding from `t_pub` until its
+    confirm or nack, or until its publisher's connection broke (the client gave up on it), or
+    the end."""
+    by_publisher: dict[int, list[tuple[float, int]]] = {}
+    for p in pubs:
+        ev = by_publisher.setdefault(p.publisher, [])
+        ev.append((p.t_pub, 1))
+        if p.outcome is not None and p.t_conf is not None:
+            ev.append((p.t_conf, -1))
+        else:
+            b = breaks.get(p.publisher, [])
+            k = bisect.bisect_left(b, p.t_pub)
+            ev.append((b[k] if k < len(b) else end, -1))
+    out = []
+    for publisher, ev in by_publisher.items():
+        ev.sort(key=lambda x: (x[0], -x[1]))  # a publish and its confirm at one instant: in order
+        outstanding, since = 0, None
+        for t, delta in ev:
+            if delta < 0 and since is not None and t - since > shortest:
+                out.append((since, t, publisher))
+            if delta < 0:
+                since = t
+            outstanding += delta
+            if outstanding == 0:
+                since = None
+            elif since is None:
+                since = t
+    return out
+
+
+def _in_force(f: Fault, a: float, b: float) -> bool:
+    """Was fault `f` in force during (a, b)? (One that ended as `a` began was not.)"""
+    end = f.t_end if f.t_end is not None else f.t
+    return f.t < b and a < end or a <= f.t <= b and end == f.t
+
+
+def explain(h: History, a: float, b: float, unlinked: list[tuple[float, float]] | None) -> str:
+    """What a pause from `a` to `b` waited for, as far as the history tells: the faults in
+    force, links down, and what the node logs said meanwhile (a mirror given up on, a
+    promotion, a mirror started again)."""
+    faults = []
+    for f in h.faults:
+        name = f"{f.kind}{' of ' + f.target if f.target else ''}"
+        if _in_force(f, a, b) and name not in faults:
+            faults.append(name)
+    if faults:
+        said = [f"during {', '.join(faults)}"]
+    else:
+        ended = [f for f in h.faults if (f.t_end if f.t_end is not None else f.t) <= a]
+        last = max(ended, key=lambda f: f.t_end if f.t_end is not None else f.t, default=None)
+        said = ["no fault in force" + (
+            f" ({last.kind}{' of ' + last.target if last.target else ''} ended "
+            f"{a - (last.t_end if last.t_end is not None else last.t):.1f} s before)" if last else "")]
+    if not faults and unlinked:
+        down = sum(min(b, y) - max(a, x) for x, y in unlinked if x < b and y > a)
+        if down > 0:
+            said.append(f"not every node up and linked for {down:.1f} s of it")
+    syncing = sum(min(b, y) - max(a, x) for x, y in blocking_syncs(h.broker_events, b) if x < b and y > a)
+    if syncing > 0:
+        said.append(f"a blocking sync for {syncing:.1f} s of it")
+    seen: list[str] = []
+    for e in h.broker_events:
+        if not a <= e.t <= b + 0.5 or e.event.startswith(("node up", "node listening", "app started")) \
+                or "Synchronis" in e.event:
+            continue
+        f = e.fields
+        text = e.event.split(": ", 1)[-1]
+        if text.startswith("node down"):
+            text = f"link to {f.get('peer')} down"
+        elif text.startswith("mirror following leader"):
+            text = f"mirror {f.get('how', '')} following {f.get('leader', '')}"
+        elif f.get("reason"):
+            text += f" ({f['reason']})"
+        line = f"{e.node}: {text[:90]}"
+        if line not in seen:
+            seen.append(line)
+            said.append(f"{line} at +{e.t - a:.1f} s")
+            if len(seen) == 3:
+                break
+    return "; ".join(said)
+
+
 def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.0,
-          sample: int = 20) -> Verdict:
+          stall_limit: float = STALL_LIMIT, sample: int = 20) -> Verdict:
     """Judge one history (see the module's docstring for the rules)."""
     reasons: list[str] = []
     end = h.end
@@ -478,6 +666,28 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
         for x, y in _clip(all_waiting, aw_starts, a, b):
             if gap is None or y - x > gap:
                 gap, gap_at = y - x, x
+    unlinked = unlinked_spans(h.broker_events, end)
+    gap_why = explain(h, gap_at, gap_at + gap, unlinked) if gap else ""
+
+    # confirm stalls while every node was up and linked and no fault was in force
+    if unlinked is None:
+        holes = excused  # no node logs: each fault until recovery_grace after it ended
+    else:
+        holes = _merge([(f.t, f.t_end if f.t_end is not None else f.t) for f in h.faults] + unlinked
+                       + blocking_syncs(h.broker_events, end))
+    hole_starts = [a for a, _ in holes]
+    stall, stall_at, stall_by = None, None, None
+    for a, b, publisher in confirm_stalls(h.publishes, breaks, end, shortest=0.0):
+        if stall is not None and b - a <= stall:
+            continue
+        for x, y in _subtract([(a, b)], holes, hole_starts):
+            if stall is None or y - x > stall:
+                stall, stall_at, stall_by = y - x, x, publisher
+    stall_why = explain(h, stall_at, stall_at + stall, unlinked) if stall else ""
+    if stall is not None and stall > stall_limit:
+        reasons.append(f"publisher {stall_by} waited {stall:.1f} s for a confirm with every node up "
+                       f"and linked and no fault in force ({stall_why})")
+
     all_times = [d.t for d in deliveries]
     recovery = []
     for k, f in enumerate(h.faults):
@@ -500,7 +710,9 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
         stranded=len(stranded_ids), stranded_ids=stranded_ids[:sample],
         stranded_consumers=stranded_consumers, stuck=stuck, stuck_by_publisher=stuck_by,
         phantom=phantom, longest_gap_s=None if gap is None else round(gap, 4),
-        longest_gap_at=gap_at, recovery=recovery, anomalies=list(h.anomalies))
+        longest_gap_at=gap_at, recovery=recovery, anomalies=list(h.anomalies),
+        longest_gap_why=gap_why, confirm_stall_s=None if stall is None else round(stall, 4),
+        confirm_stall_at=stall_at, confirm_stall_publisher=stall_by, confirm_stall_why=stall_why)
 
 
 # --- plain data round trip (JSON lines, the simulation driver) ----------------------------------
@@ -511,7 +723,7 @@ def history_to_dict(h: History) -> dict:
             "subscriptions": [asdict(s) for s in h.subscriptions],
             "faults": [asdict(f) for f in h.faults], "phases": [asdict(p) for p in h.phases],
             "disconnects": [asdict(d) for d in h.disconnects], "anomalies": list(h.anomalies),
-            "meta": dict(h.meta)}
+            "meta": dict(h.meta), "broker_events": [asdict(e) for e in h.broker_events]}
 
 
 def history_from_dict(d: dict) -> History:
@@ -521,4 +733,5 @@ def history_from_dict(d: dict) -> History:
                    faults=[Fault(**x) for x in d.get("faults", ())],
                    phases=[Phase(**x) for x in d.get("phases", ())],
                    disconnects=[Disconnect(**x) for x in d.get("disconnects", ())],
-                   anomalies=list(d.get("anomalies", ())), meta=dict(d.get("meta", {})))
+                   anomalies=list(d.get("anomalies", ())), meta=dict(d.get("meta", {})),
+                   broker_events=[BrokerEvent(**x) for x in d.get("broker_events", ())])

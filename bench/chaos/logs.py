@@ -3,7 +3,8 @@
 This module owns the chaos folder `RUN_ID/chaos-SEED/warren/`: the standard `scenario.json`,
 `publish.jsonl`, `deliver.jsonl`, `intervals.jsonl` and `faults.jsonl` (so the Spark job's usual
 measures work on it), plus `history.json` (what the checker needs beyond the message lines:
-subscriptions, phases, disconnects, faults with their allowances, anomalies) and `verdict.json`
+subscriptions, phases, disconnects, faults with their allowances, anomalies, and the node log
+events it reads) and `verdict.json`
 (the checker's verdict, the schedule and the command that replays it). `load_history` rebuilds
 the checker's History from those files, so a verdict can be recomputed offline.
 """
@@ -14,7 +15,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from .checker import (Delivery, Disconnect, Fault, History, Phase, Publish, Subscription, Verdict)
+from .checker import (BrokerEvent, Delivery, Disconnect, Fault, History, Phase, Publish, Subscription,
+                      Verdict)
 
 BLOCK = 20_000
 
@@ -84,7 +86,8 @@ def write(folder: Path, *, run_id: str, scenario: str, schedule: dict, history: 
             "phases": [asdict(p) for p in history.phases],
             "disconnects": [asdict(d) for d in history.disconnects],
             "faults": [asdict(f) for f in history.faults],
-            "anomalies": list(history.anomalies), "meta": history.meta}
+            "anomalies": list(history.anomalies), "meta": history.meta,
+            "broker_events": [asdict(e) for e in history.broker_events]}
     (folder / "history.json").write_text(json.dumps(side, indent=1, default=str) + "\n")
     workload = {"name": scenario, "message_size": size, "producers": len(schedule.get("publishers", [])),
                 "consumers": len(schedule.get("consumers", [])), "queues": 1,
@@ -111,7 +114,8 @@ def load_history(folder: Path) -> History:
                 phases=[Phase(**p) for p in side["phases"]],
                 disconnects=[Disconnect(**d) for d in side["disconnects"]],
                 faults=[Fault(**f) for f in side["faults"]], anomalies=list(side["anomalies"]),
-                meta=dict(side.get("meta") or {}))
+                meta=dict(side.get("meta") or {}),
+                broker_events=[BrokerEvent(**e) for e in side.get("broker_events", ())])
     with open(folder / "publish.jsonl", encoding="utf-8") as f:
         for line in f:
             d = json.loads(line)

@@ -165,9 +165,3 @@ class Namespaces:
         for ns in reversed(self.created):
             _run("ip", "netns", "del", ns, check=False)
         self.created.clear()
-
-
-def leftovers(prefix: str = "wc") -> list[str]:
-    """Namespaces named like ours (to report, never to delete blindly: other runs may own them)."""
-    r = _run("ip", "netns", "list", check=False)
-    return [line.split()[0] for line in r.stdout.splitlines() if line.startswith(prefix)]

@@ -49,9 +49,11 @@ from broker.localcluster import LocalCluster
 
 from . import logs
 from . import netns as netnsmod
-from .checker import (Fault, History, Phase, Verdict, allow_unsynchronised_promotions, check,
-                      policy_timeline, spec_allows_loss)
+from .checker import (EVENT_FIELDS, BrokerEvent, Fault, History, Phase, Verdict,
+                      allow_unsynchronised_promotions, check, keeps_event, policy_timeline,
+                      spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
+from .faults import FaultRunner
 from .schedule import expected_mirrors, Schedule, generate
 
 USER, PASSWORD = "chaos", "chaos-password"
@@ -154,7 +156,7 @@ class ChaosCluster(LocalCluster):
             return "(no log)"
 
 
-class ScheduleRun:
+class ScheduleRun(FaultRunner):
     """One schedule on one fresh cluster: `await run()` returns the History."""
 
     def __init__(self, schedule: Schedule, opts: Options, ns: netnsmod.Namespaces | None,
@@ -391,209 +393,241 @@ class ScheduleRun:
                             "before": obs.as_dict() if obs else None})
         self.h.faults.append(rec)
         try:
-            await self._act(a, rec, obs, nursery)
+            await self.carry_out(a, rec, (obs, nursery))
         except Exception as exc:  # noqa: BLE001 - recorded with the fault; the schedule goes on
             rec.detail["error"] = repr(exc)[:300]
             self.say(f"{kind}: error {exc!r}")
         if rec.t_end is None and not rec.detail.get("undo_pending"):
             rec.t_end = time.time()  # an instant action, or one that failed before its undo
 
-    async def _act(self, a, rec: Fault, obs, nursery) -> None:
-        kind, c = a.kind, self.c
-        if kind in ("kill", "sigterm", "pause", "stop_app", "forget", "partition"):
-            node = await self.resolve(a, obs)
-            rec.target = node
-            if node in self.down:
-                rec.detail["skipped"] = f"{node} is already down ({self.down[node]})"
-                rec.t_end = rec.t
-                return
-        if kind == "kill":
-            rec.loss_allowed = self.allowance(obs, {node}, "crash")
-            c.expected_exit.add(node)
-            rec.t = time.time()
-            await self.thread(c.kill9, node)
-            self.down[node] = "crash"
-            self.say(f"kill -9 {node}")
-            self.later(nursery, a, rec, partial(self._restart, node))
-        elif kind == "sigterm":
-            rec.loss_allowed = self.allowance(obs, {node}, "shutdown")
-            rec.t = time.time()
-            self.down[node] = "shutdown"
-            rec.detail["stop"] = await self.stop_node(node)
-            self.say(f"SIGTERM {node}: {rec.detail['stop']}")
-            self.later(nursery, a, rec, partial(self._restart, node))
-        elif kind == "pause":
-            rec.loss_allowed = self.allowance(obs, {node}, "isolated")
-            rec.t = time.time()
-            c.sigstop(node)
-            self.down[node] = "isolated"
-            self.say(f"SIGSTOP {node}")
+    # --- faults (bench/chaos/faults.py: carry_out takes an action through these) ------------
+    def handlers(self) -> dict:
+        return {"kill": self._fault_kill, "sigterm": self._fault_sigterm, "pause": self._fault_pause,
+                "stop_app": self._fault_stop_app, "forget": self._fault_forget,
+                "partition": self._fault_partition, "policy": self._fault_policy,
+                "sync": self._fault_sync, "cancel_sync": self._fault_sync,
+                "rolling_restart": self._fault_rolling_restart, "full_restart": self._fault_full_restart}
 
-            async def cont():
-                c.sigcont(node)
-                self.down.pop(node, None)
-            self.later(nursery, a, rec, cont)
-        elif kind == "stop_app":
-            rec.loss_allowed = self.allowance(obs, {node}, "shutdown")
-            rec.t = time.time()
-            self.down[node] = "shutdown"
-            t = time.time()
-            rec.detail["output"] = (await self.ctl_ok(node, "stop_app", timeout=30)).strip()[-200:]
-            rec.detail["stop_app_s"] = round(time.time() - t, 3)
-            self.say(f"stop_app {node} ({rec.detail['stop_app_s']} s)")
+    async def fault_target(self, a, context) -> str:
+        obs, _ = context
+        return await self.resolve(a, obs)
 
-            async def start():
-                self.step = f"start_app {node}"
-                if not self.c.alive(node):  # another fault stopped the process meanwhile
-                    ok = await self.start_node(node)
-                else:
-                    r = await self.ctl(node, "start_app", timeout=30)
-                    ok = r.returncode == 0
-                    if not ok:
-                        self.anomaly(f"start_app {node}: {(r.stderr or r.stdout).strip()[-200:]}")
-                if ok:
-                    self.down.pop(node, None)
-            self.later(nursery, a, rec, start)
-        elif kind == "forget":
-            how = a.params.get("how", "kill")
-            rec.loss_allowed = self.allowance(obs, {node}, "crash" if how == "kill" else "shutdown")
-            rec.t = time.time()
-            self.down[node] = "crash" if how == "kill" else "shutdown"
-            if how == "kill":
-                c.expected_exit.add(node)
-                await self.thread(c.kill9, node)
-            else:
-                await self.ctl_ok(node, "stop_app", timeout=30)
-            others = [n for n in self.up_nodes() if n != node]
-            if not others:
-                rec.detail["skipped"] = "no running node left to forget it"
-                self.later(nursery, a, rec, partial(self._restart if how == "kill" else self._start_app, node))
-                return
-            via = others[0]
+    def any_node_running(self) -> bool:
+        return bool(self.up_nodes())
 
-            async def forgotten():
-                r = await self.ctl(via, "forget_cluster_node", node, timeout=10)
-                if r.returncode == 0:
-                    return True
-                text = (r.stderr or r.stdout).strip()[-300:]
-                if "majority" in text:  # refused, rightly: the log cannot record it now
-                    rec.detail["refused"] = text
-                    return True
-                return text
-            if await self.wait_for(f"forget_cluster_node {node} on {via} to succeed",
-                                   forgotten, 3 * self.opts.net_ticktime + 10, 0.5) \
-                    and "refused" not in rec.detail:
-                rec.detail["forgotten_via"] = via
-            self.say(f"forget {node} ({how}) via {via}")
+    def skip_if_down(self, a, rec: Fault, node: str) -> bool:
+        if node not in self.down:
+            return False
+        rec.detail["skipped"] = f"{node} is already down ({self.down[node]})"
+        rec.t_end = rec.t
+        return True
 
-            async def rejoin():
-                self.step = f"re-joining {node}"
-                if "forgotten_via" not in rec.detail:
-                    # the forget was refused (no majority to record it): still a member, the
-                    # node comes back as itself
-                    await (self._restart if how == "kill" else self._start_app)(node)
-                    return
-                if how == "kill":
-                    if not await self.start_node(node, fresh=True):
-                        return
-                    cmds = [["stop_app"], ["join_cluster", self._join_target(node)], ["start_app"]]
-                else:
-                    cmds = [["reset"], ["join_cluster", self._join_target(node)], ["start_app"]]
-                if await self._join_fresh(node, cmds, 30):
-                    self.down.pop(node, None)
-                else:
-                    # the cluster could not take it in yet (no majority to record the join):
-                    # it stays out, its app stopped, and the heal takes it in
-                    self.joins_pending.add(node)
-                    self.notes.append(f"{node} re-joins at the heal: the cluster could not take it in")
-            self.later(nursery, a, rec, rejoin)
-        elif kind == "partition":
-            rec.target = node
-            if self.ns is None:
-                rec.detail["skipped"] = f"partitions need network namespaces: {self.skip_partitions}"
-                rec.t_end = rec.t
-                self.say(f"partition skipped: {self.skip_partitions}")
-                return
-            rec.loss_allowed = self.allowance(obs, {node}, "isolated")
-            rec.t = time.time()
-            await self.thread(self.ns.isolate, node)
-            self.down[node] = "isolated"
-            self.say(f"partition: {node} cut off from the other nodes")
+    def skip_no_node_running(self, a, rec: Fault) -> None:
+        # every node is down (other faults hold them): no rabbitmqctl could reach one
+        rec.target = "queue"
+        rec.detail["skipped"] = "no node is running"
+        self.say(f"{a.kind} skipped: no node is running")
 
-            async def heal():
-                await self.thread(self.ns.heal)
-                self.down.pop(node, None)
-            self.later(nursery, a, rec, heal)
-        elif kind in ("policy", "sync", "cancel_sync") and not self.up_nodes():
-            # every node is down (other faults hold them): no rabbitmqctl could reach one
-            rec.target = "queue"
-            rec.detail["skipped"] = "no node is running"
-            self.say(f"{kind} skipped: no node is running")
-        elif kind == "policy":
-            rec.target = "queue"
-            new = a.params["definition"]
-            await self.ctl_ok(self.up_nodes()[0], "set_policy", "--apply-to", "queues", POLICY_NAME,
-                              self.pattern, json.dumps(new))
-            self.policy = dict(new)
-            self.policies.append((time.time(), self.policy))
-            self.say(f"set_policy {json.dumps(new)}")
-        elif kind in ("sync", "cancel_sync"):
-            rec.target = "queue"
-            r = await self.ctl(self.up_nodes()[0], "sync_queue", self.s.queue, "--formatter", "json")
-            rec.detail["sync_queue"] = (r.stdout or r.stderr).strip()[-200:]
-            if kind == "cancel_sync":
-                await trio.sleep(a.duration)
-                if up := self.up_nodes():  # (the nodes may have gone down meanwhile)
-                    r = await self.ctl(up[0], "cancel_sync_queue", self.s.queue, "--formatter", "json")
-                    rec.detail["cancel_sync_queue"] = (r.stdout or r.stderr).strip()[-200:]
-            self.say(f"{kind}: {rec.detail}")
-        elif kind == "rolling_restart":
-            rec.target = "cluster"
-            steps = []
-            # a node another fault holds (killed, stopped, forgotten, paused, cut off) stays as
-            # that fault left it, as in a full restart
-            for node in [n for n in self.names if n not in self.down]:
-                o = await self.observe([n for n in self.names if n != node])
-                why = self.allowance(o, {node}, "shutdown")
-                if why and rec.loss_allowed is None:
-                    rec.loss_allowed = f"restarting {node}: {why}"
-                self.down[node] = "shutdown"
-                stop = await self.stop_node(node)
+    async def _fault_kill(self, a, rec: Fault, node: str | None, context) -> None:
+        obs, nursery = context
+        c = self.c
+        rec.loss_allowed = self.allowance(obs, {node}, "crash")
+        c.expected_exit.add(node)
+        rec.t = time.time()
+        await self.thread(c.kill9, node)
+        self.down[node] = "crash"
+        self.say(f"kill -9 {node}")
+        self.later(nursery, a, rec, partial(self._restart, node))
+
+    async def _fault_sigterm(self, a, rec: Fault, node: str | None, context) -> None:
+        obs, nursery = context
+        rec.loss_allowed = self.allowance(obs, {node}, "shutdown")
+        rec.t = time.time()
+        self.down[node] = "shutdown"
+        rec.detail["stop"] = await self.stop_node(node)
+        self.say(f"SIGTERM {node}: {rec.detail['stop']}")
+        self.later(nursery, a, rec, partial(self._restart, node))
+
+    async def _fault_pause(self, a, rec: Fault, node: str | None, context) -> None:
+        obs, nursery = context
+        c = self.c
+        rec.loss_allowed = self.allowance(obs, {node}, "isolated")
+        rec.t = time.time()
+        c.sigstop(node)
+        self.down[node] = "isolated"
+        self.say(f"SIGSTOP {node}")
+
+        async def cont():
+            c.sigcont(node)
+            self.down.pop(node, None)
+        self.later(nursery, a, rec, cont)
+
+    async def _fault_stop_app(self, a, rec: Fault, node: str | None, context) -> None:
+        obs, nursery = context
+        rec.loss_allowed = self.allowance(obs, {node}, "shutdown")
+        rec.t = time.time()
+        self.down[node] = "shutdown"
+        t = time.time()
+        rec.detail["output"] = (await self.ctl_ok(node, "stop_app", timeout=30)).strip()[-200:]
+        rec.detail["stop_app_s"] = round(time.time() - t, 3)
+        self.say(f"stop_app {node} ({rec.detail['stop_app_s']} s)")
+
+        async def start():
+            self.step = f"start_app {node}"
+            if not self.c.alive(node):  # another fault stopped the process meanwhile
                 ok = await self.start_node(node)
+            else:
+                r = await self.ctl(node, "start_app", timeout=30)
+                ok = r.returncode == 0
+                if not ok:
+                    self.anomaly(f"start_app {node}: {(r.stderr or r.stdout).strip()[-200:]}")
+            if ok:
                 self.down.pop(node, None)
-                synced = await self._wait_resynced(f"rolling restart: the queue's mirrors to be "
-                                                   f"synchronised again after restarting {node}")
-                steps.append({"node": node, "stop": stop, "started": ok, "resynced": synced,
-                              "before": o.as_dict() if o else None})
-                self.say(f"rolling restart: {node} done (resynced {synced})")
-            rec.detail["steps"] = steps
-            rec.t_end = time.time()
-        elif kind == "full_restart":
-            rec.target = "cluster"
-            # a node another fault holds (killed, stopped, forgotten, paused, cut off) stays as
-            # that fault left it: its own undo brings it back, the way it went
-            nodes = [n for n in self.names if n not in self.down]
-            if len(nodes) < len(self.names):
-                rec.detail["left_to_other_faults"] = sorted(set(self.names) - set(nodes))
-            rec.loss_allowed = self.allowance(obs, set(nodes), "shutdown")
-            rec.t = time.time()
-            for n in nodes:
-                self.down[n] = "shutdown"
-                self.c.expected_exit.add(n)
-            with trio.move_on_after(30):
-                async with trio.open_nursery() as nn:
-                    for n in nodes:
-                        nn.start_soon(self.stop_node, n)
-            self.say(f"full restart: {', '.join(nodes)} stopped")
+        self.later(nursery, a, rec, start)
 
-            async def all_up():
-                for n in nodes:
-                    await self.start_node(n)
-                for n in nodes:
-                    self.down.pop(n, None)
-            self.later(nursery, a, rec, all_up)
+    async def _fault_forget(self, a, rec: Fault, node: str | None, context) -> None:
+        obs, nursery = context
+        c = self.c
+        how = a.params.get("how", "kill")
+        rec.loss_allowed = self.allowance(obs, {node}, "crash" if how == "kill" else "shutdown")
+        rec.t = time.time()
+        self.down[node] = "crash" if how == "kill" else "shutdown"
+        if how == "kill":
+            c.expected_exit.add(node)
+            await self.thread(c.kill9, node)
         else:
-            raise RuntimeError(f"unknown fault kind {kind}")
+            await self.ctl_ok(node, "stop_app", timeout=30)
+        others = [n for n in self.up_nodes() if n != node]
+        if not others:
+            rec.detail["skipped"] = "no running node left to forget it"
+            self.later(nursery, a, rec, partial(self._restart if how == "kill" else self._start_app, node))
+            return
+        via = others[0]
+
+        async def forgotten():
+            r = await self.ctl(via, "forget_cluster_node", node, timeout=10)
+            if r.returncode == 0:
+                return True
+            text = (r.stderr or r.stdout).strip()[-300:]
+            if "majority" in text:  # refused, rightly: the log cannot record it now
+                rec.detail["refused"] = text
+                return True
+            return text
+        if await self.wait_for(f"forget_cluster_node {node} on {via} to succeed",
+                               forgotten, 3 * self.opts.net_ticktime + 10, 0.5) \
+                and "refused" not in rec.detail:
+            rec.detail["forgotten_via"] = via
+        self.say(f"forget {node} ({how}) via {via}")
+
+        async def rejoin():
+            self.step = f"re-joining {node}"
+            if "forgotten_via" not in rec.detail:
+                # the forget was refused (no majority to record it): still a member, the
+                # node comes back as itself
+                await (self._restart if how == "kill" else self._start_app)(node)
+                return
+            if how == "kill":
+                if not await self.start_node(node, fresh=True):
+                    return
+                cmds = [["stop_app"], ["join_cluster", self._join_target(node)], ["start_app"]]
+            else:
+                cmds = [["reset"], ["join_cluster", self._join_target(node)], ["start_app"]]
+            if await self._join_fresh(node, cmds, 30):
+                self.down.pop(node, None)
+            else:
+                # the cluster could not take it in yet (no majority to record the join):
+                # it stays out, its app stopped, and the heal takes it in
+                self.joins_pending.add(node)
+                self.notes.append(f"{node} re-joins at the heal: the cluster could not take it in")
+        self.later(nursery, a, rec, rejoin)
+
+    async def _fault_partition(self, a, rec: Fault, node: str | None, context) -> None:
+        obs, nursery = context
+        rec.target = node
+        if self.ns is None:
+            rec.detail["skipped"] = f"partitions need network namespaces: {self.skip_partitions}"
+            rec.t_end = rec.t
+            self.say(f"partition skipped: {self.skip_partitions}")
+            return
+        rec.loss_allowed = self.allowance(obs, {node}, "isolated")
+        rec.t = time.time()
+        await self.thread(self.ns.isolate, node)
+        self.down[node] = "isolated"
+        self.say(f"partition: {node} cut off from the other nodes")
+
+        async def heal():
+            await self.thread(self.ns.heal)
+            self.down.pop(node, None)
+        self.later(nursery, a, rec, heal)
+
+    async def _fault_policy(self, a, rec: Fault, node: str | None, context) -> None:
+        rec.target = "queue"
+        new = a.params["definition"]
+        await self.ctl_ok(self.up_nodes()[0], "set_policy", "--apply-to", "queues", POLICY_NAME,
+                          self.pattern, json.dumps(new))
+        self.policy = dict(new)
+        self.policies.append((time.time(), self.policy))
+        self.say(f"set_policy {json.dumps(new)}")
+
+    async def _fault_sync(self, a, rec: Fault, node: str | None, context) -> None:
+        kind = a.kind
+        rec.target = "queue"
+        r = await self.ctl(self.up_nodes()[0], "sync_queue", self.s.queue, "--formatter", "json")
+        rec.detail["sync_queue"] = (r.stdout or r.stderr).strip()[-200:]
+        if kind == "cancel_sync":
+            await trio.sleep(a.duration)
+            if up := self.up_nodes():  # (the nodes may have gone down meanwhile)
+                r = await self.ctl(up[0], "cancel_sync_queue", self.s.queue, "--formatter", "json")
+                rec.detail["cancel_sync_queue"] = (r.stdout or r.stderr).strip()[-200:]
+        self.say(f"{kind}: {rec.detail}")
+
+    async def _fault_rolling_restart(self, a, rec: Fault, node: str | None, context) -> None:
+        rec.target = "cluster"
+        steps = []
+        # a node another fault holds (killed, stopped, forgotten, paused, cut off) stays as
+        # that fault left it, as in a full restart
+        for node in [n for n in self.names if n not in self.down]:
+            o = await self.observe([n for n in self.names if n != node])
+            why = self.allowance(o, {node}, "shutdown")
+            if why and rec.loss_allowed is None:
+                rec.loss_allowed = f"restarting {node}: {why}"
+            self.down[node] = "shutdown"
+            stop = await self.stop_node(node)
+            ok = await self.start_node(node)
+            self.down.pop(node, None)
+            synced = await self._wait_resynced(f"rolling restart: the queue's mirrors to be "
+                                               f"synchronised again after restarting {node}")
+            steps.append({"node": node, "stop": stop, "started": ok, "resynced": synced,
+                          "before": o.as_dict() if o else None})
+            self.say(f"rolling restart: {node} done (resynced {synced})")
+        rec.detail["steps"] = steps
+        rec.t_end = time.time()
+
+    async def _fault_full_restart(self, a, rec: Fault, node: str | None, context) -> None:
+        obs, nursery = context
+        rec.target = "cluster"
+        # a node another fault holds (killed, stopped, forgotten, paused, cut off) stays as
+        # that fault left it: its own undo brings it back, the way it went
+        nodes = [n for n in self.names if n not in self.down]
+        if len(nodes) < len(self.names):
+            rec.detail["left_to_other_faults"] = sorted(set(self.names) - set(nodes))
+        rec.loss_allowed = self.allowance(obs, set(nodes), "shutdown")
+        rec.t = time.time()
+        for n in nodes:
+            self.down[n] = "shutdown"
+            self.c.expected_exit.add(n)
+        with trio.move_on_after(30):
+            async with trio.open_nursery() as nn:
+                for n in nodes:
+                    nn.start_soon(self.stop_node, n)
+        self.say(f"full restart: {', '.join(nodes)} stopped")
+
+        async def all_up():
+            for n in nodes:
+                await self.start_node(n)
+            for n in nodes:
+                self.down.pop(n, None)
+        self.later(nursery, a, rec, all_up)
 
     async def _join_fresh(self, node: str, cmds: list, timeout: float) -> bool:
         """Run warrenctl `cmds` (a reset or stop_app, join_cluster, start_app) on a forgotten
@@ -930,6 +964,47 @@ def promotions_in_logs(paths, queue: str) -> list[tuple[float, str, bool]]:
     return sorted(out)
 
 
+_LOG_LINE = re.compile(r"^(\S+) \[\s*\w+\s*\] (.*?)((?: +\w+=(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\[[^\]]*\]|\S+))*)\s*$")
+_LOG_FIELD = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\[[^\]]*\]|\S+)")
+
+
+def broker_events_in_logs(paths) -> list[BrokerEvent]:
+    """The node log lines the checker reads (links up and down, app starts and stops, mirrors
+    given up on, promotions: `checker.BROKER_EVENTS`), with their unix times, from the console
+    or JSON logs of the nodes (each file named after its node)."""
+    out = []
+    for path in paths:
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if not keeps_event(line):
+                continue
+            if line.startswith("{"):
+                try:
+                    rec = json.loads(line)
+                    stamp, event = rec.pop("timestamp"), rec.pop("event")
+                except (ValueError, KeyError):
+                    continue
+                fields = {k: str(v) for k, v in rec.items()}
+            else:
+                match = _LOG_LINE.match(line)
+                if not match:
+                    continue
+                stamp, event = match[1], match[2].strip()
+                fields = {k: v.strip("'\"") for k, v in _LOG_FIELD.findall(match[3])}
+            try:
+                t = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+            node = fields.pop("node", None) or Path(path).stem
+            keep = {k: v for k, v in fields.items() if k in EVENT_FIELDS}
+            if keeps_event(event):
+                out.append(BrokerEvent(t, node, event, keep))
+    return sorted(out, key=lambda e: e.t)
+
+
 def _checker_options(opts: Options) -> dict:
     return {"stranded_after": opts.stranded_after,
             "recovery_grace": max(5.0, 2 * opts.net_ticktime + 3.0)}
@@ -950,6 +1025,7 @@ def run_one(schedule: Schedule, opts: Options, ns, skip_reason, folder: Path, ru
     for why in allow_unsynchronised_promotions(history.faults, run.promotions(),
                                                policy_timeline(run.policies)):
         run.notes.append(f"loss allowed from the promotion: {why}")
+    history.broker_events = broker_events_in_logs([run.c.log_path(n) for n in run.names])
     verdict = check(history, **_checker_options(opts))
     sdir = folder / f"chaos-{schedule.seed}" / "warren"
     logs.write(sdir, run_id=run_id, scenario=f"chaos-{schedule.seed}", schedule=schedule.as_dict(),
@@ -969,7 +1045,8 @@ def summary(s: Schedule, v: Verdict, opts: Options) -> dict:
     return {"scenario": f"chaos-{s.seed}", "seed": s.seed, "kinds": s.fault_kinds(), "ok": v.ok,
             "lost": v.lost, "lost_allowed": sum(v.lost_allowed.values()), "stranded": v.stranded,
             "stuck": v.stuck, "duplicates_unflagged": v.duplicates_unflagged,
-            "longest_gap_s": v.longest_gap_s, "replay": replay_of(s, opts)}
+            "longest_gap_s": v.longest_gap_s, "confirm_stall_s": v.confirm_stall_s,
+            "replay": replay_of(s, opts)}
 
 
 def run_schedules(schedules: list[Schedule], opts: Options, folder: Path, run_id: str,

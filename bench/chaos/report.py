@@ -7,6 +7,8 @@ without running anything:
 - schedules, verdicts (the failed ones by seed), how often each fault kind was drawn;
 - totals: published, confirmed, delivered, confirmed messages lost (a bug) and lost where the
   spec allows it (by schedule and reason), stranded, stuck, repeats without `redelivered`;
+- the longest confirm stall with every node up and linked and no fault in force, with what it
+  waited for (bench/chaos/checker.py);
 - the failover gap of every kill -9 of the queue's leader that left a majority running: the
   longest pause between two consecutive deliveries (to any consumer) that starts within the
   GAP_WINDOW seconds after the kill, or, when the schedule's next fault comes sooner, that ends
@@ -87,7 +89,7 @@ def summarize(run: Path, recheck: bool = True) -> str:
         raise FileNotFoundError(f"no chaos schedules under {run}")
     kinds: Counter = Counter()
     tot: Counter = Counter()
-    failed, allowed, gaps, outages = [], [], [], []
+    failed, allowed, gaps, outages, stalls = [], [], [], [], []
     for folder in folders:
         saved = json.loads((folder / "verdict.json").read_text())
         seed = saved["seed"]
@@ -100,6 +102,8 @@ def summarize(run: Path, recheck: bool = True) -> str:
             failed.append((seed, "; ".join(v["reasons"])[:200]))
         if v["lost_allowed"]:
             allowed.append((seed, v["lost_allowed"]))
+        if v.get("confirm_stall_s") is not None:
+            stalls.append((v["confirm_stall_s"], seed, v.get("confirm_stall_why", "")))
         for g, at, majority in leader_kill_gaps(folder):
             (gaps if majority else outages).append((g, at, seed))
     lines = [f"{len(folders)} schedules (seeds {folders[0].parent.name[6:]}..{folders[-1].parent.name[6:]}): "
@@ -121,5 +125,9 @@ def summarize(run: Path, recheck: bool = True) -> str:
         lines.append(f"kill -9 of the leader with another node already away (no majority left: nothing "
                      f"can be promoted until it is back; {len(outages)} kills): pauses "
                      + ", ".join(f"{x * 1000:.0f} ms (seed {s})" for x, _, s in sorted(outages, reverse=True)))
+    if stalls:
+        x, seed, why = max(stalls)
+        lines.append(f"longest confirm stall with every node up and linked and no fault in force: "
+                     f"{x * 1000:.0f} ms (seed {seed}{': ' + why if why else ''})")
     lines += [f"FAIL seed {seed}: {why}" for seed, why in failed]
     return "\n".join(lines)

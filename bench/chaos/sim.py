@@ -37,14 +37,20 @@ import trio.testing
 from broker.control import ctl_call
 from broker.simulation import CLIENT_PORT, PEER_PORT, SIM_USER, SimCluster, deterministic, trace_digest, traced
 
-from .checker import (Fault, History, Phase, Verdict, allow_unsynchronised_promotions, check,
-                      policy_timeline, spec_allows_loss)
+from .checker import (EVENT_FIELDS, BrokerEvent, Fault, History, Phase, Verdict,
+                      allow_unsynchronised_promotions, check, keeps_event, policy_timeline,
+                      spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
+from .faults import FaultRunner
 from .schedule import expected_mirrors, KINDS, Action, Schedule, generate
 
 SIM_KINDS = KINDS + ("drop", "delay", "client_drop")
 SIM_RATE = 150  # msgs/s over all publishers: what a simulated second costs real time
 SIM_TICKTIME = 3.0
+# the longest confirm stall with every node up and linked and no fault in force: the real
+# campaign's STALL_LIMIT, scaled to the simulation's shorter net_ticktime (a leader gives up on a
+# silent mirror after net_ticktime, 3 s here: the stall must be caught below that)
+SIM_STALL_LIMIT = 2.0
 DEFAULT_SCALE = 0.4  # shorter faults and gaps than the real campaign's: a schedule in ~0.25 s
 POLICY = "chaos-ha"
 
@@ -270,7 +276,7 @@ def sim_schedule(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SC
     return s
 
 
-class SimRun:
+class SimRun(FaultRunner):
     """One schedule on a SimCluster, recorded as a checker history (times: the mock clock)."""
 
     def __init__(self, s: Schedule, nursery: trio.Nursery, say=None):
@@ -399,75 +405,109 @@ class SimRun:
         return (self.s.publishers if t == "publisher_node" else self.s.consumers)[0]
 
     async def act(self, a: Action, undo: trio.Nursery) -> None:
-        now = self.clock()
-        rec = Fault(now, a.kind, None, dict(a.params))
+        rec = Fault(self.clock(), a.kind, None, dict(a.params))
         self.h.faults.append(rec)
+        await self.carry_out(a, rec, undo)
+
+    # --- faults (bench/chaos/faults.py: carry_out takes an action through these) ------------
+    def handlers(self) -> dict:
+        node_fault = self._fault_on_node
+        return {"kill": node_fault, "sigterm": node_fault, "pause": node_fault,
+                "stop_app": node_fault, "forget": node_fault, "partition": node_fault,
+                "policy": self._fault_policy, "sync": self._fault_sync,
+                "cancel_sync": self._fault_sync, "rolling_restart": self._fault_rolling_restart,
+                "full_restart": self._fault_full_restart, "drop": self._fault_drop,
+                "delay": self._fault_delay, "client_drop": self._fault_client_drop}
+
+    async def fault_target(self, a: Action, undo: trio.Nursery) -> str:
+        return self._resolve(a)
+
+    def any_node_running(self) -> bool:
+        return bool(self.live())
+
+    def skip_if_down(self, a: Action, rec: Fault, node: str) -> bool:
+        if node in self.down:
+            rec.detail["skipped"] = f"{node} is already down"
+            return True
+        if a.kind == "forget" and (self.down or self.forgotten):
+            # forgetting a member while another is down or gone would leave the metadata
+            # log without a majority for good (as an operator who keeps a majority running
+            # during maintenance knows not to do)
+            rec.detail["skipped"] = "another member is down or forgotten"
+            return True
+        return False
+
+    def skip_no_node_running(self, a: Action, rec: Fault) -> None:
+        # every node is down (other faults hold them): there is no one to tell, as for an
+        # operator whose rabbitmqctl finds no running node
+        rec.detail["skipped"] = "no node is running"
+
+    async def _fault_on_node(self, a: Action, rec: Fault, node: str, undo: trio.Nursery) -> None:
         k = a.kind
-        if k in ("kill", "sigterm", "pause", "stop_app", "forget", "partition"):
-            node = self._resolve(a)
-            rec.target = node
-            if node in self.down:
-                rec.detail["skipped"] = f"{node} is already down"
-                return
-            if k == "forget" and (self.down or self.forgotten):
-                # forgetting a member while another is down or gone would leave the metadata
-                # log without a majority for good (as an operator who keeps a majority running
-                # during maintenance knows not to do)
-                rec.detail["skipped"] = "another member is down or forgotten"
-                return
-            how = {"kill": "crash", "forget": "crash", "pause": "isolated", "partition": "isolated"}.get(k, "shutdown")
-            rec.loss_allowed = self.allowance({node}, how)
-            self.down[node] = how
-            await self._break(k, node, a)
-            undo.start_soon(self._later, a, rec, node)
-        elif k in ("policy", "sync", "cancel_sync") and not self.live():
-            # every node is down (other faults hold them): there is no one to tell, as for an
-            # operator whose rabbitmqctl finds no running node
-            rec.detail["skipped"] = "no node is running"
-        elif k == "policy":
-            definition = dict(a.params["definition"])
-            if await self._ctl_quietly(self.live()[0], "set_policy", name=POLICY,
-                                       pattern=f"^{self.s.queue}$", apply_to="queues",
-                                       definition=json.dumps(definition)):
-                self.policy = definition
-                self.policies.append((self.clock(), definition))
-        elif k in ("sync", "cancel_sync"):
-            await self._ctl_quietly(self.live()[0], "sync_queue", queue=self.s.queue)
-            if k == "cancel_sync":
-                await trio.sleep(a.duration)
-                if live := self.live():  # (the nodes may have gone down meanwhile)
-                    await self._ctl_quietly(live[0], "cancel_sync_queue", queue=self.s.queue)
-        elif k == "rolling_restart":
-            # a node another fault holds stays as that fault left it (as in the real driver)
-            for node in [n for n in self.names if n not in self.down]:
-                rec.loss_allowed = rec.loss_allowed or self.allowance({node}, "shutdown")
-                await self._break("sigterm", node, a)
-                await self._restore("sigterm", node)
-                await self.wait_for(f"the queue to be synchronised again after {node} restarted",
-                                    self.settled, 30)
-            rec.t_end = self.clock()
-        elif k == "full_restart":
-            rec.loss_allowed = self.allowance(set(self.names), "shutdown")
-            for node in self.names:
-                await self._break("sigterm", node, a)
+        how = {"kill": "crash", "forget": "crash", "pause": "isolated", "partition": "isolated"}.get(k, "shutdown")
+        rec.loss_allowed = self.allowance({node}, how)
+        self.down[node] = how
+        await self._break(k, node, a)
+        undo.start_soon(self._later, a, rec, node)
+
+    async def _fault_policy(self, a: Action, rec: Fault,
+                            node: str | None, undo: trio.Nursery) -> None:
+        definition = dict(a.params["definition"])
+        if await self._ctl_quietly(self.live()[0], "set_policy", name=POLICY,
+                                   pattern=f"^{self.s.queue}$", apply_to="queues",
+                                   definition=json.dumps(definition)):
+            self.policy = definition
+            self.policies.append((self.clock(), definition))
+
+    async def _fault_sync(self, a: Action, rec: Fault,
+                          node: str | None, undo: trio.Nursery) -> None:
+        k = a.kind
+        await self._ctl_quietly(self.live()[0], "sync_queue", queue=self.s.queue)
+        if k == "cancel_sync":
             await trio.sleep(a.duration)
-            for node in self.names:
-                await self._restore("sigterm", node)
-            rec.t_end = self.clock()
-        elif k == "drop":
-            rec.target = self._resolve(a)
-            self.c.net.drop(rec.target, a.params["other"])
-        elif k == "delay":
-            rec.target = self._resolve(a)
-            self.c.net.delay(rec.target, a.params["other"], a.params["seconds"])
-            undo.start_soon(self._later, a, rec, rec.target)
-        elif k == "client_drop":
-            clients = self.publishers if a.target == "publisher" else self.consumers
-            cl = clients[random.Random(a.seed).randrange(len(clients))]
-            if cl.conn is not None and cl.conn.node:
-                rec.target = cl.conn.node
-                host = f"{'p' if a.target == 'publisher' else 'c'}{cl.index}"
-                self.c.net.drop(host, cl.conn.node)
+            if live := self.live():  # (the nodes may have gone down meanwhile)
+                await self._ctl_quietly(live[0], "cancel_sync_queue", queue=self.s.queue)
+
+    async def _fault_rolling_restart(self, a: Action, rec: Fault,
+                                     node: str | None, undo: trio.Nursery) -> None:
+        # a node another fault holds stays as that fault left it (as in the real driver)
+        for node in [n for n in self.names if n not in self.down]:
+            rec.loss_allowed = rec.loss_allowed or self.allowance({node}, "shutdown")
+            await self._break("sigterm", node, a)
+            await self._restore("sigterm", node)
+            await self.wait_for(f"the queue to be synchronised again after {node} restarted",
+                                self.settled, 30)
+        rec.t_end = self.clock()
+
+    async def _fault_full_restart(self, a: Action, rec: Fault,
+                                  node: str | None, undo: trio.Nursery) -> None:
+        rec.loss_allowed = self.allowance(set(self.names), "shutdown")
+        for node in self.names:
+            await self._break("sigterm", node, a)
+        await trio.sleep(a.duration)
+        for node in self.names:
+            await self._restore("sigterm", node)
+        rec.t_end = self.clock()
+
+    async def _fault_drop(self, a: Action, rec: Fault,
+                          node: str | None, undo: trio.Nursery) -> None:
+        rec.target = self._resolve(a)
+        self.c.net.drop(rec.target, a.params["other"])
+
+    async def _fault_delay(self, a: Action, rec: Fault,
+                           node: str | None, undo: trio.Nursery) -> None:
+        rec.target = self._resolve(a)
+        self.c.net.delay(rec.target, a.params["other"], a.params["seconds"])
+        undo.start_soon(self._later, a, rec, rec.target)
+
+    async def _fault_client_drop(self, a: Action, rec: Fault,
+                                 node: str | None, undo: trio.Nursery) -> None:
+        clients = self.publishers if a.target == "publisher" else self.consumers
+        cl = clients[random.Random(a.seed).randrange(len(clients))]
+        if cl.conn is not None and cl.conn.node:
+            rec.target = cl.conn.node
+            host = f"{'p' if a.target == 'publisher' else 'c'}{cl.index}"
+            self.c.net.drop(host, cl.conn.node)
 
     async def _ctl_quietly(self, where: str, command: str, **args) -> bool:
         try:
@@ -637,6 +677,20 @@ async def _scenario(s: Schedule, say) -> History:
     return history
 
 
+def broker_events_in_trace(trace: list) -> list[BrokerEvent]:
+    """The node log events the checker reads (links, app starts and stops, mirrors given up
+    on, promotions), from a run's trace."""
+    out = []
+    for t, name, fields in trace:
+        if t is None or not keeps_event(name):
+            continue
+        f = {k: v.strip("'") for k, v in fields if k == "node" or k in EVENT_FIELDS}
+        node = f.pop("node", "")
+        if node:
+            out.append(BrokerEvent(t, node, name, f))
+    return out
+
+
 def promotions_in_trace(trace: list, queue: str) -> list[tuple[float, str, bool]]:
     """(time, node, synchronised) of each promotion of `queue`'s mirrors in a run's trace."""
     needle = f"Mirrored queue '{queue}' in vhost '/': Promoting mirror"
@@ -660,7 +714,9 @@ def run_seed(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
     for why in allow_unsynchronised_promotions(history.faults, promotions_in_trace(trace, s.queue),
                                                policy_timeline(policies)):
         history.meta["notes"].append(f"loss allowed from the promotion: {why}")
-    verdict = check(history, stranded_after=5.0, recovery_grace=2 * SIM_TICKTIME + 3.0)
+    history.broker_events = broker_events_in_trace(trace)
+    verdict = check(history, stranded_after=5.0, recovery_grace=2 * SIM_TICKTIME + 3.0,
+                    stall_limit=SIM_STALL_LIMIT)
     return SimResult(seed, s, verdict, trace_digest(trace), time.perf_counter() - t0,
                      trace if keep_trace else [])
 
@@ -688,7 +744,8 @@ def _one(args) -> dict:
     v = r.verdict
     return {"seed": seed, "ok": v.ok, "line": r.line(), "reasons": v.reasons[:5], "replay": r.replay(),
             "lost_allowed": dict(v.lost_allowed), "digest": r.digest, "wall_s": r.wall_s,
-            "kinds": r.schedule.fault_kinds(), "real": r.real_replay()}
+            "kinds": r.schedule.fault_kinds(), "real": r.real_replay(),
+            "confirm_stall_s": v.confirm_stall_s, "confirm_stall_why": v.confirm_stall_why}
 
 
 def explore(first: int, count: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
@@ -719,6 +776,12 @@ def explore(first: int, count: int, kinds=None, faults=(1, 3), scale: float = DE
           f"{sum(r['wall_s'] for r in results) / max(1, len(results)):.2f} s per schedule", file=out)
     for r in allowed:
         print(f"  allowed loss, seed {r['seed']} [{','.join(r['kinds'])}]: {r['lost_allowed']}", file=out)
+    stalls = [r for r in results if r.get("confirm_stall_s") is not None]
+    if stalls:
+        worst = max(stalls, key=lambda r: r["confirm_stall_s"])
+        print(f"  longest confirm stall with every node up and linked and no fault in force: "
+              f"{worst['confirm_stall_s'] * 1000:.0f} ms (seed {worst['seed']}: "
+              f"{worst['confirm_stall_why']})", file=out)
     out.flush()
     return results
 

@@ -1,6 +1,9 @@
 """The AMQP 0-9-1 server side of one connection as a sans-IO state machine: bytes in, session
 commands and events out; session outputs in, bytes out. No sockets, no clock (time comes in as
-`now`), like h11's connection or hypercorn's protocol classes; broker/amqp/server.py drives it.
+`now`), like h11's connection or hypercorn's protocol classes; broker/connection.py drives it
+(broker/amqp/server.py). Its parts: this module (frames in: channels, content, the hot path of
+publishes and acks), connection_level.py (channel 0: handshake, close, blocked, heartbeats),
+output.py (the session's outputs as frames).
 
 Connection (channel 0), as the spec and RabbitMQ do it:
     HEADER --"AMQP\\0\\0\\9\\1"--> START_OK --start-ok (PLAIN / AMQPLAIN, the users and the
@@ -22,81 +25,26 @@ not the connection's user closes the channel with 406, as RabbitMQ does.
 
 from __future__ import annotations
 
-import enum
-import platform
-from dataclasses import dataclass
-
-from pamqp import commands, decode
+from pamqp import commands
 
 from wire import messages as m
 from wire import props as propsmod
-from wire.errors import (ACCESS_REFUSED, CHANNEL_ERROR, COMMAND_INVALID, CONNECTION_FORCED,
-                         FRAME_ERROR, NOT_ALLOWED, NOT_IMPLEMENTED, PRECONDITION_FAILED,
-                         SYNTAX_ERROR, UNEXPECTED_FRAME, CODE_NAMES, ProtocolError)
+from wire.errors import (CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, NOT_IMPLEMENTED,
+                         PRECONDITION_FAILED, SYNTAX_ERROR, UNEXPECTED_FRAME, ProtocolError)
 
+from ..frontend import ChannelFailed, Closed, ConnectionFailed, LoggedIn
 from . import codec
+from .connection_level import (SERVER_CHANNEL_MAX, SERVER_FRAME_MAX, SERVER_HEARTBEAT,
+                               ConnectionPart, State)
+from .output import OutputPart
 
-SERVER_FRAME_MAX = 131072  # RabbitMQ's default
-SERVER_CHANNEL_MAX = 2047
-SERVER_HEARTBEAT = 60
 BATCH_BYTES = 1 << 20  # publishes gathered into one session command, at most (or one message:
 # a batch crosses peer links in one frame, so a large message goes alone)
 BATCH_MSGS = 2048
-CLOSE_TIMEOUT = 3.0  # seconds to wait for close-ok after a connection.close of ours
-CAPABILITIES = {
-    "publisher_confirms": True,
-    "exchange_exchange_bindings": False,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "connection.blocked": True,
-    "consumer_priorities": False,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-    "direct_reply_to": False,
-}
-
-
 _PUBLISH_PREFIX = codec.PUBLISH.to_bytes(4, "big")
-_START_FRAMES: dict[tuple, bytes] = {}  # (version, cluster, node) -> the connection.start frame
 
-
-class State(enum.Enum):
-    HEADER = "waiting for the protocol header"
-    START_OK = "waiting for connection.start-ok"
-    TUNE_OK = "waiting for connection.tune-ok"
-    OPEN = "waiting for connection.open"
-    OPENED = "open"
-    CLOSING = "closing (connection.close sent)"
-    CLOSED = "closed"
-
-
-# --- events for the driver -----------------------------------------------------------------------
-
-@dataclass(slots=True)
-class LoggedIn:
-    user: str
-    client_properties: dict
-
-
-@dataclass(slots=True)
-class ChannelFailed:
-    """A channel error found here (the session closes the channel: `Session.fail_channel`)."""
-    ch: int
-    code: int
-    text: str
-
-
-@dataclass(slots=True)
-class ConnectionFailed:
-    """A connection error: connection.close was sent (or the connection is just gone)."""
-    code: int
-    text: str
-
-
-@dataclass(slots=True)
-class Closed:
-    """The connection is over: close the socket once `data_to_send` is written."""
-    reason: str
+# the events for the driver (LoggedIn, ChannelFailed, ConnectionFailed, Closed) are
+# broker/frontend.py's, shared with the native protocol
 
 
 class _Channel:
@@ -119,14 +67,14 @@ class _Channel:
         self.confirming = False
 
 
-def _error_text(code: int, text: str) -> str:
-    return f"{CODE_NAMES.get(code, str(code))} - {text}"
-
-
-class AmqpProtocol:
+class AmqpProtocol(ConnectionPart, OutputPart):
     """One connection's protocol state. `authenticate(mechanism, user, password)` raises
     ProtocolError to refuse a login; `can_open()` returns why the node refuses connections
-    now (pause_minority), or ""."""
+    now (pause_minority), or "". It is a broker/frontend.py `ClientProtocol`."""
+
+    NAME = "AMQP"
+    SESSION_PROTOCOL = "AMQP 0-9-1"
+    DEFAULT_CLIENT_NAME = "AMQP client"
 
     def __init__(self, *, authenticate, can_open=lambda: "", node: str = "", cluster: str = "",
                  heartbeat: int = SERVER_HEARTBEAT, frame_max: int = SERVER_FRAME_MAX,
@@ -257,31 +205,6 @@ class AmqpProtocol:
         ev, self._events = self._events, []
         return ev
 
-    def _check_header(self, head: bytes) -> bool:
-        if head != codec.PROTOCOL_HEADER:
-            # the spec: answer with the protocol version we speak, then close
-            self._send(codec.PROTOCOL_HEADER)
-            self.state = State.CLOSED
-            self._events.append(Closed(f"bad protocol header {head!r}"))
-            return False
-        self.state = State.START_OK
-        key = (self.version, self.cluster, self.node)
-        start = _START_FRAMES.get(key)
-        if start is None:  # the same for every connection to this node: encoded once
-            props = {
-                "product": "warren",
-                "version": self.version,
-                "platform": f"Python {platform.python_version()}",
-                "information": "an in-memory broker implementing RabbitMQ's classic queue mirroring",
-                "cluster_name": self.cluster,
-                "node": self.node,
-                "capabilities": dict(CAPABILITIES),
-            }
-            start = _START_FRAMES[key] = codec.method_frame(
-                commands.Connection.Start(0, 9, props, "PLAIN AMQPLAIN", "en_US"), 0)
-        self._send(start)
-        return True
-
     def _frame(self, kind: int, ch: int, payload: bytes, now: float) -> None:
         state = self.state
         if kind == codec.HEARTBEAT:
@@ -357,113 +280,6 @@ class AmqpProtocol:
                     raise ProtocolError(FRAME_ERROR, f"content body on channel {ch} is longer "
                                                      f"than the {c.size} bytes its header gave")
                 self._complete(c)
-
-    # --- handshake -----------------------------------------------------------------------------
-    def _handshake(self, kind: int, ch: int, payload: bytes, now: float) -> None:
-        state = self.state
-        if kind != codec.METHOD or ch != 0:
-            raise ProtocolError(UNEXPECTED_FRAME, f"frame type {kind} on channel {ch} during "
-                                                  f"the connection handshake ({state.value})")
-        method = codec.decode_method(payload)
-        if isinstance(method, commands.Connection.Close):
-            self._method(0, commands.Connection.CloseOk())
-            self._finish("the client closed the connection during the handshake")
-            return
-        want = {State.START_OK: commands.Connection.StartOk, State.TUNE_OK: commands.Connection.TuneOk,
-                State.OPEN: commands.Connection.Open}[state]
-        if not isinstance(method, want):
-            raise ProtocolError(COMMAND_INVALID, f"expected '{codec.method_name(want.index)}', got "
-                                                 f"'{codec.method_name(method.index)}'")
-        if state is State.START_OK:
-            self._start_ok(method)
-        elif state is State.TUNE_OK:
-            self._tune_ok(method, now)
-        else:
-            self._open(method)
-
-    def _start_ok(self, method) -> None:
-        self.client_properties = method.client_properties or {}
-        caps = self.client_properties.get("capabilities")
-        self.capabilities = caps if isinstance(caps, dict) else {}
-        mech = method.mechanism
-        response = method.response
-        if isinstance(response, str):
-            response = response.encode("utf-8", "surrogateescape")
-        if mech == "PLAIN":
-            parts = bytes(response or b"").split(b"\x00")
-            if len(parts) != 3:
-                raise ProtocolError(ACCESS_REFUSED, "malformed PLAIN response")
-            user, password = parts[1], parts[2]
-        elif mech == "AMQPLAIN":
-            try:
-                _, table = decode.field_table(len(response).to_bytes(4, "big") + response)
-            except (ValueError, TypeError):
-                raise ProtocolError(ACCESS_REFUSED, "malformed AMQPLAIN response") from None
-            user, password = table.get("LOGIN", b""), table.get("PASSWORD", b"")
-        else:
-            raise ProtocolError(COMMAND_INVALID, f"unknown authentication mechanism '{mech}' "
-                                                 "(warren offers PLAIN and AMQPLAIN)")
-        user = user.decode(errors="replace") if isinstance(user, (bytes, bytearray)) else str(user)
-        password = password.decode(errors="replace") if isinstance(password, (bytes, bytearray)) else str(password)
-        try:
-            self.authenticate(mech, user, password)
-        except ProtocolError as exc:
-            text = f"Login was refused using authentication mechanism {mech}: {exc.text}"
-            if self.capabilities.get("authentication_failure_close"):
-                self._connection_error(ACCESS_REFUSED, text)
-            else:  # older clients: RabbitMQ just closes the socket
-                self.state = State.CLOSED
-                self._events.append(ConnectionFailed(ACCESS_REFUSED, text))
-                self._events.append(Closed(text))
-            return
-        self.user = user
-        self.mechanism = mech
-        self.state = State.TUNE_OK
-        self._method(0, commands.Connection.Tune(self.server_channel_max, self.server_frame_max,
-                                                 self.server_heartbeat))
-
-    def _tune_ok(self, method, now: float) -> None:
-        frame_max = method.frame_max or self.server_frame_max
-        if frame_max < codec.FRAME_MIN:
-            raise ProtocolError(NOT_ALLOWED, f"frame_max={frame_max} < {codec.FRAME_MIN} min size")
-        if frame_max > self.server_frame_max:
-            raise ProtocolError(NOT_ALLOWED, f"frame_max={frame_max} > {self.server_frame_max} max size")
-        channel_max = method.channel_max or self.server_channel_max
-        if channel_max > self.server_channel_max:
-            raise ProtocolError(NOT_ALLOWED, f"channel_max={channel_max} > "
-                                             f"{self.server_channel_max} max channels")
-        self.frame_max = frame_max
-        self.channel_max = channel_max
-        self.heartbeat = max(0, method.heartbeat or 0)
-        self.last_recv = now
-        self.state = State.OPEN
-
-    def _open(self, method) -> None:
-        vhost = method.virtual_host
-        if vhost != "/":
-            raise ProtocolError(NOT_ALLOWED, f"vhost '{vhost}' not found (warren has only the "
-                                             "vhost '/')")
-        refusal = self.can_open()
-        if refusal:
-            raise ProtocolError(CONNECTION_FORCED, refusal)
-        self.state = State.OPENED
-        self._method(0, commands.Connection.OpenOk())
-        self._events.append(LoggedIn(self.user, self.client_properties))
-
-    def _connection_method(self, method) -> None:
-        if isinstance(method, commands.Connection.Close):
-            self._flush_batch()
-            self._method(0, commands.Connection.CloseOk())
-            reason = f"the client closed the connection ({method.reply_code} {method.reply_text})"
-            self._finish(reason)
-        elif isinstance(method, (commands.Connection.Blocked, commands.Connection.Unblocked,
-                                 commands.Connection.CloseOk)):
-            return
-        elif isinstance(method, commands.Connection.UpdateSecret):
-            raise ProtocolError(NOT_IMPLEMENTED, "connection.update-secret")
-        else:
-            raise ProtocolError(COMMAND_INVALID, f"'{codec.method_name(method.index)}' is not "
-                                                 "allowed on channel 0 of an open connection")
 
     # --- channel methods -----------------------------------------------------------------------
     def _rid(self, ch: int, kind: str, nowait: bool, index: int) -> int:
@@ -707,252 +523,8 @@ class AmqpProtocol:
         c.closing = True
         self._events.append(ChannelFailed(c.id, code, text))
 
-    # --- session output -> frames -------------------------------------------------------------
-    def send_output(self, msg) -> None:
-        """One output of the session (Reply, Fail, Deliver, Confirm, Cancelled, Returned)."""
-        if self.state is not State.OPENED:
-            return
-        t = type(msg)
-        if t is m.Deliver:
-            self._deliver(msg)
-        elif t is m.Confirm:
-            self._confirm(msg)
-        elif t is m.Reply:
-            self._reply(msg)
-        elif t is m.Fail:
-            self._fail(msg)
-        elif t is m.Cancelled:
-            c = self.channels.get(msg.ch)
-            if c is None or c.closing:
-                return
-            c.consumers.pop(msg.consumer_tag, None)
-            if self.capabilities.get("consumer_cancel_notify"):
-                self._method(msg.ch, commands.Basic.Cancel(msg.consumer_tag, True))
-        elif t is m.Returned:
-            c = self.channels.get(msg.ch)
-            if c is None or c.closing:
-                return
-            out = self._out
-            props = msg.props
-            for i, body in enumerate(msg.bodies):
-                item = props[i] if props is not None else None
-                codec.return_frames(msg.ch, msg.code, msg.text, msg.exchange, msg.routing_key, body,
-                                    propsmod.to_raw(item), self.frame_max, out)
-
-    def _deliver(self, msg: m.Deliver) -> None:
-        ch = msg.ch
-        c = self.channels.get(ch)
-        if c is None or c.closing:
-            return  # the session requeues what a closed channel had
-        tag = msg.consumer_tag
-        codec.deliver_batch(ch, tag, msg.first_tag, msg.bodies,
-                            set(msg.redelivered) if msg.redelivered else (), msg.props,
-                            c.consumers.get(tag, ""), propsmod.to_raw, self.frame_max, self._out)
-
-    def _confirm(self, msg: m.Confirm) -> None:
-        c = self.channels.get(msg.ch)
-        if c is None or c.closing:
-            return
-        ranges = [(a, b, True) for a, b in msg.acks] + [(a, b, False) for a, b in msg.nacks]
-        if len(ranges) > 1:
-            ranges.sort()
-        for first, last, ok in ranges:
-            if first == c.low:
-                self._ack_frame(msg.ch, last, last > first, ok)
-                c.low = last + 1
-                ooo = c.ooo
-                while c.low in ooo:
-                    ooo.discard(c.low)
-                    c.low += 1
-            else:
-                # an earlier message is still unconfirmed: "multiple" would cover it too
-                for seq in range(first, last + 1):
-                    self._ack_frame(msg.ch, seq, False, ok)
-                    c.ooo.add(seq)
-
-    def _ack_frame(self, ch: int, tag: int, multiple: bool, ok: bool) -> None:
-        if ok:
-            self._method(ch, commands.Basic.Ack(tag, multiple))
-        else:
-            self._method(ch, commands.Basic.Nack(tag, multiple, False))
-
-    def _reply(self, msg: m.Reply) -> None:
-        req = self.requests.pop(msg.rid, None)
-        if req is None:
-            return
-        ch, kind, nowait, _ = req
-        c = self.channels.get(ch)
-        if c is None or c.closing:
-            return
-        v = msg.value
-        C = commands
-        if kind == "channel.close":
-            self._method(ch, C.Channel.CloseOk())
-            self._drop_channel(ch)
-            return
-        if kind.startswith("basic.consume:"):
-            c.consumers[v] = kind[len("basic.consume:"):] or c.last_queue
-            if not nowait:
-                self._method(ch, C.Basic.ConsumeOk(v))
-            return
-        if kind == "queue.declare":
-            c.last_queue = v[0]
-            if not nowait:
-                self._method(ch, C.Queue.DeclareOk(v[0], v[1], v[2]))
-            return
-        if kind.startswith("basic.get:"):
-            if v is None:
-                self._method(ch, C.Basic.GetEmpty())
-                return
-            tag, body, redelivered, item, remaining = v
-            exchange, key = propsmod.routing_of(item, kind[len("basic.get:"):] or c.last_queue)
-            codec.get_ok_frames(ch, tag, bool(redelivered), exchange, key, remaining, body,
-                                propsmod.to_raw(item), self.frame_max, self._out)
-            return
-        if kind == "basic.cancel":
-            c.consumers.pop(v, None)
-        if nowait:
-            return
-        method = _REPLIES[kind](v)
-        if method is not None:
-            self._method(ch, method)
-
-    def _fail(self, msg: m.Fail) -> None:
-        req = self.requests.pop(msg.rid, None) if msg.rid else None
-        ch = msg.ch
-        c = self.channels.get(ch)
-        if c is None:
-            return
-        if c.close_sent:
-            return
-        c.closing = c.close_sent = True
-        c.method = None
-        index = req[3] if req is not None else 0
-        self._method(ch, commands.Channel.Close(msg.code, _error_text(msg.code, msg.text)[:255],
-                                                index >> 16, index & 0xFFFF))
-
-    # --- connection control -------------------------------------------------------------------
-    def _method(self, ch: int, method) -> None:
-        self._out.append(codec.method_frame(method, ch))
-
-    def _send(self, data: bytes) -> None:
-        self._out.append(data)
-
-    def _connection_error(self, code: int, text: str) -> None:
-        """Close the connection with `code` (a connection error)."""
-        if self.state in (State.CLOSING, State.CLOSED):
-            return
-        self._batch = None
-        if self.state is State.HEADER:
-            self.state = State.CLOSED
-            self._events.append(Closed(text))
-            return
-        self._method(0, commands.Connection.Close(code, _error_text(code, text)[:255], 0, 0))
-        self.state = State.CLOSING
-        self.closing_since = self.last_recv
-        self._events.append(ConnectionFailed(code, text))
-
-    def close(self, code: int, text: str, now: float) -> None:
-        """Close from the server's side (a session's connection error, stop_app, a pause):
-        connection.close is sent, then only close-ok is read."""
-        if self.state in (State.CLOSING, State.CLOSED):
-            return
-        self._batch = None
-        if self.state is State.HEADER:
-            self.state = State.CLOSED
-            return
-        self._method(0, commands.Connection.Close(code, _error_text(code, text)[:255], 0, 0))
-        self.state = State.CLOSING
-        self.closing_since = now
-
-    def _finish(self, reason: str) -> None:
-        self.state = State.CLOSED
-        self._events.append(Closed(reason))
-
-    def send_blocked(self, blocked: bool, reason: str = "", source: str = "credit") -> None:
-        """The server holds this connection for `source` (credit flow, a memory alarm) or no
-        longer does: connection.blocked when the first hold starts, connection.unblocked when
-        the last ends, to clients that said they understand them."""
-        before = bool(self.blocked)
-        if blocked:
-            self.blocked[source] = reason
-        else:
-            self.blocked.pop(source, None)
-        after = bool(self.blocked)
-        if before == after or self.state is not State.OPENED:
-            return
-        if not self.capabilities.get("connection.blocked"):
-            return
-        if after:
-            self._method(0, commands.Connection.Blocked(reason[:255]))
-        else:
-            self._method(0, commands.Connection.Unblocked())
-
-    def hold_reading(self, held: bool, now: float) -> None:
-        """The driver stops (or starts again) reading from the client: a client that is not
-        read cannot be heard, so its heartbeats are not checked meanwhile (as RabbitMQ does)."""
-        self.reading = not held
-        self.last_recv = now
-
-    # --- time ----------------------------------------------------------------------------------
-    def next_deadline(self) -> float | None:
-        if self.state is State.CLOSING:
-            return self.closing_since + CLOSE_TIMEOUT
-        if self.state is not State.OPENED or not self.heartbeat:
-            return None
-        return min(self.last_sent + self.heartbeat / 2, self.last_recv + 2 * self.heartbeat)
-
-    def tick(self, now: float) -> list:
-        """Timers: heartbeats to send, a silent client, a close-ok that never came."""
-        if self.state is State.CLOSING:
-            if now >= self.closing_since + CLOSE_TIMEOUT:
-                self._finish("no connection.close-ok from the client")
-            return self._take_events()
-        if self.state is not State.OPENED or not self.heartbeat:
-            return []
-        if self.reading and now - self.last_recv > 2 * self.heartbeat:
-            self.state = State.CLOSED
-            text = f"missed heartbeats from client, timeout: {self.heartbeat}s"
-            self._events.append(ConnectionFailed(CONNECTION_FORCED, text))
-            self._events.append(Closed(text))
-            return self._take_events()
-        if now - self.last_sent >= self.heartbeat / 2 and not self._out:
-            self._out.append(codec.HEARTBEAT_FRAME)
-        return []
-
-    def data_to_send(self, now: float) -> bytes:
-        out = self._out
-        if not out:
-            return b""
-        self._out = []
-        self.last_sent = now
-        return b"".join(out)
-
-    @property
-    def has_output(self) -> bool:
-        return bool(self._out)
-
-
 def _table(value) -> dict:
     return value if isinstance(value, dict) else {}
 
-
-_REPLIES = {
-    "channel.open": lambda v: commands.Channel.OpenOk(),
-    "channel.flow": lambda v: commands.Channel.FlowOk(bool(v)),
-    "basic.qos": lambda v: commands.Basic.QosOk(),
-    "basic.cancel": lambda v: commands.Basic.CancelOk(v),
-    "basic.recover": lambda v: commands.Basic.RecoverOk(),
-    "confirm.select": lambda v: commands.Confirm.SelectOk(),
-    "tx.select": lambda v: commands.Tx.SelectOk(),
-    "tx.commit": lambda v: commands.Tx.CommitOk(),
-    "tx.rollback": lambda v: commands.Tx.RollbackOk(),
-    "exchange.declare": lambda v: commands.Exchange.DeclareOk(),
-    "exchange.delete": lambda v: commands.Exchange.DeleteOk(),
-    "queue.bind": lambda v: commands.Queue.BindOk(),
-    "queue.unbind": lambda v: commands.Queue.UnbindOk(),
-    "queue.purge": lambda v: commands.Queue.PurgeOk(v or 0),
-    "queue.delete": lambda v: commands.Queue.DeleteOk(v or 0),
-}
 
 __all__ = ["AmqpProtocol", "State", "LoggedIn", "ChannelFailed", "ConnectionFailed", "Closed"]

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.framed import LINGER, DirectWrites, FramedStream, direct_socket, frame_parts
+from broker.backoff import Backoff
+from broker.framed import DirectWrites, FramedStream, direct_socket, frame_parts
 from broker.network import TcpNetwork
 from wire import messages as m
 from wire.errors import ProtocolError
@@ -644,7 +645,7 @@ class Connection:
         return framed, welcome.node
 
     async def _connect_any(self, first: bool) -> None:
-        delay = 0.05
+        backoff = Backoff(0.05, self.max_retry_delay)  # between rounds of every node
         attempts = 0
         last_error = None
         while True:
@@ -672,8 +673,7 @@ class Connection:
                 nodes = ", ".join(f"{h}:{p}" for h, p in self.nodes)
                 raise AMQPConnectionError(f"could not connect to {'any of ' if len(self.nodes) > 1 else ''}"
                                           f"{nodes}: {_why(last_error)}")
-            await trio.sleep(delay)
-            delay = min(delay * 2, self.max_retry_delay)
+            await backoff.wait()
 
     async def _serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         first = True
@@ -777,8 +777,6 @@ class Connection:
                 if not w.items and not direct.rest:
                     await w.wake.wait()
                 w.wake = trio.Event()  # what is put from here on wakes the next turn
-                if LINGER is not None:
-                    await trio.sleep(LINGER)
                 # a direct write's tail first, then what the application put meanwhile: one write
                 await direct.send(stream, w.take_parts)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:

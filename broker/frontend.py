@@ -1,0 +1,77 @@
+"""What a client protocol tells the connection driver, and what the driver asks of it.
+
+A client protocol (broker/native.py `NativeProtocol`, broker/amqp/protocol.py `AmqpProtocol`)
+is a sans-IO state machine: bytes in, session commands and the events below out; session
+outputs in, bytes out; time comes in as `now`. broker/connection.py drives either over a
+socket: the same reader, writer, timer, credit and memory-alarm holds, and lifecycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class LoggedIn:
+    """The client is who it says: the driver opens its session."""
+    user: str
+    client_properties: dict
+
+
+@dataclass(slots=True)
+class ChannelFailed:
+    """A channel error found by the protocol (the session closes the channel: `fail_channel`)."""
+    ch: int
+    code: int
+    text: str
+
+
+@dataclass(slots=True)
+class ConnectionFailed:
+    """A connection error: the client was told why (or the connection is just gone)."""
+    code: int
+    text: str
+
+
+@dataclass(slots=True)
+class Closed:
+    """The connection is over: close the socket once the output is written."""
+    reason: str
+
+
+class ClientProtocol(Protocol):
+    """One client connection's protocol state, as broker/connection.py drives it."""
+
+    NAME: str  # in log lines: "closing {NAME} connection"
+    SESSION_PROTOCOL: str  # what list_connections shows
+    DEFAULT_CLIENT_NAME: str  # a client that gives no name
+
+    @property
+    def handshaking(self) -> bool: ...  # the handshake's time limit runs
+
+    @property
+    def opened(self) -> bool: ...  # commands may go to the session
+
+    @property
+    def closed(self) -> bool: ...  # nothing more is read; the driver ends once output is written
+
+    @property
+    def has_output(self) -> bool: ...
+
+    @property
+    def state(self): ...  # compared by identity: a change wakes the driver's timer
+
+    def receive_data(self, data: bytes, now: float) -> list: ...  # commands and events
+    def receive_eof(self, now: float) -> list: ...  # the client went away
+    def send_output(self, msg) -> None: ...  # one of the session's outputs
+    def take_output(self, now: float) -> list | None: ...  # the parts of one write, if any
+    def send_blocked(self, blocked: bool, reason: str = "", source: str = "credit") -> None: ...
+    def hold_reading(self, held: bool, now: float) -> None: ...
+    def next_deadline(self) -> float | None: ...
+    def tick(self, now: float) -> list: ...  # events: ConnectionFailed, Closed
+    def close(self, code: int, text: str, now: float) -> None: ...  # from the server's side
+    def client_closed(self, now: float) -> None: ...  # the session ended on the client's close
+
+
+__all__ = ["ChannelFailed", "ClientProtocol", "Closed", "ConnectionFailed", "LoggedIn"]

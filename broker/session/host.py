@@ -1,0 +1,128 @@
+"""What a session core may ask of its node, declared (`SessionHost`), and the node's answer to
+it (`NodeHost`).
+
+The core (broker/session/core.py) never reaches into the node: it looks the metadata up,
+routes through exchanges, sends to a queue's leader and registers its routes through these
+methods only, so it runs in a test against any object that has them. Queue and exchange
+definitions are opaque to the core: whatever it needs to know of one (a queue's leader and
+epoch, whether it is locked to another connection, an exchange's type) it asks here, so every
+reading of the metadata's records on the session's side is in this file.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from wire import messages as m
+
+
+class SessionHost(Protocol):
+    """The node as a session core sees it. Everything here is synchronous; what has to wait
+    for the cluster (`propose`, `declare_queue`) and for a peer link (`wait_link_room`) is the
+    driver's (broker/session/driver.py)."""
+
+    name: str  # the node's name: the first part of every owner the session sends
+    log: Any
+
+    # --- what the driver awaits (off the hot path: looked up on the node at each call) ---
+    async def propose(self, change: list):
+        return await self._cluster.propose(change)
+
+    async def declare_queue(self, core, msg: m.QueueDeclare):
+        return await self._node.declare_queue(core, msg)
+
+    # --- SessionHost ---
+    @property
+    def leaving(self) -> bool: ...  # the node's shutdown record is on its way (Node.leaving)
+
+    # --- metadata lookups ---
+    def queue(self, name: str) -> Any | None: ...  # the queue's definition, None if there is none
+    def queue_route(self, qdef: Any) -> tuple[str, int]: ...  # (its leader, its leader epoch)
+    def queue_epoch(self, qdef: Any) -> int: ...  # its leader epoch
+    def queue_locked(self, qdef: Any, conn_id: str) -> bool: ...  # exclusive to another connection
+    def queue_down_reason(self, qdef: Any) -> str: ...  # why operations on it fail now ("" if not)
+    def exchange(self, name: str) -> Any | None: ...
+    def exchange_kind(self, xdef: Any) -> tuple[str, bool]: ...  # (its type, internal)
+    def bound(self, exchange: str, binding: list) -> bool: ...  # [queue, key, args] is bound
+    def route(self, exchange: str, key: str, headers=None) -> list[str]: ...  # the queues it reaches
+    def linked(self, node: str) -> bool: ...  # this node has a link to `node` now
+
+    # --- sending to a queue's leader ---
+    def to_leader(self, qname: str, op) -> Any: ...
+    def link_full(self, qname: str) -> bool: ...  # the link to its remote leader is past its mark
+    def mirror_bodies(self, ev: m.EvDeliver) -> list: ...  # bodies this node's mirror holds
+    def begin_input(self) -> None: ...  # a batch of input: replicas' rounds run at its end
+    def end_input(self) -> None: ...
+
+    # --- the node's index of sessions by the queues they route to ---
+    def track_route(self, qname: str, session) -> None: ...
+    def untrack_route(self, qname: str, sid: int) -> None: ...
+
+
+class NodeHost:
+    """`SessionHost` over a running node (broker/node.py) and its router and metadata log;
+    plus the awaiting half the driver uses. The router's methods are bound once, so a publish
+    costs no more call frames than when the session held the router itself."""
+
+    def __init__(self, node):
+        self._node = node
+        self._cluster = node.cluster
+        router = node.router
+        self.name = node.name
+        self.log = node.log
+        self.queue_down_reason = node.queue_down_reason
+        self.to_leader = router.to_leader
+        self.link_full = router.link_full
+        self.mirror_bodies = router.mirror_bodies
+        self.begin_input = router.begin_input
+        self.end_input = router.end_input
+        self.wait_link_room = router.wait_link_room
+
+    # --- what the driver awaits (off the hot path: looked up on the node at each call) ---
+    async def propose(self, change: list):
+        return await self._cluster.propose(change)
+
+    async def declare_queue(self, core, msg: m.QueueDeclare):
+        return await self._node.declare_queue(core, msg)
+
+    # --- SessionHost ---
+    @property
+    def leaving(self) -> bool:
+        return self._node.leaving
+
+    def queue(self, name: str):
+        return self._cluster.md.queues.get(name)
+
+    def queue_route(self, qdef) -> tuple[str, int]:
+        return qdef["leader"], qdef.get("epoch", 1)
+
+    def queue_epoch(self, qdef) -> int:
+        return qdef.get("epoch", 1)
+
+    def queue_locked(self, qdef, conn_id: str) -> bool:
+        return bool(qdef["exclusive"]) and qdef.get("owner") != conn_id
+
+    def exchange(self, name: str):
+        return self._cluster.md.exchanges.get(name)
+
+    def exchange_kind(self, xdef) -> tuple[str, bool]:
+        return xdef["type"], bool(xdef["internal"])
+
+    def bound(self, exchange: str, binding: list) -> bool:
+        return binding in self._cluster.md.bindings.get(exchange, ())
+
+    def route(self, exchange: str, key: str, headers=None) -> list[str]:
+        routes = self._cluster.md.routes
+        return routes.route(exchange, key) if headers is None else routes.route(exchange, key, headers)
+
+    def linked(self, node: str) -> bool:
+        return node in self._cluster.links
+
+    def track_route(self, qname: str, session) -> None:
+        self._node.routing.setdefault(qname, {})[session.sid] = session
+
+    def untrack_route(self, qname: str, sid: int) -> None:
+        routing = self._node.routing
+        held = routing.get(qname)
+        if held is not None and held.pop(sid, None) is not None and not held:
+            del routing[qname]

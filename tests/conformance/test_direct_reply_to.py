@@ -1,0 +1,106 @@
+"""Direct reply-to (`amq.rabbitmq.reply-to`) as RabbitMQ 3.10 does it: no queue declared, the
+reply goes straight to the requesting channel, the consumer must be no-ack, and the errors when it
+is not or when nobody consumes; with pika and with aio-pika (an async RPC client)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aio_pika
+import pika
+import pytest
+
+from amqp_helpers import channel, channel_closed, connect, get, publish, wait_until
+
+REPLY_TO = "amq.rabbitmq.reply-to"
+
+
+def test_rpc_round_trip_through_direct_reply_to(broker, names):
+    q = names + "rpc"
+    client = connect(broker.url)
+    try:
+        cch = client.channel()
+        replies = []
+        cch.basic_consume(REPLY_TO, lambda c, m, p, b: replies.append(
+            (m.exchange, m.routing_key, p.correlation_id, b)), auto_ack=True)
+        with channel(broker.url) as server:
+            server.queue_declare(q)
+            publish(cch, "", q, "2+2", reply_to=REPLY_TO, correlation_id="c-1")
+            _, props, body = get(server, q)
+            assert props.reply_to.startswith(REPLY_TO + ".") and props.reply_to != REPLY_TO + "."
+            publish(server, "", props.reply_to, "4", correlation_id=props.correlation_id)
+            assert wait_until(lambda: replies, conn=client)
+            assert replies == [("", props.reply_to, "c-1", b"4")]
+    finally:
+        client.close()
+
+
+def test_reply_consumer_must_be_no_ack(broker):
+    with channel(broker.url) as ch:
+        with channel_closed(406, "PRECONDITION_FAILED - reply consumer cannot acknowledge"):
+            ch.basic_consume(REPLY_TO, lambda *a: None, auto_ack=False)
+
+
+def test_request_with_reply_to_needs_a_reply_consumer(broker, names):
+    with channel(broker.url) as ch:
+        ch.queue_declare(names + "rpc")
+        with channel_closed(406, "PRECONDITION_FAILED - fast reply consumer does not exist"):
+            publish(ch, "", names + "rpc", "req", reply_to=REPLY_TO)
+            ch.queue_declare(names + "rpc", passive=True)
+
+
+def test_reply_to_a_gone_client_is_unroutable(broker, names):
+    q = names + "rpc"
+    client = connect(broker.url)
+    cch = client.channel()
+    cch.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True)
+    with channel(broker.url) as server:
+        server.queue_declare(q)
+        publish(cch, "", q, "req", reply_to=REPLY_TO)
+        _, props, _ = get(server, q)
+        client.close()
+        server.confirm_delivery()
+        with pytest.raises(pika.exceptions.UnroutableError):
+            server.basic_publish("", props.reply_to, b"late", mandatory=True)
+
+
+def test_aio_pika_rpc_client_with_direct_reply_to(broker, names):
+    q = names + "rpc"
+
+    async def main():
+        server_conn = await aio_pika.connect(broker.url)
+        client_conn = await aio_pika.connect(broker.url)
+        try:
+            server_ch = await server_conn.channel()
+            requests = await server_ch.declare_queue(q)
+
+            async def serve(message: aio_pika.abc.AbstractIncomingMessage):
+                async with message.process():
+                    n = int(message.body)
+                    await server_ch.default_exchange.publish(
+                        aio_pika.Message(str(n * n).encode(), correlation_id=message.correlation_id),
+                        routing_key=message.reply_to)
+
+            await requests.consume(serve)
+            client_ch = await client_conn.channel()
+            reply_queue = await client_ch.get_queue(REPLY_TO, ensure=False)
+            futures: dict[str, asyncio.Future] = {}
+
+            async def on_reply(message: aio_pika.abc.AbstractIncomingMessage):
+                futures.pop(message.correlation_id).set_result(message.body)
+
+            await reply_queue.consume(on_reply, no_ack=True)
+            loop = asyncio.get_running_loop()
+            for n in range(5):
+                futures[str(n)] = loop.create_future()
+            waiting = list(futures.values())
+            for n in range(5):
+                await client_ch.default_exchange.publish(
+                    aio_pika.Message(str(n).encode(), correlation_id=str(n), reply_to=REPLY_TO),
+                    routing_key=q)
+            return await asyncio.wait_for(asyncio.gather(*waiting), 5)
+        finally:
+            await client_conn.close()
+            await server_conn.close()
+
+    assert asyncio.run(main()) == [b"0", b"1", b"4", b"9", b"16"]
