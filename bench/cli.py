@@ -195,7 +195,7 @@ def _throughput(args) -> int:
             result = trio.run(throughput, nodes, args.seconds, args.size, args.window, args.prefetch)
         else:
             home = Path(tempfile.mkdtemp(prefix="warren-bench-"))
-            # Free ports: a `make cluster` (or another engineer's) on 5691.. may be running.
+            # Free ports: a `make cluster` (of this clone or another) on 5691.. may be running.
             with localcluster.LocalCluster(home, 1, free_ports=True) as cluster:
                 result = trio.run(throughput, cluster.all_client_addrs(), args.seconds, args.size,
                                   args.window, args.prefetch)

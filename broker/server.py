@@ -33,8 +33,8 @@ GC_THRESHOLDS = (100_000, 50, 100)  # young collections per 100k new containers,
 def tune_gc() -> None:
     """Measured with `warren-bench run` (throughput-r1 and -all, 6 interleaved pairs): `all`
     confirmed 132.5k -> 137.6k msgs/s by medians, non-mirrored unchanged; latency at 2,000/s
-    unchanged (the "off" side came from a temporary switch, docs/measurements.md). What a cycle
-    holds waits at most one young collection longer."""
+    unchanged (against the same build with the default thresholds). What a cycle holds waits at
+    most one young collection longer."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
 
@@ -48,7 +48,7 @@ def tune_gc() -> None:
 # fairness (its nice value still counts) but a task woken by this one no longer preempts it: the
 # round finishes its writes, then blocks, and the woken ones run, on the idle CPU if there is one.
 # On machines of their own (a real cluster) nodes rarely share a CPU, and the policy changes
-# little. Measured in docs/measurements.md, "Scheduling policy" (`--sched-policy other` gives the old behaviour).
+# little. `--sched-policy other` gives the usual SCHED_OTHER, to compare the two on a machine.
 def apply_sched_policy(policy: str) -> str | None:
     """Put this process under `policy` ("batch" or "other"); a reason when that is impossible."""
     wanted = {"batch": getattr(os, "SCHED_BATCH", None), "other": getattr(os, "SCHED_OTHER", None)}[policy]

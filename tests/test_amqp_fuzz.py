@@ -113,7 +113,7 @@ def read_until_quiet(client: RawClient, quiet: float = 0.15) -> tuple[list, bool
 @settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(ATTACKS)
-# the cases, always tried
+# the known hard cases, always tried
 @example(("header", b"AMQP\x00\x00\x08\x00"))  # another protocol version
 @example(("garbage", b"GET / HTTP/1.1\r\n\r\n"))
 @example(("frames", raw_frame(1, 0, b"", size=1 << 20)))  # above frame_max

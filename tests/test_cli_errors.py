@@ -1,5 +1,5 @@
 """Bad input and unreachable things on the command lines: each is one clear line on stderr and a
-non-zero exit, never a traceback, and nothing is created on the way (issue 12).
+non-zero exit, never a traceback, and nothing is created on the way.
 
 Covered: warren-server with a port in use or a `--cluster-seed` naming no node, warrenctl with no
 secret to be had, warren-bench throughput --nodes pointing at nothing, the analysis given a

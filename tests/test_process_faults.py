@@ -1,12 +1,11 @@
-"""The six reports of issue 10, each driven the way a user met it: real `warren-server`
+"""Six failures users met under load, each driven the way it was met: real `warren-server`
 processes (tests/cluster_procs.py), publishers with confirms and consumers with manual acks
 through `broker.client.aio` with a list of every node, and the verdict of the chaos checker
 (bench/chaos/checker.py) on what happened to every message id: every confirmed message
 delivered, repeats only with `redelivered`, nothing left unanswered on a live connection,
 nothing found only by a second consumer.
 
-These fail on the broker of the day the issue was filed; each failure message says which
-promise broke, with the checker's numbers.
+Each failure message says which promise broke, with the checker's numbers.
 """
 
 from __future__ import annotations
@@ -203,7 +202,7 @@ class Load:
                                        "publisher-on-leader-consumer-elsewhere"])
 def test_stop_app_and_start_app_of_the_leader_under_load_keeps_confirming_and_delivering(
         default_tick_cluster, placement):
-    """Issue 10, report 1: after `stop_app` of the leader's node (start_app 3 s later) the queue
+    """After `stop_app` of the leader's node (start_app 3 s later) the queue
     must keep confirming and delivering; every confirmed message reaches the consumer that stayed
     subscribed, and no publish is left without an answer. On `make cluster`'s net_ticktime (10 s),
     as reported (with 3 s the first placement passes today)."""
@@ -241,10 +240,10 @@ def test_stop_app_and_start_app_of_the_leader_under_load_keeps_confirming_and_de
 
 @pytest.mark.parametrize("publisher", ["publishes-at-once", "waits-for-the-client-recovery"])
 def test_kill9_of_the_publishers_node_answers_every_publish(cluster, publisher):
-    """Issue 10, report 2: the publisher's node (a mirror) is killed; the client reconnects and
+    """The publisher's node (a mirror) is killed; the client reconnects and
     keeps publishing; every publish must then be confirmed or nacked (the client nacks the ones
     lost with the connection), none left hanging, and nothing confirmed lost. The application
-    publishes as soon as the client is connected again (as issue 10's did), or, the second time,
+    publishes as soon as the client is connected again (as the application that met this did), or, the second time,
     only once the client has told it that it recovered its channels (`on_reconnect`): that one
     leaves the client's recovery out and tests the broker alone."""
     c, q = cluster, "faults.pubnode"
@@ -278,7 +277,7 @@ def test_kill9_of_the_publishers_node_answers_every_publish(cluster, publisher):
 # --- 3. a whole-cluster restart, then publish -------------------------------------------------
 
 def test_after_a_full_cluster_restart_publishes_are_confirmed_and_the_nodes_agree_on_the_leader(cluster):
-    """Issue 10, report 3 (`make demo` twice): a mirrored queue fails over (kill -9 of its
+    """`make demo` twice: a mirrored queue fails over (kill -9 of its
     leader), the nodes still running are stopped with SIGTERM, and all three start again;
     then publishes with confirms must be confirmed, the nodes must agree on the leader and that
     leader must run it, and the new messages must be delivered. (What the queue held before the
@@ -352,7 +351,7 @@ def test_after_a_full_cluster_restart_publishes_are_confirmed_and_the_nodes_agre
 # --- 4. queue.declare right after kill -9 of the leader -------------------------------------------
 
 def test_declare_through_a_survivor_right_after_kill9_of_the_leader_is_answered(default_tick_cluster):
-    """Issue 10, report 4: the queue exists (ha-mode all, one confirmed message); kill -9 of its
+    """The queue exists (ha-mode all, one confirmed message); kill -9 of its
     leader; a `queue.declare` through a surviving node at once must be answered (declare-ok,
     after the promotion), and the message must still be there. On `make cluster`'s net_ticktime
     as reported (a fresh cluster there promotes late, which leaves the declare no chance to
@@ -387,7 +386,7 @@ def test_declare_through_a_survivor_right_after_kill9_of_the_leader_is_answered(
 # --- 5. stop_app/start_app of one node, then of the other (a `nodes` policy) ----------------------
 
 def test_restarting_both_nodes_of_a_nodes_policy_in_turn_leaves_a_mirror_and_agreement(cluster):
-    """Issue 10, report 5: a queue on {"ha-mode":"nodes","ha-params":["n1","n2"],
+    """A queue on {"ha-mode":"nodes","ha-params":["n1","n2"],
     "ha-promote-on-shutdown":"always"} with 20,000 confirmed messages, a client on n3; restart
     (stop_app, start_app) the leader's node, wait for the failover, restart the other. Then the
     queue must have its mirror back within a few seconds, every node must list the same leader
@@ -446,14 +445,14 @@ def test_restarting_both_nodes_of_a_nodes_policy_in_turn_leaves_a_mirror_and_agr
 
 # --- 6. the failover pause of kill -9 of the leader ---------------------------------------------
 
-FAILOVER_GAP_LIMIT = 0.2  # README: 69 ms measured; issue 10: under 100 ms at p99
+FAILOVER_GAP_LIMIT = 0.2  # README: 69 ms measured; the aim: under 100 ms at p99
 
 
 def test_failover_pause_after_kill9_of_the_leader_of_a_fresh_cluster_is_short(tmp_path):
-    """Issue 10, report 6: `make demo`'s failover (a cluster started seconds before, the default
+    """`make demo`'s failover (a cluster started seconds before, the default
     net_ticktime of `make cluster`, 10 s) under 2,000 msgs/s: the longest pause in deliveries
     around kill -9 of the leader must stay well under a second (the README claims 69 ms; the
-    issue's target is 100 ms at p99; a run allows 200 ms for the noise of a shared 2-core
+    aim is 100 ms at p99; a run allows 200 ms for the noise of a shared 2-core
     machine), and the checker must find nothing lost.
 
     The pause is a tail figure and this is one sample of it: a run on a machine that stalled

@@ -1,4 +1,4 @@
-"""Classic mirroring against real failures of real `warren-server` processes (issue #3).
+"""Classic mirroring against real failures of real `warren-server` processes.
 
 Each test starts its own 3-node cluster (n1 leads every queue: it is declared by a client on n1,
 client-local placement) with a short net_ticktime, runs a publisher with confirms and a consumer
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
 TICK = 3.0  # net_ticktime of every node, seconds
 PAD = b"x" * 120
-GAP_LIMIT = 0.2  # s: README measures 69 ms for kill -9 of the leader; issue 10 asks < 100 ms p99
+GAP_LIMIT = 0.2  # s: README measures 69 ms for kill -9 of the leader; the aim is < 100 ms p99
 HOLD = frozenset(range(1, 6))  # ids the consumers leave unacknowledged until they come back
 
 
@@ -273,7 +273,7 @@ def test_kill9_of_leader_under_load_promotes_oldest_mirror_and_loses_no_confirme
         print(f"longest delivery gap around the kill: {gap * 1000:.1f} ms (it ended "
               f"{resume * 1000:.1f} ms after the kill; steady inter-delivery {steady * 1000:.2f} ms); "
               f"longest confirm gap after the kill: {cgap * 1000:.1f} ms "
-              f"[issue target < 78 ms, RabbitMQ ~155 ms; kill -9 of a local process breaks links at once]")
+              f"[target < 78 ms, RabbitMQ ~155 ms; kill -9 of a local process breaks links at once]")
 
         assert pid_node(after["pid"]) == oldest, (after, oldest)
         assert [pid_node(p) for p in after["mirror_pids"]] == [n for n in ("n2", "n3") if n != oldest]

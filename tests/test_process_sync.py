@@ -1,4 +1,4 @@
-"""Process tests of batch synchronisation (issue #4): real warren-server processes, warrenctl as a
+"""Process tests of batch synchronisation: real warren-server processes, warrenctl as a
 user runs it, kill -9 and a real restart."""
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ confirms and a tx.commit of a publish) is started, and while its request is on i
 killed, cut off from n2 and n3, frozen, or its app stopped. A mirrored queue (`ha-mode: all`)
 answers every one from the promoted mirror; a queue without mirrors is down once the log records
 its node down, and answers as it would a request made then (404, a publish nacked, a commit
-failed, and a cancel is done: its consumer went with the queue). Found missing before 2026-11-27: a delete waited for
-ever in both kinds (it was not kept as a request: not sent again to a promoted leader, not failed
-with the queue), and a cancel closed its channel.
+failed, and a cancel is done: its consumer went with the queue). What these guard against: a
+delete waiting for ever in both kinds (it was not kept as a request: not sent again to a promoted
+leader, not failed with the queue), and a cancel closed its channel.
 """
 
 from __future__ import annotations

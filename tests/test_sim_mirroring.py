@@ -641,7 +641,7 @@ async def test_highest_priority_policy_wins(tmp_path, autojump_clock):
 async def test_bad_policy_definition_is_refused_and_nothing_changes(tmp_path, autojump_clock,
                                                                      definition, key):
     """"A bad definition (bad JSON, unknown mode, `exactly` without a positive count, wrong
-    type) is refused with an error naming the key; nothing changes." (issue #3; the spec's
+    type) is refused with an error naming the key; nothing changes." (the spec's
     `set_policy ... '{"ha-mode":"exactly","ha-params":2,...}'` validation)."""
     from wire.errors import ProtocolError
     async with sim_cluster(tmp_path) as c:

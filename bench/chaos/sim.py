@@ -176,18 +176,18 @@ REGRESSIONS: dict[str, int | tuple] = {
     # stayed paused (pause_minority), and the queue waited 30 s for a mirror on it (fixed: a
     # node out of touch with a majority accepts links from nodes its view does not list)
     "rejoined-log-leader-refused-as-a-non-member": (105384, (6, 12), None, 600),
-    # seventh stop's campaign: n1 began a stop_app as a partition healed; the log promoted its
+    # a real-process campaign's schedule: n1 began a stop_app as a partition healed; the log promoted its
     # mirror (the only replica left) in the middle of the stop, and it confirmed 500 publishes
     # its sessions resent to it, then lost them with its app (fixed: a node leaving confirms
     # and delivers nothing more, broker/router.py `may_deliver`)
     "confirmed-while-its-node-was-stopping": (
         111127, (6, 12), "forget,rolling_restart,partition,pause,stop_app,kill,full_restart,sigterm,policy", 600),
-    # the same stop: a consumer's node woke from a freeze to a deposed leader's late batch and
+    # from the same campaign: a consumer's node woke from a freeze to a deposed leader's late batch and
     # the promoted leader's redelivery of it before the metadata change; the consumer's acks
     # went to the deposed leader, and the new one kept its credit used up: 4,164 stranded
     # (fixed: a session holds settles while a newer leader than its route's has delivered)
     "acks-of-a-newer-leaders-deliveries-sent-to-the-old": (116560, (6, 12), None, 600),
-    # eighth stop's campaign: a new leader's replica started with publish batches 115-130 that
+    # a later real-process campaign: a new leader's replica started with publish batches 115-130 that
     # had waited for it (sent to the epoch before), then took its session's resend of 72-130;
     # 72-114 looked applied, were confirmed and never enqueued: 645 lost (fixed: a batch sent
     # to an earlier epoch is applied only if it follows on from the publisher's last one; any
