@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
 import trio
 
+from mirroring import changes as c
 from mirroring.metadata import Metadata, MetaError
 from mirroring.planner import plan_change
 from mirroring.raft import ChangeInProgress, NotLeader, Persistent, Raft, Role
@@ -39,8 +41,9 @@ from wire.errors import INTERNAL_ERROR, NOT_ALLOWED, PRECONDITION_FAILED, Protoc
 
 from .framed import FramedStream
 from .peers import HANDSHAKE_TIMEOUT, PeerLink, dial_handshake, exchange_link_hellos
-from .statefile import StateFile
+from .statefile import StateFile, StateFormatError
 
+_ENCODE = msgspec.msgpack.Encoder().encode
 PROPOSE_TIMEOUT = 15.0
 NOT_LEADER = "not-leader"
 LIVENESS_EVERY = 0.5  # seconds between the leader's liveness and placement checks
@@ -68,7 +71,7 @@ class NodeStopped(Exception):
 class ClusterHooks(Protocol):
     """What the cluster tells the rest of the node."""
 
-    def meta_changed(self, change: list | None) -> None: ...  # None: the whole state was replaced
+    def meta_changed(self, change: c.Change | None) -> None: ...  # None: the whole state was replaced
     def link_up(self, node: str) -> None: ...
     def link_down(self, node: str) -> None: ...
     def link_replaced(self, node: str) -> None: ...  # a second link took over: in-flight may be lost
@@ -81,14 +84,14 @@ class ClusterHooks(Protocol):
 
 @dataclass
 class _Proposal:
-    change: list
+    change: c.Change
     done: object  # callable(ok, value, code, text)
 
 
 def fresh_state(name: str, peer: list, client: list) -> Persistent:
     """A node that belongs to no cluster: a cluster of its own, itself the only member."""
     md = Metadata()
-    md.apply(["member.add", name, peer, client])
+    md.apply(c.MemberAdd(name, tuple(peer), tuple(client)))
     return Persistent(snap_config=(name,), snap_data=md.snapshot())
 
 
@@ -144,12 +147,25 @@ class Cluster:
     def has_state(self) -> bool:
         return self.saved is not None if not self.persist else self._file.exists()
 
+    def check_state_format(self) -> None:
+        """Raise StateFormatError if the saved state is of a format this warren does not read
+        (the node must be reset); anything else wrong with it is `load_state`'s to handle."""
+        if self.persist:
+            try:
+                self._file.load()
+            except StateFormatError:
+                raise
+            except Exception:  # noqa: BLE001 - a corrupt file: load_state starts fresh
+                pass
+
     def load_state(self) -> tuple[Persistent, int]:
         """The saved Raft state and commit index, or a fresh single-node cluster."""
         data = self.saved
         if self.persist:
             try:
                 data = self._file.load()
+            except StateFormatError:
+                raise  # the node must be reset: starting a cluster of its own would split it
             except Exception as exc:  # noqa: BLE001 - a corrupt file must not stop the node
                 self.log.error("cannot read the saved cluster state, starting fresh", error=str(exc))
                 data = None
@@ -212,9 +228,10 @@ class Cluster:
                 nursery.start_soon(self._loop)
                 nursery.start_soon(self._dialer)
                 task_status.started()
-                if me is not None and (me["peer"] != self.peer_addr or me["client"] != self.client_addr):
-                    nursery.start_soon(self._propose_quietly, ["member.add", self.name, self.peer_addr,
-                                                               self.client_addr])
+                if me is not None and (list(me.peer) != self.peer_addr
+                                       or list(me.client) != self.client_addr):
+                    nursery.start_soon(self._propose_quietly, c.MemberAdd(
+                        self.name, tuple(self.peer_addr), tuple(self.client_addr)))
         finally:
             self._nursery = None
             for link in list(self.links.values()):
@@ -317,7 +334,7 @@ class Cluster:
                 self._close_links_to_runs_counted_down(before.up, before.times_down)  # compacted
                 self.hooks.meta_changed(None)
                 continue
-            if item[0] == "node.down":
+            if type(item) is c.NodeDown:
                 was_up, was_down = dict(self.md.up), dict(self.md.times_down)
             else:
                 was_up = was_down = None
@@ -325,7 +342,7 @@ class Cluster:
             try:
                 value = self.md.apply(item)
             except Exception as exc:  # noqa: BLE001 - the leader validated it: a bug, not fatal
-                self.log.error("a committed metadata change did not apply", change=item[0],
+                self.log.error("a committed metadata change did not apply", change=item.kind,
                                error=str(exc))
             self.applied = index
             appended = self._inflight.pop(index, None)
@@ -340,7 +357,7 @@ class Cluster:
                     p.done(False, None, INTERNAL_ERROR, NOT_LEADER)
             if was_up is not None:
                 self._close_links_to_runs_counted_down(was_up, was_down)
-            if item[0] != "noop":
+            if type(item) is not c.Noop:
                 self.hooks.meta_changed(item)
         ev, self._changed = self._changed, trio.Event()
         ev.set()
@@ -442,7 +459,7 @@ class Cluster:
         if raft.out or raft.dirty:
             self._after_raft(now)
 
-    async def propose(self, change: list, timeout: float = PROPOSE_TIMEOUT):
+    async def propose(self, change: c.Change, timeout: float = PROPOSE_TIMEOUT):
         """Have the log commit a change; returns its value or raises MetaError."""
         with trio.fail_after(timeout):
             while True:
@@ -481,15 +498,15 @@ class Cluster:
                     continue
                 raise MetaError(code or INTERNAL_ERROR, text)
 
-    async def _propose_quietly(self, change: list) -> None:
+    async def _propose_quietly(self, change: c.Change) -> None:
         try:
             await self.propose(change)
         except (ProtocolError, trio.TooSlowError) as exc:
-            self.log.debug("metadata change not committed", change=change[0], error=str(exc))
+            self.log.debug("metadata change not committed", change=change.kind, error=str(exc))
 
-    def propose_soon(self, change: list, key: tuple | None = None) -> None:
-        """Propose in the background (once at a time per `key`)."""
-        key = key or tuple(str(x) for x in change)
+    def propose_soon(self, change: c.Change, key=None) -> None:
+        """Propose in the background (once at a time per `key`; by default, per change)."""
+        key = key or _ENCODE(change)
         if key in self._bg or self._nursery is None:
             return
         self._bg.add(key)
@@ -511,7 +528,12 @@ class Cluster:
         def done(ok, value, code, text):
             link.send(m.MetaResult(msg.rid, ok, value, code or 0, text))
 
-        self._queue.append(_Proposal(msg.change, done))
+        try:
+            change = c.decode_change(msg.change)
+        except ProtocolError as exc:
+            done(False, None, exc.code, exc.text)
+            return
+        self._queue.append(_Proposal(change, done))
         self._poke()
 
     # --- liveness and placement (the leader's duty) ------------------------------------------
@@ -521,18 +543,18 @@ class Cluster:
             return
         md = self.md
         if md.up.get(self.name) != self.incarnation:
-            self.propose_soon(["node.up", self.name, self.incarnation])
+            self.propose_soon(c.NodeUp(self.name, self.incarnation))
         for node in list(md.members):
             if node == self.name:
                 continue
             link = self.links.get(node)
             if link is not None and link.incarnation:
                 if md.up.get(node) != link.incarnation:
-                    self.propose_soon(["node.up", node, link.incarnation])
+                    self.propose_soon(c.NodeUp(node, link.incarnation))
             elif node in md.up:
                 # down: we saw its link go, or we have been up for net_ticktime without one
                 if node in self._lost_at or now - self._started_at > self.config.net_ticktime:
-                    self.propose_soon(["node.down", node, md.up[node], "failure"])
+                    self.propose_soon(c.NodeDown(node, md.up[node], "failure"))
         self._replan_soon()
 
     def _replan_soon(self) -> None:
@@ -547,7 +569,7 @@ class Cluster:
 
         async def go():
             try:
-                await self.propose(["replan"])
+                await self.propose(c.Replan())
                 self._planned_for = view
             except (ProtocolError, trio.TooSlowError) as exc:
                 self.log.debug("metadata change not committed", change="replan", error=str(exc))
@@ -611,13 +633,13 @@ class Cluster:
         was removed is no longer dialed, though its old member.add is still in the log (it was:
         a forgotten node restarted without a reset was linked to by every member, counted
         running, and never told it had to reset)."""
-        out = {n: rec["peer"] for n, rec in self.md.members.items()}
+        out = {n: rec.peer for n, rec in self.md.members.items()}
         if self.raft is not None:
             for change in self.raft.unapplied():
-                if change[0] == "member.add":
-                    out[change[1]] = change[2]
-                elif change[0] == "member.remove":
-                    out.pop(change[1], None)
+                if type(change) is c.MemberAdd:
+                    out[change.name] = change.peer
+                elif type(change) is c.MemberRemove:
+                    out.pop(change.name, None)
         return out
 
     async def _dialer(self) -> None:
@@ -725,6 +747,12 @@ class Cluster:
             if t in RAFT_MESSAGES:
                 if self.raft is not None and (self.is_member(link.name) or (
                         t in LEADER_MESSAGES and msg.term >= self.raft.term)):
+                    if t is m.RaftAppend and msg.entries:
+                        try:  # the wire brings plain lists: the log holds typed changes
+                            msg.entries = c.decode_entries(msg.entries)
+                        except ProtocolError as exc:
+                            link.close(exc.text)
+                            break
                     self.raft.receive(now, link.name, msg)
                     raft_touched = True
             elif t is m.Tick:
@@ -811,12 +839,13 @@ class Cluster:
             raise ProtocolError(NOT_ALLOWED, "the cluster has no leader right now; try again")
         if leader != self.name:
             return await self.call_node(leader, "admit", {"name": name, "peer": peer, "client": client})
-        if name in raft.voters and self.md.members.get(name, {}).get("peer") == list(peer):
+        known = self.md.members.get(name)
+        if name in raft.voters and known is not None and list(known.peer) == list(peer):
             return self._state_for_joiner()
         deadline = trio.current_time() + 10
         while True:
             try:
-                raft.propose(["member.add", name, list(peer), list(client)])
+                raft.propose(c.MemberAdd(name, tuple(peer), tuple(client)))
                 break
             except ChangeInProgress as exc:
                 # one membership change at a time: wait for the one under way to commit

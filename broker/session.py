@@ -51,7 +51,9 @@ from operator import itemgetter
 
 import trio
 
+from mirroring import changes as c
 from mirroring import exchanges as xmod
+from mirroring.records import Binding, QueueDef
 from wire import messages as m
 from wire import props as propsmod
 from wire.errors import (
@@ -402,12 +404,12 @@ class Session:
     def _owner(self, ch: Channel) -> tuple:
         return (self.me, self.sid, ch.id)
 
-    def _queue(self, name: str) -> dict:
+    def _queue(self, name: str) -> QueueDef:
         """The queue's definition, or the channel errors RabbitMQ gives."""
         qdef = self.node.cluster.md.queues.get(name)
         if qdef is None:
             raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '/'")
-        if qdef["exclusive"] and qdef.get("owner") != self.conn_id:
+        if qdef.exclusive and qdef.owner != self.conn_id:
             raise ChannelError(RESOURCE_LOCKED,
                                f"cannot obtain exclusive access to locked queue '{name}' in vhost '/'. "
                                "It could be originally declared on another connection or the exclusive "
@@ -528,7 +530,7 @@ class Session:
         self._request(name, msg.rid, m.QPurge(name, self._owner(ch), msg.rid))
 
     # --- exchanges and bindings (cluster metadata, through the log) ---------------------------
-    async def _propose(self, change: list):
+    async def _propose(self, change: c.Change):
         try:
             return await self.node.cluster.propose(change)
         except ProtocolError as exc:
@@ -552,7 +554,7 @@ class Session:
                                       xmod.plain(msg.arguments))
             existing = md.exchanges.get(name)
             if existing is None or existing != xdef:
-                await self._propose(["exchange.declare", xdef])
+                await self._propose(c.ExchangeDeclare(xdef))
         self._reply(ch.id, msg.rid, None)
 
     async def on_exchange_delete(self, msg):
@@ -562,10 +564,10 @@ class Session:
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
         if msg.exchange in self.node.cluster.md.exchanges:
-            await self._propose(["exchange.delete", msg.exchange, bool(msg.if_unused)])
+            await self._propose(c.ExchangeDelete(msg.exchange, bool(msg.if_unused)))
         self._reply(ch.id, msg.rid, None)
 
-    async def _binding(self, msg, kind: str) -> None:
+    async def _binding(self, msg, kind: type[c.BindingAdd | c.BindingRemove]) -> None:
         ch = self._ch(msg.ch)
         qname = self._queue_name(ch, msg.queue)
         key = msg.routing_key
@@ -582,20 +584,20 @@ class Session:
         self._queue(qname)  # 404 / 405 / the queue's node down
         args = xmod.plain(msg.arguments)
         try:
-            xmod.check_binding_arguments(xdef["type"], args)
+            xmod.check_binding_arguments(xdef.type, args)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
-        entry = [qname, key, args]
-        bound = entry in md.bindings.get(msg.exchange, ())
-        if (kind == "binding.add") != bound:
-            await self._propose([kind, msg.exchange, qname, key, args])
+        binding = Binding(qname, key, args)
+        bound = binding in md.bindings.get(msg.exchange, ())
+        if (kind is c.BindingAdd) != bound:
+            await self._propose(kind(msg.exchange, binding))
         self._reply(ch.id, msg.rid, None)
 
     async def on_queue_bind(self, msg):
-        await self._binding(msg, "binding.add")
+        await self._binding(msg, c.BindingAdd)
 
     async def on_queue_unbind(self, msg):
-        await self._binding(msg, "binding.remove")
+        await self._binding(msg, c.BindingRemove)
 
     # --- publishing ------------------------------------------------------------------------
     def _publishing_channel(self, msg):
@@ -634,9 +636,9 @@ class Session:
             xdef = md.exchanges.get(ex)
             if xdef is None:
                 raise ChannelError(NOT_FOUND, f"no {xmod.describe(ex)}")
-            if xdef["internal"]:
+            if xdef.internal:
                 raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal {xmod.describe(ex)}")
-            if xdef["type"] == "headers":
+            if xdef.type == "headers":
                 # each message routes by its own headers: publish runs of equal routes
                 routes = md.routes
                 start = 0
@@ -709,7 +711,7 @@ class Session:
             if router.link_full(qname):
                 self.full_links.append(qname)  # the front end waits after this run (wait_link_room)
             qdef = node.cluster.md.queues.get(qname)
-            epoch = qdef.get("epoch", 1) if qdef is not None else 0  # None: _send drops it
+            epoch = qdef.epoch if qdef is not None else 0  # None: _send drops it
             self._send(qname, m.QPublish(qname, owner, pseq, bodies, props, False, epoch))
 
     # --- routing to the queue's leader, and resends ------------------------------------------
@@ -719,7 +721,7 @@ class Session:
         if qdef is None:
             return
         if qname not in self.routes:
-            self.routes[qname] = (qdef["leader"], qdef.get("epoch", 1))
+            self.routes[qname] = (qdef.leader, qdef.epoch)
             if not self.closed:
                 self.node.routing.setdefault(qname, {})[self.sid] = self
         self.router.to_leader(qname, op)
@@ -767,8 +769,8 @@ class Session:
             qdef = md.queues.get(qname)
             if qdef is None:
                 self.queue_lost(qname, _deleted(qname))
-            elif (qdef["leader"], qdef.get("epoch", 1)) != route:
-                self.routes[qname] = (qdef["leader"], qdef.get("epoch", 1))
+            elif (qdef.leader, qdef.epoch) != route:
+                self.routes[qname] = (qdef.leader, qdef.epoch)
                 self._resend(qname, qdef)
             elif down := self.node.queue_down_reason(qdef):
                 self.queue_lost(qname, down)
@@ -798,18 +800,18 @@ class Session:
             # now: no change of the metadata will come to say so.
             for qname in list(self.routes):
                 qdef = md.queues.get(qname)
-                if qdef is not None and qdef["leader"] == node and (
+                if qdef is not None and qdef.leader == node and (
                         down := self.node.queue_down_reason(qdef)):
                     self.queue_lost(qname, down)
             return
         for qname in list(self.routes):
             qdef = md.queues.get(qname)
-            if qdef is not None and qdef["leader"] == node:
+            if qdef is not None and qdef.leader == node:
                 self._resend(qname, qdef)
 
-    def _resend(self, qname: str, qdef: dict) -> None:
+    def _resend(self, qname: str, qdef: QueueDef) -> None:
         me, sid = self.me, self.sid
-        epoch = qdef.get("epoch", 1)
+        epoch = qdef.epoch
         ops = [m.QPublish(qname, (me, sid, b.ch), b.pseq, b.bodies, b.props, True, epoch)
                for b in self.inflight.get(qname, ())]
         ops += [op for q, op in self.rpcs.values() if q == qname]
@@ -822,8 +824,8 @@ class Session:
             ops += self._held_settles.pop(qname, ())
         if not ops:
             return
-        self.log.info("resending to the queue's leader", queue=qname, leader=qdef["leader"],
-                      epoch=qdef.get("epoch", 1), operations=len(ops))
+        self.log.info("resending to the queue's leader", queue=qname, leader=qdef.leader,
+                      epoch=qdef.epoch, operations=len(ops))
         router = self.router
         for op in ops:
             router.to_leader(qname, op)
@@ -1238,7 +1240,7 @@ class Session:
         for qname in list(self.exclusive_queues):
             with trio.move_on_after(5):
                 try:
-                    await self.node.cluster.propose(["queue.delete", qname])
+                    await self.node.cluster.propose(c.QueueDelete(qname))
                 except ProtocolError:
                     pass
 
