@@ -422,11 +422,13 @@ class Router:
     def delete_for_client(self, qname: str, owner: tuple, rid: int, count: int) -> None:
         """A client's queue.delete, through the log; the change names the request, and the
         client's session answers it when its node applies the change."""
+        node, session, channel = owner
+
         async def go():
             try:
-                await self.cluster.propose(c.client_delete(qname, owner[0], owner[1], rid, count))
+                await self.cluster.propose(c.client_delete(qname, node, session, rid, count))
             except (ProtocolError, trio.TooSlowError) as exc:
-                self.to_session(owner[0], owner[1], [m.EvFail(rid, owner[2], INTERNAL_ERROR, str(exc))])
+                self.to_session(node, session, [m.EvFail(rid, channel, INTERNAL_ERROR, str(exc))])
                 return
             self.log.info("queue deleted", queue=qname)
         self.node.spawn(go)

@@ -13,6 +13,7 @@ from broker.session import Session
 from broker.simulation import TICKTIME, sim_cluster
 from mirroring.changes import PolicySet
 from mirroring.records import Policy
+from wire import messages as m
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -24,6 +25,22 @@ async def test_cluster_forms_and_members_agree(tmp_path, autojump_clock):
             assert list(node.md.members) == ["n1", "n2", "n3"], name
         versions = {(n.md.version, n.md.digest()) for n in c.nodes.values()}
         assert len(versions) == 1
+
+
+async def test_a_proposal_that_is_not_a_change_is_refused_and_a_typed_one_commits(tmp_path, autojump_clock):
+    """Proposals cross the peer wire as plain arrays; the log's leader types them (and says
+    what is wrong with one that is not a change) before planning it."""
+    async with sim_cluster(tmp_path) as c:
+        leader = c.nodes["n1"].cluster.leader
+        asker = c.nodes[next(n for n in c.nodes if n != leader)].cluster
+        link = asker.links[leader]
+        for bad, why in ((["frobnicate", 1], "unknown metadata change 'frobnicate'"),
+                         (["node.up", "n2", "seven"], "Expected `int`")):
+            reply = await asker._call(link, lambda rid, bad=bad: m.MetaPropose(rid, bad))
+            assert not reply.ok and why in reply.error, reply
+        await asker.propose(PolicySet(Policy("ha", ".*", {"ha-mode": "all"}, 0, "queues")))
+        await c.wait_for(lambda: all("ha" in n.md.policies for n in c.nodes.values()))
+        assert len({(n.md.version, n.md.digest()) for n in c.nodes.values()}) == 1
 
 
 def record_running_changes(node):
