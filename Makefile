@@ -91,3 +91,11 @@ docker-up: docker-image
 
 docker-down:
 	$(DOCKER_COMPOSE) down --remove-orphans
+
+# maintenance one node at a time (warrenctl rolling_restart) on `make cluster`'s nodes, or on the
+# compose cluster's; ROLLING_ARGS passes options (e.g. ROLLING_ARGS="--pause 5 --force")
+.PHONY: rolling-restart docker-rolling-restart
+rolling-restart:
+	WARREN_HOME=$${WARREN_HOME:-$(CURDIR)/var/warren} WARREN_SECRET=$${WARREN_SECRET:-warren-local-demo-secret} warrenctl -n n1 rolling_restart $(ROLLING_ARGS)
+docker-rolling-restart:
+	$(DOCKER_COMPOSE) exec -T n1 warrenctl -n 127.0.0.1:25672 rolling_restart $(ROLLING_ARGS)

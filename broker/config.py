@@ -41,6 +41,7 @@ class NodeConfig:
     client_port: int = 5672  # warren's own (msgpack) client protocol
     amqp_port: int = 5673  # AMQP 0-9-1 (5672, AMQP's usual port, is warren's client port here)
     peer_port: int = 25672
+    http_port: int | None = None  # the management HTTP API, /metrics and the web UI; off unless set
     secret: bytes = b""
     net_ticktime: float = 60.0
     log_format: str = "console"
@@ -67,9 +68,9 @@ class NodeConfig:
         import re
         if not re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", self.name):
             raise ConfigError(f"node name {self.name!r}: use 1-64 letters, digits, '_', '.', '@', '-'")
-        for key in ("client_port", "amqp_port", "peer_port"):
+        for key in ("client_port", "amqp_port", "peer_port", "http_port"):
             port = getattr(self, key)
-            if not 0 <= port <= 65535:
+            if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{key} {port} is not a TCP port")
         if self.net_ticktime <= 0:
             raise ConfigError("net_ticktime must be positive")
@@ -109,6 +110,7 @@ _FIELDS = {
     "client_port": ("WARREN_CLIENT_PORT", int),
     "amqp_port": ("WARREN_AMQP_PORT", int),
     "peer_port": ("WARREN_PEER_PORT", int),
+    "http_port": ("WARREN_HTTP_PORT", int),
     "net_ticktime": ("WARREN_NET_TICKTIME", float),
     "log_format": ("WARREN_LOG_FORMAT", str),
     "log_level": ("WARREN_LOG_LEVEL", str),
@@ -153,7 +155,7 @@ _PARSERS = {"users": parse_users, "names": parse_names}
 # TOML key -> the Python types it accepts (bool is an int to Python: never accepted for numbers)
 def _toml_types() -> dict[str, tuple[type, ...]]:
     types = {"secret": (str,), "secret_file": (str,), "users": (dict,), "loopback_users": (list,),
-             "memory_high_watermark": (str, int, float)}
+             "memory_high_watermark": (str, int, float), "http_port": (int,)}
     for f in dataclasses.fields(NodeConfig):
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.name in types or default is None:
@@ -265,13 +267,16 @@ def registry_path(name: str) -> Path:
     return warren_home() / "run" / f"{name}.json"
 
 
-def register(name: str, peer: tuple, client: tuple, pid: int, amqp: tuple | None = None) -> None:
+def register(name: str, peer: tuple, client: tuple, pid: int, amqp: tuple | None = None,
+             http: tuple | None = None) -> None:
     path = registry_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     record = {"name": name, "peer": list(peer), "client": list(client), "pid": pid}
     if amqp is not None:
         record["amqp"] = list(amqp)
+    if http is not None:
+        record["http"] = list(http)
     tmp.write_text(json.dumps(record))
     tmp.replace(path)
 

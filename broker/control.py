@@ -14,6 +14,7 @@ from wire.errors import (COMMAND_INVALID, CONNECTION_FORCED, NOT_ALLOWED, NOT_FO
                          ProtocolError)
 
 from mirroring.changes import MemberRemove, PolicyClear, PolicySet, QueueDelete
+from mirroring.maintenance import replicas, sync_critical_queues, unsynchronised_queues
 from mirroring.policy import effective_policy, make_policy
 from mirroring.sync import progress_line
 
@@ -381,7 +382,38 @@ async def cmd_sync_status(node, args):
     return await _leader_rpc(node, "sync_status", args["queue"])
 
 
+async def cmd_node_is_mirror_sync_critical(node, args):
+    """The mirrored queues this node leads whose only synchronised replica it holds (RabbitMQ's
+    node-is-mirror-sync-critical check; mirroring/maintenance.py has the rule)."""
+    _require_running(node)
+    return {"node": node.name, "queues": sync_critical_queues(node.md, node.name, node.running)}
+
+
+async def cmd_maintenance_status(node, args):
+    """What a rolling restart watches: the members' peer addresses, the running nodes, and per
+    queue its replicas (from the metadata) with its leader's sync figures (the one running now,
+    the last one ended). `waiting`: the queues a rolling restart waits for, given the mirror
+    counts (`least_mirrors`) they had before its node went down."""
+    _require_running(node)
+    md = node.md
+    reports: dict = {}
+    for per_node in (await _each_running_node(node, "sync_report", {})).values():
+        reports.update(per_node)
+    queues = []
+    for q in replicas(md):
+        report = reports.get(q.name, {})
+        queues.append({"name": q.name, "leader": q.leader, "mirrors": list(q.mirrors),
+                       "synced": list(q.synced), "mirrored": q.mirrored, "sync_mode": q.sync_mode,
+                       "messages": report.get("messages", 0), "sync": report.get("sync"),
+                       "last_sync": report.get("last_sync")})
+    return {"node": node.name, "members": {n: list(rec.peer) for n, rec in md.members.items()},
+            "running_nodes": sorted(node.running), "queues": queues,
+            "waiting": unsynchronised_queues(md, node.running, args.get("least_mirrors"))}
+
+
 COMMANDS = {
+    "node_is_mirror_sync_critical": cmd_node_is_mirror_sync_critical,
+    "maintenance_status": cmd_maintenance_status,
     "sync_queue": cmd_sync_queue, "cancel_sync_queue": cmd_cancel_sync_queue,
     "sync_status": cmd_sync_status,
     "set_policy": cmd_set_policy, "clear_policy": cmd_clear_policy,
@@ -405,6 +437,12 @@ async def node_rpc(node, name: str, args: dict):
     if name == "queue_stats":
         now = trio.current_time()
         return {qname: qp.replica.stats(now) for qname, qp in node.router.replicas.items()}
+    if name == "sync_report":
+        now = trio.current_time()
+        return {qname: {"messages": qp.replica.q.stats()["messages"],
+                        "sync": qp.replica.sync.pacer.progress(now) if qp.replica.sync else None,
+                        "last_sync": qp.replica.last_sync}
+                for qname, qp in node.router.replicas.items() if qp.role == "leader"}
     if name == "connections":
         blocked = node.memory.blocked
         return [{"node": node.name, "name": s.conn_id, "peer": s.peer, "user": s.user,

@@ -1,16 +1,22 @@
 """`warrenctl`: a rabbitmqctl-shaped command line for warren nodes.
 
-`-n NODE` picks the node (a local node name, or HOST:PEER_PORT); the cluster secret comes from
-the same places as the server's. Output is tab-separated like rabbitmqctl, or JSON with
-`--formatter json`. Errors name the problem and exit non-zero.
+`-n NODE` picks the node (a local node name, or HOST:PEER_PORT); without it, $WARREN_NODE, else
+the one local node running under $WARREN_HOME/run (with none or several, the error lists them and
+says how to name one). The cluster secret comes from the same places as the server's. Output is
+tab-separated like rabbitmqctl, or JSON with `--formatter json`. Errors name the problem and exit
+non-zero; a mistyped command or column gets the nearest valid ones. `stop` returns once the
+node's process has exited.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
+import re
 import sys
+import time
 
 import trio
 
@@ -45,8 +51,9 @@ LISTINGS = {
 
 def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     d = (lambda v: v) if defaults else (lambda v: argparse.SUPPRESS)
-    p.add_argument("-n", "--node", default=d(os.environ.get("WARREN_NODE", "warren")),
-                   help="node name (local) or HOST:PEER_PORT (default $WARREN_NODE or 'warren')")
+    p.add_argument("-n", "--node", default=d(os.environ.get("WARREN_NODE") or None),
+                   help="node name (local) or HOST:PEER_PORT (default $WARREN_NODE, else the only "
+                        "local node running under $WARREN_HOME/run)")
     p.add_argument("--secret", default=d(None),
                    help="cluster secret (else WARREN_SECRET, WARREN_SECRET_FILE, $WARREN_HOME/cookie)")
     p.add_argument("--secret-file", dest="secret_file", default=d(None), help="file holding the cluster secret")
@@ -54,6 +61,35 @@ def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("-q", "--quiet", action="store_true", default=d(False), help="no header lines")
     p.add_argument("-t", "--timeout", type=float, default=d(30.0),
                    help="seconds to wait for the node (default 30)")
+
+
+# What sync_queue's rate means, in its help (the bar and the summary show the same figure).
+SYNC_RATE_HELP = ("The rate shown, in the progress bar and in the closing summary alike, is the "
+                  "bytes of message bodies sent to the mirrors divided by the seconds since the "
+                  "sync started (until it ended, once every mirror acknowledged the last batch); "
+                  "MB is 10^6 bytes. The bar is drawn once more with the final figures at the end.")
+
+
+def nearest(word: str, choices, what: str) -> str:
+    """`unknown WHAT 'word'`, with the nearest of `choices` when one is close enough."""
+    def likeness(choice: str) -> float:
+        return difflib.SequenceMatcher(None, word, choice).ratio()
+
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    close = [c for c in close if likeness(c) >= likeness(close[0]) - 0.1]  # only the nearest ones
+    hint = f": did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return f"unknown {what} {word!r}{hint}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistyped command answered in one line that names the nearest commands."""
+
+    def error(self, message: str):
+        bad = re.match(r"argument COMMAND: invalid choice: '([^']*)'", message)
+        if bad:
+            self.exit(2, f"{self.prog}: error: {nearest(bad.group(1), COMMAND_HELP, 'command')} "
+                         f"(warrenctl --help lists the commands)\n")
+        super().error(message)
 
 
 # Every command with its one-line description, in the order `warrenctl --help` lists them.
@@ -65,12 +101,14 @@ COMMAND_HELP = {
     "stop_app": "stop the app; the node still answers warrenctl",
     "start_app": "start the node's app again",
     "set_vm_memory_high_watermark": "[absolute] VALUE: the memory alarm's mark until restart",
+    "node_is_mirror_sync_critical": "fail if the node holds a queue's only synced replica",
     # cluster
     "cluster_status": "cluster name, members and running nodes",
     "await_online_nodes": "wait until COUNT nodes run (up to --timeout)",
     "join_cluster": "join TARGET's cluster (stop_app first)",
     "reset": "leave the cluster, forget it (stop_app first)",
     "forget_cluster_node": "remove a stopped node from the members",
+    "rolling_restart": "restart each node in turn, waiting for the mirrors' sync",
     # queues, connections, consumers
     "list_queues": "queues, with COLUMNs (default: name messages)",
     "list_connections": "client connections on every running node",
@@ -81,7 +119,7 @@ COMMAND_HELP = {
     "list_bindings": "bindings (the default exchange's too), with COLUMNs",
     "delete_queue": "delete a queue and its messages",
     "purge_queue": "drop a queue's ready messages",
-    "sync_queue": "synchronise a queue's mirrors now, with progress",
+    "sync_queue": "synchronise a queue's mirrors now, with progress and its rate",
     "cancel_sync_queue": "stop a queue's running synchronisation",
     # policies
     "set_policy": "set a policy: NAME PATTERN DEFINITION",
@@ -91,7 +129,7 @@ COMMAND_HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="warrenctl", description="Manage warren nodes, like rabbitmqctl.",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=26),
         epilog="`warrenctl COMMAND --help` shows a command's arguments. Errors go to stderr and "
@@ -103,10 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
                            parser_class=lambda **kw: argparse.ArgumentParser(parents=[common], **kw))
 
     def command(name: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=COMMAND_HELP[name], description=COMMAND_HELP[name])
+        description = COMMAND_HELP[name] + (". " + SYNC_RATE_HELP if name == "sync_queue" else "")
+        return sub.add_parser(name, help=COMMAND_HELP[name], description=description)
 
-    for name in ("status", "await_startup", "stop", "stop_app", "start_app", "cluster_status", "reset"):
+    for name in ("status", "await_startup", "stop", "stop_app", "start_app", "cluster_status", "reset",
+                 "node_is_mirror_sync_critical"):
         command(name)
+    _rolling_restart_options(command("rolling_restart"))
     w = command("set_vm_memory_high_watermark")
     w.add_argument("value", nargs="+", metavar="VALUE",
                    help="a fraction of memory (0.4), or 'absolute' and a size (absolute 512MiB)")
@@ -144,6 +185,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _rolling_restart_options(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--force", action="store_true",
+                   help="take down a node even if it is sync-critical (node_is_mirror_sync_critical)")
+    r.add_argument("--nodes", nargs="+", metavar="NODE", help="these members, in this order "
+                   "(default: every member, in join order)")
+    r.add_argument("--pause", type=float, default=0.0,
+                   help="seconds each node's app stays stopped (default 0)")
+    r.add_argument("--sync-timeout", dest="sync_timeout", type=float, default=600.0,
+                   help="seconds to wait for the mirrors after each node (default 600)")
+    r.add_argument("--client-log", dest="client_log", metavar="FILE",
+                   help="a client's delivery log (a line per delivery, its first field the Unix "
+                        "time it arrived): the report adds the longest gap around each node")
+
+
 def _cell(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -161,6 +216,8 @@ def _table(rows: list[dict], columns) -> str:
 def run(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.node is None:
+            args.node = default_node(args.command)
         secret = configmod.resolve_secret(args.secret, args.secret_file, create=False)
         if args.command == "await_startup":
             return _await(args, secret, _started, f"node '{args.node}' to start")
@@ -175,6 +232,8 @@ def run(argv=None) -> int:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
     cmd = args.command
+    if cmd == "rolling_restart":
+        return _rolling_restart(args, secret, host, port)
     payload: dict = {}
     columns = None
     header = None
@@ -218,9 +277,11 @@ def run(argv=None) -> int:
         print(f'Clearing policy "{args.name}" on vhost "/" ...', file=sys.stderr)
     for c in columns or []:
         if c not in valid:
-            print(f"Error: unknown column {c!r} for {cmd}; valid: {' '.join(valid)}", file=sys.stderr)
+            print(f"Error: {nearest(c, valid, 'column')} ({cmd}'s columns: {' '.join(valid)})",
+                  file=sys.stderr)
             return 2
     me = f"warrenctl-{os.getpid()}"
+    process = local_process(host, port) if cmd == "stop" else None
     try:
         value = trio.run(ctl_call, TcpNetwork(), host, port, me, secret, cmd, payload, args.timeout)
     except ProtocolError as exc:
@@ -233,10 +294,18 @@ def run(argv=None) -> int:
     except trio.TooSlowError:
         print(f"Error: node '{args.node}' did not answer within {args.timeout:g} s", file=sys.stderr)
         return 75
+    if cmd == "node_is_mirror_sync_critical":
+        return _sync_critical_result(args, value)
     if cmd == "sync_queue" and args.formatter != "json":
         return _follow_sync(args, host, port, me, secret, value)
     if cmd == "stop":
-        if not _wait_gone(host, port, me, secret, args.timeout):
+        if process is not None:
+            if not wait_exited(*process, args.timeout):
+                print(f"Error: node '{args.node}' accepted stop, but its process (pid {process[0]}) "
+                      f"has not exited after {args.timeout:g} s (-t/--timeout); its log says what "
+                      f"it is doing", file=sys.stderr)
+                return 75
+        elif not _wait_gone(host, port, me, secret, args.timeout):
             print(f"Error: node '{args.node}' accepted stop but still answers after {args.timeout:g} s",
                   file=sys.stderr)
             return 75
@@ -268,6 +337,106 @@ def run(argv=None) -> int:
     return 0
 
 
+def _sync_critical_result(args, value: dict) -> int:
+    """node_is_mirror_sync_critical's answer: exit 0 when no queue depends on the node alone."""
+    queues = value["queues"]
+    if queues:
+        message = (f"node {value['node']} holds the only synchronised replica of {len(queues)} "
+                   f"mirrored queue(s): {', '.join(queues)}")
+    else:
+        message = f"node {value['node']} reported no mirrored queues whose only synchronised replica it holds"
+    if args.formatter == "json":
+        print(json.dumps({"result": "error" if queues else "ok", "node": value["node"],
+                          "queues": queues, "message": message}))
+    elif queues:
+        print(f"Error: {message}", file=sys.stderr)
+    elif not args.quiet:
+        print(message)
+    return 1 if queues else 0
+
+
+def _rolling_restart(args, secret: bytes, host: str, port: int) -> int:
+    """rolling_restart (broker/rolling.py): progress on stdout (stderr with --formatter json),
+    then the per-node report."""
+    from .rolling import RollingError, RollingRestart, print_report, report_rows
+
+    me = f"warrenctl-{os.getpid()}"
+    entry = args.node
+
+    def call(where, command, payload, timeout):
+        h, p = (host, port) if where == entry else where
+        return trio.run(ctl_call, TcpNetwork(), h, p, me, secret, command, payload, timeout)
+
+    out = sys.stderr if args.formatter == "json" else sys.stdout
+    rolling = RollingRestart(call, entry, force=args.force, pause=args.pause,
+                             sync_timeout=args.sync_timeout, timeout=args.timeout,
+                             say=lambda line: print(line, file=out, flush=True))
+    code = 0
+    try:
+        rolling.run(args.nodes)
+    except RollingError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        code = 1
+    except ProtocolError as exc:
+        print(f"Error: {exc.text}", file=sys.stderr)
+        code = 1
+    except (OSError, trio.TooSlowError) as exc:
+        print(f"Error: a node did not answer: {connect_reason(exc) if isinstance(exc, OSError) else 'timed out'}",
+              file=sys.stderr)
+        code = 69
+    if rolling.reports or args.formatter == "json":
+        print_report(report_rows(rolling.reports, args.client_log), args.formatter)
+    return code
+
+
+def default_node(command: str) -> str:
+    """The node of a command given no -n (and no $WARREN_NODE): the one local node running under
+    $WARREN_HOME/run. A ConfigError that says how to name a node when none or several run."""
+    from .localcluster import running_registered
+
+    run = configmod.warren_home() / "run"
+    running = sorted(running_registered(run.parent))
+    if len(running) == 1:
+        return running[0]
+    how = "name one with -n NAME (a local node) or -n HOST:PEER_PORT, or set $WARREN_NODE"
+    if not running:
+        raise configmod.ConfigError(f"no node given and no local node runs under {run} "
+                                    f"($WARREN_HOME/run): {how}")
+    raise configmod.ConfigError(f"no node given and {len(running)} local nodes run under {run}: "
+                                f"{', '.join(running)}; {how} (e.g. warrenctl -n {running[0]} {command})")
+
+
+def local_process(host: str, port: int) -> tuple[int, str] | None:
+    """The pid and name of the local node registered under $WARREN_HOME/run with this peer
+    address, if its process runs on this machine (None otherwise: a remote node)."""
+    from .localcluster import is_node_process
+
+    for path in (configmod.warren_home() / "run").glob("*.json"):
+        try:
+            entry = json.loads(path.read_text())
+            peer_host, peer_port = entry["peer"]
+            pid, name = int(entry["pid"]), str(entry["name"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if peer_port == port and (host == peer_host or host in ("127.0.0.1", "localhost")) \
+                and is_node_process(pid, name)[0]:
+            return pid, name
+    return None
+
+
+def wait_exited(pid: int, name: str, timeout: float) -> bool:
+    """Wait until process `pid` no longer runs node `name` (gone, or a zombie); False if it still
+    does after `timeout` seconds."""
+    from .localcluster import is_node_process
+
+    deadline = time.monotonic() + timeout
+    while is_node_process(pid, name)[0]:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _started(status: dict) -> str | None:
     return None if status.get("app_running") else "its app is not running"
 
@@ -282,8 +451,6 @@ def _online(count: int):
 def _await(args, secret: bytes, check, what: str) -> int:
     """await_startup / await_online_nodes: ask the node again and again (it may not even be
     registered yet) until `check(answer)` returns None or --timeout runs out."""
-    import time
-
     command = "status" if check is _started else "cluster_status"
     deadline = time.monotonic() + args.timeout
     while True:
@@ -315,8 +482,6 @@ def _await(args, secret: bytes, check, what: str) -> int:
 def _wait_gone(host: str, port: int, me: str, secret: bytes, timeout: float) -> bool:
     """After `stop`: wait until the node no longer answers on its peer port (asking it for its
     status, so that the node logs no half-opened connection)."""
-    import time
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -329,8 +494,6 @@ def _wait_gone(host: str, port: int, me: str, secret: bytes, timeout: float) -> 
 
 def _follow_sync(args, host, port, me, secret, started: dict) -> int:
     """sync_queue: show the sync's progress until it ends (a bar on a terminal, lines otherwise)."""
-    import time
-
     from mirroring.sync import progress_line
     q = args.queue
     print(f"Synchronising queue '{q}' in vhost '/' ...")
@@ -357,7 +520,9 @@ def _follow_sync(args, host, port, me, secret, started: dict) -> int:
             break
         time.sleep(0.2)
     last = st["last"] or {}
-    if tty:
+    if last:
+        print(("\r" if tty else "") + progress_line(last))  # the final figures, as the summary's
+    elif tty:
         print()
     status = last.get("status", "completed")
     print(f"sync {status}: {last.get('messages', 0):,} messages, {last.get('bytes', 0):,} bytes in "

@@ -1,6 +1,7 @@
-"""The demo that `make demo` (`python -m broker.localcluster demo`) runs on a local 3-node cluster:
-publish and consume through the client, then kill -9 the leader of a mirrored queue under load and
-show what happened to every message.
+"""The demo that `make demo` (`python -m broker.localcluster demo`) runs on a local 3-node cluster
+of its own (var/demo, wiped at each start, so that every run tells the same story): publish and
+consume through the client, then kill -9 the leader of a mirrored queue under load and show what
+happened to every message.
 
 Two rules keep it honest. Every wait has a deadline, and running out of one raises a TimeoutError
 that names what was awaited (the command line prints it as one line). Every message it prints is

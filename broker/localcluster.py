@@ -1,17 +1,24 @@
 """Clusters of real `warren-server` processes on 127.0.0.1: the one launcher, its command line,
 and the demo that the README's first command runs.
 
-    python -m broker.localcluster start [--nodes 3]   # start n1..nN and join them to n1
+    python -m broker.localcluster start [--nodes 3]   # start the nodes that are not running
+    python -m broker.localcluster start n1            # start node n1 alone, as it was
     python -m broker.localcluster stop                # SIGTERM every node of the home
-    python -m broker.localcluster demo                # start, publish/consume, fail over, stop
+    python -m broker.localcluster reset               # wipe the home's state (nodes stopped)
+    python -m broker.localcluster demo                # a cluster of its own: start, fail over, stop
 
-The command line keeps its state under ./var/warren (or $WARREN_HOME): node data, logs/NAME.log
-and pids.json.  Node i gets client port 5690+i, AMQP port 5671+i (n1..n3: 5672..5674, AMQP's
-usual port first) and peer port 25690+i unless --client-base / --amqp-base / --peer-base (or
-$WARREN_CLIENT_BASE / $WARREN_AMQP_BASE / $WARREN_PEER_BASE) move them.  `stop` stops the nodes of
-pids.json and every other node registered under the home's run/ (a node started by hand with
-this WARREN_HOME), and signals a pid only after checking that the process is still warren-server
-with that node name (the pid may have been reused since).
+The command line keeps its state under ./var/warren (or $WARREN_HOME): node data, logs/NAME.log,
+pids.json and cluster.json, the settings of the cluster's first start (nodes, ports, ticktime,
+server flags, secret) with which every later `start` brings a node back.  Node i gets client
+port 5690+i, AMQP port 5671+i (n1..n3: 5672..5674, AMQP's usual port first) and peer port
+25690+i unless --client-base / --amqp-base / --peer-base (or $WARREN_CLIENT_BASE /
+$WARREN_AMQP_BASE / $WARREN_PEER_BASE) move them; `start` also gives each node a management HTTP
+port (API, /metrics, web UI) 15671+i (n1 on 15672, RabbitMQ's), moved by --http-base /
+$WARREN_HTTP_BASE.  `stop` stops the nodes of pids.json and every
+other node registered under the home's run/ (a node started by hand with this WARREN_HOME), and
+signals a pid only after checking that the process is still warren-server with that node name
+(the pid may have been reused since).  The demo runs in var/demo on free ports, wiped at its
+start, so it never meets the state or the ports of `make cluster`.
 
 `LocalCluster` is the launcher itself, for the command line, the benchmark and the process tests
 (tests/cluster_procs.py): node count, home directory, ports (fixed bases or free ports), ticktime,
@@ -35,10 +42,16 @@ from pathlib import Path
 
 CLIENT_BASE = 5690
 AMQP_BASE = 5671
+HTTP_BASE = 15671  # the management HTTP API: n1 on 15672, RabbitMQ's port
 PEER_BASE = 25690
 DEFAULT_HOME = Path("var/warren")
+DEFAULT_DEMO_HOME = Path("var/demo")
 DEMO_SECRET = "warren-local-demo-secret"
 PID_FILE = "pids.json"
+CLUSTER_FILE = "cluster.json"
+# What a home holds for its nodes, and all that `reset` removes (a cookie file and anything else
+# put there stay).
+STATE_ENTRIES = ("data", "logs", "run", PID_FILE, CLUSTER_FILE)
 
 
 # Why not bind port 0: the kernel hands out a port from its ephemeral range, and the same range
@@ -132,7 +145,8 @@ class LocalCluster:
     def __init__(self, home: Path | str, nodes: int = 3, *, free_ports: bool = False,
                  client_base: int = CLIENT_BASE, peer_base: int = PEER_BASE,
                  net_ticktime: float = 10.0, secret: str | None = None,
-                 server_args: list[str] | tuple[str, ...] = (), amqp_base: int = AMQP_BASE):
+                 server_args: list[str] | tuple[str, ...] = (), amqp_base: int = AMQP_BASE,
+                 http: bool = False, http_base: int = HTTP_BASE):
         self.home = Path(home).resolve()
         self.names = [f"n{i}" for i in range(1, nodes + 1)]
         self.net_ticktime = net_ticktime
@@ -145,6 +159,11 @@ class LocalCluster:
             self.ports = {name: (client_base + i, peer_base + i)
                           for i, name in enumerate(self.names, 1)}
             self.amqp_ports = {name: amqp_base + i for i, name in enumerate(self.names, 1)}
+        # the management HTTP API (`http_port(name)`), when asked for
+        self.http_ports: dict[str, int] = {}
+        if http:
+            self.http_ports = dict(zip(self.names, pick_free_ports(nodes) if free_ports else
+                                       range(http_base + 1, http_base + nodes + 1)))
         self.env = dict(os.environ, WARREN_HOME=str(self.home), PYTHONUNBUFFERED="1")
         self.env["WARREN_SECRET"] = secret or os.environ.get("WARREN_SECRET") or DEMO_SECRET
         self.env.pop("WARREN_NODE", None)
@@ -174,19 +193,64 @@ class LocalCluster:
             raise
 
     def _start(self, timeout: float) -> list[str]:
-        for name in self.names:
+        return self.start_missing(self.names, {}, timeout)
+
+    def start_missing(self, wanted: list[str], running: dict[str, int] | set[str],
+                      timeout: float = 20.0) -> list[str]:
+        """Start the nodes of `wanted` that are not in `running` (the nodes of the home that run
+        now), join each new one that does not yet know the cluster to a running member (n1 for a
+        new cluster), and wait until that member sees all of them and those already running.
+        Returns the names started."""
+        missing = [name for name in wanted if name not in running]
+        for name in missing:
             self.spawn(name)
-        for name in self.names:
+        for name in missing:
             self.wait_status(name, timeout)
-        first = self.names[0]
-        for name in self.names[1:]:
-            if first in self.cluster_status(name)["members"]:
-                continue  # already clustered (data kept from an earlier run)
+        anchor = next((name for name in self.names if name in running), self.names[0])
+        for name in missing:
+            if name == anchor or anchor in self.cluster_status(name)["members"]:
+                continue  # the anchor itself, or clustered already (data kept from an earlier run)
             self.call(name, "stop_app")
-            self.call(name, "join_cluster", {"node": first})
+            self.call(name, "join_cluster", {"node": anchor})
             self.call(name, "start_app")
-        self.wait_running(first, set(self.names), timeout)
-        return self.names
+        expected = {name for name in self.names if name in running} | set(missing)
+        self.wait_running(anchor, expected, timeout, exact=not running)
+        return missing
+
+    # --- the settings a home keeps for its later starts -----------------------------------------
+    def save_settings(self) -> None:
+        """Write HOME/cluster.json: the nodes, their ports, the ticktime, the server flags and the
+        secret, so that a later `start` brings any node back as it was (readable by the owner
+        only: it holds the cluster secret)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        settings = {"nodes": self.names, "ports": self.ports, "amqp_ports": self.amqp_ports,
+                    "http_ports": self.http_ports, "net_ticktime": self.net_ticktime,
+                    "server_args": self.server_args,
+                    "secret": self.env["WARREN_SECRET"]}
+        tmp = self.home / (CLUSTER_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(settings, out, indent=1)
+        tmp.replace(self.home / CLUSTER_FILE)
+
+    @classmethod
+    def from_settings(cls, home: Path | str) -> "LocalCluster | None":
+        """The cluster whose settings HOME/cluster.json keeps (None when it has none)."""
+        path = Path(home) / CLUSTER_FILE
+        try:
+            settings = json.loads(path.read_text())
+            cluster = cls(home, len(settings["nodes"]), net_ticktime=float(settings["net_ticktime"]),
+                          secret=settings["secret"], server_args=settings["server_args"])
+            cluster.names = [str(name) for name in settings["nodes"]]
+            cluster.ports = {name: tuple(settings["ports"][name]) for name in cluster.names}
+            cluster.amqp_ports = {name: int(settings["amqp_ports"][name]) for name in cluster.names}
+            cluster.http_ports = {name: int(port) for name, port in settings.get("http_ports", {}).items()}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RuntimeError(f"{path} is unreadable ({exc!r}): stop the nodes and wipe the home "
+                               f"(python -m broker.localcluster reset --home {home})") from None
+        return cluster
 
     def log_path(self, name: str) -> Path:
         return self.home / "logs" / f"{name}.log"
@@ -211,11 +275,22 @@ class LocalCluster:
         client, peer = self.ports[name]
         return [executable("warren-server"), "--name", name, "--client-port", str(client),
                 "--peer-port", str(peer), "--amqp-port", str(self.amqp_ports[name]),
-                "--net-ticktime", str(self.net_ticktime), *self.server_args]
+                "--net-ticktime", str(self.net_ticktime),
+                *(["--http-port", str(self.http_ports[name])] if name in self.http_ports else []),
+                *self.server_args]
 
     def _save_pids(self) -> None:
-        pids = {name: p.pid for name, p in self.procs.items() if p.poll() is None}
-        (self.home / PID_FILE).write_text(json.dumps(pids))
+        """HOME/pids.json: this launcher's running nodes, and the other nodes it names that still
+        run (started by an earlier launcher of the same home)."""
+        path = self.home / PID_FILE
+        try:
+            earlier = json.loads(path.read_text())
+        except (OSError, ValueError):
+            earlier = {}
+        pids = {name: pid for name, pid in earlier.items()
+                if name not in self.procs and is_node_process(pid, name)[0]}
+        pids.update({name: p.pid for name, p in self.procs.items() if p.poll() is None})
+        path.write_text(json.dumps(pids))
 
     def alive(self, name: str) -> bool:
         p = self.procs.get(name)
@@ -399,14 +474,16 @@ class LocalCluster:
         except (OSError, ValueError, AttributeError):
             return False
 
-    def wait_running(self, on: str, expected: set, timeout: float = 20.0) -> dict:
-        """Wait until cluster_status on `on` lists exactly `expected` as running_nodes."""
+    def wait_running(self, on: str, expected: set, timeout: float = 20.0, exact: bool = True) -> dict:
+        """Wait until cluster_status on `on` lists exactly `expected` as running_nodes (with
+        `exact=False`: at least those)."""
         deadline = time.monotonic() + timeout
         st = None
         while time.monotonic() < deadline:
             try:
                 st = self.call(on, "cluster_status", timeout=3.0)
-                if set(st["running_nodes"]) == set(expected):
+                running = set(st["running_nodes"])
+                if running == set(expected) or (not exact and running >= set(expected)):
                     return st
             except ControlError:
                 pass
@@ -481,6 +558,12 @@ def _registered(home: Path) -> dict[str, int]:
     return found
 
 
+def running_registered(home: Path) -> dict[str, int]:
+    """The nodes registered under HOME/run/ whose pid still runs that node (a node killed with
+    -9 leaves its entry behind)."""
+    return {name: pid for name, pid in _registered(home).items() if is_node_process(pid, name)[0]}
+
+
 def home_nodes(home: Path) -> dict[str, int]:
     """Every node of HOME and its pid: those of pids.json, then any other registered one."""
     path = Path(home) / PID_FILE
@@ -537,30 +620,106 @@ def running_pids(home: Path) -> dict[str, int]:
 
 def start(home: Path, nodes: int = 3, ticktime: float = 10.0, client_base: int = CLIENT_BASE,
           peer_base: int = PEER_BASE, server_args: list[str] | tuple[str, ...] = (),
-          dump_logs: bool = True, amqp_base: int = AMQP_BASE) -> LocalCluster:
-    """Start a cluster that outlives this process (stop it with `stop(home)`)."""
+          dump_logs: bool = True, amqp_base: int = AMQP_BASE, only: list[str] | tuple[str, ...] = (),
+          free_ports: bool = False, http_base: int | None = None) -> tuple[LocalCluster, list[str]]:
+    """Start the nodes of HOME's cluster that are not running (only those of `only` when given),
+    each with the ports and settings of the cluster's first start (HOME/cluster.json), and wait
+    until they run in the cluster; a home without that file gets a new cluster of `nodes` nodes
+    with the other parameters (`http_base`: management HTTP ports, none without it). Returns the
+    cluster and the names started (the nodes outlive this process: stop them with `stop(home)`)."""
+    cluster = LocalCluster.from_settings(home)
+    running = running_pids(home)
+    if cluster is None:
+        if only:
+            raise RuntimeError(f"{home} has no cluster to restart a node of (no {home / CLUSTER_FILE}): "
+                               f"start one first (python -m broker.localcluster start)")
+        if running:
+            raise RuntimeError(f"nodes {', '.join(sorted(running))} of {home} are already running, "
+                               f"started without this launcher: stop them first (make stop, or "
+                               f"python -m broker.localcluster stop)")
+        cluster = LocalCluster(home, nodes, client_base=client_base, peer_base=peer_base,
+                               net_ticktime=ticktime, server_args=server_args, amqp_base=amqp_base,
+                               free_ports=free_ports, http=http_base is not None,
+                               http_base=http_base or HTTP_BASE)
+        cluster.save_settings()
+    unknown = [name for name in only if name not in cluster.names]
+    if unknown:
+        raise RuntimeError(f"the cluster of {home} has no node {', '.join(unknown)}: its nodes are "
+                           f"{', '.join(cluster.names)}")
+    return cluster, _start_safely(cluster, list(only) or cluster.names, running, dump_logs)
+
+
+def _start_safely(cluster: LocalCluster, wanted: list[str], running: dict[str, int],
+                  dump_logs: bool) -> list[str]:
+    """`start_missing`, killing what it started when it fails."""
+    try:
+        return cluster.start_missing(wanted, running)
+    except BaseException:
+        if dump_logs:
+            cluster.dump_logs()
+        for name in list(cluster.procs):
+            cluster.kill9(name)
+        cluster._save_pids()
+        raise
+
+
+def settings_conflicts(cluster: LocalCluster, given: dict) -> list[str]:
+    """The options of `given` (None: not given) that differ from the settings of the cluster's
+    first start: a cluster keeps its nodes, ports and flags until it is reset."""
+    names = cluster.names
+    kept = {"nodes": len(names), "net_ticktime": cluster.net_ticktime,
+            "client_base": cluster.client_port(names[0]) - 1, "peer_base": cluster.peer_port(names[0]) - 1,
+            "amqp_base": cluster.amqp_port(names[0]) - 1, "server_args": cluster.server_args,
+            "http_base": cluster.http_ports[names[0]] - 1 if names[0] in cluster.http_ports else None}
+    return [f"--{key.replace('_', '-')} {value!r} (it has {kept[key]!r})" for key, value in given.items()
+            if value not in (None, []) and value != kept[key]]
+
+
+def reset(home: Path) -> list[str]:
+    """Wipe HOME's cluster state (STATE_ENTRIES: data, logs, run registry, pids, settings);
+    RuntimeError, wiping nothing, while a node of HOME runs. One line per entry removed."""
     running = running_pids(home)
     if running:
-        raise RuntimeError(f"nodes {', '.join(sorted(running))} of {home} are already running: "
-                           f"stop them first (make stop, or python -m broker.localcluster stop)")
-    cluster = LocalCluster(home, nodes, client_base=client_base, peer_base=peer_base,
-                           net_ticktime=ticktime, server_args=server_args, amqp_base=amqp_base)
-    cluster.start(dump_logs=dump_logs)
-    return cluster
+        listed = ", ".join(f"{name} (pid {pid})" for name, pid in sorted(running.items()))
+        raise RuntimeError(f"not wiping {home}: nodes {listed} are running; stop them first (make "
+                           f"stop, or python -m broker.localcluster stop --home {home})")
+    removed = []
+    for entry in STATE_ENTRIES:
+        path = Path(home) / entry
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(f"removed {path}")
+    try:
+        Path(home).rmdir()  # only when nothing else was kept there
+    except OSError:
+        pass
+    return removed or [f"nothing to wipe in {home}"]
 
 
 def client_addr(i: int, client_base: int = CLIENT_BASE) -> str:
     return f"127.0.0.1:{client_base + i}"
 
 
-def demo(home: Path, client_base: int = CLIENT_BASE, peer_base: int = PEER_BASE,
-         amqp_base: int = AMQP_BASE) -> None:
-    """Start a 3-node cluster under HOME, run broker.demo on it, stop it (also on errors)."""
+def demo(home: Path = DEFAULT_DEMO_HOME, client_base: int | None = None, peer_base: int | None = None,
+         amqp_base: int | None = None) -> None:
+    """Run broker.demo on a new 3-node cluster of its own under HOME (var/demo, never the home
+    of `make cluster`): stop the nodes an interrupted demo left there, wipe the home, start the
+    cluster (on free ports unless bases are given), run the demo, stop it (also on errors)."""
     from broker import demo as demomod
 
-    print(f"== starting a 3-node cluster (logs in {home / 'logs'})")
-    cluster = start(home, 3, client_base=client_base, peer_base=peer_base, dump_logs=False,
-                    amqp_base=amqp_base)
+    home = Path(home).resolve()
+    if running_pids(home):
+        for line in stop(home):
+            print(f"an earlier demo's node: {line}")
+    reset(home)
+    print(f"== starting a 3-node cluster of the demo's own in {home} (logs in {home / 'logs'})")
+    fixed = not all(base is None for base in (client_base, peer_base, amqp_base))
+    cluster, _ = start(home, 3, client_base=client_base or CLIENT_BASE, peer_base=peer_base or PEER_BASE,
+                       amqp_base=amqp_base or AMQP_BASE, dump_logs=False, free_ports=not fixed)
     try:
         demomod.run(cluster)
     finally:
@@ -568,51 +727,100 @@ def demo(home: Path, client_base: int = CLIENT_BASE, peer_base: int = PEER_BASE,
         cluster.stop()
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
     if not value:
-        return default
+        return None
     try:
         return int(value)
     except ValueError:
         raise SystemExit(f"error: {name}={value!r} is not a port number") from None
 
 
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m broker.localcluster", allow_abbrev=False,
+        description="Local clusters of warren-server processes on 127.0.0.1 (make cluster / stop / "
+                    "clean / demo). `start` starts the nodes of the home that are not running, with "
+                    "the ports and flags of the cluster's first start (kept in HOME/cluster.json); "
+                    "`start n1` starts node n1 alone. `reset` wipes the home's state (its nodes "
+                    "stopped). `demo` runs on a cluster of its own in var/demo, wiped at each run.")
+    p.add_argument("action", choices=["start", "stop", "reset", "demo"])
+    p.add_argument("names", nargs="*", metavar="NODE",
+                   help="start: the nodes to start (default: every node that is not running)")
+    p.add_argument("--nodes", type=int, help="how many nodes a new cluster has (default 3)")
+    p.add_argument("--home", type=Path,
+                   help="state directory: data, logs, pids, settings (default $WARREN_HOME or "
+                        "var/warren; for demo, var/demo)")
+    p.add_argument("--client-base", type=int,
+                   help="node i's client port is this + i (default $WARREN_CLIENT_BASE or 5690)")
+    p.add_argument("--peer-base", type=int,
+                   help="node i's peer port is this + i (default $WARREN_PEER_BASE or 25690)")
+    p.add_argument("--amqp-base", type=int,
+                   help="node i's AMQP 0-9-1 port is this + i (default $WARREN_AMQP_BASE or 5671: "
+                        "n1 on 5672)")
+    p.add_argument("--http-base", type=int,
+                   help="node i's management HTTP port (API, /metrics, web UI) is this + i "
+                        "(default $WARREN_HTTP_BASE or 15671: n1 on 15672)")
+    p.add_argument("--net-ticktime", type=float, help="the nodes' net ticktime (default 10)")
+    return p
+
+
+def _start_command(home: Path, args, server_args: list[str]) -> None:
+    """`start [NODE...]`: start what is missing and say what runs where."""
+    given = {"nodes": args.nodes, "net_ticktime": args.net_ticktime, "client_base": args.client_base,
+             "peer_base": args.peer_base, "amqp_base": args.amqp_base, "server_args": server_args,
+             "http_base": args.http_base}
+    kept = LocalCluster.from_settings(home)
+    conflicts = settings_conflicts(kept, given) if kept is not None else []
+    if conflicts:
+        raise RuntimeError(f"the cluster of {home} keeps the settings of its first start, not "
+                           f"{'; '.join(conflicts)}: to start a different one, stop it and wipe it "
+                           f"(python -m broker.localcluster reset)")
+    env_base = {key: _env_int(f"WARREN_{key.upper()}") for key in ("client_base", "peer_base", "amqp_base")}
+    bases = {key: given[key] or env_base[key] or default for key, default in
+             (("client_base", CLIENT_BASE), ("peer_base", PEER_BASE), ("amqp_base", AMQP_BASE))}
+    http_base = given["http_base"] or _env_int("WARREN_HTTP_BASE") or HTTP_BASE
+    cluster, started = start(home, args.nodes or 3, args.net_ticktime or 10.0, server_args=server_args,
+                             dump_logs=False, only=args.names, http_base=http_base, **bases)
+    wanted = args.names or cluster.names
+    already = [name for name in wanted if name not in started]
+    if started:
+        urls = ", ".join(f"http://127.0.0.1:{cluster.http_ports[n]}/" for n in cluster.names
+                         if n in cluster.http_ports)
+        print(f"started {', '.join(started)}"
+              + (f" ({', '.join(already)} already running)" if already else "")
+              + f"; client ports {', '.join(str(cluster.client_port(n)) for n in cluster.names)}; AMQP ports "
+              f"{', '.join(str(cluster.amqp_port(n)) for n in cluster.names)}; "
+              + (f"web UI and HTTP API {urls}; " if urls else "")
+              + f"logs in {home / 'logs'}")
+    else:
+        print(f"{', '.join(already)} of {home} already running: nothing to start")
+    secret = cluster.env["WARREN_SECRET"]
+    print(f"use it from any shell: export WARREN_HOME={shlex.quote(str(home))} "
+          f"WARREN_SECRET={shlex.quote(secret)}; warrenctl -n {cluster.names[0]} cluster_status")
+
+
 def main(argv=None) -> None:
     from broker.client.errors import AMQPError
 
-    p = argparse.ArgumentParser(
-        prog="python -m broker.localcluster", allow_abbrev=False,
-        description="Local clusters of warren-server processes on 127.0.0.1 (make cluster / stop / demo).")
-    p.add_argument("action", choices=["start", "stop", "demo"])
-    p.add_argument("--nodes", type=int, default=3, help="how many nodes start starts (default 3)")
-    p.add_argument("--home", type=Path, default=Path(os.environ.get("WARREN_HOME") or DEFAULT_HOME),
-                   help="state directory: data, logs, pids (default $WARREN_HOME or var/warren)")
-    p.add_argument("--client-base", type=int, default=_env_int("WARREN_CLIENT_BASE", CLIENT_BASE),
-                   help="node i's client port is this + i (default $WARREN_CLIENT_BASE or 5690)")
-    p.add_argument("--peer-base", type=int, default=_env_int("WARREN_PEER_BASE", PEER_BASE),
-                   help="node i's peer port is this + i (default $WARREN_PEER_BASE or 25690)")
-    p.add_argument("--amqp-base", type=int, default=_env_int("WARREN_AMQP_BASE", AMQP_BASE),
-                   help="node i's AMQP 0-9-1 port is this + i (default $WARREN_AMQP_BASE or 5671: "
-                        "n1 on 5672)")
-    p.add_argument("--net-ticktime", type=float, default=10.0)
+    p = _parser()
     args, server_args = p.parse_known_args(argv)
     if server_args and args.action != "start":
         p.error(f"unrecognized arguments: {' '.join(server_args)}")
+    if args.names and args.action != "start":
+        p.error(f"{args.action} takes no node names (only start does)")
+    if args.home is None:
+        args.home = DEFAULT_DEMO_HOME if args.action == "demo" else Path(os.environ.get("WARREN_HOME") or DEFAULT_HOME)
     home = args.home.resolve()
     try:
         if args.action == "start":
-            # Options this command does not know are passed on to every warren-server.
-            cluster = start(home, args.nodes, args.net_ticktime, args.client_base,
-                            args.peer_base, server_args, dump_logs=False, amqp_base=args.amqp_base)
-            secret = cluster.env["WARREN_SECRET"]
-            print(f"started {', '.join(cluster.names)}; client ports "
-                  f"{', '.join(str(cluster.client_port(n)) for n in cluster.names)}; AMQP ports "
-                  f"{', '.join(str(cluster.amqp_port(n)) for n in cluster.names)}; logs in {home / 'logs'}")
-            print(f"use it from any shell: export WARREN_HOME={shlex.quote(str(home))} "
-                  f"WARREN_SECRET={shlex.quote(secret)}; warrenctl -n n1 cluster_status")
+            _start_command(home, args, server_args)
         elif args.action == "stop":
             for line in stop(home):
+                print(line)
+        elif args.action == "reset":
+            for line in reset(home):
                 print(line)
         else:
             demo(home, args.client_base, args.peer_base, args.amqp_base)

@@ -85,6 +85,8 @@ class Node:
         self.peer_port = config.peer_port
         self.client_port = config.client_port
         self.amqp_port = config.amqp_port
+        self.http_port = config.http_port
+        self.management = None  # broker/management: the HTTP API's view of the cluster, when served
         self._sids = itertools.count(1)
         self._counted_down = False  # the metadata records this very run of the node as down
         self._counted_up = False  # it records this very run up (as of the last change applied)
@@ -133,6 +135,9 @@ class Node:
                                               self.config.peer_port, self._on_peer_conn)
             self.cluster.peer_addr = [self.config.advertise_host, self.peer_port]
             self.log.info("node listening", peer_port=self.peer_port)
+            if self.config.http_port is not None:
+                from .management import serve as serve_management
+                self.http_port = await root.start(serve_management, self)
             if self.config.cluster_seed and not self.has_state():
                 self.joining_seed = self.config.cluster_seed
                 try:
@@ -143,7 +148,8 @@ class Node:
             if self.persist:
                 configmod.register(self.name, (self.config.advertise_host, self.peer_port),
                                    (self.config.advertise_host, self.client_port), os.getpid(),
-                                   (self.config.advertise_host, self.amqp_port))
+                                   (self.config.advertise_host, self.amqp_port),
+                                   None if self.http_port is None else (self.config.advertise_host, self.http_port))
             self.started.set()
             task_status.started(self)
 
@@ -260,6 +266,8 @@ class Node:
     # --- the cluster's news --------------------------------------------------------------------
     def meta_changed(self, change) -> None:
         self.router.reconcile(self.md.touched if change is not None else None)
+        if self.management is not None:
+            self.management.meta_changed(change)
         run = self.cluster.incarnation
         md = self.md
         counted = md.up.get(self.name) == run
@@ -318,6 +326,8 @@ class Node:
         self.router.link_up(node)
 
     def link_down(self, node: str) -> None:
+        if self.management is not None:
+            self.management.link_down(node)
         self.memory.link_down(node)
         self.router.link_down(node)
 

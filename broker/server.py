@@ -72,6 +72,8 @@ def parse_args(argv=None) -> dict:
     p.add_argument("--amqp-port", dest="amqp_port", type=int,
                    help="AMQP 0-9-1 port (WARREN_AMQP_PORT, default 5673; 5672 is the client port)")
     p.add_argument("--peer-port", dest="peer_port", type=int, help="peer/control port (default 25672)")
+    p.add_argument("--http-port", dest="http_port", type=int,
+                   help="management HTTP API, /metrics and web UI port (WARREN_HTTP_PORT; off unless set)")
     p.add_argument("--secret", help="cluster secret (WARREN_SECRET)")
     p.add_argument("--secret-file", dest="secret_file", help="file holding the cluster secret (WARREN_SECRET_FILE)")
     p.add_argument("--net-ticktime", dest="net_ticktime", type=float, help="seconds of silence before a peer is down (default 60)")
@@ -200,7 +202,9 @@ def main(argv=None) -> None:
         except configmod.ConfigError as exc:
             _fail(f"--cluster-seed {cfg.cluster_seed}: {exc}", 2)
     for port, option in ((cfg.peer_port, "--peer-port"), (cfg.client_port, "--client-port"),
-                         (cfg.amqp_port, "--amqp-port")):
+                         (cfg.amqp_port, "--amqp-port"), (cfg.http_port, "--http-port")):
+        if port is None:
+            continue
         problem = _port_problem(cfg.host, port, option)
         if problem:
             _fail(problem, 1)

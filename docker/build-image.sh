@@ -6,6 +6,11 @@
 #                         python3-venv) and loaded with `docker import`.
 #                         Built once: skipped when the image already exists
 #                         (WARREN_REBUILD_BASE=1 forces a rebuild).
+#   warren-haproxy:bookworm  the compose cluster's TCP load balancer: the
+#                         same kind of rootfs with Debian's haproxy package,
+#                         also built once (WARREN_REBUILD_BASE=1 rebuilds it);
+#                         its configuration, docker/haproxy.cfg, is mounted by
+#                         docker-compose.yml.
 #   warren:latest         docker/Dockerfile on top of the base image; it
 #                         installs wheels prepared here on the host into a
 #                         venv at /opt/warren, with `pip --no-index`, so the
@@ -24,6 +29,7 @@ repo=$(cd "$here/.." && pwd)
 wheels="$here/wheels"
 
 BASE_IMAGE=${WARREN_BASE_IMAGE:-warren-base:bookworm}
+LB_IMAGE=${WARREN_LB_IMAGE:-warren-haproxy:bookworm}
 APP_IMAGE=${WARREN_IMAGE:-warren:latest}
 SUITE=bookworm
 PYVER=3.11   # python3 in bookworm
@@ -86,9 +92,12 @@ debian_mirror() {
 
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 
-build_base() {
-    if image_exists "$BASE_IMAGE" && [ "${WARREN_REBUILD_BASE:-0}" != 1 ]; then
-        log "$BASE_IMAGE exists, not rebuilding it (WARREN_REBUILD_BASE=1 forces it)"
+# build_rootfs_image IMAGE PACKAGES CMD: a debootstrap minbase rootfs of
+# $SUITE with PACKAGES (comma-separated), imported as IMAGE running CMD (JSON).
+build_rootfs_image() {
+    local image=$1 packages=$2 cmd=$3
+    if image_exists "$image" && [ "${WARREN_REBUILD_BASE:-0}" != 1 ]; then
+        log "$image exists, not rebuilding it (WARREN_REBUILD_BASE=1 forces it)"
         return
     fi
     if [ "$(id -u)" != 0 ]; then
@@ -103,7 +112,7 @@ build_base() {
     # shellcheck disable=SC2064
     trap "rm -rf '$rootfs'" EXIT
     log "debootstrap --variant=minbase $SUITE from $mirror into $rootfs"
-    debootstrap --variant=minbase --include=python3,python3-venv \
+    debootstrap --variant=minbase --include="$packages" \
         "$SUITE" "$rootfs" "$mirror" >"$rootfs.log" 2>&1 || {
         log "debootstrap failed; last lines of $rootfs.log:"
         tail -n 30 "$rootfs.log" >&2
@@ -128,12 +137,21 @@ build_base() {
     tar --numeric-owner --xattrs -C "$rootfs" -c . | docker import \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         --change 'ENV LANG=C.UTF-8' \
-        --change 'CMD ["/bin/bash"]' \
-        --message "debootstrap --variant=minbase $SUITE (+python3, python3-venv)" \
-        - "$BASE_IMAGE" >/dev/null
+        --change "CMD $cmd" \
+        --message "debootstrap --variant=minbase $SUITE (+$packages)" \
+        - "$image" >/dev/null
     rm -rf "$rootfs"
     trap - EXIT
-    log "built $BASE_IMAGE in $(elapsed "$t0")s"
+    log "built $image in $(elapsed "$t0")s"
+}
+
+build_base() {
+    build_rootfs_image "$BASE_IMAGE" python3,python3-venv '["/bin/bash"]'
+}
+
+# haproxy in the foreground (-db), its configuration mounted at run time.
+build_lb() {
+    build_rootfs_image "$LB_IMAGE" haproxy '["haproxy", "-db", "-f", "/etc/haproxy/haproxy.cfg"]'
 }
 
 # The [project] dependencies of pyproject.toml, one requirement a line.
@@ -197,6 +215,7 @@ main() {
     local t0
     t0=$(now)
     build_base
+    build_lb
     prepare_wheels
     build_app
     log "done in $(elapsed "$t0")s"

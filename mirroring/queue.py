@@ -196,6 +196,9 @@ class QueueState:
         # highest id known to have expired (a requeued message up to it is dropped too)
         self.expiry: deque[tuple[int, float]] = deque()
         self.expired_upto = 0
+        # running totals for the management API's rates, added once per batch (never per message)
+        self.delivered_total = 0  # handed to consumers and to basic.get
+        self.acked_total = 0  # acknowledged by clients
 
     def seen(self, origin, pseq: int) -> bool:
         """Was this publish batch already applied (a resend after a failover)?"""
@@ -290,6 +293,9 @@ class QueueState:
             "messages": len(self.ready) + unacked,
             "consumers": len(self.consumers),
             "ready_bytes": self.ready_bytes,
+            "published": self.next_id - 1,
+            "delivered": self.delivered_total,
+            "acked": self.acked_total,
         }
 
     # --- publishing ------------------------------------------------------------------------
@@ -557,6 +563,7 @@ class QueueState:
                 self._hold(c.owner, key, ids, batch.copy())  # (batch is the caller's)
             result.append((c, batch))
             rounds.append((c.owner, c.tag, ids))
+            self.delivered_total += len(ids)
         if self.effects is not None:
             self.effects.append(EDeliver(rounds, size))
         self.ready_bytes -= size  # the bodies of everything either path took
@@ -576,6 +583,7 @@ class QueueState:
             return None
         m = self.ready.popleft()
         self.ready_bytes -= len(m[1])
+        self.delivered_total += 1
         if self.effects is not None:
             self.effects.append(EGet(owner, m[0], no_ack))
         if not no_ack:
@@ -635,10 +643,13 @@ class QueueState:
             if type(ids) is not list:
                 ids = list(ids)
             done = self._ack_runs(owner, ids)
-            if done == len(ids):
-                return done
-            return done + len(self._take(owner, ids[done:]))
-        return len(self._take(owner, ids))
+            if done != len(ids):
+                done += len(self._take(owner, ids[done:]))
+        else:
+            done = len(self._take(owner, ids))
+        if how == ACK:
+            self.acked_total += done
+        return done
 
     def ack(self, owner: tuple, ids) -> int:
         return self.settle(owner, ACK, ids)

@@ -25,7 +25,8 @@ A `ProcessCluster` (a `broker.localcluster.LocalCluster`) offers:
   `spawn(name, extra_args)` (start one node without waiting);
 - `start()`, `stop(kill=False)`, `cleanup()` (stop and remove the temporary directory).
 
-`server_args=[...]` passes extra flags to every `warren-server`. `wait_no_consumers(ch, queue)`
+`server_args=[...]` passes extra flags to every `warren-server`; `http=True` gives every node a
+management HTTP port on a free port (`http_ports[name]`). `wait_no_consumers(ch, queue)`
 waits until a queue has no consumer (through a blocking channel of pika or of warren's client).
 """
 
@@ -44,11 +45,11 @@ SECRET = "process-test-secret"
 
 class ProcessCluster(LocalCluster):
     def __init__(self, n: int = 3, net_ticktime: float = 5.0, tmpdir: str | None = None,
-                 server_args: list[str] | tuple[str, ...] = ()):
+                 server_args: list[str] | tuple[str, ...] = (), http: bool = False):
         self._own_tmp = tmpdir is None
         self.tmp = Path(tmpdir or tempfile.mkdtemp(prefix="warren-proc-"))
         super().__init__(self.tmp / "home", n, free_ports=True, net_ticktime=net_ticktime,
-                         secret=SECRET, server_args=server_args)
+                         secret=SECRET, server_args=server_args, http=http)
         self.home.mkdir(parents=True, exist_ok=True)
 
     def cleanup(self) -> None:
@@ -59,12 +60,13 @@ class ProcessCluster(LocalCluster):
 
 @contextlib.contextmanager
 def running_cluster(request, tmp_path_factory, n: int = 3, net_ticktime: float = 5.0,
-                    server_args: list[str] | tuple[str, ...] = ()):
+                    server_args: list[str] | tuple[str, ...] = (), http: bool = False):
     """A started ProcessCluster in a pytest temporary directory, killed afterwards; the nodes'
     logs are printed when a test that used it failed."""
     failed_before = request.session.testsfailed
     tmp = tmp_path_factory.mktemp(f"cluster-{request.node.name}"[:60])
-    with ProcessCluster(n, net_ticktime=net_ticktime, tmpdir=str(tmp), server_args=server_args) as c:
+    with ProcessCluster(n, net_ticktime=net_ticktime, tmpdir=str(tmp), server_args=server_args,
+                        http=http) as c:
         yield c
         if request.session.testsfailed > failed_before:
             c.dump_logs()

@@ -57,7 +57,7 @@ def busy_port():
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("which", ["--client-port", "--peer-port"])
+@pytest.mark.parametrize("which", ["--client-port", "--peer-port", "--http-port"])
 def test_server_port_in_use(env, busy_port, which):
     ports = {"--client-port": str(free_port()), "--peer-port": str(free_port())}
     ports[which] = str(busy_port)
@@ -176,7 +176,71 @@ def test_warrenctl_help_lists_every_command_with_a_description(env):
     assert set(listed) == parser_commands == set(COMMAND_HELP)
     assert all(listed[name] == COMMAND_HELP[name] for name in listed)
     # every control command a user can give is on the command line (the rest are node-to-node)
-    internal = {"add_member", "remove_member", "sync_status"}
+    internal = {"add_member", "remove_member", "sync_status", "maintenance_status"}
     assert set(COMMANDS) - internal <= parser_commands
     for name in ("stop", "await_startup", "await_online_nodes", "set_policy", "list_queues"):
         assert name in listed
+
+
+def test_warrenctl_mistyped_command_or_column_gets_the_nearest(env):
+    r = _run([executable("warrenctl"), "sttus"], env)
+    one_line_error(r, "warrenctl: error: unknown command 'sttus': did you mean 'status'?",
+                   "warrenctl --help")
+    assert r.returncode == 2
+    r = _run([executable("warrenctl"), "lis_queues"], env)
+    one_line_error(r, "did you mean 'list_queues'?")
+    r = _run([executable("warrenctl"), "xyzzy"], env)
+    line = one_line_error(r, "unknown command 'xyzzy'")
+    assert "did you mean" not in line
+    r = _run([executable("warrenctl"), "--secret", "s", "-n", "127.0.0.1:1", "list_queues", "nme"], env)
+    one_line_error(r, "Error: unknown column 'nme': did you mean 'name'?")
+
+
+def _fake_nodes(home, names: list[str]) -> list[subprocess.Popen]:
+    """Processes that look like running warren-servers of those names, registered under HOME/run."""
+    import json
+
+    fakes = []
+    (home / "run").mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(names):
+        fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                 "warren-server", "--name", name])
+        fakes.append(fake)
+        (home / "run" / f"{name}.json").write_text(json.dumps(
+            {"name": name, "peer": ["127.0.0.1", 1 + i], "client": ["127.0.0.1", 1], "pid": fake.pid}))
+    deadline = time.monotonic() + 5
+    from broker.localcluster import running_registered
+    while len(running_registered(home)) < len(names) and time.monotonic() < deadline:
+        time.sleep(0.02)  # until each has exec'ed
+    return fakes
+
+
+def test_warrenctl_without_n_names_the_nodes_it_could_mean(env, tmp_path):
+    """No -n and no $WARREN_NODE: the only local node (test_localcluster stops one so); with
+    none or several, one line that says how to name a node, listing the running ones. A node
+    killed with -9 (its registry entry left behind) does not count."""
+    from pathlib import Path
+
+    home = Path(env["WARREN_HOME"])
+    r = _run([executable("warrenctl"), "--secret", "s", "status"], env)
+    one_line_error(r, "Error: no node given and no local node runs under", "-n NAME", "HOST:PEER_PORT")
+    assert r.returncode == 2
+    fakes = _fake_nodes(home, ["n1", "n2"])
+    dead = _fake_nodes(home, ["n3"])[0]
+    dead.kill()
+    dead.wait()
+    try:
+        r = _run([executable("warrenctl"), "--secret", "s", "cluster_status"], env)
+        one_line_error(r, "Error: no node given and 2 local nodes run", "n1, n2;",
+                       "e.g. warrenctl -n n1 cluster_status")
+        assert "n3" not in r.stderr
+        gone = fakes.pop()
+        gone.kill()
+        gone.wait()
+        r = _run([executable("warrenctl"), "--secret", "s", "-t", "1", "status"], env)
+        # the one left is n1 (a fake that does not answer on its port, so the error names it)
+        one_line_error(r, "node 'n1'")
+    finally:
+        for fake in fakes:
+            fake.kill()
+            fake.wait()

@@ -23,6 +23,8 @@ CLIENT_PORT = "5672"
 AMQP_PORT = "5673"
 HOST_PORTS = {"n1": 5681, "n2": 5682, "n3": 5683}
 HOST_AMQP_PORTS = {"n1": 5684, "n2": 5685, "n3": 5686}
+HTTP_PORT = "15672"
+HTTP_HOST_PORT = 15672
 
 _VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::?-(?P<default>[^}]*))?\}")
 
@@ -136,10 +138,13 @@ def test_seed_points_at_n1(warren_nodes):
 def test_client_ports_published_on_loopback_only(warren_nodes):
     for name, service in warren_nodes.items():
         ports = [_defaults(str(p)) for p in service.get("ports") or []]
+        # n1 also publishes its management HTTP port (API, /metrics, web UI), on loopback too
+        http = [f"127.0.0.1:{HTTP_HOST_PORT}:{HTTP_PORT}"] if name == "n1" else []
         assert ports == [f"127.0.0.1:{HOST_PORTS[name]}:{CLIENT_PORT}",
-                         f"127.0.0.1:{HOST_AMQP_PORTS[name]}:{AMQP_PORT}"], (
+                         f"127.0.0.1:{HOST_AMQP_PORTS[name]}:{AMQP_PORT}", *http], (
             f"{name} publishes {ports}"
         )
+        assert _environment(service)["WARREN_HTTP_PORT"] == HTTP_PORT, name
 
 
 def test_a_user_that_works_from_the_host(warren_nodes):

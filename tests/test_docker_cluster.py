@@ -248,6 +248,7 @@ def _cluster_scenario(docker: str) -> None:
     env = dict(os.environ, WARREN_IMAGE=IMAGE)
     env.update({f"WARREN_PORT_{n.upper()}": str(free_port()) for n in NODES})
     env.update({f"WARREN_AMQP_PORT_{n.upper()}": str(free_port()) for n in NODES})
+    env.update(WARREN_LB_AMQP_PORT=str(free_port()), WARREN_LB_PORT=str(free_port()))
     env["WARREN_PASSWORD"] = "docker-test-password"  # the compose file takes it from the host
     compose = ["docker-compose", "-f", str(COMPOSE_FILE), "-p", PROJECT]
 

@@ -1,7 +1,8 @@
 """The process-cluster launcher (broker.localcluster): `stop` signals only warren-servers of the
-home (also one started there by hand), `start` prints a hint that works when pasted anywhere,
-`warrenctl stop` stops a node cleanly, and a LocalCluster's signal helpers do what the process
-tests rely on."""
+home (also one started there by hand), `start` prints a hint that works when pasted anywhere and
+starts only the nodes that are not running (one node alone when named, with its ports and
+settings), `reset` wipes a stopped home and refuses while a node runs, `warrenctl stop` returns
+once the node has exited, and a LocalCluster's signal helpers do what the process tests rely on."""
 
 from __future__ import annotations
 
@@ -135,30 +136,35 @@ def _wait_gone(pid: int, name: str, timeout: float = 15.0) -> bool:
     return False
 
 
-def test_cli_start_refuses_while_the_nodes_run_and_stop_stops_them(tmp_path):
+def test_cli_start_again_starts_nothing_and_stop_stops_the_nodes(tmp_path):
     """Also: the printed hint works when pasted into a new shell in another directory (absolute
     WARREN_HOME, the secret exported) and leaves no cookie file behind; and `stop` stops a node
     started by hand with the same WARREN_HOME (found in the home's run registry)."""
     c = ProcessCluster(2, tmpdir=str(tmp_path))
     base_client, base_peer = c.client_port("n1") - 1, c.peer_port("n1") - 1
+    http_port = free_port()
     cwd = tmp_path / "clone"
     cwd.mkdir()
     args = [sys.executable, "-m", "broker.localcluster", "start", "--home", "var/warren", "--nodes", "1",
             "--client-base", str(base_client), "--peer-base", str(base_peer), "--net-ticktime", "5",
-            "--log-format", "json"]
+            "--http-base", str(http_port - 1), "--log-format", "json"]
     home = cwd / "var" / "warren"
     r = subprocess.run(args, capture_output=True, text=True, timeout=60, env=_plain_env(), cwd=cwd)
     hand = None
     try:
         assert r.returncode == 0, r.stderr
         assert f"client ports {base_client + 1}" in r.stdout
+        assert f"http://127.0.0.1:{http_port}/" in r.stdout
+        # the run registry records the management HTTP port as it records the others
+        assert json.loads((home / "run" / "n1.json").read_text())["http"][1] == http_port
         pid = json.loads((home / PID_FILE).read_text())["n1"]
         assert is_node_process(pid, "n1")[0]
         # the extra flag went to warren-server: its log is JSON
         first = (home / "logs" / "n1.log").read_text().splitlines()[0]
         assert json.loads(first)["node"] == "n1"
         again = subprocess.run(args, capture_output=True, text=True, timeout=60, env=_plain_env(), cwd=cwd)
-        assert again.returncode == 1 and "already running" in again.stderr
+        assert again.returncode == 0 and "n1 of" in again.stdout and "already running: nothing to start" in again.stdout
+        assert json.loads((home / PID_FILE).read_text())["n1"] == pid
         [hint] = [line.split(": ", 1)[1] for line in r.stdout.splitlines() if line.startswith("use it from")]
         assert f"WARREN_HOME={home}" in hint
         pasted = subprocess.run(["bash", "-c", hint], capture_output=True, text=True, timeout=60,
@@ -199,10 +205,12 @@ def test_warrenctl_stop_stops_the_node_and_its_process(tmp_path):
         ctl = [executable("warrenctl"), "-n", "solo", "-t", "20"]
         up = subprocess.run([*ctl, "await_startup"], capture_output=True, text=True, timeout=60, env=env)
         assert up.returncode == 0, up.stderr
-        r = subprocess.run([*ctl, "stop"], capture_output=True, text=True, timeout=60, env=env)
+        # no -n: the only node running under the home's run registry
+        r = subprocess.run([executable("warrenctl"), "stop"], capture_output=True, text=True,
+                           timeout=60, env=env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == "Stopping and halting node solo ..."
-        assert proc.wait(15) == 0
+        assert proc.poll() == 0, "warrenctl stop returned while the node's process still ran"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -328,3 +336,108 @@ def test_the_reason_given_for_an_unreachable_target_is_the_system_s():
     assert connect_reason(attempts) == "Connection refused"
     assert connect_reason(socket.gaierror(-2, "Name or service not known")) == "Name or service not known"
     assert connect_reason(OSError("something else")) == "something else"
+
+
+def test_wait_exited_waits_for_the_process_and_gives_up_after_its_timeout():
+    """What `warrenctl stop` waits on: the node's process, known by its pid and name."""
+    from broker.ctl import wait_exited
+
+    fake = _spawned([sys.executable, "-c", "import time; time.sleep(60)", "warren-server", "--name", "fake"])
+    try:
+        t0 = time.monotonic()
+        assert wait_exited(fake.pid, "fake", 0.3) is False
+        assert time.monotonic() - t0 >= 0.3
+        fake.kill()
+        assert wait_exited(fake.pid, "fake", 5) is True  # a zombie has exited too
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+def _cli(home, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "broker.localcluster", *args, "--home", str(home)],
+                          capture_output=True, text=True, timeout=timeout, env=_plain_env())
+
+
+def _ctl(home, node: str, *args: str) -> subprocess.CompletedProcess:
+    env = _plain_env(WARREN_HOME=str(home), WARREN_SECRET="warren-local-demo-secret")
+    return subprocess.run([executable("warrenctl"), "-n", node, *args], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def _until(what: str, check, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.2)
+    return value
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_node_started_alone_rejoins_and_its_mirrors_synchronise(tmp_path):
+    """The README's kill -9, then `start n1`: the node comes back with its ports and settings,
+    rejoins, and its mirror catches up; `start` alone starts only what is missing; `reset`
+    refuses while nodes run and wipes the home once they are stopped."""
+    import broker.client as pika
+
+    home = tmp_path / "home"
+    client, peer, amqp = pick_free_ports(3, span=4)
+    r = _cli(home, "start", "--client-base", str(client), "--peer-base", str(peer),
+             "--amqp-base", str(amqp), "--net-ticktime", "5")
+    try:
+        assert r.returncode == 0, r.stderr
+        assert (home / "cluster.json").stat().st_mode & 0o077 == 0, "it holds the secret"
+        policy = _ctl(home, "n1", "set_policy", "ha-all", "^restart\\.",
+                      '{"ha-mode":"all","ha-sync-mode":"automatic"}')
+        assert policy.returncode == 0, policy.stderr
+        connection = pika.BlockingConnection(pika.ConnectionParameters("localhost", client + 2))  # n2
+        channel = connection.channel()
+        channel.queue_declare("restart.orders", durable=True)
+        channel.confirm_delivery()
+        for i in range(300):
+            channel.basic_publish("", "restart.orders", b"order-%d" % i)
+        connection.close()
+        pids = json.loads((home / PID_FILE).read_text())
+        os.kill(pids["n1"], signal.SIGKILL)
+        _until("n1's process to go", lambda: not is_node_process(pids["n1"], "n1")[0], 10)
+
+        again = _cli(home, "start", "n1")
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.startswith("started n1; client ports "
+                                       f"{client + 1}, {client + 2}, {client + 3}"), again.stdout
+        now = json.loads((home / PID_FILE).read_text())
+        assert now["n2"] == pids["n2"] and now["n3"] == pids["n3"] and now["n1"] != pids["n1"]
+        assert is_node_process(now["n1"], "n1")[0]
+        status = _ctl(home, "n1", "cluster_status")
+        assert "Running nodes: n1, n2, n3" in status.stdout, status
+
+        def synchronised():
+            rows = json.loads(_ctl(home, "n1", "list_queues", "name", "messages", "mirror_pids",
+                                   "synchronised_mirror_pids", "--formatter", "json").stdout)
+            row = next(r for r in rows if r["name"] == "restart.orders")
+            return row if row["messages"] == 300 and len(row["synchronised_mirror_pids"]) == 2 else None
+
+        row = _until("the restarted mirror to synchronise", synchronised)
+        assert len(row["mirror_pids"]) == 2
+
+        os.kill(now["n3"], signal.SIGKILL)
+        _until("n3's process to go", lambda: not is_node_process(now["n3"], "n3")[0], 10)
+        missing = _cli(home, "start")
+        assert missing.returncode == 0, missing.stderr
+        assert missing.stdout.startswith("started n3 (n1, n2 already running)"), missing.stdout
+        assert json.loads((home / PID_FILE).read_text())["n1"] == now["n1"]
+
+        refused = _cli(home, "reset")
+        assert refused.returncode == 1 and "not wiping" in refused.stderr, refused
+        assert "n1 (pid" in refused.stderr and "stop them first" in refused.stderr
+        assert (home / "data" / "n1").is_dir(), "a refused reset wipes nothing"
+    finally:
+        stopped = _cli(home, "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    wiped = _cli(home, "reset")
+    assert wiped.returncode == 0, wiped.stderr
+    assert f"removed {home / 'data'}" in wiped.stdout.splitlines()
+    assert not home.exists()
+    assert _cli(home, "reset").stdout.startswith("nothing to wipe in")
+    unknown = _cli(home, "start", "n1")
+    assert unknown.returncode == 1 and "no cluster to restart a node of" in unknown.stderr

@@ -197,7 +197,8 @@ def test_purge_counts_only_ready():
     q.dispatch()
     assert q.purge() == 3
     assert q.stats() == {"messages_ready": 0, "messages_unacknowledged": 2, "messages": 2,
-                         "consumers": 1, "ready_bytes": 0}
+                         "consumers": 1, "ready_bytes": 0, "published": 5, "delivered": 2,
+                         "acked": 0}
     q.requeue(A, [1])
     assert ids(q.ready) == [1]
 
@@ -515,3 +516,20 @@ def test_limits_of_a_policy_and_of_the_queue_arguments_combine_as_in_rabbitmq():
     assert lim.reject_publish is False  # the queue's own x-overflow wins
     assert limits_from({}, {"overflow": "reject-publish", "max-length": 1}).reject_publish is True
     assert limits_from({"x-expires": 1000}, {"expires": 9000}).expires == 1.0
+
+
+def test_running_totals_count_deliveries_gets_and_acks():
+    """The management API's rates read these totals: a dispatch and a get count as deliveries,
+    an ack (in runs or id by id) as acks; a requeue or a discard is no ack."""
+    q = QueueState("q")
+    q.add_consumer(A, "a", False, 3)
+    q.publish([b"x"] * 6, None)
+    q.dispatch()
+    q.get(B, no_ack=False)
+    assert (q.delivered_total, q.acked_total) == (4, 0)
+    q.ack(A, [1, 2])
+    q.requeue(A, [3])
+    q.discard(B, [4])
+    assert q.acked_total == 2
+    q.ack(A, [99])  # not unacknowledged: counts nothing
+    assert q.stats()["acked"] == 2 and q.stats()["published"] == 6

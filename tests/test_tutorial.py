@@ -1,4 +1,5 @@
-"""The spec's pika tutorial, run verbatim (bar the import and the port) against a real node."""
+"""RabbitMQ's classic mirroring tutorial for pika, run verbatim (bar the import and the port)
+against a real node through warren's blocking client."""
 
 from __future__ import annotations
 

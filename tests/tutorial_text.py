@@ -1,5 +1,6 @@
-"""The spec's pika tutorial (../shared/spec/000_*.txt) as two scripts, the import line and the
-port being the only things a test may change."""
+"""RabbitMQ's classic mirroring tutorial for pika as two scripts (a publisher and a consumer),
+the import line and the port being the only things a test may change. README.md shows the same
+publisher."""
 
 _PUBLISHER = """\
 {import_line}

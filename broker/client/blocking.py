@@ -3,6 +3,11 @@
 It drives the trio client (`broker.client.aio`) on a background thread; calls from the
 application's thread hop over with `trio.from_thread`. Message callbacks run in the thread that
 calls `start_consuming()`, as in pika: `callback(channel, method, properties, body)`.
+
+A refusal (a channel or connection closed by the broker, a nack, a connection that cannot be
+made) is raised in the application's thread as the client's own exception (broker.client.errors),
+its traceback beginning at the application's call: the thread hop and trio's internals are not
+part of it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from types import SimpleNamespace
 import trio
 
 from . import aio
-from .errors import AMQPConnectionError, NackError
+from .errors import AMQPConnectionError, AMQPError, NackError
 
 
 class ConnectionParameters:
@@ -57,6 +62,8 @@ class BlockingConnection:
         self._thread = threading.Thread(target=self._thread_main, name="warren-client", daemon=True)
         self._thread.start()
         self._ready.wait()
+        if isinstance(self._error, AMQPError):
+            raise self._error.with_traceback(None) from None
         if self._error is not None:
             raise self._error
         self.is_open = True
@@ -64,10 +71,9 @@ class BlockingConnection:
     def _thread_main(self):
         try:
             trio.run(self._main)
-        except BaseException as exc:  # reported to the constructor if it is still waiting
-            if not self._ready.is_set():
-                self._error = exc if isinstance(exc, Exception) else AMQPConnectionError(str(exc))
-                self._ready.set()
+        except BaseException as exc:  # for the constructor if it still waits, else for later calls
+            self._error = exc if isinstance(exc, Exception) else AMQPConnectionError(str(exc))
+            self._ready.set()
 
     async def _main(self):
         p = self._params
@@ -82,10 +88,28 @@ class BlockingConnection:
             await self._stop.wait()
 
     def _call(self, afn, *args):
-        return trio.from_thread.run(afn, *args, trio_token=self._token)
+        """`await afn(*args)` in the client's thread; its value, or its refusal raised here."""
+        try:
+            return trio.from_thread.run(afn, *args, trio_token=self._token)
+        except (AMQPError, ValueError) as exc:
+            error = exc
+        except trio.RunFinishedError:
+            error = self._closed_error()
+        raise error.with_traceback(None) from None
 
     def _call_sync(self, fn, *args):
-        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+        """`fn(*args)` in the client's thread; its value, or its refusal raised here."""
+        try:
+            return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+        except (AMQPError, ValueError) as exc:
+            error = exc
+        except trio.RunFinishedError:
+            error = self._closed_error()
+        raise error.with_traceback(None) from None
+
+    def _closed_error(self) -> AMQPConnectionError:
+        why = f": {self._error}" if self._error is not None else ""
+        return AMQPConnectionError(f"the connection is closed{why}")
 
     def channel(self) -> "BlockingChannel":
         return BlockingChannel(self, self._call(self._conn.channel))
@@ -96,8 +120,8 @@ class BlockingConnection:
         self.is_open = False
         try:
             self._call_sync(self._stop.set)
-        except trio.RunFinishedError:
-            pass
+        except AMQPConnectionError:
+            pass  # its thread has ended already
         self._thread.join(10)
 
     def __enter__(self):

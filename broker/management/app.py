@@ -1,0 +1,784 @@
+"""The routes: RabbitMQ's management API (paths, JSON shapes, field names, errors), warren's own
+`/api/warren/...` for the web UI, `/metrics`, and the UI's static files.
+
+Paths keep their percent-encoding while routed (`RawPathRouting`), so the default vhost is `%2F`
+in a path as in RabbitMQ's API; each handler decodes its parameters. Errors are RabbitMQ's JSON,
+`{"error": ..., "reason": ...}`, with 400, 401, 404 or 405. Every `/api/` path needs HTTP basic
+auth against the node's users (`authenticate`); `/metrics` and the UI's files do not.
+
+Commands share the code of `warrenctl` (broker/control.py): setting a policy is
+`cmd_set_policy`, so the validation and its messages are the same; sync, cancel, purge and
+delete go to the queue's leader as `warrenctl sync_queue` does. Publishing, getting messages and
+declaring a queue go through a client connection this node opens to its own client port, as the
+user the request authenticated as.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from contextlib import asynccontextmanager
+from importlib import resources
+from urllib.parse import unquote
+
+import trio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from wire.errors import NOT_FOUND, ProtocolError
+
+from .. import control
+from ..client.errors import AMQPConnectionError, ChannelClosedByBroker, ConnectionClosedByBroker
+from ..native import check_login
+from . import state
+from .metrics import render_metrics
+
+VHOST = state.VHOST
+PRODUCT = "warren"
+RABBITMQ_VERSION = "3.13.7"  # the management API this one follows
+CLIENT_TIMEOUT = 10.0
+UI_FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
+            "style.css": "text/css; charset=utf-8"}
+ALL_TAGS = ("administrator", "management", "monitoring")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, error: str, reason: str):
+        super().__init__(reason)
+        self.status, self.error, self.reason = status, error, reason
+
+
+def not_found(reason: str = "Not Found") -> ApiError:
+    return ApiError(404, "Object Not Found", reason)
+
+
+def bad_request(reason: str) -> ApiError:
+    return ApiError(400, "bad_request", reason)
+
+
+def from_protocol_error(exc: ProtocolError) -> ApiError:
+    return not_found(exc.text) if exc.code == NOT_FOUND else bad_request(exc.text)
+
+
+# --- authentication --------------------------------------------------------------------------------
+
+def authenticate(management, request: Request, need: str = "management") -> tuple[str, str]:
+    """The (user, password) of a request's HTTP basic auth, checked against the node's users and
+    the loopback rule; `need` is the tag the path asks for (administrator, monitoring,
+    management). Raises a 401 ApiError."""
+    header = request.headers.get("authorization", "")
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic" or not encoded:
+        raise ApiError(401, "not_authorised", "Login failed")
+    try:
+        user, sep, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        user, sep, password = "", "", ""
+    if not sep:
+        raise ApiError(401, "not_authorised", "Login failed")
+    config = management.node.config
+    peer = request.client.host if request.client else ""
+    if config.users.get(user) != password:
+        raise ApiError(401, "not_authorised", "Login failed")
+    try:
+        check_login(config, user, password, peer)
+    except ProtocolError:
+        raise ApiError(401, "not_authorised", "User can only log in via localhost") from None
+    if need not in user_tags(config, user):
+        raise ApiError(401, "not_authorised", "Not management user")
+    return user, password
+
+
+def user_tags(config, user: str) -> tuple[str, ...]:
+    """A user's tags: every user has all of them until users carry tags of their own."""
+    tags = getattr(config, "user_tags", None)
+    return tuple(tags.get(user, ())) if tags is not None else ALL_TAGS
+
+
+# --- JSON shapes -----------------------------------------------------------------------------------
+
+def _vhost(request: Request) -> str:
+    vhost = unquote(request.path_params["vhost"])
+    if vhost != VHOST:
+        raise not_found()
+    return vhost
+
+
+def _name(request: Request, key: str = "name") -> str:
+    return unquote(request.path_params[key])
+
+
+def message_stats(rates: dict, st: dict | None) -> dict:
+    st = st or {}
+    pub, dg, ack = st.get("published", 0), st.get("delivered", 0), st.get("acked", 0)
+    return {"publish": pub, "publish_details": {"rate": rates["published"]},
+            "deliver_get": dg, "deliver_get_details": {"rate": rates["delivered"]},
+            "deliver": dg, "deliver_details": {"rate": rates["delivered"]},
+            "ack": ack, "ack_details": {"rate": rates["acked"]}}
+
+
+def queue_json(management, md, q: state.QueueView, leader: dict | None, mirrors: dict,
+               running: set) -> dict:
+    node = management.node
+    policy_name, definition = state.policy_of(md, q.name)
+    rates = management.rates.rates(q.name, trio.current_time())
+    synced = list(leader["synced"]) if leader and "synced" in leader else list(q.synced)
+    sync = leader.get("sync") if leader else None
+    if leader is not None:
+        status = "syncing" if sync else "running"
+    else:
+        status = "running" if q.leader in running else "down"
+    st = leader or {}
+    return {
+        "name": q.name, "vhost": VHOST, "type": "classic", "durable": q.durable,
+        "auto_delete": q.auto_delete, "exclusive": q.exclusive, "arguments": q.arguments,
+        "node": q.leader,
+        "slave_nodes": list(q.mirrors), "synchronised_slave_nodes": [n for n in q.mirrors if n in synced],
+        # the names RabbitMQ 3.11.4+ uses beside the old ones
+        "mirror_nodes": list(q.mirrors), "synchronised_mirror_nodes": [n for n in q.mirrors if n in synced],
+        "running_mirror_nodes": [n for n in q.mirrors if n in mirrors],
+        "policy": policy_name or None, "effective_policy_definition": definition,
+        "state": status,
+        "messages": st.get("messages", 0), "messages_ready": st.get("messages_ready", 0),
+        "messages_unacknowledged": st.get("messages_unacknowledged", 0),
+        "message_bytes_ready": st.get("ready_bytes", 0),
+        "consumers": st.get("consumers", 0),
+        "exclusive_consumer_tag": None,
+        "message_stats": message_stats(rates, leader),
+        "sync_progress": sync,
+        "epoch": q.epoch,
+        "leader_running": q.leader in running,
+        "statistics_node": node.name,
+    }
+
+
+def nodes_json(management, md) -> list[dict]:
+    node = management.node
+    running = node.running
+    memory = node.memory.status()
+    alarms = set(memory.get("alarms") or ())
+    leader = node.cluster.leader
+    out = []
+    for name in state.members(md):
+        is_running = name in running
+        row = {"name": name, "type": "disc", "running": is_running,
+               "mem_alarm": name in alarms, "disk_free_alarm": False, "partitions": [],
+               "being_drained": False, "metadata_leader": name == leader,
+               "down_reason": None if is_running else state.down_reason(md, name),
+               "paused": bool(node.cluster.paused) if name == node.name else False}
+        if name == node.name:
+            row.update(mem_used=memory.get("memory_used"), mem_limit=memory.get("memory_limit"),
+                       uptime=int((trio.current_time() - management.started_at) * 1000))
+        out.append(row)
+    if node.name not in [r["name"] for r in out]:  # not clustered (yet), or the app is stopped
+        out.append({"name": node.name, "type": "disc", "running": node.app_running,
+                    "mem_alarm": False, "disk_free_alarm": False, "partitions": [],
+                    "being_drained": False, "metadata_leader": False, "down_reason": None,
+                    "paused": bool(node.cluster.paused)})
+    return out
+
+
+QUEUES_PER_STEP = 100  # queue JSON made between two checkpoints: the node's loop serves meanwhile
+
+
+async def all_queues(management, names=None) -> tuple:
+    """(metadata, [queue JSON]) of every queue (or only `names`), with its leader's counts."""
+    node = management.node
+    md = state.metadata(node)
+    views = state.queues(md) if names is None else [q for n in names if (q := state.queue(md, n))]
+    wanted = None if names is None else {q.leader for q in views} | {m for q in views for m in q.mirrors}
+    leaders, mirrors = await state.replica_stats(node, wanted)
+    management.observe(leaders)
+    running = node.running
+    out = []
+    for i, q in enumerate(views, 1):
+        out.append(queue_json(management, md, q, leaders.get(q.name), mirrors.get(q.name, {}), running))
+        if i % QUEUES_PER_STEP == 0:
+            await trio.sleep(0)  # a thousand queues are 0.1 s of work: not in one step
+    return md, out
+
+
+# --- the internal client -----------------------------------------------------------------------------
+
+@asynccontextmanager
+async def client_channel(management, credentials: tuple[str, str]):
+    """A channel of a client connection to this node's own client port, as the request's user."""
+    from ..client.aio import open_connection
+    node = management.node
+    host = node.config.host
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if not node.app_running:
+        raise bad_request(f"node {node.name} is not running (its app is stopped)")
+    try:
+        with trio.fail_after(CLIENT_TIMEOUT):
+            async with open_connection([(host, node.client_port)], user=credentials[0],
+                                       password=credentials[1], client_name="warren management",
+                                       reconnect=False) as conn:
+                yield await conn.channel()
+    except (ChannelClosedByBroker, ConnectionClosedByBroker) as exc:
+        code, text = exc.reply_code, exc.reply_text
+        raise (not_found(text) if code == NOT_FOUND else bad_request(text)) from None
+    except (AMQPConnectionError, OSError, trio.TooSlowError) as exc:
+        raise bad_request(f"could not reach node {node.name}'s client port: {exc}") from None
+
+
+# --- handlers ----------------------------------------------------------------------------------------
+
+def _plain(value):
+    """What JSON cannot hold as it is (bytes in queue arguments or message headers, a
+    Decimal, a timestamp) as text."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+class ApiJSON(JSONResponse):
+    def render(self, content) -> bytes:
+        return json.dumps(content, default=_plain, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":")).encode("utf-8")
+
+
+def _json(value, status: int = 200) -> JSONResponse:
+    return ApiJSON(value, status_code=status)
+
+
+def _no_content(status: int = 204) -> Response:
+    return Response(status_code=status)
+
+
+async def _body(request: Request) -> dict:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the body is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise bad_request("the body must be a JSON object")
+    return value
+
+
+class Handlers:
+    def __init__(self, management):
+        self.m = management
+        self.node = management.node
+
+    def auth(self, request: Request, need: str = "management") -> tuple[str, str]:
+        return authenticate(self.m, request, need)
+
+    async def control(self, command: str, args: dict):
+        try:
+            return await control.COMMANDS[command](self.node, args)
+        except ProtocolError as exc:
+            raise from_protocol_error(exc) from None
+        except trio.TooSlowError:
+            raise bad_request(f"{command}: timed out waiting for the cluster") from None
+
+    # --- cluster ---------------------------------------------------------------------------
+    async def overview(self, request: Request):
+        self.auth(request)
+        node = self.node
+        md, queues = await all_queues(self.m)
+        sessions = list(node.sessions.values())
+        totals = {k: sum(q[k] for q in queues) for k in ("messages", "messages_ready",
+                                                            "messages_unacknowledged")}
+        stats = {"publish": 0, "deliver_get": 0, "ack": 0}
+        rates = {"publish": 0.0, "deliver_get": 0.0, "ack": 0.0}
+        for q in queues:
+            ms = q["message_stats"]
+            for k in stats:
+                stats[k] += ms[k]
+                rates[k] += ms[k + "_details"]["rate"]
+        host = node.config.advertise_host
+        return _json({
+            "management_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
+            "product_name": PRODUCT, "product_version": _version(),
+            "cluster_name": state.cluster_name(md), "node": node.name,
+            "statistics_db_node": node.name,
+            "queue_totals": totals,
+            "message_stats": {**stats, **{k + "_details": {"rate": round(v, 1)} for k, v in rates.items()}},
+            "object_totals": {"queues": len(queues), "exchanges": len(state.exchanges(md)),
+                              "connections": len(sessions),
+                              "channels": sum(len(s.channels) for s in sessions),
+                              "consumers": sum(q["consumers"] for q in queues)},
+            "listeners": [{"node": node.name, "protocol": proto, "ip_address": host, "port": port}
+                          for proto, port in (("warren", node.client_port), ("amqp", node.amqp_port),
+                                              ("clustering", node.peer_port),
+                                              ("http", node.http_port))],
+            "contexts": [{"node": node.name, "description": "warren management", "path": "/",
+                          "port": str(node.http_port)}],
+            "exchange_types": [{"name": t} for t in ("direct", "fanout", "topic", "headers")],
+        })
+
+    async def nodes(self, request: Request):
+        self.auth(request, "monitoring")
+        return _json(nodes_json(self.m, state.metadata(self.node)))
+
+    async def one_node(self, request: Request):
+        self.auth(request, "monitoring")
+        name = _name(request)
+        for row in nodes_json(self.m, state.metadata(self.node)):
+            if row["name"] == name:
+                return _json(row)
+        raise not_found()
+
+    async def vhosts(self, request: Request):
+        self.auth(request)
+        return _json([{"name": VHOST, "description": "the default virtual host", "tracing": False}])
+
+    async def whoami(self, request: Request):
+        user, _ = self.auth(request)
+        return _json({"name": user, "tags": list(user_tags(self.node.config, user))})
+
+    # --- queues ----------------------------------------------------------------------------
+    async def queues(self, request: Request):
+        self.auth(request)
+        if "vhost" in request.path_params:
+            _vhost(request)
+        _, queues = await all_queues(self.m)
+        return _json(queues)
+
+    async def queue(self, request: Request):
+        credentials = self.auth(request)
+        _vhost(request)
+        name = _name(request)
+        md = state.metadata(self.node)
+        if request.method == "GET":
+            if state.queue(md, name) is None:
+                raise not_found()
+            _, rows = await all_queues(self.m, [name])
+            return _json(rows[0])
+        if request.method == "DELETE":
+            if state.queue(md, name) is None:
+                raise not_found()
+            await self.control("delete_queue", {"queue": name})
+            return _no_content()
+        body = await _body(request)  # PUT: declare
+        existed = state.queue(md, name) is not None
+        async with client_channel(self.m, credentials) as ch:
+            await ch.queue_declare(name, durable=bool(body.get("durable", True)),
+                                   auto_delete=bool(body.get("auto_delete", False)),
+                                   arguments=dict(body.get("arguments") or {}))
+        return _no_content(204 if existed else 201)
+
+    async def queue_contents(self, request: Request):
+        self.auth(request)
+        _vhost(request)
+        name = _name(request)
+        await self.control("purge_queue", {"queue": name})
+        return _no_content()
+
+    async def queue_actions(self, request: Request):
+        self.auth(request)
+        _vhost(request)
+        name = _name(request)
+        action = (await _body(request)).get("action")
+        if action == "sync":
+            result = await self.control("sync_queue", {"queue": name})
+            if result and result.get("started"):
+                self.m.timeline.add("sync_requested", "sync requested through the API", queue=name)
+        elif action == "cancel_sync":
+            result = await self.control("cancel_sync_queue", {"queue": name})
+            if result and result.get("cancelled"):
+                self.m.timeline.add("sync_cancelled", "sync cancelled through the API", queue=name)
+        else:
+            raise bad_request(f"unknown action {action!r}: expected \"sync\" or \"cancel_sync\"")
+        return _no_content()
+
+    async def queue_get(self, request: Request):
+        credentials = self.auth(request)
+        _vhost(request)
+        name = _name(request)
+        body = await _body(request)
+        ackmode = body.get("ackmode", "ack_requeue_true")
+        if ackmode not in ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
+                           "reject_requeue_false"):
+            raise bad_request(f"unknown ackmode {ackmode!r}")
+        encoding = body.get("encoding", "auto")
+        if encoding not in ("auto", "base64"):
+            raise bad_request(f"unknown encoding {encoding!r}: expected \"auto\" or \"base64\"")
+        try:
+            count = int(body.get("count", 1))
+            truncate = int(body["truncate"]) if body.get("truncate") is not None else None
+        except (TypeError, ValueError):
+            raise bad_request("count and truncate must be integers") from None
+        if state.queue(state.metadata(self.node), name) is None:
+            raise not_found()
+        out = []
+        async with client_channel(self.m, credentials) as ch:
+            got = []
+            for _ in range(max(0, count)):
+                msg = await ch.basic_get(name)
+                if msg is None:
+                    break
+                got.append(msg)
+            for msg in got:
+                if ackmode == "ack_requeue_false":
+                    ch.basic_ack(msg.delivery_tag)
+                elif ackmode == "reject_requeue_false":
+                    ch.basic_reject(msg.delivery_tag, requeue=False)
+                else:
+                    ch.basic_nack(msg.delivery_tag, requeue=True)
+                out.append(_message_json(msg, name, encoding, truncate))
+            await ch.close()
+        for i, row in enumerate(out):
+            row["message_count"] = max(0, len(out) - i - 1)
+        return _json(out)
+
+    # --- exchanges and publishing --------------------------------------------------------------
+    async def exchanges(self, request: Request):
+        self.auth(request)
+        if "vhost" in request.path_params:
+            _vhost(request)
+        return _json([_exchange_json(x) for x in state.exchanges(state.metadata(self.node))])
+
+    async def exchange(self, request: Request):
+        self.auth(request)
+        _vhost(request)
+        x = state.exchange(state.metadata(self.node), _exchange_name(_name(request)))
+        if x is None:
+            raise not_found()
+        return _json(_exchange_json(x))
+
+    async def publish(self, request: Request):
+        credentials = self.auth(request)
+        _vhost(request)
+        exchange_name = _exchange_name(_name(request))
+        body = await _body(request)
+        for key in ("routing_key", "payload", "payload_encoding", "properties"):
+            if key not in body:
+                raise bad_request(f"the body needs \"{key}\"")
+        payload = body["payload"]
+        if body["payload_encoding"] == "base64":
+            try:
+                data = base64.b64decode(payload, validate=True)
+            except (binascii.Error, TypeError):
+                raise bad_request("payload is not base64") from None
+        elif body["payload_encoding"] == "string":
+            data = str(payload).encode()
+        else:
+            raise bad_request("payload_encoding must be \"string\" or \"base64\"")
+        properties = body.get("properties") or {}
+        if not isinstance(properties, dict):
+            raise bad_request("properties must be a JSON object")
+        md = state.metadata(self.node)
+        if state.exchange(md, exchange_name) is None:
+            raise not_found()
+        try:
+            targets = state.route(md, exchange_name, str(body["routing_key"]),
+                                  properties.get("headers"))
+        except ProtocolError as exc:
+            raise from_protocol_error(exc) from None
+        if targets:
+            async with client_channel(self.m, credentials) as ch:
+                await ch.confirm_delivery()
+                for queue_name in targets:
+                    await ch.basic_publish("", queue_name, data, _warren_props(properties))
+                if not await ch.wait_for_confirms(CLIENT_TIMEOUT):
+                    raise bad_request("the publish was refused (nacked)")
+                await ch.close()
+        return _json({"routed": bool(targets)})
+
+    async def bindings(self, request: Request):
+        self.auth(request)
+        if "vhost" in request.path_params:
+            _vhost(request)
+        only = _name(request) if "name" in request.path_params else None
+        md = state.metadata(self.node)
+        if only is not None and state.queue(md, only) is None:
+            raise not_found()
+        return _json([{"source": src, "vhost": VHOST, "destination": q, "destination_type": "queue",
+                       "routing_key": key, "arguments": args,
+                       "properties_key": key or "~"}
+                      for src, q, key, args in state.bindings(md) if only is None or q == only])
+
+    # --- policies ----------------------------------------------------------------------------
+    async def policies(self, request: Request):
+        self.auth(request)
+        if "vhost" in request.path_params:
+            _vhost(request)
+        return _json(state.policies(state.metadata(self.node)))
+
+    async def policy(self, request: Request):
+        self.auth(request, "administrator" if request.method != "GET" else "management")
+        _vhost(request)
+        name = _name(request)
+        md = state.metadata(self.node)
+        if request.method == "GET":
+            for p in state.policies(md):
+                if p["name"] == name:
+                    return _json(p)
+            raise not_found()
+        if request.method == "DELETE":
+            await self.control("clear_policy", {"name": name})
+            return _no_content()
+        body = await _body(request)
+        if "pattern" not in body or "definition" not in body:
+            raise bad_request("the body needs \"pattern\" and \"definition\"")
+        existed = state.has_policy(md, name)
+        await self.control("set_policy", {"name": name, "pattern": body["pattern"],
+                                          "definition": body["definition"],
+                                          "priority": body.get("priority", 0),
+                                          "apply_to": body.get("apply-to", "all")})
+        return _no_content(204 if existed else 201)
+
+    # --- connections, channels, consumers ----------------------------------------------------
+    async def connections(self, request: Request):
+        self.auth(request)
+        rows = await self.control("list_connections", {})
+        return _json([_connection_json(r) for r in rows])
+
+    async def connection(self, request: Request):
+        self.auth(request)
+        name = _name(request)
+        if request.method == "DELETE":
+            reason = request.headers.get("x-reason") or "closed via management API"
+            await self.control("close_connection", {"name": name, "explanation": reason})
+            return _no_content()
+        for row in await self.control("list_connections", {}):
+            if row["name"] == name:
+                return _json(_connection_json(row))
+        raise not_found()
+
+    async def channels(self, request: Request):
+        self.auth(request)
+        rows = await self.control("list_channels", {})
+        return _json([{**r, "vhost": VHOST, "connection_details": {"name": r["connection"]}}
+                      for r in rows])
+
+    async def consumers(self, request: Request):
+        self.auth(request)
+        if "vhost" in request.path_params:
+            _vhost(request)
+        rows = await self.control("list_consumers", {})
+        return _json([{"queue": {"name": r["queue_name"], "vhost": VHOST},
+                       "consumer_tag": r["consumer_tag"],
+                       "channel_details": {"name": r["channel"]},
+                       "ack_required": r["ack_required"], "prefetch_count": r["prefetch_count"],
+                       "exclusive": r["exclusive"], "arguments": r["arguments"], "active": True}
+                      for r in rows])
+
+    # --- health checks -------------------------------------------------------------------------
+    async def alarms(self, request: Request):
+        self.auth(request, "monitoring")
+        alarms = sorted(self.node.memory.status().get("alarms") or ())
+        if alarms:
+            return _json({"status": "failed", "reason": "There are alarms in effect in the cluster",
+                          "alarms": [{"node": n, "resource": "memory"} for n in alarms]}, 503)
+        return _json({"status": "ok"})
+
+    async def mirror_sync_critical(self, request: Request):
+        """Queues led by this node that have mirrors by policy but none synchronised: stopping
+        the node now would lose their messages."""
+        self.auth(request, "monitoring")
+        md = state.metadata(self.node)
+        critical = []
+        for q in state.queues(md):
+            _, definition = state.policy_of(md, q.name)
+            if q.leader == self.node.name and "ha-mode" in definition and not q.synced:
+                critical.append({"name": q.name, "vhost": VHOST, "node": q.leader,
+                                 "slave_nodes": list(q.mirrors)})
+        if critical:
+            return _json({"status": "failed",
+                          "reason": "There are classic mirrored queues without online synchronised "
+                                    "mirrors (queues that would potentially lose data if the "
+                                    "target node is shut down)", "queues": critical}, 503)
+        return _json({"status": "ok"})
+
+    async def aliveness(self, request: Request):
+        credentials = self.auth(request)
+        _vhost(request)
+        async with client_channel(self.m, credentials) as ch:
+            await ch.queue_declare("aliveness-test", durable=False)
+            await ch.basic_publish("", "aliveness-test", b"test_message")
+            msg = None
+            with trio.move_on_after(CLIENT_TIMEOUT):
+                while msg is None:
+                    msg = await ch.basic_get("aliveness-test", auto_ack=True)
+                    if msg is None:
+                        await trio.sleep(0.01)
+            await ch.close()
+        if msg is None:
+            return _json({"status": "failed", "reason": "the test message did not come back"}, 503)
+        return _json({"status": "ok"})
+
+    # --- warren's own: the web UI's view ------------------------------------------------------
+    async def cluster_view(self, request: Request):
+        """The nodes, the first `limit` queues (by name) whose name holds `filter`, the
+        policies, and the timeline's events after `after`: what the page draws each second."""
+        self.auth(request)
+        try:
+            after = int(request.query_params.get("after", "0"))
+        except ValueError:
+            raise bad_request("after must be an integer") from None
+        try:
+            limit = int(request.query_params.get("limit", "50"))
+        except ValueError:
+            raise bad_request("limit must be an integer") from None
+        contains = request.query_params.get("filter", "")
+        md = state.metadata(self.node)
+        matching = [n for n in sorted(state.queue_names(md)) if contains in n]
+        _, queues = await all_queues(self.m, matching[:max(0, limit)])
+        node = self.node
+        return _json({"node": node.name, "cluster_name": state.cluster_name(md),
+                      "app_running": node.app_running, "time": time.time(),
+                      "metadata_version": state.metadata_version(md),
+                      "nodes": nodes_json(self.m, md), "queues": queues,
+                      "queue_count": len(state.queue_names(md)), "matching": len(matching),
+                      "policies": state.policies(md),
+                      "events": self.m.timeline.since(after)})
+
+    async def events(self, request: Request):
+        self.auth(request)
+        queue = request.query_params.get("queue")
+        try:
+            after = int(request.query_params.get("after", "0"))
+        except ValueError:
+            raise bad_request("after must be an integer") from None
+        return _json(self.m.timeline.since(after, queue, limit=1000))
+
+    # --- metrics and the UI's files -------------------------------------------------------------
+    async def metrics(self, request: Request):
+        text = await render_metrics(self.m)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def ui_file(self, request: Request):
+        name = request.path_params.get("file", "index.html")
+        if name not in UI_FILES:
+            raise not_found()
+        data = resources.files(__package__).joinpath("ui", name).read_bytes()
+        return Response(data, media_type=UI_FILES[name], headers={"cache-control": "no-cache"})
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("warren")
+    except Exception:  # noqa: BLE001 - not installed: run from a checkout
+        return "0"
+
+
+def _exchange_name(name: str) -> str:
+    return "" if name == "amq.default" else name
+
+
+def _exchange_json(x: dict) -> dict:
+    return {"name": x["name"], "vhost": VHOST, "type": x["type"], "durable": x["durable"],
+            "auto_delete": x["auto_delete"], "internal": x["internal"],
+            "arguments": x.get("arguments") or {}}
+
+
+def _connection_json(r: dict) -> dict:
+    peer_host, _, peer_port = str(r.get("peer", "")).rpartition(":")
+    return {"name": r["name"], "node": r["node"], "vhost": VHOST, "user": r["user"],
+            "peer_host": peer_host, "peer_port": int(peer_port) if peer_port.isdigit() else None,
+            "protocol": r["protocol"], "channels": r["channels"], "state": r["state"],
+            "client_properties": {"connection_name": r.get("client_name")}}
+
+
+def _warren_props(properties: dict) -> dict | None:
+    props = {k: v for k, v in properties.items() if v is not None}
+    return props or None
+
+
+def _message_json(msg, queue: str, encoding: str, truncate: int | None) -> dict:
+    body = msg.body
+    payload_bytes = len(body)
+    if truncate is not None:
+        body = body[:truncate]
+    text = None
+    if encoding == "auto":
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+    return {"payload_bytes": payload_bytes, "redelivered": msg.redelivered, "exchange": "",
+            "routing_key": queue, "properties": dict(msg.properties or {}),
+            "payload": text if text is not None else base64.b64encode(body).decode(),
+            "payload_encoding": "string" if text is not None else "base64"}
+
+
+class RawPathRouting:
+    """Route on the path as sent (its percent-encoding kept), so `%2F` stays one segment."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("raw_path"):
+            scope = dict(scope, path=scope["raw_path"].decode("latin-1").partition("?")[0])
+        await self.app(scope, receive, send)
+
+
+def build_app(management):
+    h = Handlers(management)
+    log = management.node.log
+
+    def route(path, endpoint, methods=("GET",)):
+        return Route(path, endpoint, methods=list(methods))
+
+    routes = [
+        route("/", h.ui_file), route("/ui/{file}", h.ui_file),
+        route("/metrics", h.metrics), route("/metrics/per-object", h.metrics),
+        route("/api/overview", h.overview),
+        route("/api/nodes", h.nodes), route("/api/nodes/{name}", h.one_node),
+        route("/api/vhosts", h.vhosts), route("/api/whoami", h.whoami),
+        route("/api/queues", h.queues), route("/api/queues/{vhost}", h.queues),
+        route("/api/queues/{vhost}/{name}", h.queue, ("GET", "PUT", "DELETE")),
+        route("/api/queues/{vhost}/{name}/contents", h.queue_contents, ("DELETE",)),
+        route("/api/queues/{vhost}/{name}/actions", h.queue_actions, ("POST",)),
+        route("/api/queues/{vhost}/{name}/get", h.queue_get, ("POST",)),
+        route("/api/queues/{vhost}/{name}/bindings", h.bindings),
+        route("/api/exchanges", h.exchanges), route("/api/exchanges/{vhost}", h.exchanges),
+        route("/api/exchanges/{vhost}/{name}", h.exchange),
+        route("/api/exchanges/{vhost}/{name}/publish", h.publish, ("POST",)),
+        route("/api/bindings", h.bindings), route("/api/bindings/{vhost}", h.bindings),
+        route("/api/policies", h.policies), route("/api/policies/{vhost}", h.policies),
+        route("/api/policies/{vhost}/{name}", h.policy, ("GET", "PUT", "DELETE")),
+        route("/api/connections", h.connections),
+        route("/api/connections/{name}", h.connection, ("GET", "DELETE")),
+        route("/api/channels", h.channels),
+        route("/api/consumers", h.consumers), route("/api/consumers/{vhost}", h.consumers),
+        route("/api/health/checks/alarms", h.alarms),
+        route("/api/health/checks/node-is-mirror-sync-critical", h.mirror_sync_critical),
+        route("/api/aliveness-test/{vhost}", h.aliveness),
+        route("/api/warren/cluster", h.cluster_view),
+        route("/api/warren/events", h.events),
+    ]
+
+    async def api_error(request: Request, exc: ApiError):
+        headers = {}
+        if exc.status == 401 and not request.headers.get("x-warren-ui"):
+            headers["www-authenticate"] = 'Basic realm="warren management"'
+        return JSONResponse({"error": exc.error, "reason": exc.reason}, status_code=exc.status,
+                            headers=headers)
+
+    async def http_error(request: Request, exc: HTTPException):
+        if exc.status_code == 405:
+            return JSONResponse({"error": "Method Not Allowed",
+                                 "reason": f"{request.method} is not allowed on {request.url.path}"},
+                                status_code=405)
+        if exc.status_code == 404:
+            return JSONResponse({"error": "Object Not Found", "reason": "Not Found"}, status_code=404)
+        return JSONResponse({"error": "bad_request", "reason": str(exc.detail)},
+                            status_code=exc.status_code)
+
+    async def internal_error(request: Request, exc: Exception):
+        log.exception("management request failed", path=request.url.path, method=request.method)
+        return JSONResponse({"error": "internal_error", "reason": repr(exc)}, status_code=500)
+
+    app = Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error,
+                                                        Exception: internal_error})
+    return RawPathRouting(app)
+
