@@ -48,10 +48,6 @@ class QueueDef(Record):
     synced: tuple[str, ...] = ()
     epoch: int = 1
 
-    @property
-    def placement(self) -> Placement:
-        return Placement(self.leader, self.mirrors, self.synced, self.epoch)
-
     def placed(self, p: Placement) -> QueueDef:
         """This definition with its replicas where `p` says (a new record)."""
         return msgspec.structs.replace(self, leader=p.leader, mirrors=p.mirrors, synced=p.synced,
