@@ -59,6 +59,9 @@ class NodeConfig:
     # Linux scheduling policy of the node process: "batch" (SCHED_BATCH: a peer it wakes does not
     # preempt it mid-round; see broker/server.py) or "other" (SCHED_OTHER, the usual one)
     sched_policy: str = "batch"
+    # Amazon MQ's managed HA policy (mirroring/policy.py): the cluster keeps the system policy
+    # {"ha-mode": "all", "ha-sync-mode": "automatic"} and forces those keys into every policy
+    managed_ha: bool = False
 
     @property
     def memory_watermark(self) -> Watermark:
@@ -124,6 +127,7 @@ _FIELDS = {
     "sched_policy": ("WARREN_SCHED_POLICY", str),
     "users": ("WARREN_USERS", "users"),
     "loopback_users": ("WARREN_LOOPBACK_USERS", "names"),
+    "managed_ha": ("WARREN_MANAGED_HA", "switch"),
 }
 
 
@@ -149,7 +153,17 @@ def parse_names(text: str, what: str = "WARREN_LOOPBACK_USERS") -> list:
     return names
 
 
-_PARSERS = {"users": parse_users, "names": parse_names}
+def parse_switch(text: str, what: str = "WARREN_MANAGED_HA") -> bool:
+    """`true`/`1`/`yes`/`on` or `false`/`0`/`no`/`off` (the environment form of a TOML boolean)."""
+    word = text.strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{what}: {text!r} is not a boolean (true or false)")
+
+
+_PARSERS = {"users": parse_users, "names": parse_names, "switch": parse_switch}
 
 
 # TOML key -> the Python types it accepts (bool is an int to Python: never accepted for numbers)
@@ -182,7 +196,7 @@ def _read_toml(path: str) -> dict:
         raise ConfigError(f"config file {path}: unknown key{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(unknown)} (known keys: {', '.join(sorted(types))})")
     for key, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, types[key]):
+        if (isinstance(value, bool) and bool not in types[key]) or not isinstance(value, types[key]):
             want = "a number" if float in types[key] else _TOML_NAMES[types[key][0]]
             if str in types[key] and float in types[key]:
                 want = "a number or a string"

@@ -103,6 +103,10 @@ def parse_args(argv=None) -> dict:
                    help="Linux scheduling policy of the node: batch (SCHED_BATCH: processes it "
                         "wakes do not preempt it mid-round) or other (SCHED_OTHER) "
                         "(WARREN_SCHED_POLICY, default batch)")
+    p.add_argument("--managed-ha", dest="managed_ha", action="store_const", const=True,
+                   help="Amazon MQ's managed HA policy: a system policy mirrors every queue on "
+                        "all nodes, and every policy gets ha-mode all, ha-sync-mode automatic "
+                        "(WARREN_MANAGED_HA, TOML managed_ha)")
     p.add_argument("--config", help="TOML configuration file (WARREN_CONFIG_FILE)")
     return vars(p.parse_args(argv))
 
