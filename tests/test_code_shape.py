@@ -24,7 +24,6 @@ OVERSIZE_ALLOWED = {
     "broker/amqp/server.py",  # likewise
     "mirroring/metadata.py",  # metadata changes, to become typed messages
     "mirroring/planner.py",  # likewise
-    "broker/demo.py",  # the failover demo's script
 }
 
 
