@@ -1,2 +1,3 @@
-"""bench: workloads, the load runner and (later) the Spark analysis. Uses only the client API
-and the CLI, like a user."""
+"""bench: what a user runs to measure warren, against RabbitMQ and alone: the workload suites and
+their load generators, the load runner and its logs, the chaos campaign and its explorer on the
+simulation, and the Spark analysis."""

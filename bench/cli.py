@@ -3,7 +3,8 @@
     warren-bench run WORKLOAD... [--target TARGET[,TARGET...]] [--nodes n1,n2,n3] [--out results]
 
 targets: warren-native (warren's own client), warren-amqp (warren's AMQP 0-9-1 port), rabbitmq,
-null (the null AMQP broker: what the generator alone can do); warren = warren-native,
+null (the null AMQP broker: what the generator alone can do), floor (a mirrored null broker on
+trio: what Python and trio alone cost a mirrored confirm); warren = warren-native,
 both = warren-native,rabbitmq, all = warren-native,warren-amqp,rabbitmq.
 
 runs workload files (or shipped suites by name: smoke, throughput, latency, failover, scale, sync,
@@ -23,11 +24,6 @@ per fault kind, `--check FOLDER` recomputes the verdict of a chaos folder from i
 starts a one-node cluster of real processes (or uses `--nodes HOST:PORT`), runs one publisher
 with pipelined confirms (at most --window unconfirmed) and one consumer with manual acks on one
 non-mirrored queue, both at once, and prints msgs/s for each.
-
-    warren-bench wakeup [--round-trips 20000]
-
-what one process wake-up over loopback TCP costs on this machine (CPU and wall time per round
-trip between two processes, with and without trio's run loop): the floor under every hop.
 
 A problem the user can fix (no node at --nodes, a cluster that does not start, a bad workload)
 is one line on stderr and a non-zero exit.
@@ -179,6 +175,7 @@ queued message."""
 EPILOG = """examples:
   warren-bench throughput --seconds 10               one node started for the purpose
   warren-bench run smoke --target warren --out results
+  warren-bench run latency --scenario latency-r3-2000 --target all,floor --repeat 3
   warren-bench analyse results                       (or analyze; = python -m bench.analysis)
   warren-bench sync --messages 100000 --batch-sizes 1,100,4096
   warren-bench sync-load --messages 100000 --rate 2000
@@ -348,8 +345,8 @@ def main(argv=None) -> None:
                    help="a YAML file, or a shipped suite name (smoke, throughput, latency, failover, scale, "
                         "sync, declare, rpc)")
     r.add_argument("--target", default="warren-native",
-                   help="comma-separated: warren-native, warren-amqp, rabbitmq, null, null-mirrored, "
-                        "null-mirrored-trio (bench/README.md); or warren "
+                   help="comma-separated: warren-native, warren-amqp, rabbitmq, null, floor "
+                        "(bench/README.md); or warren "
                         "(= warren-native), both (= warren-native,rabbitmq), all (= warren-native,"
                         "warren-amqp,rabbitmq). Default warren-native")
     r.add_argument("--amqp-addresses", help="warren-amqp with --nodes: the nodes' AMQP ports, "
@@ -413,10 +410,6 @@ def main(argv=None) -> None:
     d.add_argument("--replay", action="store_true",
                    help="run the schedule of --seed alone and say what happened, with its trace digest")
     d.add_argument("--trace", action="store_true", help="with --replay: print every event of the run")
-    w = sub.add_parser("wakeup", help="what one process wake-up over loopback TCP costs here: the floor "
-                                      "under latency (bench/wakeup.py)")
-    w.add_argument("--round-trips", type=int, default=20_000)
-    w.add_argument("--modes", default="blocking,epoll,trio", help="comma-separated: blocking, epoll, trio")
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
     sub.add_parser("analyse", aliases=["analyze"], add_help=False,
@@ -442,13 +435,6 @@ def main(argv=None) -> None:
         sys.exit(chaos(args))
     if args.command == "dst":
         sys.exit(dst(args, argv))
-    if args.command == "wakeup":
-        from bench.wakeup import run as run_wakeup
-        try:
-            run_wakeup(args.round_trips, args.modes.split(","))
-        except ValueError as exc:
-            sys.exit(f"warren-bench wakeup: {exc}")
-        return
     if args.command == "sync":
         from bench.sync_bench import run_sync_bench
         rows = run_sync_bench(args.messages, args.size, [int(x) for x in args.batch_sizes.split(",")],

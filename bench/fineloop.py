@@ -4,8 +4,8 @@ through `fine_trio_timers`).
 Theory: asyncio waits for its next timer in `epoll_wait`, whose timeout is whole milliseconds;
 Python rounds a wait up to the next millisecond, so a producer that owes its next message in
 0.3 ms sleeps 1 ms and sends it 0.7 ms late. At 2,000 msgs/s (one message every 0.5 ms) that
-lag is in every latency the generator reports, for every broker alike, and it was the largest
-part of a quiet run's p50 (bench/README.md, "How the load is generated").
+lag would be in every latency the generator reports, for every broker alike, and the largest
+part of a quiet run's p50.
 
 `select()` takes microseconds. An epoll instance is itself a file descriptor that is readable
 when any of its descriptors is ready, so a short wait is done as `select()` on that one
@@ -16,9 +16,8 @@ connections the loop holds, and no spinning: the process sleeps in the kernel ei
 
 A trio sleep costs more than its wait: `trio.sleep` opens a cancel scope with a deadline, and
 when the deadline passes trio cancels the scope and raises Cancelled through the sleeping task to
-end it; here that costs tens of microseconds of CPU per sleep more than the wait itself
-(`python -m bench.fineloop` measures it), about as much as the generator's own work for a
-message. A paced producer sleeps before nearly every message, so `trio_sleep` keeps its sleeps
+end it; that costs tens of microseconds of CPU per sleep more than the wait itself, about as
+much as the generator's own work for a message. A paced producer sleeps before nearly every message, so `trio_sleep` keeps its sleeps
 in a heap of its own inside the wrapped epoll: `poll` shortens its timeout to the earliest one and
 wakes the tasks whose time has come with `trio.lowlevel.reschedule`, as trio's I/O manager wakes a
 task whose descriptor is ready (it runs at the same point of trio's loop).
@@ -146,8 +145,8 @@ PR_SET_TIMERSLACK = 29
 
 def tight_timer_slack() -> bool:
     """Ask Linux to end this process's timed waits on time: by default it may let a wait run up
-    to 50 us long (the timer slack, to batch wake-ups), which adds to a paced producer's send lag
-    (`measure_sleeps` shows it). False where that is not possible."""
+    to 50 us long (the timer slack, to batch wake-ups), which adds to a paced producer's send lag.
+    False where that is not possible."""
     try:
         import ctypes
 
@@ -165,36 +164,3 @@ def run(coro):
     tight_timer_slack()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(coro)
-
-
-def measure_sleeps(n: int = 3000, seconds: float = 0.0005) -> list[tuple[str, float, float, float]]:
-    """What a short sleep costs a trio task here: (how, CPU us per sleep, lateness p50 and p99 in
-    us) for `trio.sleep` and `trio_sleep` under fine timers, with the default timer slack and
-    then a tight one. `python -m bench.fineloop` prints it (the figures in bench/README.md)."""
-    import os
-
-    async def one(sleep) -> tuple[float, float, float]:
-        late = []
-        t = os.times()
-        for _ in range(n):
-            start = time.perf_counter()
-            await sleep(seconds)
-            late.append((time.perf_counter() - start - seconds) * 1e6)
-        used = os.times()
-        late.sort()
-        cpu = (used.user - t.user + used.system - t.system) / n * 1e6
-        return cpu, late[n // 2], late[int(n * 0.99)]
-
-    async def both(slack: str) -> list:
-        fine_trio_timers()
-        return [(f"{name}, {slack} slack", *await one(sleep))
-                for name, sleep in (("trio.sleep", trio.sleep), ("trio_sleep", trio_sleep))]
-
-    rows = trio.run(both, "default")
-    tight_timer_slack()
-    return rows + trio.run(both, "tight")
-
-
-if __name__ == "__main__":
-    for how, cpu, p50, p99 in measure_sleeps():
-        print(f"{how:30s} CPU {cpu:5.1f} us per sleep, late p50 {p50:5.1f} us, p99 {p99:6.1f} us")

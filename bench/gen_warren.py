@@ -12,7 +12,7 @@ the block's end) and sleeps, and the client's reader sends a consumer's acks its
 about to wait, both without waking the client's writer task. Short waits end to the microsecond
 (`bench.fineloop.fine_trio_timers`, and a tight timer slack), as the AMQP generator's do, so
 both generators send on time alike; a paced producer sleeps with `fineloop.trio_sleep`, which
-spares the cancel scope of `trio.sleep` (`python -m bench.fineloop` measures both).
+spares the cancel scope of `trio.sleep`.
 It also holds the warren-native side of the idle-connection, declare and rpc scenarios
 (`run_idle`, `run_declare`, `run_rpc`).
 """

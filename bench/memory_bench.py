@@ -1,5 +1,5 @@
 """`warren-bench memory`: how much memory a queued message costs on a queue's leader and on its
-mirror (issue 14's memory-per-message figure).
+mirror.
 
 Method: a 2-node cluster of real `warren-server` processes (a policy `ha-mode: all` on the
 queue: n1 leads, n2 mirrors); the high watermark is set to all of memory so no alarm interferes.

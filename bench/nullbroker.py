@@ -1,35 +1,33 @@
 """A null AMQP 0-9-1 broker: the cheapest server the load generator can talk to.
 
 `python -m bench.nullbroker --ports 5801,5802,5803` listens on each port (the "nodes" of the
-`null` target; one process, one set of queues). It does what the generator needs and nothing
-more: the handshake (PLAIN, any user), channels, `confirm.select`, `basic.qos`, `queue.declare`/
-`delete`, `basic.publish` (stored in an in-memory deque per queue and confirmed at once, one
-`multiple` ack per read), `basic.consume` (delivered within the prefetch), `basic.ack`. No
-exchanges beyond the default one, no persistence, no mirroring, no checks.
+`null` target; one asyncio process, one set of queues). It does what the generator needs and
+nothing more: the handshake (PLAIN, any user), channels, `confirm.select`, `basic.qos`,
+`queue.declare`/`delete`, `basic.publish` (stored in an in-memory deque per queue and confirmed
+at once, one `multiple` ack per read), `basic.consume` (delivered within the prefetch),
+`basic.ack`. No exchanges beyond the default one, no persistence, no mirroring, no checks.
 
 What it is for: the `gencheck` suite runs the generator against it, so the figures it gives are
 what the generator can do when the broker costs next to nothing. When those are far above what
 a real broker reaches in the same suite, the generator was not the limit (bench/README.md).
 The tests also use it to exercise the AMQP generator where no RabbitMQ is installed.
 
-Mirrored (`--mirrors PORT,PORT`, the `null-mirrored` target): a floor for `ha-mode: all`. Each
-mirror is a process of its own (`python -m bench.nullbroker --mirror --ports PORT`) that reads
-length-prefixed records and answers each read that held publishes with the count of publishes
-it has had so far (8 bytes). The broker sends every stored body to every mirror (one write per
-mirror per read of a client), and confirms a publish only when every mirror has counted it, so
-a confirm crosses the hops a mirrored one does (producer, leader, mirrors, leader, producer) and
-nothing else: no queue state on the mirrors, no metadata, no checks. A consumer's acks ride to
-the mirrors with the next publish, as warren's do. Deliveries leave at once from the leader's
-process (the consumer connects to it: one hop fewer than on a real cluster, where it is on
-another node). What a run of it gives is what a multi-process Python broker could at best do on
-the machine, since any real one does all this and more (bench/README.md, item 8, "The floor of
-a mirrored confirm").
-
-`--loop trio` (the `null-mirrored-trio` target) runs the same protocol classes on trio instead
-of asyncio, reading each socket with warren's own `Reader` (broker/framed.py: a non-blocking
-read, and `trio.lowlevel.wait_readable` when there is nothing to read) and writing with the
-nodes' own `write_now` and `send_parts`, so each wake-up is a pass of trio's run loop: the
-floor for a broker written with trio.
+The floor (`--mirrors PORT,PORT`, the `floor` target): what a mirrored confirm costs a broker
+of separate Python processes on trio, and nothing else. Each mirror is a process of its own
+(`python -m bench.nullbroker --mirror --ports PORT`) that reads length-prefixed records and
+answers each read that held publishes with the count of publishes it has had so far (8 bytes).
+The broker sends every stored body to every mirror (one write per mirror per read of a client),
+and confirms a publish only when every mirror has counted it, so a confirm crosses the hops a
+mirrored one does (producer, leader, mirrors, leader, producer) and nothing else: no queue state
+on the mirrors, no metadata, no checks. A consumer's acks ride to the mirrors with the next
+publish, as warren's do. Deliveries leave at once from the leader's process (the consumer
+connects to it: one hop fewer than on a real cluster, where it is on another node). The floor's
+processes run on trio, reading each socket with warren's own `Reader` (broker/framed.py: a
+non-blocking read, and `trio.lowlevel.wait_readable` when there is nothing to read) and writing
+with the nodes' own `write_now` and `send_parts`, so each wake-up is a pass of trio's run loop as
+in a warren node. A broker written that way cannot confirm faster than the floor does on the
+same machine: where warren's figures sit between the floor and RabbitMQ's says how much is
+warren's own code and how much the price of Python and trio.
 
 Frames are split on their headers; methods are decoded by pamqp, except `basic.publish` and
 `basic.ack` on the hot path, read with `struct` (checked against pamqp in the tests); deliveries
@@ -337,7 +335,7 @@ def _flush_all() -> None:
         c.out = []
 
 
-class _MirrorLink(asyncio.Protocol):
+class _MirrorLink:
     """The broker's connection to one mirror: records out, counts back."""
 
     def __init__(self, broker: Broker):
@@ -373,7 +371,7 @@ class _MirrorLink(asyncio.Protocol):
         self.buf = buf[whole:]
 
 
-class _Mirror(asyncio.Protocol):
+class _Mirror:
     """A mirror process's end: count the publishes of each read, answer with the total."""
 
     def __init__(self):
@@ -383,6 +381,9 @@ class _Mirror(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        pass  # the broker went away: nothing to count any more
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf + data if self.buf else data
@@ -400,38 +401,23 @@ class _Mirror(asyncio.Protocol):
             self.transport.write(_COUNT.pack(self.count))
 
 
-async def serve(host: str, ports: list[int], mirrors: list[int] = ()) -> None:
+async def serve(host: str, ports: list[int]) -> None:
+    """The null broker (no mirrors) on asyncio, until SIGTERM or SIGINT."""
     broker = Broker()
-
     loop = asyncio.get_running_loop()
-    for port in mirrors:
-        _, link = await loop.create_connection(lambda: _MirrorLink(broker), host, port)  # (asyncio sets TCP_NODELAY)
-        broker.mirrors.append(link)
     servers = [await loop.create_server(lambda: _Connection(broker), host, port, backlog=1024)
                for port in ports]
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"null broker {os.getpid()} on {', '.join(f'{host}:{p}' for p in ports)}"
-          + (f", mirrored to {', '.join(map(str, mirrors))}" if mirrors else ""), flush=True)
+    print(f"null broker {os.getpid()} on {', '.join(f'{host}:{p}' for p in ports)}", flush=True)
     await stop.wait()
     broker.closing = True
     for s in servers:
         s.close()
 
 
-async def serve_mirror(host: str, port: int) -> None:
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(_Mirror, host, port)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"null mirror {os.getpid()} on {host}:{port}", flush=True)
-    await stop.wait()
-    server.close()
-
-
-# --- the same, on trio ---------------------------------------------------------------------------
+# --- the floor: the same classes on trio, mirrored ---------------------------------------------
 
 class _TrioTransport:
     """What the protocol classes above use of an asyncio transport (`write`, `close`,
@@ -525,7 +511,8 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def serve_trio(host: str, ports: list[int], mirrors: list[int] = (), mirror: bool = False) -> None:
-    """`serve` (or, with `mirror`, `serve_mirror` on ports[0]) on trio."""
+    """The broker mirrored to the null mirrors on `mirrors` (or, with `mirror`, a null mirror on
+    `ports`) on trio, until SIGTERM or SIGINT."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             broker = Broker()
@@ -550,20 +537,18 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.nullbroker", description=__doc__.split("\n\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--ports", required=True, help="comma-separated ports, one per pretend node")
-    ap.add_argument("--mirrors", default="", help="comma-separated ports of null mirrors to mirror every queue to")
-    ap.add_argument("--mirror", action="store_true", help="be a null mirror on the one port of --ports")
-    ap.add_argument("--loop", choices=("asyncio", "trio"), default="asyncio", help="the event loop to run on")
+    ap.add_argument("--mirrors", default="",
+                    help="comma-separated ports of null mirrors to mirror every queue to (the floor, on trio)")
+    ap.add_argument("--mirror", action="store_true", help="be a null mirror (on trio) on the one port of --ports")
     args = ap.parse_args(argv)
     ports = [int(p) for p in args.ports.split(",")]
     mirrors = [int(p) for p in args.mirrors.split(",") if p]
     if args.mirror and len(ports) != 1:
         ap.error("a mirror listens on one port")
-    if args.loop == "trio":
+    if args.mirror or mirrors:
         trio.run(serve_trio, args.host, ports, mirrors, args.mirror)
-    elif args.mirror:
-        asyncio.run(serve_mirror(args.host, ports[0]))
     else:
-        asyncio.run(serve(args.host, ports, mirrors))
+        asyncio.run(serve(args.host, ports))
 
 
 if __name__ == "__main__":

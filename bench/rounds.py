@@ -3,7 +3,7 @@ and targets N times, one round after the other, and this module turns the rounds
 lines (the `summaries` of each round's run.json) into one table per scenario.
 
 Why rounds: on a small shared machine a single run's p99 moves with the machine more than with
-the broker (docs/measurements.md), so a claim such as "warren's confirm p99 is at most half of
+the broker, so a claim such as "warren's confirm p99 is at most half of
 RabbitMQ's in the same run" is read over several rounds: each round's ratio (both brokers
 measured minutes apart, in that round), and their median. The table says which rounds met a
 bound, not only the median.

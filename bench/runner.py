@@ -42,10 +42,10 @@ from bench.targets import (
 from bench.shared import CONFIRMED, DELIVERED, FIRST, PUBLISHED, Shared
 from bench.workload import Scenario, load, resolve, select
 
-TARGETS = ("warren-native", "warren-amqp", "rabbitmq", "null", "null-mirrored", "null-mirrored-trio")
+TARGETS = ("warren-native", "warren-amqp", "rabbitmq", "null", "floor")
 ALIASES = {"warren": ["warren-native"], "both": ["warren-native", "rabbitmq"],
            "all": ["warren-native", "warren-amqp", "rabbitmq"]}
-AMQP_TARGETS = ("warren-amqp", "rabbitmq", "null", "null-mirrored", "null-mirrored-trio")
+AMQP_TARGETS = ("warren-amqp", "rabbitmq", "null", "floor")
 SERVER_NAMED = "amq.gen-"  # the prefix of the queues warren and RabbitMQ name themselves
 IDLE_PER_PROC = 5000  # idle connections per worker process when the scenario gives no procs
 
@@ -273,10 +273,8 @@ class Runner:
             return RabbitTarget(dir=rabbit_dir)
         if tname == "null":
             return NullTarget()
-        if tname == "null-mirrored":
+        if tname == "floor":
             return NullTarget(mirrors=2)
-        if tname == "null-mirrored-trio":
-            return NullTarget(mirrors=2, loop="trio")
         raise ValueError(tname)
 
     def run(self, workload_args: list[str], targets: list[str], warren_nodes: list[str] | None = None,
@@ -677,7 +675,7 @@ class Runner:
         w.start()
         try:
             t0 = self._start_together(shared, [w], f"[{tname}] {sc.name} connecting")
-            # generous: before the fix of docs/measurements.md, 1,000 queues took 24 s each way
+            # generous: a broker whose declare costs O(queues) takes tens of seconds for 1,000
             limit = time.time() + 300 + total * 0.2
             while w.exitcode is None:
                 c = shared.snapshot()

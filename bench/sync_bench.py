@@ -1,4 +1,5 @@
-"""`warren-bench sync`: how fast a batch sync fills a new mirror (issue #4's benchmark).
+"""`warren-bench sync`: how fast a batch sync fills a new mirror; `warren-bench sync-load`: what a
+sync does to a steady publisher's confirms (`run_sync_under_load`).
 
 For each `--max-throughput` value a 2-node cluster of real processes starts with that
 `mirroring_sync_max_throughput`; a queue led by n1 gets `--messages` bodies of `--size` bytes;

@@ -388,7 +388,7 @@ def amqp_client_available() -> str | None:
     """None when the AMQP load generator can run (it needs pamqp), else why not."""
     import importlib.util
     if importlib.util.find_spec("pamqp") is None:
-        return "pamqp (the AMQP codec of the load generator) is not installed (pip install -e '.[bench]')"
+        return "pamqp (the AMQP codec of the load generator) is not installed (pip install -e .)"
     return None
 
 
@@ -537,17 +537,16 @@ class RabbitTarget(Target):
 class NullTarget(Target):
     """The null AMQP broker of `bench.nullbroker` (one process, `size` ports as pretend nodes):
     what the load generator can do when the broker costs next to nothing. Policies are ignored.
-    With `mirrors` (the `null-mirrored` target) every queue is mirrored to that many null mirror
-    processes, whatever the policy: the floor of a mirrored confirm on this machine. `loop` is
-    the event loop the null processes run on: "asyncio", or "trio" (the `-trio` targets)."""
+    With `mirrors` (the `floor` target) every queue is mirrored to that many null mirror
+    processes, whatever the policy, all of them on trio: the floor of a mirrored confirm for a
+    Python broker on this machine."""
 
     lists_mirrors = False
 
-    def __init__(self, size: int = 3, mirrors: int = 0, loop: str = "asyncio"):
+    def __init__(self, size: int = 3, mirrors: int = 0):
         self.size = size
         self.mirrors = mirrors
-        self.loop = loop
-        self.name = ("null-mirrored" if mirrors else "null") + ("-trio" if loop == "trio" else "")
+        self.name = "floor" if mirrors else "null"
         self.proc: subprocess.Popen | None = None
         self.mirror_procs: list[subprocess.Popen] = []
         self.ports: list[int] = []
@@ -557,7 +556,7 @@ class NullTarget(Target):
 
     def _spawn(self, *args: str) -> subprocess.Popen:
         import sys
-        return subprocess.Popen([sys.executable, "-m", "bench.nullbroker", "--loop", self.loop, *args],
+        return subprocess.Popen([sys.executable, "-m", "bench.nullbroker", *args],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 

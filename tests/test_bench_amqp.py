@@ -147,21 +147,21 @@ def test_a_channel_closed_by_the_broker_fails_its_waiter():
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "trio"])
-def test_the_mirrored_null_broker_confirms_only_what_every_mirror_counted(loop):
-    """`null-mirrored` (and `-trio`), the floor of a mirrored confirm: real processes (the broker
-    and two mirrors). With one mirror stopped (SIGSTOP), deliveries still flow but no confirm
-    comes; once it runs again, every publish is confirmed. The consumer's acks, sent to the
-    mirrors meanwhile, do not upset their counts."""
+@pytest.mark.process
+def test_the_floor_confirms_only_what_every_mirror_counted():
+    """The `floor` target, a mirrored null broker on trio: real processes (the broker and two
+    mirrors). With one mirror stopped (SIGSTOP), deliveries still flow but no confirm comes; once
+    it runs again, every publish is confirmed. The consumer's acks, sent to the mirrors
+    meanwhile, do not upset their counts."""
     import os
     import signal
 
     from bench.targets import NullTarget
 
-    target = NullTarget(mirrors=2, loop=loop)
+    target = NullTarget(mirrors=2)
     target.start()
     try:
-        assert target.name == "null-mirrored" + ("-trio" if loop == "trio" else "")
+        assert target.name == "floor"
         assert [target.pid(n) for n in target.nodes] == [target.proc.pid] + [p.pid for p in target.mirror_procs]
 
         async def go():

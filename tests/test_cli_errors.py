@@ -19,7 +19,7 @@ import pytest
 
 from broker.localcluster import executable, free_port
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]  # every test runs a command
 
 
 @pytest.fixture
@@ -55,7 +55,6 @@ def busy_port():
         yield s.getsockname()[1]
 
 
-@pytest.mark.process
 @pytest.mark.parametrize("which", ["--client-port", "--peer-port", "--http-port"])
 def test_server_port_in_use(env, busy_port, which):
     ports = {"--client-port": str(free_port()), "--peer-port": str(free_port())}
@@ -67,7 +66,6 @@ def test_server_port_in_use(env, busy_port, which):
     assert not (os.path.exists(os.path.join(env["WARREN_HOME"], "run", "p.json")))
 
 
-@pytest.mark.process
 def test_server_cluster_seed_naming_no_node(env):
     r = _run([executable("warren-server"), "--name", "n9", "--secret", "s", "--client-port",
               str(free_port()), "--peer-port", str(free_port()), "--cluster-seed", "nosuch"], env)

@@ -250,6 +250,7 @@ def test_a_client_never_creates_the_cookie(home):
     assert config.resolve_secret(None, None, env={}, create=False) == (home / "cookie").read_bytes().strip()
 
 
+@pytest.mark.process  # a python process of its own: tune_gc would stay with the test's
 def test_a_node_process_freezes_its_start_up_objects_and_collects_young_garbage_less_often():
     code = ("import gc; from broker.server import GC_THRESHOLDS, tune_gc; tune_gc(); "
             "print(gc.get_threshold() == GC_THRESHOLDS, gc.get_freeze_count() > 1000)")

@@ -70,6 +70,7 @@ def test_a_chaos_schedule_replays_exactly_on_the_simulation():
 
 # CPU-bound: about a minute on an idle 2-core machine, two or three times that beside the
 # suite's other workers (make test runs files in parallel); the timeout only guards a hang
+@pytest.mark.process  # two worker processes
 @pytest.mark.timeout(600)
 def test_two_hundred_schedules_lose_nothing_confirmed(capsys):
     """Seeded schedules of every fault kind, judged by the same checker as the real-process

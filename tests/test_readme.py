@@ -22,8 +22,10 @@ Unmarked blocks always run. Only what the shared machine needs is changed, never
   WARREN_PEER_BASE/WARREN_HTTP_BASE) and docker-compose (WARREN_PORT_N1..3,
   WARREN_AMQP_PORT_N1..3) read;
   the docker image is tagged warren:readme-test, not warren:latest;
-- `make`'s install step is a no-op (PIP=true): `pip install -e` would re-point this
-  environment's editable install at the temporary copy. PYTHONPATH points at the copy instead.
+- `make` runs in a stand-in virtual environment (VIRTUAL_ENV: a folder whose bin/python runs
+  this test's interpreter) and its install step is a no-op (PIP=true): `pip install -e` would
+  re-point this environment's editable install at the temporary copy. PYTHONPATH points at the
+  copy instead.
 
 Afterwards every node the session started is stopped, and a docker-compose cluster taken down.
 The unmarked blocks take about a minute on a busy 2-core machine (`make demo` is a third of it).
@@ -168,7 +170,7 @@ class Session:
         self.state = root / "state"
         self.state.mkdir()
         self.log = root / "session.log"
-        bin_dir = root / "bin"
+        bin_dir = root / "bin"  # root is the stand-in virtual environment `make` uses
         bin_dir.mkdir()
         for name in ("python", "python3"):  # a script, not a symlink: a venv's python linked
             wrapper = bin_dir / name          # from elsewhere no longer finds its venv
@@ -185,7 +187,7 @@ class Session:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WARREN_")}
         env.update(
             PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), env.get("PATH", "")]),
-            PYTHONPATH=str(self.clone), PIP="true", PYTHONUNBUFFERED="1",
+            PYTHONPATH=str(self.clone), VIRTUAL_ENV=str(root), PIP="true", PYTHONUNBUFFERED="1",
             WARREN_CLIENT_BASE=str(client_base), WARREN_PEER_BASE=str(peer_base),
             WARREN_AMQP_BASE=str(amqp_base), WARREN_HTTP_BASE=str(http_base),
             WARREN_IMAGE="warren:readme-test",

@@ -19,7 +19,7 @@ from bench.analysis.job import FINE_BUCKET, TABLES, Results
 
 ROLE_STYLE = {"deliver": "-", "confirm": "--", "publish": ":"}
 TARGET_COLOR = {"warren": "tab:blue", "warren-native": "tab:blue", "warren-amqp": "tab:green",
-                "rabbitmq": "tab:orange", "null": "tab:gray"}
+                "rabbitmq": "tab:orange", "null": "tab:gray", "floor": "tab:brown"}
 
 
 # --- formatting ---------------------------------------------------------------------------------

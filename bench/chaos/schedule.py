@@ -41,7 +41,7 @@ KINDS = ("kill", "sigterm", "pause", "stop_app", "forget", "policy", "sync", "ca
 NODE_KINDS = ("kill", "sigterm", "pause", "stop_app", "forget", "partition")
 ROLE_TARGETS = ("leader", "mirror", "publisher_node", "consumer_node", "random")
 QUEUE = "chaos.q"
-DEFAULT_RATE = 2000  # msgs/s over all publishers: the issue's load
+DEFAULT_RATE = 2000  # msgs/s over all publishers
 
 # mirroring definitions a schedule starts from or switches to (weights: the common shapes first)
 POLICIES: list[tuple[int, dict]] = [

@@ -120,6 +120,8 @@ def pytest_collection_modifyitems(config, items):
         if here not in Path(str(item.fspath)).resolve().parents:
             continue
         item.add_marker(pytest.mark.conformance)
+        if {"broker", "mirrored"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.process)  # it runs against a started broker
         if kind == "rabbitmq":
             item.add_marker(pytest.mark.rabbitmq)
             continue
