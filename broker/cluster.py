@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
 import trio
 
+from mirroring import changes as c
 from mirroring.metadata import Metadata, MetaError
 from mirroring.planner import plan_change
 from mirroring.raft import ChangeInProgress, NotLeader, Persistent, Raft, Role
@@ -40,8 +42,9 @@ from wire.errors import INTERNAL_ERROR, NOT_ALLOWED, PRECONDITION_FAILED, Protoc
 
 from .cluster_links import NodeStopped, PeerLinks
 from .peers import PeerLink
-from .statefile import StateFile
+from .statefile import StateFile, StateFormatError
 
+_ENCODE = msgspec.msgpack.Encoder().encode
 PROPOSE_TIMEOUT = 15.0
 NOT_LEADER = "not-leader"
 LIVENESS_EVERY = 0.5  # seconds between the leader's liveness and placement checks
@@ -51,7 +54,7 @@ COMPACT_AFTER = 512  # log entries kept before compacting into a snapshot
 class ClusterHooks(Protocol):
     """What the cluster tells the rest of the node."""
 
-    def meta_changed(self, change: list | None) -> None: ...  # None: the whole state was replaced
+    def meta_changed(self, change: c.Change | None) -> None: ...  # None: the whole state was replaced
     def link_up(self, node: str) -> None: ...
     def link_down(self, node: str) -> None: ...
     def link_replaced(self, node: str) -> None: ...  # a second link took over: in-flight may be lost
@@ -64,14 +67,14 @@ class ClusterHooks(Protocol):
 
 @dataclass
 class _Proposal:
-    change: list
+    change: c.Change
     done: object  # callable(ok, value, code, text)
 
 
 def fresh_state(name: str, peer: list, client: list) -> Persistent:
     """A node that belongs to no cluster: a cluster of its own, itself the only member."""
     md = Metadata()
-    md.apply(["member.add", name, peer, client])
+    md.apply(c.MemberAdd(name, tuple(peer), tuple(client)))
     return Persistent(snap_config=(name,), snap_data=md.snapshot())
 
 
@@ -136,12 +139,25 @@ class Cluster(PeerLinks):
     def has_state(self) -> bool:
         return self.saved is not None if not self.persist else self._file.exists()
 
+    def check_state_format(self) -> None:
+        """Raise StateFormatError if the saved state is of a format this warren does not read
+        (the node must be reset); anything else wrong with it is `load_state`'s to handle."""
+        if self.persist:
+            try:
+                self._file.load()
+            except StateFormatError:
+                raise
+            except Exception:  # noqa: BLE001 - a corrupt file: load_state starts fresh
+                pass
+
     def load_state(self) -> tuple[Persistent, int]:
         """The saved Raft state and commit index, or a fresh single-node cluster."""
         data = self.saved
         if self.persist:
             try:
                 data = self._file.load()
+            except StateFormatError:
+                raise  # the node must be reset: starting a cluster of its own would split it
             except Exception as exc:  # noqa: BLE001 - a corrupt file must not stop the node
                 self.log.error("cannot read the saved cluster state, starting fresh", error=str(exc))
                 data = None
@@ -204,9 +220,10 @@ class Cluster(PeerLinks):
                 nursery.start_soon(self._loop)
                 nursery.start_soon(self._dialer)
                 task_status.started()
-                if me is not None and (me["peer"] != self.peer_addr or me["client"] != self.client_addr):
-                    nursery.start_soon(self._propose_quietly, ["member.add", self.name, self.peer_addr,
-                                                               self.client_addr])
+                if me is not None and (list(me.peer) != self.peer_addr
+                                       or list(me.client) != self.client_addr):
+                    nursery.start_soon(self._propose_quietly, c.MemberAdd(
+                        self.name, tuple(self.peer_addr), tuple(self.client_addr)))
         finally:
             self._nursery = None
             for link in list(self.links.values()):
@@ -314,7 +331,7 @@ class Cluster(PeerLinks):
                 self._close_links_to_runs_counted_down(before.up, before.times_down)  # compacted
                 self.hooks.meta_changed(None)
                 continue
-            if item[0] == "node.down":
+            if type(item) is c.NodeDown:
                 was_up, was_down = dict(self.md.up), dict(self.md.times_down)
             else:
                 was_up = was_down = None
@@ -322,7 +339,7 @@ class Cluster(PeerLinks):
             try:
                 value = self.md.apply(item)
             except Exception as exc:  # noqa: BLE001 - the leader validated it: a bug, not fatal
-                self.log.error("a committed metadata change did not apply", change=item[0],
+                self.log.error("a committed metadata change did not apply", change=item.kind,
                                error=str(exc))
             self.applied = index
             appended = self._inflight.pop(index, None)
@@ -337,7 +354,7 @@ class Cluster(PeerLinks):
                     p.done(False, None, INTERNAL_ERROR, NOT_LEADER)
             if was_up is not None:
                 self._close_links_to_runs_counted_down(was_up, was_down)
-            if item[0] != "noop":
+            if type(item) is not c.Noop:
                 self.hooks.meta_changed(item)
         self._announce()
         if self.persist and len(raft.log) > COMPACT_AFTER and self.applied > raft.snap_index:
@@ -449,7 +466,7 @@ class Cluster(PeerLinks):
         if raft.out or raft.dirty:
             self._after_raft(now)
 
-    async def propose(self, change: list, timeout: float = PROPOSE_TIMEOUT):
+    async def propose(self, change: c.Change, timeout: float = PROPOSE_TIMEOUT):
         """Have the log commit a change; returns its value or raises MetaError."""
         with trio.fail_after(timeout):
             while True:
@@ -492,15 +509,15 @@ class Cluster(PeerLinks):
                     continue
                 raise MetaError(code or INTERNAL_ERROR, text)
 
-    async def _propose_quietly(self, change: list) -> None:
+    async def _propose_quietly(self, change: c.Change) -> None:
         try:
             await self.propose(change)
         except (ProtocolError, trio.TooSlowError) as exc:
-            self.log.debug("metadata change not committed", change=change[0], error=str(exc))
+            self.log.debug("metadata change not committed", change=change.kind, error=str(exc))
 
-    def propose_soon(self, change: list, key: tuple | None = None) -> None:
-        """Propose in the background (once at a time per `key`)."""
-        key = key or tuple(str(x) for x in change)
+    def propose_soon(self, change: c.Change, key=None) -> None:
+        """Propose in the background (once at a time per `key`; by default, per change)."""
+        key = key or _ENCODE(change)
         if key in self._bg or self._nursery is None:
             return
         self._bg.add(key)
@@ -522,7 +539,12 @@ class Cluster(PeerLinks):
         def done(ok, value, code, text):
             link.send(m.MetaResult(msg.rid, ok, value, code or 0, text))
 
-        self._queue.append(_Proposal(msg.change, done))
+        try:
+            change = c.decode_change(msg.change)
+        except ProtocolError as exc:
+            done(False, None, exc.code, exc.text)
+            return
+        self._queue.append(_Proposal(change, done))
         self._poke()
 
     # --- liveness and placement (the leader's duty) ------------------------------------------
@@ -532,18 +554,18 @@ class Cluster(PeerLinks):
             return
         md = self.md
         if md.up.get(self.name) != self.incarnation:
-            self.propose_soon(["node.up", self.name, self.incarnation])
+            self.propose_soon(c.NodeUp(self.name, self.incarnation))
         for node in list(md.members):
             if node == self.name:
                 continue
             link = self.links.get(node)
             if link is not None and link.incarnation:
                 if md.up.get(node) != link.incarnation:
-                    self.propose_soon(["node.up", node, link.incarnation])
+                    self.propose_soon(c.NodeUp(node, link.incarnation))
             elif node in md.up:
                 # down: we saw its link go, or we have been up for net_ticktime without one
                 if node in self._lost_at or now - self._started_at > self.config.net_ticktime:
-                    self.propose_soon(["node.down", node, md.up[node], "failure"])
+                    self.propose_soon(c.NodeDown(node, md.up[node], "failure"))
         self._replan_soon()
 
     def _replan_soon(self) -> None:
@@ -558,7 +580,7 @@ class Cluster(PeerLinks):
 
         async def go():
             try:
-                await self.propose(["replan"])
+                await self.propose(c.Replan())
                 self._planned_for = view
             except (ProtocolError, trio.TooSlowError) as exc:
                 self.log.debug("metadata change not committed", change="replan", error=str(exc))
@@ -614,12 +636,13 @@ class Cluster(PeerLinks):
             raise ProtocolError(NOT_ALLOWED, "the cluster has no leader right now; try again")
         if leader != self.name:
             return await self.call_node(leader, "admit", {"name": name, "peer": peer, "client": client})
-        if name in raft.voters and self.md.members.get(name, {}).get("peer") == list(peer):
+        known = self.md.members.get(name)
+        if name in raft.voters and known is not None and list(known.peer) == list(peer):
             return self._state_for_joiner()
         deadline = trio.current_time() + 10
         while True:
             try:
-                raft.propose(["member.add", name, list(peer), list(client)])
+                raft.propose(c.MemberAdd(name, tuple(peer), tuple(client)))
                 break
             except ChangeInProgress as exc:
                 # one membership change at a time: wait for the one under way to commit (its

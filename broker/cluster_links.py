@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import trio
 
+from mirroring import changes as c
 from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_ALLOWED, ProtocolError
 
@@ -59,13 +60,13 @@ class PeerLinks:
         was removed is no longer dialed, though its old member.add is still in the log (it was:
         a forgotten node restarted without a reset was linked to by every member, counted
         running, and never told it had to reset)."""
-        out = {n: rec["peer"] for n, rec in self.md.members.items()}
+        out = {n: rec.peer for n, rec in self.md.members.items()}
         if self.raft is not None:
             for change in self.raft.unapplied():
-                if change[0] == "member.add":
-                    out[change[1]] = change[2]
-                elif change[0] == "member.remove":
-                    out.pop(change[1], None)
+                if type(change) is c.MemberAdd:
+                    out[change.name] = change.peer
+                elif type(change) is c.MemberRemove:
+                    out.pop(change.name, None)
         return out
 
     async def _dialer(self) -> None:
@@ -173,6 +174,12 @@ class PeerLinks:
             if t in RAFT_MESSAGES:
                 if self.raft is not None and (self.is_member(link.name) or (
                         t in LEADER_MESSAGES and msg.term >= self.raft.term)):
+                    if t is m.RaftAppend and msg.entries:
+                        try:  # the wire brings plain lists: the log holds typed changes
+                            msg.entries = c.decode_entries(msg.entries)
+                        except ProtocolError as exc:
+                            link.close(exc.text)
+                            break
                     self.raft.receive(now, link.name, msg)
                     raft_touched = True
             elif t is m.Tick:

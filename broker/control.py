@@ -13,6 +13,7 @@ from wire import messages as m
 from wire.errors import (COMMAND_INVALID, CONNECTION_FORCED, NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED,
                          ProtocolError)
 
+from mirroring.changes import MemberRemove, PolicyClear, PolicySet, QueueDelete
 from mirroring.maintenance import replicas, sync_critical_queues, unsynchronised_queues
 from mirroring.policy import effective_policy, make_policy
 from mirroring.sync import progress_line
@@ -205,7 +206,7 @@ async def cmd_forget_cluster_node(node, args):
             f"cannot forget {target}: the cluster's metadata changes only with a majority of its "
             f"{len(members)} members ({', '.join(members)}), and only {', '.join(up)} run; "
             "start enough of the others first"))
-    await node.cluster.propose(["member.remove", target])
+    await node.cluster.propose(MemberRemove(target))
     return f"Removing node {target} from the cluster"
 
 
@@ -220,7 +221,7 @@ async def cmd_remove_member(node, args):
     if args["name"] in node.running:
         raise ProtocolError(PRECONDITION_FAILED, f"node {args['name']} is still running")
     if args["name"] in node.md.members:
-        await node.cluster.propose(["member.remove", args["name"]])
+        await node.cluster.propose(MemberRemove(args["name"]))
     return None
 
 
@@ -242,13 +243,13 @@ async def cmd_list_queues(node, args):
     for name, q in sorted(node.md.queues.items()):
         s = stats.get(name)
         pol = effective_policy(node.md.policies, name)
-        listed = [n for n in q.get("mirrors", ()) if n in mirrors.get(name, {})]
+        listed = [n for n in q.mirrors if n in mirrors.get(name, {})]
         synced = set(s["synced"]) if s else set()
         full = {
-            "name": name, "durable": q["durable"], "auto_delete": q["auto_delete"],
-            "exclusive": q["exclusive"], "arguments": q["arguments"],
-            "policy": pol["name"] if pol else "",
-            "type": "classic", "effective_policy_definition": pol["definition"] if pol else {},
+            "name": name, "durable": q.durable, "auto_delete": q.auto_delete,
+            "exclusive": q.exclusive, "arguments": q.arguments,
+            "policy": pol.name if pol else "",
+            "type": "classic", "effective_policy_definition": pol.definition if pol else {},
             "pid": s["pid"] if s else "",
             "mirror_pids": [mirrors[name][n] for n in listed],
             "synchronised_mirror_pids": [mirrors[name][n] for n in listed if n in synced],
@@ -256,7 +257,7 @@ async def cmd_list_queues(node, args):
             "messages_ready": s["messages_ready"] if s else 0,
             "messages_unacknowledged": s["messages_unacknowledged"] if s else 0,
             "consumers": s["consumers"] if s else 0,
-            "leader": q["leader"], "state": ("syncing" if s and s.get("sync") else "running") if s else "down",
+            "leader": q.leader, "state": ("syncing" if s and s.get("sync") else "running") if s else "down",
             "sync_progress": progress_line(s["sync"]) if s and s.get("sync") else "",
         }
         full["slave_pids"] = full["mirror_pids"]
@@ -302,7 +303,7 @@ async def cmd_delete_queue(node, args):
     _require_running(node)
     if args["queue"] not in node.md.queues:
         raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/'")
-    await node.cluster.propose(["queue.delete", args["queue"]])
+    await node.cluster.propose(QueueDelete(args["queue"]))
     return f"Deleting queue '{args['queue']}' on vhost '/' ..."
 
 
@@ -314,7 +315,7 @@ async def cmd_set_policy(node, args):
     _require_running(node)
     record = make_policy(args["name"], args["pattern"], args["definition"], args.get("priority", 0),
                          args.get("apply_to", "all"))
-    await node.cluster.propose(["policy.set", record])
+    await node.cluster.propose(PolicySet(record))
     return None
 
 
@@ -322,20 +323,21 @@ async def cmd_clear_policy(node, args):
     _require_running(node)
     if args["name"] not in node.md.policies:
         raise ProtocolError(NOT_FOUND, f"policy '{args['name']}' not found in vhost '/'")
-    await node.cluster.propose(["policy.clear", args["name"]])
+    await node.cluster.propose(PolicyClear(args["name"]))
     return None
 
 
 async def cmd_list_policies(node, args):
-    return [{"vhost": "/", "name": p["name"], "pattern": p["pattern"], "apply-to": p["apply_to"],
-             "definition": p["definition"], "priority": p["priority"]}
-            for p in sorted(node.md.policies.values(), key=lambda p: p["name"])]
+    return [{"vhost": "/", "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+             "definition": p.definition, "priority": p.priority}
+            for p in sorted(node.md.policies.values(), key=lambda p: p.name)]
 
 
 async def cmd_list_exchanges(node, args):
     """Every exchange, the built-in ones among them (the default exchange's name is "")."""
     _require_running(node)
-    return [{c: x[c] for c in EXCHANGE_COLUMNS} for _, x in sorted(node.md.exchanges.items())]
+    return [{col: getattr(x, col) for col in EXCHANGE_COLUMNS}
+            for _, x in sorted(node.md.exchanges.items())]
 
 
 async def cmd_list_bindings(node, args):
@@ -346,9 +348,9 @@ async def cmd_list_bindings(node, args):
     rows = [{"source_name": "", "source_kind": "exchange", "destination_name": q,
              "destination_kind": "queue", "routing_key": q, "arguments": {}} for q in sorted(md.queues)]
     for x, binds in sorted(md.bindings.items()):
-        for queue, key, arguments in sorted(binds, key=lambda b: (b[0], b[1])):
-            rows.append({"source_name": x, "source_kind": "exchange", "destination_name": queue,
-                         "destination_kind": "queue", "routing_key": key, "arguments": arguments})
+        for b in sorted(binds, key=lambda b: (b.queue, b.key)):
+            rows.append({"source_name": x, "source_kind": "exchange", "destination_name": b.queue,
+                         "destination_kind": "queue", "routing_key": b.key, "arguments": b.arguments})
     return rows
 
 
@@ -361,11 +363,11 @@ async def _leader_rpc(node, rpc: str, queue: str):
         raise ProtocolError(NOT_FOUND, f"no queue '{queue}' in vhost '/'")
     node.check_queue_available(qdef)
     try:
-        return await node.cluster.call_node(qdef["leader"], rpc, {"queue": queue})
+        return await node.cluster.call_node(qdef.leader, rpc, {"queue": queue})
     except NodeStopped:
-        mirrors = " (a mirror takes over if one may: try again)" if qdef.get("mirrors") else ""
+        mirrors = " (a mirror takes over if one may: try again)" if qdef.mirrors else ""
         raise ProtocolError(NOT_FOUND, f"the leader of queue '{queue}' in vhost '/', on node "
-                                       f"{qdef['leader']}, went down before it answered{mirrors}") from None
+                                       f"{qdef.leader}, went down before it answered{mirrors}") from None
 
 
 async def cmd_sync_queue(node, args):
@@ -404,7 +406,7 @@ async def cmd_maintenance_status(node, args):
                        "synced": list(q.synced), "mirrored": q.mirrored, "sync_mode": q.sync_mode,
                        "messages": report.get("messages", 0), "sync": report.get("sync"),
                        "last_sync": report.get("last_sync")})
-    return {"node": node.name, "members": {n: list(m["peer"]) for n, m in md.members.items()},
+    return {"node": node.name, "members": {n: list(rec.peer) for n, rec in md.members.items()},
             "running_nodes": sorted(node.running), "queues": queues,
             "waiting": unsynchronised_queues(md, node.running, args.get("least_mirrors"))}
 

@@ -28,7 +28,9 @@ import random
 import trio
 
 from mirroring.exchanges import plain
-from mirroring.metadata import MetaError, delete_asked_by
+from mirroring import changes as c
+from mirroring.metadata import MetaError
+from mirroring.records import QueueDef
 from mirroring.queue import SID_RUN_MASK
 from mirroring.queue import check_arguments as check_queue_arguments
 from mirroring.replica import LEADING
@@ -295,7 +297,7 @@ class Node:
         # Nothing is lost: whatever is not shown stays unacknowledged and goes back with us.
         self.leaving = True
         try:
-            await cluster.propose(["node.down", self.name, cluster.incarnation, "shutdown"],
+            await cluster.propose(c.NodeDown(self.name, cluster.incarnation, "shutdown"),
                                   timeout=SHUTDOWN_HANDOVER_TIMEOUT)
         except (ProtocolError, trio.TooSlowError) as exc:
             self.log.warning("could not hand queues over before stopping", error=str(exc))
@@ -346,7 +348,8 @@ class Node:
         went_down, self._times_down = times_down != self._times_down, times_down
         if not self.leaving:
             if change is not None:
-                down_now = change[0] == "node.down" and change[1] == self.name and change[2] == run
+                down_now = (type(change) is c.NodeDown and change.node == self.name
+                            and change.incarnation == run)
             else:
                 # a snapshot of the log (we lagged past its compaction): it holds no record, but
                 # this run was up before it and was counted down since: it is down in it, or up
@@ -355,12 +358,11 @@ class Node:
                 back = back or down_now and counted
             if down_now:
                 self._counted_down_while_running()
-        asked = delete_asked_by(change, self.name) if change is not None else None
+        asked = c.delete_asked_by(change, self.name) if change is not None else None
         if asked is not None:  # a client's delete through one of our sessions (Router.delete_for_client)
-            sid, rid, count = asked
-            asker = self.sessions.get(sid)
+            asker = self.sessions.get(asked.session)
             if asker is not None:
-                asker.answer_delete(rid, count)
+                asker.answer_delete(asked.rid, asked.count)
         touched = self.md.touched if change is not None else None
         if touched is not None and not back:
             # the change names its queues: only the sessions routing to them can be concerned
@@ -496,20 +498,20 @@ class Node:
             self.log.exception("AMQP connection failed", peer=peer)
 
     # --- queues ------------------------------------------------------------------------------
-    def queue_down_reason(self, qdef: dict) -> str:
+    def queue_down_reason(self, qdef: QueueDef) -> str:
         """Why operations on this queue fail now ("" if they do not). A mirrored queue whose
         leader just went down is not failed until the log has decided (a promotion)."""
-        leader = qdef["leader"]
+        leader = qdef.leader
         if leader == self.name or leader in self.cluster.links:
             return ""
-        if qdef.get("mirrors") and leader not in self.md.down:
+        if qdef.mirrors and leader not in self.md.down:
             return ""
         if leader not in self.md.down and leader in self.md.up:
             return ""  # up as far as the log knows: our link to it is only being set up
-        return (f"home node '{leader}' of durable queue '{qdef['name']}' in vhost '/' "
+        return (f"home node '{leader}' of durable queue '{qdef.name}' in vhost '/' "
                 "is down or inaccessible")
 
-    def check_queue_available(self, qdef: dict, exc_type=ProtocolError) -> None:
+    def check_queue_available(self, qdef: QueueDef, exc_type=ProtocolError) -> None:
         reason = self.queue_down_reason(qdef)
         if reason:
             raise exc_type(NOT_FOUND, reason)
@@ -541,24 +543,16 @@ class Node:
             return None
         if existing is not None:
             self.check_queue_available(existing, ChannelError)
-        qdef = {
-            "name": name,
-            "durable": bool(msg.durable) and not msg.exclusive,
-            "exclusive": bool(msg.exclusive),
-            "auto_delete": bool(msg.auto_delete),
-            "arguments": arguments,
-            "leader": self.name,
-            "owner": session.conn_id if msg.exclusive else None,
-            # the log's leader decides where it lives (planner.plan_declare) from where the
-            # client is and from this node's queue_leader_locator
-            "declared_on": self.name,
-            "locator": self.config.queue_leader_locator,
-        }
-        if existing is not None and existing["exclusive"] and not msg.exclusive \
-                and existing.get("owner") == session.conn_id:
-            qdef["durable"] = existing["durable"]
+        durable = bool(msg.durable) and not msg.exclusive
+        if existing is not None and existing.exclusive and not msg.exclusive \
+                and existing.owner == session.conn_id:
+            durable = existing.durable
+        # the log's leader decides where it lives (planner.plan_declare) from where the client
+        # is (the leader proposed) and from this node's queue_leader_locator
+        qdef = QueueDef(name, durable, bool(msg.exclusive), bool(msg.auto_delete), arguments,
+                        self.name, session.conn_id if msg.exclusive else None)
         try:
-            result = await self.cluster.propose(["queue.declare", qdef])
+            result = await self.cluster.propose(c.QueueDeclare(qdef, self.config.queue_leader_locator))
         except MetaError as exc:
             raise ChannelError(exc.code, exc.text) from None
         except trio.TooSlowError:
@@ -568,8 +562,8 @@ class Node:
         if result["created"]:
             if msg.exclusive:
                 session.exclusive_queues.add(name)
-            self.log.info("queue declared", queue=name, leader=result["queue"]["leader"],
-                          durable=qdef["durable"], exclusive=qdef["exclusive"])
+            self.log.info("queue declared", queue=name, leader=result["leader"],
+                          durable=qdef.durable, exclusive=qdef.exclusive)
             return [name, 0, 0]
         return None
 
@@ -598,7 +592,7 @@ class Node:
                 continue
             try:
                 with trio.fail_after(5):
-                    await ctl_call(self.network, *rec["peer"], self.name, self.config.secret,
+                    await ctl_call(self.network, *rec.peer, self.name, self.config.secret,
                                    "remove_member", {"name": self.name})
                 break
             except (OSError, ProtocolError, trio.TooSlowError):

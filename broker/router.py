@@ -34,7 +34,8 @@ from __future__ import annotations
 import trio
 
 from mirroring import replica as rp
-from mirroring.metadata import client_delete
+from mirroring import changes as c
+from mirroring.records import QueueDef
 from mirroring.policy import effective_policy, ha_settings
 from mirroring.queue import limits_from
 from wire import messages as m
@@ -135,12 +136,11 @@ class Router:
                                 sync_max_throughput=cfg.mirroring_sync_max_throughput,
                                 stall_after=cfg.net_ticktime)
 
-    def _assign(self, qdef: dict, md) -> rp.Assign:
-        policy = effective_policy(md.policies, qdef["name"])  # its ha keys and its limits
-        return rp.Assign(qdef["leader"], qdef.get("epoch", 1), list(qdef.get("mirrors", ())),
-                         list(qdef.get("synced", ())), ha_settings(policy, qdef.get("exclusive", False)),
-                         bool(qdef.get("auto_delete")),
-                         limits_from(qdef.get("arguments"), policy["definition"] if policy else None))
+    def _assign(self, qdef: QueueDef, md) -> rp.Assign:
+        policy = effective_policy(md.policies, qdef.name)  # its ha keys and its limits
+        return rp.Assign(qdef.leader, qdef.epoch, list(qdef.mirrors), list(qdef.synced),
+                         ha_settings(policy, qdef.exclusive), qdef.auto_delete,
+                         limits_from(qdef.arguments, policy.definition if policy else None))
 
     def reconcile(self, touched: set[str] | None = None) -> None:
         """Bring the replicas on this node in line with the metadata: those of the queues in
@@ -171,7 +171,7 @@ class Router:
         queues = md.queues
         for qname in (queues if touched is None else sorted(touched)):
             qdef = queues.get(qname)
-            if qdef is None or (qdef["leader"] != me and me not in qdef.get("mirrors", ())):
+            if qdef is None or (qdef.leader != me and me not in qdef.mirrors):
                 continue
             qp = self.replicas.get(qname)
             assign = self._assign(qdef, md)
@@ -188,7 +188,7 @@ class Router:
             if qdef is None:
                 qp.deliver(rp.Stop(f"queue '{qname}' in vhost '/' was deleted", True))
                 del self.replicas[qname]
-            elif qdef["leader"] != me and me not in qdef.get("mirrors", ()):
+            elif qdef.leader != me and me not in qdef.mirrors:
                 self._take_back_mirror_input(qp)
                 qp.deliver(rp.Stop("queue moved", False))
                 del self.replicas[qname]
@@ -260,7 +260,7 @@ class Router:
 
     def leader_of(self, qname: str) -> str | None:
         qdef = self.cluster.md.queues.get(qname)
-        return None if qdef is None else qdef["leader"]
+        return None if qdef is None else qdef.leader
 
     def to_leader(self, qname: str, msg) -> bool:
         """A client operation for the queue's leader; False if it cannot be sent now (the
@@ -454,17 +454,19 @@ class Router:
             s.route_changed(node)
 
     # --- what replicas ask the node for --------------------------------------------------------
-    def propose(self, change: list) -> None:
+    def propose(self, change: c.Change) -> None:
         self.cluster.propose_soon(change)
 
     def delete_for_client(self, qname: str, owner: tuple, rid: int, count: int) -> None:
         """A client's queue.delete, through the log; the change names the request, and the
         client's session answers it when its node applies the change."""
+        node, session, channel = owner
+
         async def go():
             try:
-                await self.cluster.propose(client_delete(qname, owner[0], owner[1], rid, count))
+                await self.cluster.propose(c.client_delete(qname, node, session, rid, count))
             except (ProtocolError, trio.TooSlowError) as exc:
-                self.to_session(owner[0], owner[1], [m.EvFail(rid, owner[2], INTERNAL_ERROR, str(exc))])
+                self.to_session(node, session, [m.EvFail(rid, channel, INTERNAL_ERROR, str(exc))])
                 return
             self.log.info("queue deleted", queue=qname)
         self.node.spawn(go)
@@ -472,7 +474,7 @@ class Router:
     def auto_delete(self, qname: str) -> None:
         async def go():
             try:
-                await self.cluster.propose(["queue.delete", qname, self.name])
+                await self.cluster.propose(c.QueueDelete(qname, self.name))
             except (ProtocolError, trio.TooSlowError):
                 return
             self.log.info("auto-delete queue deleted after its last consumer left", queue=qname)

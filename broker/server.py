@@ -1,7 +1,8 @@
 """`warren-server`: run one node until SIGINT/SIGTERM or `warrenctl stop`.
 
 Start-up problems a user can fix (a port already in use, a `--cluster-seed` that names no known
-node, a bad setting) end the process with one line on stderr and a non-zero exit, not a traceback.
+node, a bad setting, cluster state saved by an older warren) end the process with one line on
+stderr and a non-zero exit, not a traceback.
 
 The cyclic garbage collector is tuned for a broker (`tune_gc`): every message makes short-lived
 containers, so at the default threshold (700) a young collection ran every hundred messages or
@@ -25,6 +26,7 @@ from . import log as logmod
 from . import tls as tlsmod
 from .network import TcpNetwork
 from .node import Node
+from .statefile import StateFormatError
 
 STOP_REPLY_GRACE = 0.05  # let `warrenctl stop` have its answer before the node starts stopping
 GC_THRESHOLDS = (100_000, 50, 100)  # young collections per 100k new containers, not per 700
@@ -203,6 +205,10 @@ def main(argv=None) -> None:
         node = node_for(cfg)
     except tlsmod.TlsError as exc:
         _fail(str(exc), 2)
+    try:
+        node.cluster.check_state_format()
+    except StateFormatError as exc:
+        _fail(str(exc), 1)
     if cfg.cluster_seed and not node.has_state():
         try:
             configmod.lookup(cfg.cluster_seed)

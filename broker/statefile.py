@@ -1,8 +1,8 @@
 """The metadata log's persistent state on disk (data_dir/raft.msgpack), saved without rewriting
 what has not changed.
 
-The file is a run of msgpack records. The first is the whole state: `{"raft": Persistent as a
-dict, "commit": index}`. Each later one is what a save added to it: `{"term", "voted_for",
+The file is a run of msgpack records. The first is the whole state: `{"format": FORMAT, "raft":
+Persistent as a dict, "commit": index}`. Each later one is what a save added to it: `{"term", "voted_for",
 "commit", "at", "add"}`, the log entries `add` taking their place at position `at` of the log
 after the snapshot. A save that only appended entries or changed the term, the vote or the commit
 index appends such a record. Anything else (the first save, a snapshot taken or installed, a
@@ -18,6 +18,11 @@ A save never waits for the disk (no fsync), as before: a node's state survives t
 process, not the loss of its machine. A record cut short at the end of the file (a write the
 process did not finish) is ignored on reading: it was never acted upon, since Raft sends nothing
 until its save returns.
+
+The log's entries are typed changes (mirroring/changes.py) and the snapshot typed records
+(mirroring/records.py), written by msgspec and checked when read. `FORMAT` numbers the layout:
+a file written in another one (by an older warren, whose changes were plain lists) is refused
+with StateFormatError, whose text says how to reset the node.
 """
 
 from __future__ import annotations
@@ -26,10 +31,24 @@ import os
 from pathlib import Path
 
 import msgpack
+import msgspec
 
 from mirroring.raft import Persistent
 
 REWRITE_AFTER = 1000  # appended records before the whole state is written afresh
+FORMAT = 2  # the layout of the file; 1 (no "format" key) held the changes as plain lists
+
+_encode = msgspec.msgpack.Encoder().encode
+
+
+class StateFormatError(ValueError):
+    """The file holds a saved state of another format: the node must be reset to start."""
+
+    def __init__(self, path: Path, found):
+        super().__init__(
+            f"{path} holds cluster state in format {found}, and this warren reads format "
+            f"{FORMAT}: reset the node (python -m broker.localcluster reset, or delete its data "
+            f"directory {path.parent}) and join it to its cluster again")
 
 
 class StateFile:
@@ -45,7 +64,8 @@ class StateFile:
 
     def load(self) -> dict | None:
         """The saved state as `{"raft": dict, "commit": index}`, None without a file; raises
-        ValueError (or msgpack's errors) when the file is not a saved state."""
+        StateFormatError for a state saved in another format, ValueError (or msgpack's errors)
+        when the file is not a saved state."""
         if not self.path.exists():
             return None
         unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
@@ -56,6 +76,8 @@ class StateFile:
                 if data is None:
                     if not isinstance(record, dict) or "raft" not in record:
                         raise ValueError("the file does not start with a whole saved state")
+                    if record.get("format", 1) != FORMAT:
+                        raise StateFormatError(self.path, record.get("format", 1))
                     data = record
                     continue
                 raft = data["raft"]
@@ -78,13 +100,12 @@ class StateFile:
             record = {"term": state.term, "voted_for": state.voted_for, "commit": commit,
                       "at": w[2], "add": [[t, c] for t, c in entries[w[2]:]]}
             with open(self.path, "ab") as f:
-                f.write(msgpack.packb(record, use_bin_type=True))
+                f.write(_encode(record))
             self._appended += 1
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_bytes(msgpack.packb({"raft": state.to_dict(), "commit": commit},
-                                          use_bin_type=True))
+            tmp.write_bytes(_encode({"format": FORMAT, "raft": state.to_dict(), "commit": commit}))
             os.replace(tmp, self.path)
             self._appended = 0
         self._written = (state.snap_index, state.snap_data, len(entries),

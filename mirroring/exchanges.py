@@ -24,6 +24,8 @@ import decimal
 
 from wire.errors import ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
 
+from .records import Binding, Exchange
+
 VHOST = "/"
 TYPES = ("direct", "fanout", "topic", "headers")
 BUILTIN = {
@@ -41,14 +43,14 @@ class ExchangeError(ProtocolError):
     pass
 
 
-def builtin_exchanges() -> dict[str, dict]:
+def builtin_exchanges() -> dict[str, Exchange]:
     return {name: make_exchange(name, kind, durable=True) for name, kind in BUILTIN.items()}
 
 
 def make_exchange(name: str, kind: str, durable: bool = False, auto_delete: bool = False,
-                  internal: bool = False, arguments: dict | None = None) -> dict:
-    return {"name": name, "type": kind, "durable": bool(durable), "auto_delete": bool(auto_delete),
-            "internal": bool(internal), "arguments": dict(arguments or {})}
+                  internal: bool = False, arguments: dict | None = None) -> Exchange:
+    return Exchange(name, kind, bool(durable), bool(auto_delete), bool(internal),
+                    dict(arguments or {}))
 
 
 def _fmt(v) -> str:
@@ -74,15 +76,16 @@ def check_declare(name: str, kind: str, passive: bool) -> None:
                                 f"{describe(name)} contains reserved prefix 'amq.*'")
 
 
-def check_equivalent(existing: dict, wanted: dict) -> None:
+def check_equivalent(existing: Exchange, wanted: Exchange) -> None:
     """RabbitMQ's 406 for a re-declare with other properties."""
-    name = existing["name"]
+    name = existing.name
     for prop in ("type", "durable", "auto_delete", "internal"):
-        if existing[prop] != wanted[prop]:
+        have, want = getattr(existing, prop), getattr(wanted, prop)
+        if have != want:
             raise ExchangeError(PRECONDITION_FAILED,
                                 f"inequivalent arg '{prop}' for {describe(name)}: received "
-                                f"'{_fmt(wanted[prop])}' but current is '{_fmt(existing[prop])}'")
-    old, new = existing.get("arguments") or {}, wanted.get("arguments") or {}
+                                f"'{_fmt(want)}' but current is '{_fmt(have)}'")
+    old, new = existing.arguments, wanted.arguments
     for key in sorted(set(old) | set(new)):
         if old.get(key) != new.get(key):
             raise ExchangeError(PRECONDITION_FAILED,
@@ -266,7 +269,8 @@ def check_binding_arguments(kind: str, arguments: dict) -> None:
 class Routes:
     """The routing structures of one metadata version (build a new one when it changes)."""
 
-    def __init__(self, exchanges: dict, bindings: dict, queues: dict):
+    def __init__(self, exchanges: dict[str, Exchange], bindings: dict[str, list[Binding]],
+                 queues: dict):
         self.exchanges = exchanges
         self.bindings = bindings
         self.queues = queues
@@ -277,23 +281,23 @@ class Routes:
         binds = self.bindings.get(name, ())
         if kind == "direct":
             table: dict[str, list] = {}
-            for queue, key, _ in binds:
-                lst = table.setdefault(key, [])
-                if queue not in lst:
-                    lst.append(queue)
+            for b in binds:
+                lst = table.setdefault(b.key, [])
+                if b.queue not in lst:
+                    lst.append(b.queue)
             return table
         if kind == "fanout":
             out: list = []
-            for queue, _, _ in binds:
-                if queue not in out:
-                    out.append(queue)
+            for b in binds:
+                if b.queue not in out:
+                    out.append(b.queue)
             return out
         if kind == "topic":
             trie = TopicTrie()
-            for queue, key, _ in binds:
-                trie.add(key, queue)
+            for b in binds:
+                trie.add(b.key, b.queue)
             return trie
-        return [(queue, args) for queue, _, args in binds]
+        return [(b.queue, b.arguments) for b in binds]
 
     def route(self, exchange: str, routing_key: str, headers=None) -> list[str]:
         """The queues a message reaches (each once, in binding order). `headers` is the
@@ -304,7 +308,7 @@ class Routes:
         x = self.exchanges.get(exchange)
         if x is None:
             raise not_found(exchange)
-        kind = x["type"]
+        kind = x.type
         compiled = self._compiled.get(exchange)
         if compiled is None:
             compiled = self._compiled[exchange] = self._compile(exchange, kind)

@@ -41,10 +41,9 @@ def replicas(md) -> list[QueueReplicas]:
     out = []
     for name, q in sorted(md.queues.items()):
         ha = ha_for(md.policies, q)
-        mirrors = tuple(q.get("mirrors", ()))
-        out.append(QueueReplicas(name, q["leader"], mirrors,
-                                 tuple(n for n in q.get("synced", ()) if n in mirrors),
-                                 ha.mode is not None or bool(mirrors), ha.sync_mode))
+        out.append(QueueReplicas(name, q.leader, q.mirrors,
+                                 tuple(n for n in q.synced if n in q.mirrors),
+                                 ha.mode is not None or bool(q.mirrors), ha.sync_mode))
     return out
 
 

@@ -4,12 +4,11 @@ The leader of the metadata log (broker/cluster.py) turns every proposal into the
 change(s) to commit with `plan_change`, given the metadata and the set of running nodes; every
 node then applies the same changes in the same order. Nothing here reads a clock or does I/O.
 
-A queue definition carries its replicas:
-  leader   the node of the leader replica
-  mirrors  mirror nodes, oldest first (the order in which they were added: "the oldest mirror")
-  synced   the mirrors known to be synchronised
-  epoch    increases whenever the leader replica changes (promotion, hand-over, restart), so
-           replication messages of an old leader are recognised and ignored
+A queue definition carries its replicas (mirroring/records.py `QueueDef`: leader, mirrors
+oldest first, synced, epoch); the planner's decisions are `Placement`s of them.
+
+Each kind of proposal has its planner here (`_PLAN`, by the change's type); a kind without one
+is committed as it was proposed.
 
 Rules (the spec's, section by section, in mirroring/policy.py's terms):
 * declare: leader from the locator (x-queue-master-locator argument, then the policy's
@@ -33,64 +32,63 @@ Rules (the spec's, section by section, in mirroring/policy.py's terms):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from wire.errors import PRECONDITION_FAILED
 
+from . import changes as c
 from .metadata import MetaError
 from .policy import (HA, choose_promotion, effective_policy, ha_settings, initial_leader,
                      leader_handover, place_mirrors)
+from .records import Placement, Policy, QueueDef, QueueUpdate
 
 
-def ha_for(policies: dict, qdef: dict) -> HA:
-    return ha_settings(effective_policy(policies, qdef["name"]), qdef.get("exclusive", False))
+def ha_for(policies: dict[str, Policy], qdef: QueueDef) -> HA:
+    return ha_settings(effective_policy(policies, qdef.name), qdef.exclusive)
 
 
-def replica_load(queues: dict) -> dict[str, int]:
+def replica_load(queues: dict[str, QueueDef]) -> dict[str, int]:
     load: dict[str, int] = {}
     for q in queues.values():
-        for n in (q["leader"], *q.get("mirrors", ())):
+        for n in (q.leader, *q.mirrors):
             load[n] = load.get(n, 0) + 1
     return load
 
 
-def plan_declare(md, qdef: dict, running: list[str], default_locator: str) -> dict:
-    """Complete a new queue's definition: leader, mirrors, synced, epoch."""
-    qdef = dict(qdef)
-    declared_on = qdef.get("declared_on") or qdef.get("leader")
-    if qdef["name"] in md.queues:
+def plan_declare(md, qdef: QueueDef, running: list[str], default_locator: str) -> QueueDef:
+    """Complete a new queue's definition (proposed with `leader` the declaring node): leader,
+    mirrors, synced, epoch."""
+    if qdef.name in md.queues:
         return qdef  # a re-declare: equivalence is checked on apply
+    declared_on = qdef.leader
     ha = ha_for(md.policies, qdef)
     running = [n for n in md.members if n in set(running)] or [declared_on]
-    locator = ((qdef.get("arguments") or {}).get("x-queue-master-locator") or ha.locator
-               or qdef.get("locator") or default_locator)
-    if qdef.get("exclusive"):
+    locator = qdef.arguments.get("x-queue-master-locator") or ha.locator or default_locator
+    if qdef.exclusive:
         leader = declared_on
     else:
         if locator == "balanced":
             leaders = {n: 0 for n in running}
             for q in md.queues.values():
-                if q["leader"] in leaders:
-                    leaders[q["leader"]] += 1
+                if q.leader in leaders:
+                    leaders[q.leader] += 1
             choice = min(running, key=lambda n: (leaders[n], running.index(n)))
         else:
             choice = declared_on
         leader = initial_leader(ha, choice, declared_on, running)
-    qdef["leader"] = leader
     # the load of every node (a pass over every queue) only where it places a mirror
     load = replica_load(md.queues) if ha.mode == "exactly" else None
-    qdef["mirrors"] = place_mirrors(ha, leader, [], list(md.members), set(running), load)
-    qdef["synced"] = []
-    qdef["epoch"] = 1
-    qdef.pop("locator", None)
-    return qdef
+    mirrors = place_mirrors(ha, leader, [], list(md.members), set(running), load)
+    return qdef.placed(Placement(leader, tuple(mirrors), (), 1))
 
 
-def plan(md, running: set[str], *, policies: dict | None = None, down: str | None = None,
-         shutdown: bool = False, up: str | None = None,
-         synced: tuple[str, int, list] | None = None) -> list:
-    """The updates [[queue, fields or None (delete)], ...] that bring every queue in line.
+def plan(md, running: set[str], *, policies: dict[str, Policy] | None = None,
+         down: str | None = None, shutdown: bool = False, up: str | None = None,
+         synced: c.QueueSynced | None = None) -> tuple[QueueUpdate, ...]:
+    """The updates that bring every queue in line.
 
     `down`: this node just went down (`shutdown`: a controlled stop). `up`: it just came back.
-    `synced`: (queue, epoch, synchronised mirrors) as reported by the queue's leader.
+    `synced`: the synchronised mirrors of a queue, as its leader reported them.
     `policies`: the policy set to plan for (default: the current one).
     """
     policies = md.policies if policies is None else policies
@@ -99,11 +97,11 @@ def plan(md, running: set[str], *, policies: dict | None = None, down: str | Non
     updates = []
     for name, q in md.queues.items():
         ha = ha_for(policies, q)
-        leader, epoch = q["leader"], q.get("epoch", 1)
-        mirrors = list(q.get("mirrors", ()))
-        in_sync = list(q.get("synced", ()))
-        if synced is not None and synced[0] == name and synced[1] == epoch:
-            in_sync = [m for m in synced[2] if m in mirrors]
+        leader, epoch = q.leader, q.epoch
+        mirrors = list(q.mirrors)
+        in_sync = list(q.synced)
+        if synced is not None and synced.queue == name and synced.epoch == epoch:
+            in_sync = [m for m in synced.synced if m in mirrors]
         if down is not None and leader == down:
             candidates = [m for m in mirrors if m in running]
             new = choose_promotion(ha, candidates, set(in_sync), running, shutdown)
@@ -111,8 +109,8 @@ def plan(md, running: set[str], *, policies: dict | None = None, down: str | Non
                 mirrors.remove(new)
                 leader, epoch = new, epoch + 1
                 in_sync = []
-            elif not q["durable"] or q.get("exclusive"):
-                updates.append([name, None])
+            elif not q.durable or q.exclusive:
+                updates.append(QueueUpdate(name, None))
                 continue
         if up is not None and leader == up:
             epoch += 1  # its replica restarts empty; mirrors follow the new incarnation
@@ -126,53 +124,56 @@ def plan(md, running: set[str], *, policies: dict | None = None, down: str | Non
                 leader, epoch = new, epoch + 1
                 in_sync = []
                 mirrors = place_mirrors(ha, leader, mirrors, members, running, load)
-        in_sync = [m for m in in_sync if m in mirrors]
-        fields = {"leader": leader, "mirrors": mirrors, "synced": in_sync, "epoch": epoch}
-        if any(q.get(k) != v for k, v in fields.items()):
-            for n in set(mirrors) - set(q.get("mirrors", ())):
+        placed_mirrors = tuple(mirrors)
+        placed_synced = tuple(m for m in in_sync if m in mirrors)
+        if (leader, placed_mirrors, placed_synced, epoch) != (q.leader, q.mirrors, q.synced, q.epoch):
+            for n in set(mirrors) - set(q.mirrors):
                 load[n] = load.get(n, 0) + 1
-            updates.append([name, fields])
-    return updates
+            updates.append(QueueUpdate(name, Placement(leader, placed_mirrors, placed_synced, epoch)))
+    return tuple(updates)
 
 
-def plan_drop_mirror(md, name: str, epoch: int, node: str, running: set[str]) -> list:
-    """A leader asks to drop its mirror on `node`: the updates, or [] if that is stale."""
-    q = md.queues.get(name)
-    if q is None or q.get("epoch", 1) != epoch or node not in q.get("mirrors", ()):
-        return []
+def plan_drop_mirror(md, drop: c.DropMirror, running: set[str]) -> tuple[QueueUpdate, ...]:
+    """A leader asks to drop its mirror on `drop.node`: the updates, or () if that is stale."""
+    q = md.queues.get(drop.queue)
+    if q is None or q.epoch != drop.epoch or drop.node not in q.mirrors:
+        return ()
     ha = ha_for(md.policies, q)
-    mirrors = [n for n in q["mirrors"] if n != node]
+    mirrors = [n for n in q.mirrors if n != drop.node]
     # not placed again in this change (see the module rules); `exactly` may replace it elsewhere
-    mirrors = place_mirrors(ha, q["leader"], mirrors, list(md.members), running - {node},
+    mirrors = place_mirrors(ha, q.leader, mirrors, list(md.members), running - {drop.node},
                             replica_load(md.queues))
-    synced = [n for n in q.get("synced", ()) if n in mirrors]
-    return [[name, {"mirrors": mirrors, "synced": synced}]]
+    synced = tuple(n for n in q.synced if n in mirrors)
+    return (QueueUpdate(q.name, Placement(q.leader, tuple(mirrors), synced, q.epoch)),)
 
 
-def plan_forget(md, node: str, running: set[str] = frozenset()) -> list:
+def plan_forget(md, node: str, running: set[str] = frozenset()) -> tuple[QueueUpdate, ...]:
     """A member is forgotten: each queue it led moves to its oldest mirror; a durable one with
     no mirror lives on, empty, on the most senior running member (its contents went with the
     node); a non-durable one is deleted."""
     updates = []
     others = [n for n in md.members if n != node and n in running]
     for name, q in md.queues.items():
-        mirrors = [n for n in q.get("mirrors", ()) if n != node]
-        if q["leader"] == node:
+        mirrors = tuple(n for n in q.mirrors if n != node)
+        if q.leader == node:
             if mirrors:
-                updates.append([name, {"leader": mirrors[0], "mirrors": mirrors[1:], "synced": [],
-                                       "epoch": q.get("epoch", 1) + 1}])
-            elif q["durable"] and not q.get("exclusive") and others:
-                updates.append([name, {"leader": others[0], "mirrors": [], "synced": [],
-                                       "epoch": q.get("epoch", 1) + 1}])
+                updates.append(QueueUpdate(name, Placement(mirrors[0], mirrors[1:], (), q.epoch + 1)))
+            elif q.durable and not q.exclusive and others:
+                updates.append(QueueUpdate(name, Placement(others[0], (), (), q.epoch + 1)))
             else:
-                updates.append([name, None])
-        elif node in q.get("mirrors", ()):
-            updates.append([name, {"mirrors": mirrors,
-                                   "synced": [n for n in q.get("synced", ()) if n != node]}])
-    return updates
+                updates.append(QueueUpdate(name, None))
+        elif node in q.mirrors:
+            synced = tuple(n for n in q.synced if n != node)
+            updates.append(QueueUpdate(name, Placement(q.leader, mirrors, synced, q.epoch)))
+    return tuple(updates)
 
 
-def plan_change(md, change: list, running: set[str]) -> list[tuple[list, object]]:
+# --- proposals -> committed changes --------------------------------------------------------
+
+Commit = Callable[[c.Change], None]
+
+
+def plan_change(md, change: c.Change, running: set[str]) -> list[tuple[c.Change, object]]:
     """Turn a proposal into the concrete change(s) to commit, applying each to `md` as it goes
     (so pass a copy: the log's leader plans on a copy of its metadata, commits the changes, and
     every node then applies them to its own). Returns [(change, result of applying it), ...];
@@ -181,61 +182,92 @@ def plan_change(md, change: list, running: set[str]) -> list[tuple[list, object]
     `running` is the set of members that are running as far as the leader can tell (it links
     to them, and the log records them up).
     """
-    out: list[tuple[list, object]] = []
+    out: list[tuple[c.Change, object]] = []
 
-    def commit(concrete: list) -> None:
+    def commit(concrete: c.Change) -> None:
         out.append((concrete, md.apply(concrete)))
 
-    kind = change[0]
-    live = running - set(md.down)
-    if kind == "queue.declare":
-        qdef = change[1]
-        commit(["queue.declare", plan_declare(md, qdef, sorted(running),
-                                              qdef.get("locator") or "client-local")])
-    elif kind == "node.down":
-        _, node, inc, how = change
-        if md.up.get(node) == inc:  # else: already down, or that incarnation is gone
-            commit(["node.down", node, inc, how,
-                    plan(md, running - {node}, down=node, shutdown=how == "shutdown")])
-    elif kind == "node.up":
-        _, node, inc = change
-        if node in md.members and md.up.get(node) != inc:
-            if node in md.up:
-                # it restarted without the log noticing it go: its old incarnation goes first
-                commit(["node.down", node, md.up[node], "failure",
-                        plan(md, running - {node}, down=node)])
-            commit(["node.up", node, inc, plan(md, running | {node}, up=node)])
-    elif kind == "member.remove":
-        node = change[1]
-        if node in running:
-            # checked again here, where the change is ordered: a forget that waited for a leader
-            # must not remove a node that came back meanwhile (dst seed 5531)
-            raise MetaError(PRECONDITION_FAILED, f"node {node} is running: stop its app first")
-        if node in md.members:
-            commit(["queues.update", plan_forget(md, node, running)])
-            commit(["member.remove", node])
-    elif kind == "policy.set":
-        policies = {**md.policies, change[1]["name"]: change[1]}
-        commit(["policy.set", change[1], plan(md, live, policies=policies)])
-    elif kind == "policy.clear":
-        policies = {k: v for k, v in md.policies.items() if k != change[1]}
-        commit(["policy.clear", change[1], plan(md, live, policies=policies)])
-    elif kind == "replan":
-        updates = plan(md, live)
-        if updates:
-            commit(["queues.update", updates])
-    elif kind == "queue.synced":
-        _, qname, epoch, synced = change
-        q = md.queues.get(qname)
-        if q is not None and q.get("epoch") == epoch:
-            updates = plan(md, live, synced=(qname, epoch, synced))
-            if updates:
-                commit(["queues.update", updates])
-    elif kind == "queue.drop_mirror":
-        _, qname, epoch, node = change
-        updates = plan_drop_mirror(md, qname, epoch, node, live)
-        if updates:
-            commit(["queues.update", updates])
-    else:
+    planner = _PLAN.get(type(change))
+    if planner is None:
         commit(change)
+    else:
+        planner(md, change, running, running - set(md.down), commit)
     return out
+
+
+def _declare(md, change: c.QueueDeclare, running: set[str], live: set[str], commit: Commit):
+    qdef = plan_declare(md, change.queue, sorted(running), change.locator or "client-local")
+    commit(c.QueueDeclare(qdef))
+
+
+def _node_down(md, change: c.NodeDown, running: set[str], live: set[str], commit: Commit):
+    node = change.node
+    if md.up.get(node) == change.incarnation:  # else: already down, or that incarnation is gone
+        commit(c.NodeDown(node, change.incarnation, change.how,
+                          plan(md, running - {node}, down=node, shutdown=change.how == "shutdown")))
+
+
+def _node_up(md, change: c.NodeUp, running: set[str], live: set[str], commit: Commit):
+    node = change.node
+    if node in md.members and md.up.get(node) != change.incarnation:
+        if node in md.up:
+            # it restarted without the log noticing it go: its old incarnation goes first
+            commit(c.NodeDown(node, md.up[node], "failure", plan(md, running - {node}, down=node)))
+        commit(c.NodeUp(node, change.incarnation, plan(md, running | {node}, up=node)))
+
+
+def _member_remove(md, change: c.MemberRemove, running: set[str], live: set[str], commit: Commit):
+    node = change.name
+    if node in running:
+        # checked again here, where the change is ordered: a forget that waited for a leader
+        # must not remove a node that came back meanwhile (dst seed 5531)
+        raise MetaError(PRECONDITION_FAILED, f"node {node} is running: stop its app first")
+    if node in md.members:
+        commit(c.QueuesUpdate(plan_forget(md, node, running)))
+        commit(change)
+
+
+def _policy_set(md, change: c.PolicySet, running: set[str], live: set[str], commit: Commit):
+    policies = {**md.policies, change.policy.name: change.policy}
+    commit(c.PolicySet(change.policy, plan(md, live, policies=policies)))
+
+
+def _policy_clear(md, change: c.PolicyClear, running: set[str], live: set[str], commit: Commit):
+    policies = {k: v for k, v in md.policies.items() if k != change.name}
+    commit(c.PolicyClear(change.name, plan(md, live, policies=policies)))
+
+
+def _replan(md, change: c.Replan, running: set[str], live: set[str], commit: Commit):
+    updates = plan(md, live)
+    if updates:
+        commit(c.QueuesUpdate(updates))
+
+
+def _queue_synced(md, change: c.QueueSynced, running: set[str], live: set[str], commit: Commit):
+    q = md.queues.get(change.queue)
+    if q is not None and q.epoch == change.epoch:
+        updates = plan(md, live, synced=change)
+        if updates:
+            commit(c.QueuesUpdate(updates))
+
+
+def _drop_mirror(md, change: c.DropMirror, running: set[str], live: set[str], commit: Commit):
+    updates = plan_drop_mirror(md, change, live)
+    if updates:
+        commit(c.QueuesUpdate(updates))
+
+
+# each kind of proposal the planner turns into what is committed, and its planner: called as
+# (md, proposal, running members, live members, commit), it commits the concrete changes in
+# order with `commit` (`plan_change`); a kind not listed is committed as it was proposed
+_PLAN: dict[type[c.Change], Callable[..., None]] = {
+    c.QueueDeclare: _declare,
+    c.NodeDown: _node_down,
+    c.NodeUp: _node_up,
+    c.MemberRemove: _member_remove,
+    c.PolicySet: _policy_set,
+    c.PolicyClear: _policy_clear,
+    c.Replan: _replan,
+    c.QueueSynced: _queue_synced,
+    c.DropMirror: _drop_mirror,
+}

@@ -3,8 +3,8 @@
 Rules (everything that decides *which* policy a queue has and *where* its replicas live is in
 this file; the broker only carries the answers out):
 
-* A policy is a record {"name", "pattern", "definition", "priority", "apply_to"} built by
-  `make_policy`. Its definition is checked key by key by `parse_definition`; the first problem
+* A policy is a record (mirroring/records.py `Policy`: name, pattern, definition, priority,
+  apply_to) built by `make_policy`. Its definition is checked key by key by `parse_definition`; the first problem
   found raises PolicyError (PRECONDITION_FAILED) whose text names the offending key. Problems are
   looked for in a fixed order: the definition as a whole, unrecognised keys, then `ha-mode`,
   `ha-params`, the keys that need `ha-mode`, `queue-master-locator`, then the queue limits
@@ -28,7 +28,7 @@ this file; the broker only carries the answers out):
   mirrors are allowed only if `ha-promote-on-failure` is "always" and, on a controlled
   shutdown, also `ha-promote-on-shutdown` is "always".
 
-Pure: no trio, no I/O, no clock. Inputs are plain dicts, lists and sets; outputs are new values.
+Pure: no trio, no I/O, no clock. Inputs are records, lists and sets; outputs are new values.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ import re
 from dataclasses import dataclass
 
 from wire.errors import PRECONDITION_FAILED, ProtocolError
+
+from .records import Policy
 
 
 class PolicyError(ProtocolError):
@@ -174,7 +176,7 @@ def parse_definition(definition: str | dict) -> dict:
 
 
 def make_policy(name: str, pattern: str, definition: str | dict, priority: int = 0,
-                apply_to: str = "all") -> dict:
+                apply_to: str = "all") -> Policy:
     """A validated policy record, ready to store in the cluster metadata."""
     if not isinstance(name, str) or not name:
         raise PolicyError(f"'name' must be a non-empty string, got {_show(name)}")
@@ -187,20 +189,19 @@ def make_policy(name: str, pattern: str, definition: str | dict, priority: int =
     if not _is_int(priority):
         raise PolicyError(f"'priority' must be an integer, got {_show(priority)}")
     _one_of("apply-to", apply_to, APPLY_TO)
-    return {"name": name, "pattern": pattern, "definition": parse_definition(definition),
-            "priority": priority, "apply_to": apply_to}
+    return Policy(name, pattern, parse_definition(definition), priority, apply_to)
 
 
-def effective_policy(policies: dict[str, dict], queue_name: str) -> dict | None:
+def effective_policy(policies: dict[str, Policy], queue_name: str) -> Policy | None:
     """The policy record that applies to a queue, or None (see the module rules for ties)."""
     best = None
     for record in policies.values():
-        if record["apply_to"] not in ("queues", "all"):
+        if record.apply_to not in ("queues", "all"):
             continue
-        if re.search(record["pattern"], queue_name) is None:
+        if re.search(record.pattern, queue_name) is None:
             continue
-        if (best is None or record["priority"] > best["priority"]
-                or (record["priority"] == best["priority"] and record["name"] < best["name"])):
+        if (best is None or record.priority > best.priority
+                or (record.priority == best.priority and record.name < best.name)):
             best = record
     return best
 
@@ -220,11 +221,11 @@ class HA:
     locator: str | None = None  # "client-local", "balanced" or None (the node's default)
 
 
-def ha_settings(policy: dict | None, exclusive: bool = False) -> HA:
+def ha_settings(policy: Policy | None, exclusive: bool = False) -> HA:
     """The HA settings a queue gets from its effective policy record (None: no policy)."""
     if policy is None or exclusive:
         return HA()
-    d = policy["definition"]
+    d = policy.definition
     params = d.get("ha-params")
     if isinstance(params, list):
         params = tuple(params)

@@ -53,7 +53,9 @@ from dataclasses import dataclass, field
 
 from wire import messages as m
 
-NOOP = ["noop"]
+from .changes import Change, MemberAdd, MemberRemove, Noop, decode_entries
+
+NOOP = Noop()
 MAX_APPEND = 256  # entries per append message
 
 
@@ -76,18 +78,18 @@ class ChangeInProgress(Exception):
     """A membership change is already under way; propose the next one after it commits."""
 
 
-def config_after(config: tuple, change: list) -> tuple:
+def config_after(config: tuple, change: Change) -> tuple:
     """The voter set after a membership change (other changes leave it alone)."""
-    kind = change[0]
-    if kind == "member.add" and change[1] not in config:
-        return (*config, change[1])
-    if kind == "member.remove" and change[1] in config:
-        return tuple(n for n in config if n != change[1])
+    t = type(change)
+    if t is MemberAdd and change.name not in config:
+        return (*config, change.name)
+    if t is MemberRemove and change.name in config:
+        return tuple(n for n in config if n != change.name)
     return config
 
 
-def is_membership(change: list) -> bool:
-    return change[0] in ("member.add", "member.remove")
+def is_membership(change: Change) -> bool:
+    return type(change) in (MemberAdd, MemberRemove)
 
 
 @dataclass(slots=True)
@@ -98,7 +100,9 @@ class Persistent:
     snap_index: int = 0
     snap_term: int = 0
     snap_config: tuple = ()
-    snap_data: dict | None = None
+    # the metadata's snapshot (mirroring/metadata.py `snapshot`: a records.Snapshot, or one as
+    # it came off the wire or out of the state file)
+    snap_data: object = None
     entries: list = field(default_factory=list)  # [(term, change)], index snap_index + 1 on
 
     def to_dict(self) -> dict:
@@ -108,8 +112,10 @@ class Persistent:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Persistent":
+        """The state `to_dict` gave, or that as it came off the wire or out of the state file
+        (the entries' changes are checked and typed: ProtocolError if they are not changes)."""
         return cls(d["term"], d["voted_for"], d["snap_index"], d["snap_term"],
-                   tuple(d["snap_config"]), d["snap_data"], [(t, c) for t, c in d["entries"]])
+                   tuple(d["snap_config"]), d["snap_data"], decode_entries(d["entries"]))
 
 
 class Raft:
@@ -187,7 +193,7 @@ class Raft:
     def _majority(self) -> int:
         return len(self.voters) // 2 + 1
 
-    def _append(self, change: list) -> int:
+    def _append(self, change: Change) -> int:
         self.log.append((self.term, change))
         index = self.last_index
         if is_membership(change):
@@ -225,7 +231,7 @@ class Raft:
         or not, in order."""
         return [change for _, change in self.log[max(self._taken - self.snap_index, 0):]]
 
-    def compact(self, index: int, data: dict) -> None:
+    def compact(self, index: int, data) -> None:
         """Replace the log up to `index` (already applied) with a snapshot of the metadata."""
         if index <= self.snap_index or index > self._taken:
             return
@@ -431,7 +437,7 @@ class Raft:
             self._check_votes(now)
 
     # --- replication -------------------------------------------------------------------------
-    def propose(self, change: list, send: bool = True) -> int:
+    def propose(self, change: Change, send: bool = True) -> int:
         """Append a change (leader only); returns its index. It is committed once
         take_committed hands it out. `send=False` leaves it for `replicate`, so that a round of
         proposals goes to each follower as one append, not one append per change."""
@@ -442,12 +448,12 @@ class Raft:
                 raise ChangeInProgress("a membership change is still being committed")
             if self.term_at(self.commit) != self.term:
                 raise ChangeInProgress("the new leader has not committed an entry of its own yet")
-            if change[0] == "member.add" and change[1] not in self.voters:
-                self._next[change[1]] = self.last_index + 1
-                self._match[change[1]] = 0
+            if type(change) is MemberAdd and change.name not in self.voters:
+                self._next[change.name] = self.last_index + 1
+                self._match[change.name] = 0
                 # a joining node is counted as heard from now: check-quorum gives it an election
                 # timeout to start (with two members, its acknowledgement is the majority)
-                self._acked_at[change[1]] = self._now
+                self._acked_at[change.name] = self._now
         index = self._append(change)
         if send:
             self.replicate()

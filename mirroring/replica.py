@@ -47,6 +47,7 @@ from operator import itemgetter
 from wire import messages as m
 from wire.errors import PRECONDITION_FAILED, ProtocolError
 
+from .changes import Change, DropMirror, QueueDelete
 from .policy import HA
 from .queue import NO_LIMITS, Limits, QueueState
 from .replica_following import Following
@@ -131,7 +132,7 @@ class Send:
 
 @dataclass(slots=True)
 class Propose:
-    change: list
+    change: Change
 
 
 @dataclass(slots=True)
@@ -243,7 +244,7 @@ class Replica(Leading, Syncing, Following):
     def _send(self, node: str, msg) -> None:
         self._out.append(Send(node, msg))
 
-    def _propose_once(self, key: tuple, change: list, now: float) -> bool:
+    def _propose_once(self, key: tuple, change: Change, now: float) -> bool:
         """Ask the metadata for a change, again only after RETRY_PROPOSAL_AFTER seconds; True
         if it was asked now."""
         last = self._proposed.get(key)
@@ -342,7 +343,7 @@ class Replica(Leading, Syncing, Following):
         # logged when asked, not at every round the answer is awaited (a node cut off from the
         # metadata log's leader waits for it a while: dst seed 50115 logged 2,300 lines in 30 s)
         if self._propose_once(("drop", node, self.epoch),
-                              ["queue.drop_mirror", self.name, self.epoch, node], now):
+                              DropMirror(self.name, self.epoch, node), now):
             self._log(f"{self.qlog}: asking to drop the mirror on node {node}", reason=why)
 
     def stop(self, ev: Stop, now: float) -> None:
@@ -380,7 +381,7 @@ class Replica(Leading, Syncing, Following):
             # x-expires: unused that long, the queue goes (through the metadata, like a delete)
             if ("expires", self.epoch) not in self._proposed:
                 self._log(f"queue '{self.name}' in vhost '/' expired: unused for {expires:g} s (x-expires)")
-            self._propose_once(("expires", self.epoch), ["queue.delete", self.name, self.me], now)
+            self._propose_once(("expires", self.epoch), QueueDelete(self.name, self.me), now)
 
     def next_deadline(self, now: float) -> float | None:
         if self.state not in LEADING:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from wire import messages as m
 
+from .changes import QueueSynced
 from .policy import choose_promotion
 from .replica_states import LEADING, S
 from .replication import merge_accepted
@@ -164,7 +165,7 @@ class Leading:
         synced = sorted(self.rep.synced())
         if synced != sorted(self.assign.synced):
             self._propose_once(("synced", tuple(synced), self.epoch),
-                               ["queue.synced", self.name, self.epoch, synced], now)
+                               QueueSynced(self.name, self.epoch, tuple(synced)), now)
 
     def synced_now(self) -> list:
         return sorted(self.rep.synced()) if self.state in LEADING else []

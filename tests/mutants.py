@@ -316,8 +316,8 @@ MUTANTS = [
            "a request made after the log recorded its queue's node down waits for a change that "
            "will not come"),
     Mutant("queue-update-not-handed-on", "mirroring/metadata.py",
-           "                self.queues[name] = {**q, **fields}\n                self._touch(name)\n",
-           "                self.queues[name] = {**q, **fields}\n",
+           "                self.queues[u.queue] = q.placed(u.placement)\n                self._touch(u.queue)\n",
+           "                self.queues[u.queue] = q.placed(u.placement)\n",
            ["tests/test_sim_mirroring.py::test_nodes_policy_change_keeps_old_leader_until_a_new_mirror_is_synchronised"],
            "a queue's new mirrors or synchronised list reach the metadata but not its replicas (the "
            "node hands a change only to the queues it names)"),

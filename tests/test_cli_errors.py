@@ -1,10 +1,11 @@
 """Bad input and unreachable things on the command lines: each is one clear line on stderr and a
 non-zero exit, never a traceback, and nothing is created on the way (issue 12).
 
-Covered: warren-server with a port in use or a `--cluster-seed` naming no node, warrenctl with no
-secret to be had, warren-bench throughput --nodes pointing at nothing, the analysis given a
-missing or empty INPUT (also as `warren-bench analyze`), and the help texts of warren-bench and
-warrenctl (a description; every command with a one-line description).
+Covered: warren-server with a port in use, a `--cluster-seed` naming no node or cluster state
+saved in an older format, warrenctl with no secret to be had, warren-bench throughput --nodes
+pointing at nothing, the analysis given a missing or empty INPUT (also as `warren-bench
+analyze`), and the help texts of warren-bench and warrenctl (a description; every command with a
+one-line description).
 """
 
 from __future__ import annotations
@@ -71,6 +72,24 @@ def test_server_cluster_seed_naming_no_node(env):
               str(free_port()), "--peer-port", str(free_port()), "--cluster-seed", "nosuch"], env)
     one_line_error(r, "warren-server: --cluster-seed nosuch: unknown node 'nosuch'", "HOST:PEER_PORT")
     assert r.returncode == 2
+
+
+@pytest.mark.process
+def test_server_with_cluster_state_of_an_older_format_says_how_to_reset(env, tmp_path):
+    """A data dir written before the metadata's changes were typed (a list per change, no format
+    number in the file) cannot be read: the node is reset, not started on a guess."""
+    import msgpack
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    old = {"term": 1, "voted_for": None, "snap_index": 0, "snap_term": 0, "snap_config": ["o"],
+           "snap_data": None, "entries": [[1, ["noop"]]]}
+    (data_dir / "raft.msgpack").write_bytes(msgpack.packb({"raft": old, "commit": 1}))
+    r = _run([executable("warren-server"), "--name", "o", "--secret", "s", "--client-port",
+              str(free_port()), "--peer-port", str(free_port()), "--amqp-port", str(free_port()),
+              "--data-dir", str(data_dir)], env)
+    one_line_error(r, "warren-server:", "raft.msgpack", "python -m broker.localcluster reset",
+                   str(data_dir))
+    assert r.returncode == 1
 
 
 def test_warrenctl_without_a_secret_creates_no_cookie(env):

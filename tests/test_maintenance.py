@@ -3,9 +3,11 @@ restart may go on to its next node."""
 
 from __future__ import annotations
 
+from mirroring.changes import MemberAdd, PolicySet, QueueDeclare, QueuesUpdate
 from mirroring.maintenance import mirror_counts, sync_critical_queues, unsynchronised_queues
 from mirroring.metadata import Metadata
 from mirroring.policy import make_policy
+from mirroring.records import Placement, QueueDef, QueueUpdate
 
 RUNNING = {"n1", "n2", "n3"}
 
@@ -15,14 +17,18 @@ def cluster(*queues, mirrored: str = "^m") -> Metadata:
     (name, leader, mirrors, synced) declared and placed so."""
     md = Metadata()
     for n in ("n1", "n2", "n3"):
-        md.apply(["member.add", n, [n, 25672], [n, 5672]])
-    md.apply(["policy.set", make_policy("ha", mirrored, {"ha-mode": "all", "ha-sync-mode": "automatic"})])
+        md.apply(MemberAdd(n, (n, 25672), (n, 5672)))
+    md.apply(PolicySet(make_policy("ha", mirrored, {"ha-mode": "all", "ha-sync-mode": "automatic"})))
     for name, leader, mirrors, synced in queues:
-        md.apply(["queue.declare", {"name": name, "durable": True, "exclusive": False,
-                                    "auto_delete": False, "arguments": {}, "leader": leader,
-                                    "owner": None}])
-        md.apply(["queues.update", [[name, {"mirrors": list(mirrors), "synced": list(synced)}]]])
+        md.apply(QueueDeclare(QueueDef(name, True, False, False, {}, leader)))
+        place(md, name, mirrors, synced)
     return md
+
+
+def place(md, name, mirrors, synced) -> None:
+    q = md.queues[name]
+    md.apply(QueuesUpdate((QueueUpdate(name, Placement(q.leader, tuple(mirrors), tuple(synced),
+                                                       q.epoch)),)))
 
 
 def test_a_leader_without_a_synchronised_mirror_is_critical():
@@ -48,9 +54,9 @@ def test_rolling_restart_waits_for_mirrors_placed_again_and_synchronised():
     before = {"m.q": 2}
     assert mirror_counts(md) == {"m.q": 1}
     assert unsynchronised_queues(md, RUNNING, before) == {"m.q": "1 mirror(s) of 2 placed"}
-    md.apply(["queues.update", [["m.q", {"mirrors": ["n2", "n3"], "synced": ["n2"]}]]])
+    place(md, "m.q", ["n2", "n3"], ["n2"])
     assert unsynchronised_queues(md, RUNNING, before) == {"m.q": "unsynchronised on n3"}
-    md.apply(["queues.update", [["m.q", {"synced": ["n2", "n3"]}]]])
+    place(md, "m.q", ["n2", "n3"], ["n2", "n3"])
     assert unsynchronised_queues(md, RUNNING, before) == {}
     assert unsynchronised_queues(md, {"n2", "n3"}) == {"m.q": "its leader n1 is not running"}
 

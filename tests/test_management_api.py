@@ -320,7 +320,9 @@ async def test_timeline_follows_the_metadata_as_it_is_applied():
     """Fed each applied change, the ring records a declare, a mirror added and synchronised, a
     node down and the promotion with its delivery gap (from the link's break), a deletion."""
     from broker.management.events import Timeline
+    from mirroring.changes import MemberAdd, NodeDown, NodeUp, QueueDeclare, QueueDelete, QueuesUpdate
     from mirroring.metadata import Metadata
+    from mirroring.records import Placement, QueueDef, QueueUpdate
     md = Metadata()
     timeline = Timeline(None)
 
@@ -329,16 +331,15 @@ async def test_timeline_follows_the_metadata_as_it_is_applied():
         timeline.meta_changed(change, md)
 
     for name in ("n1", "n2", "n3"):
-        apply(["member.add", name, ["h", 1], ["h", 2]])
-    apply(["node.up", "n1", 7])
-    apply(["queue.declare", {"name": "q", "durable": True, "exclusive": False, "auto_delete": False,
-                             "arguments": {}, "leader": "n1"}])
-    apply(["queues.update", [["q", {"mirrors": ["n2"], "synced": []}]]])
-    apply(["queues.update", [["q", {"synced": ["n2"]}]]])
+        apply(MemberAdd(name, ("h", 1), ("h", 2)))
+    apply(NodeUp("n1", 7))
+    apply(QueueDeclare(QueueDef("q", True, False, False, {}, "n1")))
+    apply(QueuesUpdate((QueueUpdate("q", Placement("n1", ("n2",), (), 1)),)))
+    apply(QueuesUpdate((QueueUpdate("q", Placement("n1", ("n2",), ("n2",), 1)),)))
     timeline.link_down("n1")
     await trio.sleep(0.05)
-    apply(["node.down", "n1", 7, "failure", [["q", {"leader": "n2", "mirrors": ["n3"], "synced": []}]]])
-    apply(["queue.delete", "q"])
+    apply(NodeDown("n1", 7, "failure", (QueueUpdate("q", Placement("n2", ("n3",), (), 2)),)))
+    apply(QueueDelete("q"))
     kinds = [(e["kind"], e["node"]) for e in timeline.since(queue="q")]
     assert kinds == [("queue_declared", "n1"), ("mirror_added", "n2"), ("mirror_synchronised", "n2"),
                      ("promoted", "n2"), ("mirror_added", "n3"), (("queue_deleted", None))]

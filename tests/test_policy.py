@@ -21,6 +21,7 @@ from mirroring.policy import (
     parse_definition,
     place_mirrors,
 )
+from mirroring.records import Policy
 from wire.errors import PRECONDITION_FAILED, ProtocolError
 
 # The spec's three example definitions, exactly as its rabbitmqctl lines spell them.
@@ -234,14 +235,13 @@ def test_bad_locator(value):
 
 def test_make_policy_record():
     p = make_policy("ha-two", r"^two\.", SPEC_EXACTLY, priority=5, apply_to="queues")
-    assert p == {"name": "ha-two", "pattern": r"^two\.",
-                 "definition": {"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"},
-                 "priority": 5, "apply_to": "queues"}
+    assert p == Policy("ha-two", r"^two\.",
+                       {"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"}, 5, "queues")
 
 
 def test_make_policy_defaults():
     p = make_policy("ha-all", r"^ha\.", SPEC_ALL)
-    assert p["priority"] == 0 and p["apply_to"] == "all"
+    assert p.priority == 0 and p.apply_to == "all"
 
 
 def make_refused(key: str, **kw) -> PolicyError:
@@ -264,7 +264,7 @@ def test_make_policy_bad_priority(priority):
 
 
 def test_make_policy_negative_priority_is_an_int():
-    assert make_policy("p", ".*", SPEC_ALL, priority=-3)["priority"] == -3
+    assert make_policy("p", ".*", SPEC_ALL, priority=-3).priority == -3
 
 
 @pytest.mark.parametrize("apply_to", ["queue", "Queues", "", None, "classic_queues"])
@@ -274,7 +274,7 @@ def test_make_policy_bad_apply_to(apply_to):
 
 @pytest.mark.parametrize("apply_to", ["queues", "all", "exchanges"])
 def test_make_policy_apply_to_values(apply_to):
-    assert make_policy("p", ".*", SPEC_ALL, apply_to=apply_to)["apply_to"] == apply_to
+    assert make_policy("p", ".*", SPEC_ALL, apply_to=apply_to).apply_to == apply_to
 
 
 @pytest.mark.parametrize("name", ["", None, 3])
@@ -289,18 +289,18 @@ def test_make_policy_checks_the_definition():
 # --- effective_policy ----------------------------------------------------------------------
 
 def pols(*records) -> dict:
-    return {r["name"]: r for r in records}
+    return {r.name: r for r in records}
 
 
 def test_pattern_is_searched_not_matched():
     ps = pols(make_policy("mid", "two", SPEC_ALL))
-    assert effective_policy(ps, "one.two.three")["name"] == "mid"
+    assert effective_policy(ps, "one.two.three").name == "mid"
     assert effective_policy(ps, "one.three") is None
 
 
 def test_anchored_pattern():
     ps = pols(make_policy("ha-two", r"^two\.", SPEC_EXACTLY))
-    assert effective_policy(ps, "two.replicas")["name"] == "ha-two"
+    assert effective_policy(ps, "two.replicas").name == "ha-two"
     assert effective_policy(ps, "x.two.replicas") is None
     assert effective_policy(ps, "twoXreplicas") is None
 
@@ -312,23 +312,23 @@ def test_no_policies():
 def test_highest_priority_wins_whatever_the_order():
     low = make_policy("a-low", ".*", SPEC_ALL, priority=1)
     high = make_policy("z-high", "^q", SPEC_EXACTLY, priority=7)
-    assert effective_policy(pols(low, high), "q1")["name"] == "z-high"
-    assert effective_policy(pols(high, low), "q1")["name"] == "z-high"
-    assert effective_policy(pols(high, low), "other")["name"] == "a-low"
+    assert effective_policy(pols(low, high), "q1").name == "z-high"
+    assert effective_policy(pols(high, low), "q1").name == "z-high"
+    assert effective_policy(pols(high, low), "other").name == "a-low"
 
 
 def test_priority_tie_goes_to_the_name_that_sorts_first():
     b = make_policy("beta", ".*", SPEC_ALL, priority=3)
     a = make_policy("alpha", ".*", SPEC_EXACTLY, priority=3)
-    assert effective_policy(pols(b, a), "q")["name"] == "alpha"
-    assert effective_policy(pols(a, b), "q")["name"] == "alpha"
+    assert effective_policy(pols(b, a), "q").name == "alpha"
+    assert effective_policy(pols(a, b), "q").name == "alpha"
 
 
 def test_exchange_policies_never_apply_to_queues():
     ex = make_policy("ex", ".*", SPEC_ALL, priority=100, apply_to="exchanges")
     q = make_policy("q", ".*", SPEC_EXACTLY, priority=0, apply_to="queues")
     assert effective_policy(pols(ex), "q1") is None
-    assert effective_policy(pols(ex, q), "q1")["name"] == "q"
+    assert effective_policy(pols(ex, q), "q1").name == "q"
 
 
 def test_apply_to_queues_and_all_both_match():

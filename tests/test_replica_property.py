@@ -22,6 +22,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mirroring.changes import DropMirror, QueueDelete
 from mirroring.policy import HA
 from mirroring.queue import NO_LIMITS, Limits
 from mirroring.replica import LEADING, Assign, Propose, Replica, ReplicaConfig, Send, State
@@ -326,7 +327,7 @@ def test_x_expires_proposes_deleting_an_unused_queue():
     assert not w.proposals
     assert w.leader.next_deadline(w.now) == w.now + 0.5
     w.op("wait", 0.6)
-    assert w.proposals == [["queue.delete", "q", "L"]]
+    assert w.proposals == [QueueDelete("q", "L")]
 
 
 def test_blocking_sync_parks_operations_and_background_sync_serves_them():
@@ -403,7 +404,7 @@ def test_losing_touch_with_a_mirror_confirms_nothing_until_the_metadata_drops_it
     w.op("publish", OWNERS[0], 3)  # reaches the leader; the mirror's ack is still to come
     w.leader.link_down(LinkDown("M1"), w.now)
     out, _ = w.leader.take_output()
-    assert ["queue.drop_mirror", "q", 1, "M1"] in [o.change for o in out if isinstance(o, Propose)]
+    assert DropMirror("q", 1, "M1") in [o.change for o in out if isinstance(o, Propose)]
     w.links[("L", "M1")] = []  # what the leader sent the mirror is lost with the link
     w.settle_all()
     assert w.accepted.get(OWNERS[0][:2], 0) == 0, "confirmed without the mirror"

@@ -12,6 +12,8 @@ import trio.testing
 
 from broker.session import (CLOSE, DeclareQueue, NodeHost, Propose, Session, SessionDriver,
                             SessionHost)
+from mirroring.changes import ExchangeDeclare
+from mirroring.records import Binding
 from wire import messages as m
 
 pytestmark = pytest.mark.timeout(60)
@@ -127,7 +129,7 @@ class _Log:
 
 class FakeHost:
     """`SessionHost` over plain dicts: queues {name: {"leader", "epoch", ...}}, exchanges, and
-    bindings {exchange: [[queue, key, args]]}; what the core sends a leader lands in `sent`."""
+    bindings {exchange: [Binding]}; what the core sends a leader lands in `sent`."""
 
     name = "n1"
 
@@ -174,7 +176,7 @@ class FakeHost:
     def route(self, exchange, key, headers=None):
         if not exchange:
             return [key] if key in self.queues else []
-        return [q for q, k, _ in self.bindings.get(exchange, ()) if k == key]
+        return [b.queue for b in self.bindings.get(exchange, ()) if b.key == key]
 
     def linked(self, node):
         return node == self.name or node in self.links
@@ -369,10 +371,10 @@ def test_commands_that_wait_for_the_log_come_back_as_actions():
     host, s, out = core_session()
     host.add_queue("q")
     action = s.handle(m.ExchangeDeclare(2, 1, "ex", "direct", False, False, False, False, {}))
-    assert type(action) is Propose and action.change[0] == "exchange.declare"
+    assert type(action) is Propose and type(action.change) is ExchangeDeclare
     host.exchanges["ex"] = {"type": "direct", "internal": False}
     # a bind asked meanwhile is answered at once (already bound), but after the declare
-    host.bindings["ex"] = [["q", "k", {}]]
+    host.bindings["ex"] = [Binding("q", "k", {})]
     assert s.handle(m.QueueBind(3, 1, "q", "ex", "k", {})) is None
     assert not out  # its reply waits for the declare's
     assert action.then(None) is None
@@ -397,7 +399,7 @@ async def test_the_driver_carries_out_actions_and_waits_for_credit_without_polli
     host, s, out = core_session()
     driver = SessionDriver(host, s)
     assert not await driver.handle(m.ExchangeDeclare(2, 1, "ex", "fanout", False, False, False, False, {}))
-    assert host.proposed[0][0] == "exchange.declare" and out.pop() == m.Reply(2, None)
+    assert type(host.proposed[0]) is ExchangeDeclare and out.pop() == m.Reply(2, None)
     assert not await driver.handle(m.QueueDeclare(3, 1, "q", False, True, False, False, {}))
     assert out.pop() == m.Reply(3, ["q", 0, 0])
     host.full.add("q")

@@ -11,6 +11,9 @@ from broker.client.errors import ChannelClosedByBroker
 
 from broker.session import Session
 from broker.simulation import TICKTIME, sim_cluster
+from mirroring.changes import PolicySet
+from mirroring.records import Policy
+from wire import messages as m
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -22,6 +25,22 @@ async def test_cluster_forms_and_members_agree(tmp_path, autojump_clock):
             assert list(node.md.members) == ["n1", "n2", "n3"], name
         versions = {(n.md.version, n.md.digest()) for n in c.nodes.values()}
         assert len(versions) == 1
+
+
+async def test_a_proposal_that_is_not_a_change_is_refused_and_a_typed_one_commits(tmp_path, autojump_clock):
+    """Proposals cross the peer wire as plain arrays; the log's leader types them (and says
+    what is wrong with one that is not a change) before planning it."""
+    async with sim_cluster(tmp_path) as c:
+        leader = c.nodes["n1"].cluster.leader
+        asker = c.nodes[next(n for n in c.nodes if n != leader)].cluster
+        link = asker.links[leader]
+        for bad, why in ((["frobnicate", 1], "unknown metadata change 'frobnicate'"),
+                         (["node.up", "n2", "seven"], "Expected `int`")):
+            reply = await asker._call(link, lambda rid, bad=bad: m.MetaPropose(rid, bad))
+            assert not reply.ok and why in reply.error, reply
+        await asker.propose(PolicySet(Policy("ha", ".*", {"ha-mode": "all"}, 0, "queues")))
+        await c.wait_for(lambda: all("ha" in n.md.policies for n in c.nodes.values()))
+        assert len({(n.md.version, n.md.digest()) for n in c.nodes.values()}) == 1
 
 
 def record_running_changes(node):
@@ -51,7 +70,7 @@ async def test_declare_publish_consume_across_nodes(tmp_path, autojump_clock):
             ch1, ch2, ch3 = await c1.channel(), await c2.channel(), await c3.channel()
             await ch1.queue_declare("q", durable=True)
             await c.wait_for(lambda: all("q" in n.md.queues for n in c.nodes.values()))
-            assert all(n.md.queues["q"]["leader"] == "n1" for n in c.nodes.values())
+            assert all(n.md.queues["q"].leader == "n1" for n in c.nodes.values())
             assert set(c.nodes["n1"].router.replicas) == {"q"}
             assert not c.nodes["n2"].router.replicas and not c.nodes["n3"].router.replicas
             consumer = await ch3.basic_consume("q")
@@ -152,7 +171,7 @@ async def test_exclusive_queue_deleted_when_connection_closes(tmp_path, autojump
             ch = await conn.channel()
             await ch.queue_declare("ex", exclusive=True)
             await c.wait_for(lambda: all("ex" in n.md.queues for n in c.nodes.values()))
-            assert c.nodes["n1"].md.queues["ex"]["leader"] == "n2"
+            assert c.nodes["n1"].md.queues["ex"].leader == "n2"
             async with c.connect("n3") as other:
                 och = await other.channel()
                 with pytest.raises(ChannelClosedByBroker) as ei:
@@ -263,16 +282,15 @@ async def test_an_idle_cluster_does_not_replan_every_tick(tmp_path, autojump_clo
             real = cluster.propose
 
             async def counting(change, *a, real=real, **kw):
-                asked.append(change[0])
+                asked.append(change.kind)
                 return await real(change, *a, **kw)
 
             cluster.propose = counting
         await trio.sleep(10)  # 20 liveness ticks
         assert asked.count("replan") <= 1, asked
         # a change to what the planner reads brings one back
-        await c.nodes["n1"].cluster.propose(["policy.set", {"name": "ha", "pattern": ".*",
-                                                            "definition": {"ha-mode": "all"},
-                                                            "priority": 0, "apply_to": "queues"}])
+        await c.nodes["n1"].cluster.propose(PolicySet(Policy("ha", ".*", {"ha-mode": "all"}, 0,
+                                                              "queues")))
         await trio.sleep(2)
         assert 1 <= asked.count("replan") <= 3, asked
 
@@ -553,7 +571,7 @@ async def test_a_deposed_log_leader_does_not_report_its_proposal_committed_by_an
         done: list = []
 
         async def propose():
-            done.append(await n1.propose(["policy.set", record]))
+            done.append(await n1.propose(PolicySet(record)))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(propose)

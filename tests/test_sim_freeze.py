@@ -20,6 +20,7 @@ import trio
 
 from broker.client.errors import AMQPConnectionError
 from broker.simulation import sim_cluster
+from mirroring.changes import NodeDown, NodeUp
 from tests.test_sim_partitions import qdef, set_policy
 
 pytestmark = pytest.mark.timeout(60)
@@ -39,7 +40,7 @@ async def declare_led_on_n2(c, name: str) -> None:
     async with c.connect("n2") as conn:
         ch = await conn.channel()
         await ch.queue_declare(name, durable=True)
-    await c.wait_for(lambda: qdef(c, name)["leader"] == "n2" and qdef(c, name)["synced"] == ["n1"],
+    await c.wait_for(lambda: qdef(c, name).leader == "n2" and qdef(c, name).synced == ("n1",),
                      20, "the queue led on n2, mirrored on n1")
 
 
@@ -102,7 +103,7 @@ async def test_deliveries_waiting_for_a_frozen_node_counted_down_are_not_shown(t
             await trio.sleep(0.2)
             # the log (led by n1, which formed the cluster) counts n3 down, as a peer whose
             # silence from it began before the freeze would: the leader requeues what it sent there
-            await c.nodes["n1"].cluster.propose(["node.down", "n3", run, "failure"])
+            await c.nodes["n1"].cluster.propose(NodeDown("n3", run, "failure"))
             await nursery.start(consume, c, "p.f", seen, "other", "n1", True, done)
             with trio.fail_after(5):
                 await done.wait()
@@ -183,9 +184,9 @@ async def test_a_run_counted_down_in_a_snapshot_is_acted_on_as_a_record_would_be
         n2, n3 = c.nodes["n2"], c.nodes["n3"]
         run = n3.cluster.incarnation
         md = Metadata.from_snapshot(n3.md.snapshot())
-        md.apply(["node.down", "n3", run, "failure"])
+        md.apply(NodeDown("n3", run, "failure"))
         if back_up:
-            md.apply(["node.up", "n3", run])
+            md.apply(NodeUp("n3", run))
             assert md.up["n3"] == run
         snapshot = md.snapshot()
         given_back, resent = [], []

@@ -217,7 +217,7 @@ class RoundFault:
         c = self.c
         known = [n.md.queues[self.queue] for n in c.nodes.values() if self.queue in n.md.queues]
         if self.at_the_leader and known:  # (the declare's node may not have applied it yet)
-            self.victim = known[0]["leader"]
+            self.victim = known[0].leader
         victim, fault = self.victim, self.fault
         self.broken = True
         if fault == "kill":

@@ -11,6 +11,7 @@ import trio
 from broker.control import ctl_call
 
 from broker.simulation import PEER_PORT, TICKTIME, sim_cluster
+from mirroring.changes import NodeDown
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -37,9 +38,9 @@ async def replicas_settled(c, queue, mirrors, synced=None, via="n1"):
             if n.name in c.killed or not n.app_running:
                 continue
             q = n.md.queues.get(queue)
-            if q is None or sorted(q["mirrors"]) != sorted(mirrors):
+            if q is None or sorted(q.mirrors) != sorted(mirrors):
                 return False
-            if synced is not None and sorted(q["synced"]) != sorted(synced):
+            if synced is not None and sorted(q.synced) != sorted(synced):
                 return False
         return True
     await c.wait_for(ok, timeout=20)
@@ -113,7 +114,7 @@ async def test_leader_killed_oldest_mirror_promoted_consumers_continue(tmp_path,
             ch1 = await c1.channel()
             await ch1.queue_declare("ha.f", durable=True)
         await replicas_settled(c, "ha.f", ["n2", "n3"], synced=["n2", "n3"])
-        assert qdef(c, "ha.f")["mirrors"] == ["n2", "n3"]  # n2 is the oldest mirror
+        assert qdef(c, "ha.f").mirrors == ("n2", "n3")  # n2 is the oldest mirror
         async with c.connect("n2") as c2, c.connect("n3") as c3:
             ch2, ch3 = await c2.channel(), await c3.channel()
             await ch2.confirm_delivery()
@@ -144,14 +145,14 @@ async def test_leader_killed_oldest_mirror_promoted_consumers_continue(tmp_path,
                 await trio.sleep(0.3)
                 c.kill("n1")
                 with trio.fail_after(TICKTIME * 3):
-                    await c.wait_for(lambda: qdef(c, "ha.f", "n2")["leader"] == "n2")
+                    await c.wait_for(lambda: qdef(c, "ha.f", "n2").leader == "n2")
                 await trio.sleep(60)
                 nursery.cancel_scope.cancel()
                 if not ({d for d, _ in delivered} >= set(range(1, 2001))):
                     missing = set(range(1, 2001)) - {d for d, _ in delivered}
                     raise AssertionError(f"missing {len(missing)}: {sorted(missing)[:20]}; confirmed {len(confirmed)} nacked {len(nacked)}; leader state {mirror_state(c, 'ha.f', 'n2').stats()} sessions {[(x.inflight_msgs, x._resend, x.routes, len(x.rpcs)) for x in c.nodes['n2'].sessions.values()]} last_pseq {mirror_state(c, 'ha.f', 'n2').last_pseq}")
-            assert qdef(c, "ha.f", "n3")["leader"] == "n2"
-            assert qdef(c, "ha.f", "n3")["mirrors"] == ["n3"]
+            assert qdef(c, "ha.f", "n3").leader == "n2"
+            assert qdef(c, "ha.f", "n3").mirrors == ("n3",)
             assert not nacked
             assert confirmed == set(range(1, 2001))
             ids = [d for d, _ in delivered]
@@ -222,7 +223,7 @@ async def test_sync_queue_fills_a_new_mirror_in_batches(tmp_path, autojump_clock
                                                    "ha-sync-batch-size": 100})
         await replicas_settled(c, "two.q", ["n2"], synced=[])
         await trio.sleep(30)  # nobody consumes: it never catches up on its own
-        assert qdef(c, "two.q")["synced"] == []
+        assert qdef(c, "two.q").synced == ()
         assert mirror_state(c, "two.q", "n2").message_count == 0
         r = await ctl(c, "n1", "sync_queue", queue="two.q")
         assert r["started"] and r["unsynchronised"] == ["n2"], r
@@ -282,7 +283,7 @@ async def test_operations_wait_while_syncing_and_cancel_releases_them(tmp_path, 
         assert not st["running"] and st["last"]["status"] == "cancelled"
         assert 0 < st["last"]["messages"] < 2000
         assert st["unsynchronised"] == ["n2"]
-        assert qdef(c, "two.s")["synced"] == []
+        assert qdef(c, "two.s").synced == ()
         # a second sync completes the job, skipping what the first one delivered
         await ctl(c, "n1", "sync_queue", queue="two.s")
         await replicas_settled(c, "two.s", ["n2"], synced=["n2"])
@@ -304,7 +305,7 @@ async def _publish_while_n1_leaves(c, monkeypatch, queue: str):
     propose = n1.cluster.propose
 
     async def held_propose(change, **kw):
-        if change[0] == "node.down":
+        if type(change) is NodeDown:
             await recorded.wait()
         return await propose(change, **kw)
 
@@ -402,10 +403,10 @@ async def test_exactly_two_verbatim_example_gives_one_mirror(tmp_path, autojump_
         async with c.connect("n1") as c1:
             ch = await c1.channel()
             await ch.queue_declare("two.replicas", durable=True)
-            await c.wait_for(lambda: len(qdef(c, "two.replicas")["mirrors"]) == 1, timeout=10)
+            await c.wait_for(lambda: len(qdef(c, "two.replicas").mirrors) == 1, timeout=10)
             await trio.sleep(1)
             q = qdef(c, "two.replicas")
-            assert q["leader"] == "n1" and len(q["mirrors"]) == 1
+            assert q.leader == "n1" and len(q.mirrors) == 1
             assert sorted(replica_nodes(c, "two.replicas").values()) == ["leader", "mirror"]
             (row,) = await ctl(c, "n3", "list_queues", columns=["name", "policy", "pid", "mirror_pids"])
             assert row["policy"] == "ha-two" and len(row["mirror_pids"]) == 1
@@ -420,7 +421,7 @@ async def test_exactly_more_than_nodes_mirrors_to_all(tmp_path, autojump_clock):
             ch = await c2.channel()
             await ch.queue_declare("five.q", durable=True)
         await replicas_settled(c, "five.q", ["n1", "n3"])
-        assert qdef(c, "five.q")["leader"] == "n2"
+        assert qdef(c, "five.q").leader == "n2"
         assert replica_nodes(c, "five.q") == {"n1": "mirror", "n2": "leader", "n3": "mirror"}
 
 
@@ -432,12 +433,12 @@ async def test_exactly_replaces_a_lost_mirror_on_another_node(tmp_path, autojump
         async with c.connect("n1") as c1:
             ch = await c1.channel()
             await ch.queue_declare("two.q", durable=True)
-            await c.wait_for(lambda: len(qdef(c, "two.q")["mirrors"]) == 1, timeout=10)
-            (first,) = qdef(c, "two.q")["mirrors"]
+            await c.wait_for(lambda: len(qdef(c, "two.q").mirrors) == 1, timeout=10)
+            (first,) = qdef(c, "two.q").mirrors
             other = ({"n2", "n3"} - {first}).pop()
             c.kill(first)
             with trio.fail_after(TICKTIME * 3):
-                await c.wait_for(lambda: qdef(c, "two.q")["mirrors"] == [other])
+                await c.wait_for(lambda: qdef(c, "two.q").mirrors == (other,))
             await c.wait_for(lambda: replica_nodes(c, "two.q") == {"n1": "leader", other: "mirror"},
                              timeout=5)
             # the replacement mirror really follows: confirms need it, and it holds the message
@@ -458,9 +459,9 @@ async def test_nodes_policy_ignores_names_that_are_not_members(tmp_path, autojum
         async with c.connect("n1") as c1:
             ch = await c1.channel()
             await ch.queue_declare("nodes.q", durable=True)
-        await c.wait_for(lambda: qdef(c, "nodes.q")["leader"] in ("n2", "n3"), timeout=10)
+        await c.wait_for(lambda: qdef(c, "nodes.q").leader in ("n2", "n3"), timeout=10)
         q = qdef(c, "nodes.q")
-        assert {q["leader"], *q["mirrors"]} == {"n2", "n3"}
+        assert {q.leader, *q.mirrors} == {"n2", "n3"}
         assert "n1" not in replica_nodes(c, "nodes.q")
 
 
@@ -475,8 +476,8 @@ async def test_nodes_policy_with_no_listed_node_running_uses_declaring_node(tmp_
         async with c.connect("n3") as c3:
             ch = await c3.channel()
             await ch.queue_declare("nodes.q", durable=True)
-            assert qdef(c, "nodes.q", "n3")["leader"] == "n3"
-            assert qdef(c, "nodes.q", "n3")["mirrors"] == []
+            assert qdef(c, "nodes.q", "n3").leader == "n3"
+            assert qdef(c, "nodes.q", "n3").mirrors == ()
             assert await publish_confirmed(ch, "nodes.q", [b"x"])
 
 
@@ -492,13 +493,13 @@ async def test_exclusive_queues_are_never_mirrored(tmp_path, autojump_clock):
             await ch.queue_declare("ha.excl", durable=True, exclusive=True)
             await ch.queue_declare("ha.shared", durable=True)
             await replicas_settled(c, "ha.shared", ["n1", "n3"])
-            assert qdef(c, "ha.excl")["mirrors"] == []
-            assert qdef(c, "ha.excl")["durable"] is False
+            assert qdef(c, "ha.excl").mirrors == ()
+            assert qdef(c, "ha.excl").durable is False
             assert replica_nodes(c, "ha.excl") == {"n2": "leader"}
             # a policy change re-plans every queue: still not mirrored
             await set_policy(c, "ha-all", r"^ha\.", {"ha-mode": "exactly", "ha-params": 3})
             await trio.sleep(1)
-            assert qdef(c, "ha.excl")["mirrors"] == []
+            assert qdef(c, "ha.excl").mirrors == ()
             assert replica_nodes(c, "ha.excl") == {"n2": "leader"}
 
 
@@ -522,7 +523,7 @@ async def test_all_adds_a_mirror_on_a_joining_node(tmp_path, autojump_clock):
             await n4.start_app()
             await c.wait_running(["n1", "n2", "n3", "n4"])
             await replicas_settled(c, "ha.q", ["n2", "n3", "n4"], synced=["n2", "n3"])
-            assert qdef(c, "ha.q")["mirrors"][-1] == "n4"  # the youngest
+            assert qdef(c, "ha.q").mirrors[-1] == "n4"  # the youngest
             assert await publish_confirmed(ch, "ha.q", [b"new"])
             await trio.sleep(0.5)
             assert [m[1] for m in mirror_state(c, "ha.q", "n4").ready] == [b"new"]
@@ -549,7 +550,7 @@ async def test_all_restarted_node_comes_back_as_youngest_empty_mirror(tmp_path, 
             await c.restart("n2")
             await c.wait_running(["n1", "n2", "n3"])
             await replicas_settled(c, "ha.q", ["n3", "n2"], synced=["n3"])
-            assert qdef(c, "ha.q")["mirrors"] == ["n3", "n2"]  # n2 is now the youngest
+            assert qdef(c, "ha.q").mirrors == ("n3", "n2")  # n2 is now the youngest
             await trio.sleep(0.5)
             assert len(mirror_state(c, "ha.q", "n2").ready) == 0
             assert len(mirror_state(c, "ha.q", "n3").ready) == 2
@@ -572,7 +573,7 @@ async def test_policy_change_makes_a_live_queue_mirrored_and_back(tmp_path, auto
             await set_policy(c, "ha-p", r"^p\.", {"ha-mode": "all"})
             await replicas_settled(c, "p.q", ["n2", "n3"], synced=[])
             await trio.sleep(1)
-            assert qdef(c, "p.q")["synced"] == []  # still missing the 10 older messages
+            assert qdef(c, "p.q").synced == ()  # still missing the 10 older messages
             assert len(mirror_state(c, "p.q", "n2").ready) == 0
             assert await publish_confirmed(ch, "p.q", [b"10"])
             assert len(await get_all(ch, "p.q", limit=10)) == 10
@@ -593,7 +594,7 @@ async def test_exactly_three_to_two_keeps_the_oldest_mirror(tmp_path, autojump_c
             ch = await c3.channel()
             await ch.queue_declare("x.q", durable=True)
             await replicas_settled(c, "x.q", ["n1", "n2"])
-            oldest = qdef(c, "x.q")["mirrors"][0]
+            oldest = qdef(c, "x.q").mirrors[0]
             pid_before = c.nodes[oldest].router.replicas["x.q"].replica.pid
             await set_policy(c, "ha-x", r"^x\.", {"ha-mode": "exactly", "ha-params": 2})
             await replicas_settled(c, "x.q", [oldest])
@@ -613,7 +614,7 @@ async def test_highest_priority_policy_wins(tmp_path, autojump_clock):
             await ch.queue_declare("q.one", durable=True)
             await ch.queue_declare("qq", durable=True)
             await replicas_settled(c, "qq", ["n2", "n3"])
-            assert qdef(c, "q.one")["mirrors"] == []
+            assert qdef(c, "q.one").mirrors == ()
             rows = {r["name"]: r for r in await ctl(c, "n1", "list_queues",
                                                      columns=["name", "policy", "mirror_pids"])}
             assert rows["q.one"]["policy"] == "plain" and rows["q.one"]["mirror_pids"] == []
@@ -649,9 +650,9 @@ async def test_bad_policy_definition_is_refused_and_nothing_changes(tmp_path, au
         async with c.connect("n1") as c1:
             ch = await c1.channel()
             await ch.queue_declare("two.q", durable=True)
-            await c.wait_for(lambda: len(qdef(c, "two.q")["mirrors"]) == 1, timeout=10)
+            await c.wait_for(lambda: len(qdef(c, "two.q").mirrors) == 1, timeout=10)
         before_pol = await policies(c)
-        before_q = dict(qdef(c, "two.q"))
+        before_q = qdef(c, "two.q")
         version = c.nodes["n1"].md.version
         for name in ("ha-two", "other"):
             with pytest.raises(ProtocolError) as err:
@@ -672,13 +673,13 @@ async def test_queue_master_locator_argument_client_local_and_balanced(tmp_path,
         async with c.connect("n2") as c2:
             ch = await c2.channel()
             await ch.queue_declare("local", durable=True, arguments={"x-queue-master-locator": "client-local"})
-            assert qdef(c, "local")["leader"] == "n2"
+            assert qdef(c, "local").leader == "n2"
             for i in range(3):
                 await ch.queue_declare(f"bal{i}", durable=True,
                                        arguments={"x-queue-master-locator": "balanced"})
             # n2 already leads "local": the fewest leaders are on n1 (most senior on a tie),
             # then n3, then all three lead one each and n1 is picked again
-            assert [qdef(c, f"bal{i}")["leader"] for i in range(3)] == ["n1", "n3", "n1"]
+            assert [qdef(c, f"bal{i}").leader for i in range(3)] == ["n1", "n3", "n1"]
 
 
 async def test_queue_master_locator_policy_key(tmp_path, autojump_clock):
@@ -694,8 +695,8 @@ async def test_queue_master_locator_policy_key(tmp_path, autojump_clock):
                 await ch.queue_declare(f"bal.{i}", durable=True)
             for i in range(3):
                 await ch.queue_declare(f"loc.{i}", durable=True)
-            assert [qdef(c, f"bal.{i}")["leader"] for i in range(3)] == ["n1", "n2", "n3"]
-            assert [qdef(c, f"loc.{i}")["leader"] for i in range(3)] == ["n3"] * 3
+            assert [qdef(c, f"bal.{i}").leader for i in range(3)] == ["n1", "n2", "n3"]
+            assert [qdef(c, f"loc.{i}").leader for i in range(3)] == ["n3"] * 3
 
 
 async def test_queue_leader_locator_node_setting_and_policy_override(tmp_path, autojump_clock,
@@ -718,13 +719,13 @@ async def test_queue_leader_locator_node_setting_and_policy_override(tmp_path, a
             await ch3.queue_declare("a", durable=True)  # n3's own setting: balanced
             await ch3.queue_declare("b", durable=True)
             await ch3.queue_declare("e", durable=True)
-            assert [qdef(c, q)["leader"] for q in ("a", "b", "e")] == ["n1", "n2", "n3"]
+            assert [qdef(c, q).leader for q in ("a", "b", "e")] == ["n1", "n2", "n3"]
             # every node leads one: balanced would pick n1 now
             await ch3.queue_declare("loc.1", durable=True)  # policy: client-local
             await ch3.queue_declare("c", durable=True, arguments={"x-queue-master-locator": "client-local"})
-            assert qdef(c, "loc.1")["leader"] == "n3" and qdef(c, "c")["leader"] == "n3"
+            assert qdef(c, "loc.1").leader == "n3" and qdef(c, "c").leader == "n3"
             await ch1.queue_declare("d", durable=True)  # n1's setting: client-local
-            assert qdef(c, "d")["leader"] == "n1"
+            assert qdef(c, "d").leader == "n1"
 
 
 # --- 8. confirms and credit wait for every mirror ---------------------------------------------
@@ -764,7 +765,7 @@ async def test_confirms_and_publisher_held_until_silent_mirror_declared_down(tmp
             assert peak <= 100 + 50, peak  # bounded: the window plus one batch
             with trio.fail_after(TICKTIME * 3):
                 await c.wait_for(lambda: len(confirmed) == 1000)
-            assert "n3" not in qdef(c, "ha.q")["mirrors"]
+            assert "n3" not in qdef(c, "ha.q").mirrors
             assert len(mirror_state(c, "ha.q", "n1").ready) == 1 + 1000
 
 
@@ -796,7 +797,7 @@ async def test_when_synced_on_failure_keeps_queue_unavailable_until_leader_retur
         with trio.fail_after(TICKTIME * 3):
             await c.wait_for(lambda: "n1" in c.nodes["n2"].md.down)
         await trio.sleep(1)
-        assert qdef(c, "w.q", "n2")["leader"] == "n1"  # nobody promoted
+        assert qdef(c, "w.q", "n2").leader == "n1"  # nobody promoted
         assert replica_nodes(c, "w.q").get("n2") != "leader"
         async with c.connect("n2") as c2:
             ch2 = await c2.channel()
@@ -834,7 +835,7 @@ async def test_default_promotes_unsynchronised_mirror_on_failure_losing_the_head
             await _unsynced_mirrored_queue(c, ch, "a.q", {"ha-mode": "all"})
         c.kill("n1")
         with trio.fail_after(TICKTIME * 3):
-            await c.wait_for(lambda: qdef(c, "a.q", "n2")["leader"] == "n2")
+            await c.wait_for(lambda: qdef(c, "a.q", "n2").leader == "n2")
         async with c.connect("n3") as c3:
             ch = await c3.channel()
             got = await get_all(ch, "a.q")
@@ -870,11 +871,11 @@ async def test_controlled_shutdown_promotion(tmp_path, autojump_clock, definitio
         async with c.connect("n3") as c3:
             ch = await c3.channel()
             if promoted:
-                assert q["leader"] == "n2" and q["mirrors"] == ["n3"]
+                assert q.leader == "n2" and q.mirrors == ("n3",)
                 got = await get_all(ch, "s.q")
                 assert len(got) == (13 if synced else 3)
             else:
-                assert q["leader"] == "n1"
+                assert q.leader == "n1"
                 assert replica_nodes(c, "s.q").get("n2") == "mirror"
                 with pytest.raises(ChannelClosedByBroker) as err:
                     await ch.basic_get("s.q")
@@ -937,22 +938,22 @@ async def test_nodes_policy_change_keeps_old_leader_until_a_new_mirror_is_synchr
             ch = await c1.channel()
             await ch.queue_declare("nodes.q", durable=True)
             await replicas_settled(c, "nodes.q", ["n2"])
-            assert qdef(c, "nodes.q")["leader"] == "n1"
+            assert qdef(c, "nodes.q").leader == "n1"
             assert await publish_confirmed(ch, "nodes.q", [b"h%d" % i for i in range(20)])
         await set_policy(c, "ha-nodes", r"^nodes\.", {"ha-mode": "nodes", "ha-params": ["n3", "n4"]})
         await replicas_settled(c, "nodes.q", ["n3", "n4"], synced=[])
         await trio.sleep(TICKTIME)
         q = qdef(c, "nodes.q")
-        assert q["leader"] == "n1" and q["mirrors"] == ["n3", "n4"]  # [A C D]
+        assert q.leader == "n1" and q.mirrors == ("n3", "n4")  # [A C D]
         assert replica_nodes(c, "nodes.q") == {"n1": "leader", "n3": "mirror", "n4": "mirror"}
         async with c.connect("n3") as c3:
             ch = await c3.channel()
             assert await publish_confirmed(ch, "nodes.q", [b"t0", b"t1"])
             assert await get_all(ch, "nodes.q", limit=20) == [b"h%d" % i for i in range(20)]
-            await c.wait_for(lambda: qdef(c, "nodes.q")["leader"] in ("n3", "n4"), timeout=10)
+            await c.wait_for(lambda: qdef(c, "nodes.q").leader in ("n3", "n4"), timeout=10)
             await c.wait_for(lambda: set(replica_nodes(c, "nodes.q")) == {"n3", "n4"}, timeout=10)
             q = qdef(c, "nodes.q")
-            assert {q["leader"], *q["mirrors"]} == {"n3", "n4"}
+            assert {q.leader, *q.mirrors} == {"n3", "n4"}
             assert await get_all(ch, "nodes.q") == [b"t0", b"t1"]
 
 
@@ -978,7 +979,7 @@ async def test_leader_lost_without_promotable_mirror(tmp_path, autojump_clock, d
         async with c.connect("n2") as c2:
             ch = await c2.channel()
             if durable:
-                assert qdef(c, "t.q", "n3")["leader"] == "n1"
+                assert qdef(c, "t.q", "n3").leader == "n1"
                 with pytest.raises(ChannelClosedByBroker) as err:
                     await ch.queue_declare("t.q", durable=True)
                 assert err.value.reply_text == ("home node 'n1' of durable queue 't.q' in vhost "
@@ -1027,8 +1028,8 @@ async def test_publishes_resent_to_a_new_leader_are_not_enqueued_twice(tmp_path,
         async with c.connect("n1") as c1:
             ch = await c1.channel()
             await ch.queue_declare("two.d", durable=True)
-        await c.wait_for(lambda: qdef(c, "two.d")["mirrors"] == ["n2"] and
-                         qdef(c, "two.d")["synced"] == ["n2"], 20)
+        await c.wait_for(lambda: qdef(c, "two.d").mirrors == ("n2",) and
+                         qdef(c, "two.d").synced == ("n2",), 20)
         # the leader-mirror link is slow (0.5 s each way): a publish reaches the mirror after
         # 0.5 s and its acknowledgement the leader after 1 s, so in between it is on both and
         # not yet confirmed
@@ -1086,7 +1087,7 @@ async def test_acks_of_a_promoted_leaders_redeliveries_wait_for_the_route_to_it(
             await (await c2.channel()).queue_declare(
                 "two.q", durable=True, arguments={"x-queue-master-locator": "client-local"})
         await replicas_settled(c, "two.q", ["n1"], synced=["n1"])
-        assert qdef(c, "two.q")["leader"] == "n2"
+        assert qdef(c, "two.q").leader == "n2"
         n3 = c.nodes["n3"]
         async with c.connect("n1") as c1, c.connect("n3") as c3:
             pub, sub = await c1.channel(), await c3.channel()
@@ -1112,15 +1113,15 @@ async def test_acks_of_a_promoted_leaders_redeliveries_wait_for_the_route_to_it(
             monkeypatch.setattr(n3.cluster, "_apply_committed", lambda: None)
             monkeypatch.setattr(n3.cluster, "in_step", lambda now=None: True)
             c.kill("n2")
-            await c.wait_for(lambda: qdef(c, "two.q")["leader"] == "n1", 10, "n1 promoted")
+            await c.wait_for(lambda: qdef(c, "two.q").leader == "n1", 10, "n1 promoted")
             await c.wait_for(lambda: len(got) == 20, 10, "n1's redelivery of the ten")
             assert all(redelivered for _, redelivered, _ in got[10:])
-            assert n3.md.queues["two.q"]["leader"] == "n2", "n3's metadata caught up too soon"
+            assert n3.md.queues["two.q"].leader == "n2", "n3's metadata caught up too soon"
             sub.basic_ack(got[-1][2], multiple=True)  # every delivery so far, of both leaders
             await trio.sleep(0.5)
             monkeypatch.undo()
             apply()
-            await c.wait_for(lambda: n3.md.queues["two.q"]["leader"] == "n1", 5, "n3 caught up")
+            await c.wait_for(lambda: n3.md.queues["two.q"].leader == "n1", 5, "n3 caught up")
             for i in range(10, 20):  # a prefetch's worth: the new leader must count none in flight
                 pub.publish_nowait("two.q", b"%d" % i)
             assert await pub.wait_for_confirms(timeout=10)

@@ -47,7 +47,7 @@ async def test_a_leader_cut_off_from_the_majority_confirms_nothing_that_is_lost(
         async with c.connect("n1") as conn:
             ch = await conn.channel()
             await ch.queue_declare("p.q", durable=True)
-        await c.wait_for(lambda: sorted(qdef(c, "p.q")["synced"]) == ["n2", "n3"], 20, "mirrors synced")
+        await c.wait_for(lambda: sorted(qdef(c, "p.q").synced) == ["n2", "n3"], 20, "mirrors synced")
         confirmed: set[int] = set()
         seq_to_id: dict[int, int] = {}
         # a publisher that can only reach n1 (it follows its node into the minority)
@@ -72,9 +72,9 @@ async def test_a_leader_cut_off_from_the_majority_confirms_nothing_that_is_lost(
                     pass
         after_cut = confirmed - set(range(100))
         # the majority promoted one of its (synchronised) mirrors meanwhile
-        await c.wait_for(lambda: qdef(c, "p.q")["leader"] in ("n2", "n3"), 20, "a promotion")
+        await c.wait_for(lambda: qdef(c, "p.q").leader in ("n2", "n3"), 20, "a promotion")
         c.net.heal()
-        await c.wait_for(lambda: c.nodes["n1"].md.queues["p.q"]["leader"] != "n1", 30, "n1 to catch up")
+        await c.wait_for(lambda: c.nodes["n1"].md.queues["p.q"].leader != "n1", 30, "n1 to catch up")
         got: set[int] = set()
         async with c.connect("n2") as conn:
             ch = await conn.channel()
@@ -140,7 +140,7 @@ async def test_a_leader_cut_off_stops_delivering_to_its_own_consumers_before_it_
             for i in range(2000):
                 ch.publish_nowait("p.r", i.to_bytes(4, "big"))
             assert await ch.wait_for_confirms(timeout=10)
-        await c.wait_for(lambda: sorted(qdef(c, "p.r")["synced"]) == ["n2", "n3"], 20, "mirrors synced")
+        await c.wait_for(lambda: sorted(qdef(c, "p.r").synced) == ["n2", "n3"], 20, "mirrors synced")
         seen: list[tuple[float, str, int, bool]] = []  # (time, consumer, id, redelivered)
         cut_at = []
 
@@ -163,7 +163,7 @@ async def test_a_leader_cut_off_stops_delivering_to_its_own_consumers_before_it_
             await trio.sleep(1)
             cut_at.append(trio.current_time())
             c.net.partition(["n1", "sub"], ["n2", "n3"])
-            await c.wait_for(lambda: qdef(c, "p.r")["leader"] in ("n2", "n3"), 30, "a promotion")
+            await c.wait_for(lambda: qdef(c, "p.r").leader in ("n2", "n3"), 30, "a promotion")
             async with c.connect("n2") as conn2:
                 ch2 = await conn2.channel()
                 await ch2.basic_qos(100)

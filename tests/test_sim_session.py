@@ -74,7 +74,7 @@ async def test_fanout_to_queues_led_from_two_nodes_confirms_once_both_have_it(tm
         await p2.setup()
         assert type(await p1.do(m.QueueDeclare, "q1", False, True, False, False, {})) is m.Reply
         assert type(await p2.do(m.QueueDeclare, "q2", False, True, False, False, {})) is m.Reply
-        assert c.nodes["n1"].md.queues["q2"]["leader"] == "n2"
+        assert c.nodes["n1"].md.queues["q2"].leader == "n2"
         r = await p1.do(m.ExchangeDeclare, "fx", "fanout", False, False, False, False, {})
         assert type(r) is m.Reply
         for q in ("q1", "q2"):
@@ -248,7 +248,7 @@ async def test_deliveries_of_an_ended_leader_epoch_never_reach_the_client(tmp_pa
         await p.setup()
         await owner.do(m.QueueDeclare, "eq", False, True, False, False, {})
         await p.until(lambda: "eq" in c.nodes["n2"].md.queues)
-        assert c.nodes["n2"].md.queues["eq"]["leader"] == "n1"  # deliveries cross a link
+        assert c.nodes["n2"].md.queues["eq"].leader == "n1"  # deliveries cross a link
         await p.s.handle(m.Publish(1, "eq", [b"a", b"b"], None))
         assert (await p.do(m.BasicConsume, "eq", "t", False, False, {})).value == "t"
         await p.until(lambda: sum(len(d.bodies) for d in p.of(m.Deliver)) == 2)

@@ -4,10 +4,14 @@ record; anything else writes the whole state; what is read back is what was save
 from __future__ import annotations
 
 import msgpack
+import pytest
 
 from broker import statefile
-from broker.statefile import StateFile
+from broker.statefile import StateFile, StateFormatError
+from mirroring.changes import NodeUp, Noop, QueueDeclare, QueueDelete
+from mirroring.metadata import Metadata
 from mirroring.raft import Persistent
+from mirroring.records import QueueDef
 
 
 def state(term=1, entries=(), snap_index=0, snap_data=None, voted_for=None) -> Persistent:
@@ -26,11 +30,11 @@ def records(path) -> list:
 def test_appending_entries_appends_a_record_and_reads_back_whole(tmp_path):
     f = StateFile(tmp_path / "raft.msgpack")
     snap = {"version": 1, "queues": {f"q{i}": {"leader": "n1", "mirrors": ["n2"]} for i in range(300)}}
-    log = [(1, ["noop"])]
+    log = [(1, Noop())]
     f.save(state(entries=log, snap_index=1, snap_data=snap), 0)
     whole = f.path.stat().st_size  # the snapshot's 300 queues make a whole save large
     for i in range(5):
-        log.append((1, ["queue.declare", {"name": f"new{i}"}]))
+        log.append((1, QueueDelete(f"new{i}")))
         f.save(state(entries=log, snap_index=1, snap_data=snap), i)
     f.save(state(term=2, voted_for="n2", entries=log, snap_index=1, snap_data=snap), 5)  # a vote
     assert len(records(f.path)) == 7
@@ -42,14 +46,14 @@ def test_appending_entries_appends_a_record_and_reads_back_whole(tmp_path):
 
 def test_a_log_cut_back_or_a_new_snapshot_writes_the_whole_state(tmp_path):
     f = StateFile(tmp_path / "raft.msgpack")
-    log = [(1, ["noop"]), (1, ["queue.declare", {"name": "a"}]), (1, ["queue.declare", {"name": "b"}])]
+    log = [(1, Noop()), (1, QueueDelete("a")), (1, QueueDelete("b"))]
     f.save(state(entries=log), 1)
     # a new leader's log replaces our last entry: the file must not keep it
-    log = log[:2] + [(2, ["queue.declare", {"name": "c"}])]
+    log = log[:2] + [(2, QueueDelete("c"))]
     f.save(state(term=2, entries=log), 1)
     assert len(records(f.path)) == 1
     assert read_back(f.path)[0].entries == log
-    log.append((2, ["queue.delete", "a"]))
+    log.append((2, QueueDelete("a")))
     f.save(state(term=2, entries=log), 3)
     assert len(records(f.path)) == 2
     # compaction: a snapshot takes the log's place
@@ -62,9 +66,9 @@ def test_a_log_cut_back_or_a_new_snapshot_writes_the_whole_state(tmp_path):
 
 def test_a_record_cut_short_at_the_end_is_ignored(tmp_path):
     f = StateFile(tmp_path / "raft.msgpack")
-    log = [(1, ["noop"])]
+    log = [(1, Noop())]
     f.save(state(entries=log), 0)
-    f.save(state(entries=log + [(1, ["queue.declare", {"name": "q"}])]), 1)
+    f.save(state(entries=log + [(1, QueueDelete("q"))]), 1)
     whole = f.path.read_bytes()
     f.path.write_bytes(whole[:-3])
     assert read_back(f.path) == (state(entries=log), 0)
@@ -73,10 +77,10 @@ def test_a_record_cut_short_at_the_end_is_ignored(tmp_path):
 def test_after_a_load_or_many_appends_the_whole_state_is_written_again(tmp_path, monkeypatch):
     monkeypatch.setattr(statefile, "REWRITE_AFTER", 3)
     f = StateFile(tmp_path / "raft.msgpack")
-    log = [(1, ["noop"])]
+    log = [(1, Noop())]
     f.save(state(entries=log), 0)
     for i in range(4):
-        log.append((1, ["noop"]))
+        log.append((1, Noop()))
         f.save(state(entries=log), i)
     assert len(records(f.path)) == 1  # the whole, 3 appended, then the whole again
     again = StateFile(f.path)
@@ -90,3 +94,30 @@ def test_forget_removes_the_file(tmp_path):
     f.save(state(), 0)
     f.forget()
     assert not f.exists() and f.load() is None
+
+
+def test_typed_changes_and_a_snapshot_read_back_as_they_were_saved(tmp_path):
+    md = Metadata()
+    md.apply(NodeUp("n1", 3))
+    snap = md.snapshot()
+    declare = QueueDeclare(QueueDef("q", True, False, False, {"x-max-length": 5}, "n1",
+                                    mirrors=("n2",), epoch=4))
+    f = StateFile(tmp_path / "raft.msgpack")
+    f.save(state(entries=[(1, Noop())], snap_data=snap), 0)
+    f.save(state(entries=[(1, Noop()), (2, declare)], snap_data=snap), 1)  # an appended record
+    got, commit = read_back(f.path)
+    assert got.entries == [(1, Noop()), (2, declare)] and commit == 1
+    assert Metadata.from_snapshot(got.snap_data).snapshot() == snap
+
+
+def test_a_state_file_of_the_old_format_says_how_to_reset(tmp_path):
+    """Before changes were typed, a file held them as lists and had no format number."""
+    path = tmp_path / "raft.msgpack"
+    old = {"term": 1, "voted_for": None, "snap_index": 0, "snap_term": 0, "snap_config": ["n1"],
+           "snap_data": None, "entries": [[1, ["noop"]]]}
+    path.write_bytes(msgpack.packb({"raft": old, "commit": 1}, use_bin_type=True))
+    with pytest.raises(StateFormatError) as ei:
+        StateFile(path).load()
+    text = str(ei.value)
+    assert "\n" not in text and str(path) in text
+    assert "python -m broker.localcluster reset" in text and str(tmp_path) in text

@@ -321,10 +321,10 @@ class SimRun(FaultRunner):
         q = self.queue()
         if q is None:
             return None
-        leader = q["leader"]
+        leader = q.leader
         down = set(self.down) | targets
         how_leader = how if leader in targets else self.down.get(leader, how)
-        return spec_allows_loss(leader, list(q.get("mirrors", ())), list(q.get("synced", ())), down,
+        return spec_allows_loss(leader, list(q.mirrors), list(q.synced), down,
                                 how_leader, self.policy.get("ha-promote-on-failure", "always"),
                                 self.policy.get("ha-promote-on-shutdown", "when-synced"))
 
@@ -341,8 +341,8 @@ class SimRun(FaultRunner):
 
     def settled(self) -> bool:
         q = self.queue()
-        want = self.want_mirrors(q["leader"] if q else None)
-        return bool(q) and len(q.get("mirrors", ())) >= want and len(q.get("synced", ())) >= want
+        want = self.want_mirrors(q.leader if q else None)
+        return q is not None and len(q.mirrors) >= want and len(q.synced) >= want
 
     # --- the schedule --------------------------------------------------------------------------
     async def run(self) -> History:
@@ -394,9 +394,9 @@ class SimRun(FaultRunner):
         if t in self.names:
             return t
         if t == "leader":
-            return q["leader"] if q else self.s.leader
+            return q.leader if q else self.s.leader
         if t == "mirror":
-            mirrors = sorted(q.get("mirrors", ())) if q else []
+            mirrors = sorted(q.mirrors) if q else []
             return random.Random(a.seed).choice(mirrors or [n for n in self.names if n != self.s.leader])
         clients = self.publishers if t == "publisher_node" else self.consumers
         for cl in clients:
@@ -609,7 +609,7 @@ class SimRun(FaultRunner):
         self.h.phases.append(Phase(self.clock(), "heal"))
 
     def _agreed(self) -> bool:
-        views = {(q["leader"], tuple(q.get("mirrors", ()))) if q else None
+        views = {(q.leader, q.mirrors) if q else None
                  for q in (self.c.nodes[n].md.queues.get(self.s.queue) for n in self.names)}
         return len(views) == 1 and None not in views
 

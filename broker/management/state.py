@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import trio
 
+from mirroring.changes import NodeDown, NodeUp, PolicyClear, PolicySet
 from mirroring.policy import effective_policy
+from mirroring.records import QueueDef
 from mirroring.replica import LEADING
 
 from ..cluster import NodeStopped
@@ -50,10 +53,9 @@ def applied(node):
     return node.md
 
 
-def _view(q: dict) -> QueueView:
-    return QueueView(q["name"], bool(q["durable"]), bool(q["auto_delete"]), bool(q["exclusive"]),
-                     dict(q.get("arguments") or {}), q["leader"], tuple(q.get("mirrors", ())),
-                     tuple(q.get("synced", ())), q.get("epoch", 0), q.get("owner"))
+def _view(q: QueueDef) -> QueueView:
+    return QueueView(q.name, q.durable, q.auto_delete, q.exclusive, dict(q.arguments), q.leader,
+                     q.mirrors, q.synced, q.epoch, q.owner)
 
 
 def queue(md, name: str) -> QueueView | None:
@@ -67,14 +69,14 @@ def queues(md) -> list[QueueView]:
 
 def mirror_counts(md) -> dict[str, int]:
     """{queue: how many mirrors the metadata lists}, in one pass (for /metrics)."""
-    return {name: len(q.get("mirrors", ())) for name, q in md.queues.items()}
+    return {name: len(q.mirrors) for name, q in md.queues.items()}
 
 
 def placement(md, name: str) -> tuple | None:
     """(leader, mirrors, synchronised mirrors) of a queue, None if there is no such queue: what
     the timeline compares, without a view of the whole definition."""
     q = md.queues.get(name)
-    return None if q is None else (q["leader"], tuple(q.get("mirrors", ())), tuple(q.get("synced", ())))
+    return None if q is None else (q.leader, q.mirrors, q.synced)
 
 
 def touched(md) -> set[str] | None:
@@ -86,17 +88,16 @@ def change_facts(change) -> tuple[str, dict] | None:
     """What the timeline tells of an applied change that is not about one queue's placement:
     ("node_down", {node, reason}), ("node_up", {node}), ("policy_set", {name, pattern,
     definition}), ("policy_clear", {name}); None for any other change."""
-    kind = change[0]
-    if kind == "node.down":
-        return "node_down", {"node": change[1], "reason": change[3] if len(change) > 3 else "failure"}
-    if kind == "node.up":
-        return "node_up", {"node": change[1]}
-    if kind == "policy.set":
-        record = change[1]
-        return "policy_set", {"name": record["name"], "pattern": record["pattern"],
-                              "definition": record["definition"]}
-    if kind == "policy.clear":
-        return "policy_clear", {"name": change[1]}
+    match change:
+        case NodeDown():
+            return "node_down", {"node": change.node, "reason": change.how}
+        case NodeUp():
+            return "node_up", {"node": change.node}
+        case PolicySet(policy=record):
+            return "policy_set", {"name": record.name, "pattern": record.pattern,
+                                  "definition": record.definition}
+        case PolicyClear():
+            return "policy_clear", {"name": change.name}
     return None
 
 
@@ -124,9 +125,9 @@ def metadata_version(md) -> int:
 
 def policies(md) -> list[dict]:
     """Every policy as RabbitMQ's API lists it."""
-    return [{"vhost": VHOST, "name": p["name"], "pattern": p["pattern"], "apply-to": p["apply_to"],
-             "definition": p["definition"], "priority": p["priority"]}
-            for p in sorted(md.policies.values(), key=lambda p: p["name"])]
+    return [{"vhost": VHOST, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+             "definition": p.definition, "priority": p.priority}
+            for p in sorted(md.policies.values(), key=lambda p: p.name)]
 
 
 def has_policy(md, name: str) -> bool:
@@ -136,16 +137,16 @@ def has_policy(md, name: str) -> bool:
 def policy_of(md, queue_name: str) -> tuple[str, dict]:
     """(name, definition) of the policy that applies to a queue, ("", {}) if none."""
     pol = effective_policy(md.policies, queue_name)
-    return (pol["name"], dict(pol["definition"])) if pol else ("", {})
+    return (pol.name, dict(pol.definition)) if pol else ("", {})
 
 
 def exchanges(md) -> list[dict]:
-    return [dict(x) for _, x in sorted(md.exchanges.items())]
+    return [msgspec.structs.asdict(x) for _, x in sorted(md.exchanges.items())]
 
 
 def exchange(md, name: str) -> dict | None:
     x = md.exchanges.get(name)
-    return None if x is None else dict(x)
+    return None if x is None else msgspec.structs.asdict(x)
 
 
 def bindings(md) -> list[tuple]:
@@ -153,8 +154,8 @@ def bindings(md) -> list[tuple]:
     one to each queue first, then the declared ones by source."""
     rows = [("", q, q, {}) for q in sorted(md.queues)]
     for x, binds in sorted(md.bindings.items()):
-        for q, key, arguments in sorted(binds, key=lambda b: (b[0], b[1])):
-            rows.append((x, q, key, dict(arguments or {})))
+        for b in sorted(binds, key=lambda b: (b.queue, b.key)):
+            rows.append((x, b.queue, b.key, dict(b.arguments)))
     return rows
 
 

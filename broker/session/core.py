@@ -29,6 +29,8 @@ from collections import deque
 from functools import partial
 
 from mirroring import exchanges as xmod
+from mirroring.changes import BindingAdd, BindingRemove, Change, ExchangeDeclare, ExchangeDelete
+from mirroring.records import Binding
 from wire import messages as m
 from wire.errors import NOT_FOUND, RESOURCE_LOCKED, ProtocolError
 
@@ -47,7 +49,7 @@ class Propose:
     `then(result)` (which may return the next action). A refusal closes channel `ch`."""
     __slots__ = ("change", "ch", "rid", "then")
 
-    def __init__(self, change: list, ch: int, rid: int, then):
+    def __init__(self, change: Change, ch: int, rid: int, then):
         self.change = change
         self.ch = ch
         self.rid = rid
@@ -245,7 +247,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
     def _then_reply(self, ch_id: int, rid: int, result) -> None:
         self._reply(ch_id, rid, None)
 
-    def _change(self, ch: Channel, rid: int, change: list) -> Propose:
+    def _change(self, ch: Channel, rid: int, change: Change) -> Propose:
         return Propose(change, ch.id, rid, partial(self._then_reply, ch.id, rid))
 
     def on_exchange_declare(self, msg):
@@ -263,7 +265,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
             xdef = xmod.make_exchange(name, msg.kind, msg.durable, msg.auto_delete, msg.internal,
                                       xmod.plain(msg.arguments))
             if existing is None or existing != xdef:
-                return self._change(ch, msg.rid, ["exchange.declare", xdef])
+                return self._change(ch, msg.rid, ExchangeDeclare(xdef))
         self._reply(ch.id, msg.rid, None)
         return None
 
@@ -274,11 +276,11 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
         if self.host.exchange(msg.exchange) is not None:
-            return self._change(ch, msg.rid, ["exchange.delete", msg.exchange, bool(msg.if_unused)])
+            return self._change(ch, msg.rid, ExchangeDelete(msg.exchange, bool(msg.if_unused)))
         self._reply(ch.id, msg.rid, None)
         return None
 
-    def _binding(self, msg, kind: str):
+    def _binding(self, msg, kind: type[BindingAdd | BindingRemove]):
         ch = self._ch(msg.ch)
         qname = self._queue_name(ch, msg.queue)
         key = msg.routing_key
@@ -298,17 +300,17 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
             xmod.check_binding_arguments(host.exchange_kind(xdef)[0], args)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
-        bound = host.bound(msg.exchange, [qname, key, args])
-        if (kind == "binding.add") != bound:
-            return self._change(ch, msg.rid, [kind, msg.exchange, qname, key, args])
+        binding = Binding(qname, key, args)
+        if (kind is BindingAdd) != host.bound(msg.exchange, binding):
+            return self._change(ch, msg.rid, kind(msg.exchange, binding))
         self._reply(ch.id, msg.rid, None)
         return None
 
     def on_queue_bind(self, msg):
-        return self._binding(msg, "binding.add")
+        return self._binding(msg, BindingAdd)
 
     def on_queue_unbind(self, msg):
-        return self._binding(msg, "binding.remove")
+        return self._binding(msg, BindingRemove)
 
     # --- routing to the queue's leader, and resends ------------------------------------------
     def _send(self, qname: str, op) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import trio
 
+from mirroring.changes import QueueDelete
 from wire.errors import INTERNAL_ERROR, ProtocolError
 
 from .channels import CLOSE, ChannelError, as_channel_error
@@ -98,6 +99,6 @@ class SessionDriver:
         for qname in list(self.core.exclusive_queues):
             with trio.move_on_after(5):
                 try:
-                    await self.host.propose(["queue.delete", qname])
+                    await self.host.propose(QueueDelete(qname))
                 except ProtocolError:
                     pass

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from mirroring.changes import Change
+from mirroring.records import Binding, Exchange, QueueDef
 from wire import messages as m
 
 
@@ -25,7 +27,7 @@ class SessionHost(Protocol):
     log: Any
 
     # --- what the driver awaits (off the hot path: looked up on the node at each call) ---
-    async def propose(self, change: list):
+    async def propose(self, change: Change):
         return await self._cluster.propose(change)
 
     async def declare_queue(self, core, msg: m.QueueDeclare):
@@ -43,7 +45,7 @@ class SessionHost(Protocol):
     def queue_down_reason(self, qdef: Any) -> str: ...  # why operations on it fail now ("" if not)
     def exchange(self, name: str) -> Any | None: ...
     def exchange_kind(self, xdef: Any) -> tuple[str, bool]: ...  # (its type, internal)
-    def bound(self, exchange: str, binding: list) -> bool: ...  # [queue, key, args] is bound
+    def bound(self, exchange: str, binding: Binding) -> bool: ...  # the binding is there
     def route(self, exchange: str, key: str, headers=None) -> list[str]: ...  # the queues it reaches
     def linked(self, node: str) -> bool: ...  # this node has a link to `node` now
 
@@ -79,7 +81,7 @@ class NodeHost:
         self.wait_link_room = router.wait_link_room
 
     # --- what the driver awaits (off the hot path: looked up on the node at each call) ---
-    async def propose(self, change: list):
+    async def propose(self, change: Change):
         return await self._cluster.propose(change)
 
     async def declare_queue(self, core, msg: m.QueueDeclare):
@@ -90,25 +92,25 @@ class NodeHost:
     def leaving(self) -> bool:
         return self._node.leaving
 
-    def queue(self, name: str):
+    def queue(self, name: str) -> QueueDef | None:
         return self._cluster.md.queues.get(name)
 
-    def queue_route(self, qdef) -> tuple[str, int]:
-        return qdef["leader"], qdef.get("epoch", 1)
+    def queue_route(self, qdef: QueueDef) -> tuple[str, int]:
+        return qdef.leader, qdef.epoch
 
-    def queue_epoch(self, qdef) -> int:
-        return qdef.get("epoch", 1)
+    def queue_epoch(self, qdef: QueueDef) -> int:
+        return qdef.epoch
 
-    def queue_locked(self, qdef, conn_id: str) -> bool:
-        return bool(qdef["exclusive"]) and qdef.get("owner") != conn_id
+    def queue_locked(self, qdef: QueueDef, conn_id: str) -> bool:
+        return qdef.exclusive and qdef.owner != conn_id
 
-    def exchange(self, name: str):
+    def exchange(self, name: str) -> Exchange | None:
         return self._cluster.md.exchanges.get(name)
 
-    def exchange_kind(self, xdef) -> tuple[str, bool]:
-        return xdef["type"], bool(xdef["internal"])
+    def exchange_kind(self, xdef: Exchange) -> tuple[str, bool]:
+        return xdef.type, xdef.internal
 
-    def bound(self, exchange: str, binding: list) -> bool:
+    def bound(self, exchange: str, binding: Binding) -> bool:
         return binding in self._cluster.md.bindings.get(exchange, ())
 
     def route(self, exchange: str, key: str, headers=None) -> list[str]:

@@ -1,0 +1,118 @@
+"""The records of the cluster metadata: members, queue definitions, exchanges, bindings and
+policies, and the planner's decisions about where a queue's replicas are.
+
+Every record is an immutable msgspec Struct. They are read by attribute and never changed in
+place: a change to a queue replaces its definition with a new one (`msgspec.structs.replace`),
+so a copy of the metadata shares its records with the original and copying costs one pointer
+per record (the log's leader copies the metadata to plan on, mirroring/metadata.py `copy`), and
+replicas and sessions holding an old definition notice the change by identity.
+
+They cross the peer wire inside the log's changes (mirroring/changes.py) and are saved in the
+state file and in snapshots: msgspec encodes them as msgpack maps and checks their fields on the
+way back in.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Base of every metadata record."""
+
+
+class Member(Record):
+    """A cluster member's addresses: `peer` (peer and control port) and `client`."""
+    peer: tuple[str, int]
+    client: tuple[str, int]
+
+
+class QueueDef(Record):
+    """A queue's definition and where its replicas are.
+
+    leader   the node of the leader replica
+    mirrors  mirror nodes, oldest first (the order in which they were added)
+    synced   the mirrors known to be synchronised
+    epoch    increases whenever the leader replica changes (promotion, hand-over, restart), so
+             replication messages of an old leader are recognised and ignored
+    owner    the connection (`node/session`) that owns an exclusive queue, None otherwise
+    """
+    name: str
+    durable: bool
+    exclusive: bool
+    auto_delete: bool
+    arguments: dict
+    leader: str
+    owner: str | None = None
+    mirrors: tuple[str, ...] = ()
+    synced: tuple[str, ...] = ()
+    epoch: int = 1
+
+    def placed(self, p: Placement) -> QueueDef:
+        """This definition with its replicas where `p` says (a new record)."""
+        return msgspec.structs.replace(self, leader=p.leader, mirrors=p.mirrors, synced=p.synced,
+                                       epoch=p.epoch)
+
+
+class Placement(Record, array_like=True):
+    """Where one queue's replicas are: the planner's decision (see QueueDef for the fields)."""
+    leader: str
+    mirrors: tuple[str, ...]
+    synced: tuple[str, ...]
+    epoch: int
+
+
+class QueueUpdate(Record, array_like=True):
+    """The planner's word on one queue: its new placement, or None: it is deleted."""
+    queue: str
+    placement: Placement | None
+
+
+class Exchange(Record):
+    """An exchange's definition (`type`: direct, fanout, topic or headers)."""
+    name: str
+    type: str
+    durable: bool = False
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict = {}
+
+
+class Binding(Record, array_like=True):
+    """A queue bound to an exchange (the exchange is the key it is filed under)."""
+    queue: str
+    key: str
+    arguments: dict
+
+
+class Policy(Record):
+    """A validated policy (mirroring/policy.py `make_policy` builds them)."""
+    name: str
+    pattern: str
+    definition: dict
+    priority: int
+    apply_to: str
+
+
+class DeleteRequester(Record, array_like=True):
+    """Who asked for a client's queue.delete: the session on `node` that answers request `rid`
+    with the message count `count` when its node applies the deletion."""
+    node: str
+    session: int
+    rid: int
+    count: int
+
+
+class Snapshot(Record):
+    """The whole metadata at one version: what the log keeps in place of the changes it has
+    compacted, and what a follower too far behind is sent."""
+    version: int
+    cluster_name: str
+    members: dict[str, Member]
+    queues: dict[str, QueueDef]
+    exchanges: dict[str, Exchange]
+    bindings: dict[str, list[Binding]]
+    policies: dict[str, Policy]
+    down: dict[str, str]
+    up: dict[str, int]
+    times_down: dict[str, int]
