@@ -36,6 +36,7 @@ import trio
 from mirroring import changes as c
 from mirroring.metadata import Metadata, MetaError
 from mirroring.planner import plan_change
+from mirroring.policy import managed_ha_out_of_line
 from mirroring.raft import ChangeInProgress, NotLeader, Persistent, Raft, Role
 from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_ALLOWED, PRECONDITION_FAILED, ProtocolError
@@ -447,6 +448,7 @@ class Cluster(PeerLinks):
             if not planned:
                 p.done(True, None, 0, "")
                 continue
+            self._log_managed_ha(p.change, planned)
             try:
                 index = 0
                 for change, _ in planned:
@@ -465,6 +467,15 @@ class Cluster(PeerLinks):
         raft.replicate()
         if raft.out or raft.dirty:
             self._after_raft(now)
+
+    def _log_managed_ha(self, proposed: c.Change, planned: list) -> None:
+        """Say what the managed HA did to the policies of a round (mirroring/planner.py)."""
+        for change, _ in planned:
+            if type(change) is c.PolicySet and change.policy.set_by != "user":
+                asked = proposed.policy.definition if type(proposed) is c.PolicySet else None
+                self.log.info("policy set by the managed HA", policy=change.policy.name,
+                              set_by=change.policy.set_by, definition=change.policy.definition,
+                              asked=asked)
 
     async def propose(self, change: c.Change, timeout: float = PROPOSE_TIMEOUT):
         """Have the log commit a change; returns its value or raises MetaError."""
@@ -555,6 +566,8 @@ class Cluster(PeerLinks):
         md = self.md
         if md.up.get(self.name) != self.incarnation:
             self.propose_soon(c.NodeUp(self.name, self.incarnation))
+        if self.config.managed_ha and (not md.managed_ha or managed_ha_out_of_line(md.policies)):
+            self.propose_soon(c.ManagedHAEnable())
         for node in list(md.members):
             if node == self.name:
                 continue

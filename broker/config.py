@@ -67,6 +67,9 @@ class NodeConfig:
     tls_verify_peer: bool = False  # ask clients for a certificate, check any given against tls_ca
     tls_fail_if_no_peer_cert: bool = False  # refuse a client without one (implies verify_peer)
     amqps_port: int = 5671
+    # Amazon MQ's managed HA policy (mirroring/policy.py): the cluster keeps the system policy
+    # {"ha-mode": "all", "ha-sync-mode": "automatic"} and forces those keys into every policy
+    managed_ha: bool = False
 
     @property
     def memory_watermark(self) -> Watermark:
@@ -142,6 +145,7 @@ _FIELDS = {
     "tls_verify_peer": ("WARREN_TLS_VERIFY_PEER", "bool"),
     "tls_fail_if_no_peer_cert": ("WARREN_TLS_FAIL_IF_NO_PEER_CERT", "bool"),
     "amqps_port": ("WARREN_AMQPS_PORT", int),
+    "managed_ha": ("WARREN_MANAGED_HA", "bool"),
 }
 
 

@@ -13,9 +13,11 @@ from wire import messages as m
 from wire.errors import (COMMAND_INVALID, CONNECTION_FORCED, NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED,
                          ProtocolError)
 
-from mirroring.changes import MemberRemove, PolicyClear, PolicySet, QueueDelete
+from mirroring.changes import (MemberRemove, OperatorPolicyClear, OperatorPolicySet, PolicyClear,
+                               PolicySet, QueueDelete)
 from mirroring.maintenance import replicas, sync_critical_queues, unsynchronised_queues
-from mirroring.policy import effective_policy, make_policy
+from mirroring.policy import (effective_definition, effective_policy, make_operator_policy,
+                             make_policy)
 from mirroring.sync import progress_line
 
 from . import config as configmod
@@ -27,7 +29,7 @@ from .peers import dial_handshake
 QUEUE_COLUMNS = ("name", "durable", "auto_delete", "exclusive", "arguments", "policy", "pid",
                  "mirror_pids", "synchronised_mirror_pids", "messages", "messages_ready",
                  "messages_unacknowledged", "consumers", "leader", "state", "sync_progress",
-                 "type", "effective_policy_definition",
+                 "type", "effective_policy_definition", "operator_policy",
                  # RabbitMQ's names before 3.11.4 (3.10, and Amazon MQ's 3.8-3.10), where
                  # mirror_pids came in as their alias: the same lists
                  "slave_pids", "synchronised_slave_pids")
@@ -243,13 +245,17 @@ async def cmd_list_queues(node, args):
     for name, q in sorted(node.md.queues.items()):
         s = stats.get(name)
         pol = effective_policy(node.md.policies, name)
+        op = effective_policy(node.md.operator_policies, name)
         listed = [n for n in q.mirrors if n in mirrors.get(name, {})]
         synced = set(s["synced"]) if s else set()
         full = {
             "name": name, "durable": q.durable, "auto_delete": q.auto_delete,
             "exclusive": q.exclusive, "arguments": q.arguments,
             "policy": pol.name if pol else "",
-            "type": "classic", "effective_policy_definition": pol.definition if pol else {},
+            "type": "classic",
+            "effective_policy_definition": effective_definition(
+                node.md.policies, node.md.operator_policies, name),
+            "operator_policy": op.name if op else "",
             "pid": s["pid"] if s else "",
             "mirror_pids": [mirrors[name][n] for n in listed],
             "synchronised_mirror_pids": [mirrors[name][n] for n in listed if n in synced],
@@ -329,8 +335,30 @@ async def cmd_clear_policy(node, args):
 
 async def cmd_list_policies(node, args):
     return [{"vhost": "/", "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
-             "definition": p.definition, "priority": p.priority}
+             "definition": p.definition, "priority": p.priority, "set_by": p.set_by}
             for p in sorted(node.md.policies.values(), key=lambda p: p.name)]
+
+
+async def cmd_set_operator_policy(node, args):
+    _require_running(node)
+    record = make_operator_policy(args["name"], args["pattern"], args["definition"],
+                                  args.get("priority", 0), args.get("apply_to", "all"))
+    await node.cluster.propose(OperatorPolicySet(record))
+    return None
+
+
+async def cmd_clear_operator_policy(node, args):
+    _require_running(node)
+    if args["name"] not in node.md.operator_policies:
+        raise ProtocolError(NOT_FOUND, f"operator policy '{args['name']}' not found in vhost '/'")
+    await node.cluster.propose(OperatorPolicyClear(args["name"]))
+    return None
+
+
+async def cmd_list_operator_policies(node, args):
+    return [{"vhost": "/", "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+             "definition": p.definition, "priority": p.priority}
+            for p in sorted(node.md.operator_policies.values(), key=lambda p: p.name)]
 
 
 async def cmd_list_exchanges(node, args):
@@ -418,6 +446,9 @@ COMMANDS = {
     "sync_status": cmd_sync_status,
     "set_policy": cmd_set_policy, "clear_policy": cmd_clear_policy,
     "list_policies": cmd_list_policies,
+    "set_operator_policy": cmd_set_operator_policy,
+    "clear_operator_policy": cmd_clear_operator_policy,
+    "list_operator_policies": cmd_list_operator_policies,
     "status": cmd_status, "set_vm_memory_high_watermark": cmd_set_vm_memory_high_watermark,
     "cluster_status": cmd_cluster_status, "stop": cmd_stop,
     "stop_app": cmd_stop_app,

@@ -28,7 +28,10 @@ from .control import (BINDING_COLUMNS, DEFAULT_EXCHANGE_COLUMNS, DEFAULT_QUEUE_C
 from .network import TcpNetwork, connect_reason
 
 CONNECTION_COLUMNS = ("name", "node", "peer", "user", "client_name", "channels", "state")
-POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
+# set_by: "user", "managed-ha" (the managed HA's system policy) or "user+managed-ha" (a user's
+# policy whose HA keys the managed HA added or replaced: broker/config.py `managed_ha`)
+POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority", "set_by")
+OPERATOR_POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
 CHANNEL_COLUMNS = ("name", "connection", "number", "node", "user", "confirm", "transactional",
                    "consumer_count", "messages_unacknowledged", "messages_unconfirmed",
                    "prefetch_count")
@@ -46,7 +49,11 @@ LISTINGS = {
     "list_exchanges": (EXCHANGE_COLUMNS, DEFAULT_EXCHANGE_COLUMNS, "Listing exchanges for vhost / ..."),
     "list_bindings": (BINDING_COLUMNS, BINDING_COLUMNS, "Listing bindings for vhost /..."),
     "list_policies": (POLICY_COLUMNS, POLICY_COLUMNS, 'Listing policies for vhost "/" ...'),
+    "list_operator_policies": (OPERATOR_POLICY_COLUMNS, OPERATOR_POLICY_COLUMNS,
+                               'Listing operator policy overrides for vhost "/" ...'),
 }
+POLICY_SETTERS = {"set_policy": "policy", "set_operator_policy": "operator policy override"}
+POLICY_CLEARERS = {"clear_policy": "policy", "clear_operator_policy": "operator policy"}
 
 
 def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
@@ -131,7 +138,10 @@ COMMAND_HELP = {
     # policies
     "set_policy": "set a policy: NAME PATTERN DEFINITION",
     "clear_policy": "remove a policy",
-    "list_policies": "list the policies, by name",
+    "list_policies": "list the policies, by name, with who set them",
+    "set_operator_policy": "set an operator policy (caps queue limits): NAME PATTERN DEFINITION",
+    "clear_operator_policy": "remove an operator policy",
+    "list_operator_policies": "list the operator policies, by name",
 }
 
 
@@ -167,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (valid, _, _) in LISTINGS.items():
         s = command(name)
         s.add_argument("-p", "--vhost", default="/")
-        if name != "list_policies":  # rabbitmqctl's list_policies takes no columns
+        if name not in ("list_policies", "list_operator_policies"):  # they take no columns
             s.add_argument("columns", nargs="*", metavar="COLUMN", help=" ".join(valid))
     cc = command("close_connection")
     cc.add_argument("name", help="the connection's name, NODE/NUMBER, from list_connections")
@@ -177,16 +187,19 @@ def build_parser() -> argparse.ArgumentParser:
         s = command(name)
         s.add_argument("-p", "--vhost", default="/")
         s.add_argument("queue")
-    sp = command("set_policy")
-    sp.add_argument("-p", "--vhost", default="/")
-    sp.add_argument("--priority", default="0")
-    sp.add_argument("--apply-to", dest="apply_to", default="all")
-    sp.add_argument("name")
-    sp.add_argument("pattern", help="a regular expression matched against queue names")
-    sp.add_argument("definition", help="a JSON object, e.g. '{\"ha-mode\":\"all\"}'")
-    cp = command("clear_policy")
-    cp.add_argument("-p", "--vhost", default="/")
-    cp.add_argument("name")
+    for name, example in (("set_policy", '{"ha-mode":"all"}'),
+                          ("set_operator_policy", '{"max-length":1000}')):
+        sp = command(name)
+        sp.add_argument("-p", "--vhost", default="/")
+        sp.add_argument("--priority", default="0")
+        sp.add_argument("--apply-to", dest="apply_to", default="all")
+        sp.add_argument("name")
+        sp.add_argument("pattern", help="a regular expression matched against queue names")
+        sp.add_argument("definition", help=f"a JSON object, e.g. '{example}'")
+    for name in POLICY_CLEARERS:
+        cp = command(name)
+        cp.add_argument("-p", "--vhost", default="/")
+        cp.add_argument("name")
     # the subcommand list argparse prints under "commands", in COMMAND_HELP's order
     sub._choices_actions.sort(key=lambda a: list(COMMAND_HELP).index(a.dest))
     return p
@@ -327,14 +340,14 @@ def _set_policy_payload(args) -> dict:
         priority = int(args.priority)
     except ValueError:
         raise _Refused(f"--priority must be an integer, got {args.priority!r}") from None
-    print(f'Setting policy "{args.name}" for pattern "{args.pattern}" to "{args.definition}" '
-          f'with priority "{priority}" for vhost "/" ...', file=sys.stderr)
+    print(f'Setting {POLICY_SETTERS[args.command]} "{args.name}" for pattern "{args.pattern}" to '
+          f'"{args.definition}" with priority "{priority}" for vhost "/" ...', file=sys.stderr)
     return {"name": args.name, "pattern": args.pattern, "definition": args.definition,
             "priority": priority, "apply_to": args.apply_to}
 
 
 def _clear_policy_payload(args) -> dict:
-    print(f'Clearing policy "{args.name}" on vhost "/" ...', file=sys.stderr)
+    print(f'Clearing {POLICY_CLEARERS[args.command]} "{args.name}" on vhost "/" ...', file=sys.stderr)
     return {"name": args.name}
 
 
@@ -349,8 +362,8 @@ PAYLOADS = {
     "purge_queue": _queue_payload,
     "sync_queue": _queue_payload,
     "cancel_sync_queue": _queue_payload,
-    "set_policy": _set_policy_payload,
-    "clear_policy": _clear_policy_payload,
+    **{name: _set_policy_payload for name in POLICY_SETTERS},
+    **{name: _clear_policy_payload for name in POLICY_CLEARERS},
 }
 
 

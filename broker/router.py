@@ -36,7 +36,7 @@ import trio
 from mirroring import replica as rp
 from mirroring import changes as c
 from mirroring.records import QueueDef
-from mirroring.policy import effective_policy, ha_settings
+from mirroring.policy import effective_definition, effective_policy, ha_settings
 from mirroring.queue import limits_from
 from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_FOUND, ProtocolError
@@ -137,10 +137,12 @@ class Router:
                                 stall_after=cfg.net_ticktime)
 
     def _assign(self, qdef: QueueDef, md) -> rp.Assign:
-        policy = effective_policy(md.policies, qdef.name)  # its ha keys and its limits
+        policy = effective_policy(md.policies, qdef.name)  # its ha keys
+        # its limits: the policy's merged with the operator policy's
+        limits = effective_definition(md.policies, md.operator_policies, qdef.name)
         return rp.Assign(qdef.leader, qdef.epoch, list(qdef.mirrors), list(qdef.synced),
                          ha_settings(policy, qdef.exclusive), qdef.auto_delete,
-                         limits_from(qdef.arguments, policy.definition if policy else None))
+                         limits_from(qdef.arguments, limits))
 
     def reconcile(self, touched: set[str] | None = None) -> None:
         """Bring the replicas on this node in line with the metadata: those of the queues in

@@ -116,6 +116,10 @@ def parse_args(argv=None) -> dict:
                    help="refuse clients that give no certificate (WARREN_TLS_FAIL_IF_NO_PEER_CERT)")
     p.add_argument("--amqps-port", dest="amqps_port", type=int,
                    help="AMQP 0-9-1 over TLS port when TLS is on (WARREN_AMQPS_PORT, default 5671)")
+    p.add_argument("--managed-ha", dest="managed_ha", action="store_const", const=True,
+                   help="Amazon MQ's managed HA policy: a system policy mirrors every queue on "
+                        "all nodes, and every policy gets ha-mode all, ha-sync-mode automatic "
+                        "(WARREN_MANAGED_HA, TOML managed_ha)")
     p.add_argument("--config", help="TOML configuration file (WARREN_CONFIG_FILE)")
     return vars(p.parse_args(argv))
 

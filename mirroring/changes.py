@@ -125,6 +125,20 @@ class PolicyClear(Change, tag="policy.clear"):
     updates: tuple[QueueUpdate, ...] = ()
 
 
+class OperatorPolicySet(Change, tag="operator_policy.set"):
+    """An operator policy (limits only: no queue's replicas move, so no updates)."""
+    policy: Policy
+
+
+class OperatorPolicyClear(Change, tag="operator_policy.clear"):
+    name: str
+
+
+class ManagedHAEnable(Change, tag="managed_ha.enable"):
+    """Turn on the managed HA (a node started with `managed_ha` proposes it). The log's leader
+    commits it with the system policy and the HA keys of every user policy put in line."""
+
+
 class Replan(Change, tag="replan"):
     """Request: bring every queue's placement in line (the leader's liveness check)."""
 

@@ -62,6 +62,8 @@ class Metadata:
         self.bindings: dict[str, list[Binding]] = {}
         self._routes: xmod.Routes | None = None
         self.policies: dict[str, Policy] = {}
+        self.operator_policies: dict[str, Policy] = {}  # RabbitMQ's operator policies
+        self.managed_ha = False  # Amazon MQ's managed HA policy is in force (mirroring/policy.py)
         self.down: dict[str, str] = {}  # member -> "failure" | "shutdown"
         self.up: dict[str, int] = {}  # member -> incarnation, for members recorded running
         # member -> how many times a run of it was recorded down: a node that learns the news
@@ -76,7 +78,8 @@ class Metadata:
         """The whole state (its records are shared: they are never changed in place)."""
         return Snapshot(self.version, self.cluster_name, dict(self.members), dict(self.queues),
                         dict(self.exchanges), {x: list(b) for x, b in self.bindings.items()},
-                        dict(self.policies), dict(self.down), dict(self.up), dict(self.times_down))
+                        dict(self.policies), dict(self.down), dict(self.up), dict(self.times_down),
+                        dict(self.operator_policies), self.managed_ha)
 
     @classmethod
     def from_snapshot(cls, snap) -> Metadata:
@@ -96,6 +99,8 @@ class Metadata:
         md.down = dict(snap.down)
         md.up = dict(snap.up)
         md.times_down = dict(snap.times_down)
+        md.operator_policies = dict(snap.operator_policies)
+        md.managed_ha = snap.managed_ha
         return md
 
     def copy(self) -> Metadata:
@@ -113,6 +118,8 @@ class Metadata:
         md.down = dict(self.down)
         md.up = dict(self.up)
         md.times_down = dict(self.times_down)
+        md.operator_policies = dict(self.operator_policies)
+        md.managed_ha = self.managed_ha
         return md
 
     def digest(self) -> str:
@@ -310,6 +317,21 @@ class Metadata:
         del self.policies[change.name]
         return self._apply_updates(change.updates)
 
+    def _operator_policy_set(self, change: c.OperatorPolicySet):
+        self.operator_policies[change.policy.name] = change.policy
+        return None
+
+    def _operator_policy_clear(self, change: c.OperatorPolicyClear):
+        if change.name not in self.operator_policies:
+            raise MetaError(NOT_FOUND,
+                            f"operator policy '{change.name}' not found in vhost '{VHOST}'")
+        del self.operator_policies[change.name]
+        return None
+
+    def _managed_ha_enable(self, change: c.ManagedHAEnable):
+        self.managed_ha = True
+        return None
+
 
 # each kind of change applied to the metadata, and its handler (the planner's requests,
 # mirroring/planner.py `_PLAN`, have none: they are never committed)
@@ -328,6 +350,9 @@ _APPLY: dict[type[c.Change], Callable[[Metadata, c.Change], object]] = {
     c.NodeUp: Metadata._node_up,
     c.PolicySet: Metadata._policy_set,
     c.PolicyClear: Metadata._policy_clear,
+    c.OperatorPolicySet: Metadata._operator_policy_set,
+    c.OperatorPolicyClear: Metadata._operator_policy_clear,
+    c.ManagedHAEnable: Metadata._managed_ha_enable,
 }
 
 

@@ -28,6 +28,10 @@ Rules (the spec's, section by section, in mirroring/policy.py's terms):
   with everything, and only that report makes them synchronised again.
 * a member is forgotten: queues it led move to their oldest mirror; a durable one without a
   mirror lives on, empty, on another member; a non-durable one is deleted.
+* managed HA (Amazon MQ's, once `managed_ha.enable` is committed): a policy a user sets is
+  committed with its HA keys forced to the system policy's (`enforce_managed_ha`); clearing the
+  system policy commits the clear and then the policy again; `managed_ha.enable` itself commits
+  the system policy and puts every user policy in line.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ from wire.errors import PRECONDITION_FAILED
 
 from . import changes as c
 from .metadata import MetaError
-from .policy import (HA, choose_promotion, effective_policy, ha_settings, initial_leader,
-                     leader_handover, place_mirrors)
+from .policy import (HA, SYSTEM_POLICY_NAME, choose_promotion, effective_policy,
+                     enforce_managed_ha, ha_settings, initial_leader, leader_handover,
+                     managed_ha_out_of_line, place_mirrors, system_policy)
 from .records import Placement, Policy, QueueDef, QueueUpdate
 
 
@@ -237,6 +242,28 @@ def _policy_clear(md, change: c.PolicyClear, running: set[str], live: set[str], 
     commit(c.PolicyClear(change.name, plan(md, live, policies=policies)))
 
 
+def _managed_policy_set(md, change: c.PolicySet, running: set[str], live: set[str],
+                        commit: Commit):
+    if md.managed_ha:
+        change = c.PolicySet(enforce_managed_ha(change.policy)[0])
+    _policy_set(md, change, running, live, commit)
+
+
+def _managed_policy_clear(md, change: c.PolicyClear, running: set[str], live: set[str],
+                          commit: Commit):
+    _policy_clear(md, change, running, live, commit)
+    if md.managed_ha and change.name == SYSTEM_POLICY_NAME:
+        _policy_set(md, c.PolicySet(system_policy()), running, live, commit)
+
+
+def _managed_ha_enable(md, change: c.ManagedHAEnable, running: set[str], live: set[str],
+                       commit: Commit):
+    if not md.managed_ha:
+        commit(change)
+    for record in managed_ha_out_of_line(md.policies):
+        _policy_set(md, c.PolicySet(record), running, live, commit)
+
+
 def _replan(md, change: c.Replan, running: set[str], live: set[str], commit: Commit):
     updates = plan(md, live)
     if updates:
@@ -265,8 +292,9 @@ _PLAN: dict[type[c.Change], Callable[..., None]] = {
     c.NodeDown: _node_down,
     c.NodeUp: _node_up,
     c.MemberRemove: _member_remove,
-    c.PolicySet: _policy_set,
-    c.PolicyClear: _policy_clear,
+    c.PolicySet: _managed_policy_set,
+    c.PolicyClear: _managed_policy_clear,
+    c.ManagedHAEnable: _managed_ha_enable,
     c.Replan: _replan,
     c.QueueSynced: _queue_synced,
     c.DropMirror: _drop_mirror,

@@ -27,6 +27,13 @@ this file; the broker only carries the answers out):
 * Promotion: the oldest running mirror allowed by the two promote keys wins. Unsynchronised
   mirrors are allowed only if `ha-promote-on-failure` is "always" and, on a controlled
   shutdown, also `ha-promote-on-shutdown` is "always".
+* Operator policies (`make_operator_policy`) are RabbitMQ 3.10's: only the keys OPERATOR_KEYS
+  (queue limits; never an ha-* key), chosen for a queue by the same rule as policies, and merged
+  with its policy's definition by `merge_operator_definition`: a key only one sets is taken
+  from it, a key both set takes the lesser value (`effective_definition`).
+* Managed HA (Amazon MQ's): the system policy SYSTEM_POLICY_NAME ({"ha-mode": "all",
+  "ha-sync-mode": "automatic"} on every queue) and every user policy's HA keys forced to those
+  two (`enforce_managed_ha`); the planner carries it out on the log's leader.
 
 Pure: no trio, no I/O, no clock. Inputs are records, lists and sets; outputs are new values.
 """
@@ -93,8 +100,8 @@ def _one_of(key: str, value, allowed: tuple) -> None:
 
 # --- definitions ---------------------------------------------------------------------------
 
-def parse_definition(definition: str | dict) -> dict:
-    """Check a policy definition (JSON text of an object, or a dict) and return a new dict."""
+def _definition_object(definition: str | dict) -> dict:
+    """A definition as a non-empty dict (from JSON text, or given as one), or PolicyError."""
     if isinstance(definition, str):
         try:
             definition = json.loads(definition)
@@ -108,6 +115,12 @@ def parse_definition(definition: str | dict) -> dict:
             f"{_show(definition)}")
     if not definition:
         raise PolicyError("'definition' must not be empty")
+    return definition
+
+
+def parse_definition(definition: str | dict) -> dict:
+    """Check a policy definition (JSON text of an object, or a dict) and return a new dict."""
+    definition = _definition_object(definition)
 
     unknown = sorted((k for k in definition if k not in KEYS), key=str)
     if unknown:
@@ -178,6 +191,12 @@ def parse_definition(definition: str | dict) -> dict:
 def make_policy(name: str, pattern: str, definition: str | dict, priority: int = 0,
                 apply_to: str = "all") -> Policy:
     """A validated policy record, ready to store in the cluster metadata."""
+    _check_fields(name, pattern, priority, apply_to)
+    return Policy(name, pattern, parse_definition(definition), priority, apply_to)
+
+
+def _check_fields(name, pattern, priority, apply_to) -> None:
+    """The checks of a policy's fields other than its definition."""
     if not isinstance(name, str) or not name:
         raise PolicyError(f"'name' must be a non-empty string, got {_show(name)}")
     if not isinstance(pattern, str):
@@ -189,7 +208,6 @@ def make_policy(name: str, pattern: str, definition: str | dict, priority: int =
     if not _is_int(priority):
         raise PolicyError(f"'priority' must be an integer, got {_show(priority)}")
     _one_of("apply-to", apply_to, APPLY_TO)
-    return Policy(name, pattern, parse_definition(definition), priority, apply_to)
 
 
 def effective_policy(policies: dict[str, Policy], queue_name: str) -> Policy | None:
@@ -323,3 +341,116 @@ def choose_promotion(ha: HA, mirrors: list[str], synced: set[str], running: set[
         if m in running and (unsynced_ok or m in synced):
             return m
     return None
+
+
+# --- operator policies ---------------------------------------------------------------------
+# RabbitMQ 3.10's operator policies: set by the cluster's operator, they cap what users' policies
+# may set. Only these keys are allowed (no ha-* key, no overflow): {key: least allowed value}.
+# `max-in-memory-length`, `max-in-memory-bytes` and `delivery-limit` are quorum-queue limits in
+# RabbitMQ; warren accepts and stores them, and its classic queues ignore them.
+OPERATOR_KEYS = {"expires": 1, "message-ttl": 0, "max-length": 0, "max-length-bytes": 0,
+                 "max-in-memory-length": 0, "max-in-memory-bytes": 0, "delivery-limit": 0}
+
+
+def parse_operator_definition(definition: str | dict) -> dict:
+    """Check an operator policy's definition (JSON text of an object, or a dict): every key one
+    of OPERATOR_KEYS with an integer value no less than its least; a new dict, or PolicyError."""
+    definition = _definition_object(definition)
+    unknown = sorted((k for k in definition if k not in OPERATOR_KEYS), key=str)
+    if unknown:
+        names = ", ".join(f"'{k}'" for k in unknown)
+        raise PolicyError(f"{names} are not recognised policy settings")
+    for key, least in OPERATOR_KEYS.items():
+        if key in definition:
+            value = definition[key]
+            if not _is_int(value) or value < least:
+                kind = "a positive integer" if least else "a non-negative integer"
+                raise PolicyError(f"'{key}' must be {kind}, got {_show(value)}")
+    return dict(definition)
+
+
+def make_operator_policy(name: str, pattern: str, definition: str | dict, priority: int = 0,
+                         apply_to: str = "all") -> Policy:
+    """A validated operator policy record (the checks of `make_policy`, the operator's keys)."""
+    _check_fields(name, pattern, priority, apply_to)
+    return Policy(name, pattern, parse_operator_definition(definition), priority, apply_to)
+
+
+def merge_operator_definition(user: dict | None, operator: dict | None) -> dict:
+    """A queue's definition from its user policy's and its operator policy's (either may be
+    None), as RabbitMQ merges them: a key only one of them sets is taken from it; a key both set
+    (the operator's keys are all numeric limits) takes the lesser value."""
+    merged = dict(user or {})
+    for key, value in (operator or {}).items():
+        mine = merged.get(key)
+        merged[key] = value if mine is None else min(mine, value)
+    return merged
+
+
+def effective_definition(policies: dict[str, Policy], operator_policies: dict[str, Policy],
+                         queue_name: str) -> dict:
+    """The definition in effect for a queue: its policy's merged with its operator policy's,
+    each chosen among its kind by `effective_policy`'s rule (pattern, apply-to, priority)."""
+    user = effective_policy(policies, queue_name)
+    operator = effective_policy(operator_policies, queue_name)
+    return merge_operator_definition(user.definition if user else None,
+                                     operator.definition if operator else None)
+
+
+# --- managed HA (Amazon MQ's cluster deployments) -------------------------------------------
+# Amazon MQ keeps every queue of a cluster mirrored on all nodes: a system policy that exists
+# from the cluster's creation and is recreated if deleted, and the HA keys of every policy a
+# user sets forced to its own (added when missing, replaced when different). RabbitMQ's
+# operator policies cannot carry ha-* keys, so this is done the way Amazon MQ does it: by
+# rewriting the policies themselves (mirroring/planner.py, on the log's leader).
+SYSTEM_POLICY_NAME = "ha-all-AWS-OWNED-DO-NOT-DELETE"
+MANAGED_HA_KEYS = {"ha-mode": "all", "ha-sync-mode": "automatic"}
+HA_KEYS = ("ha-mode", *NEEDS_HA_MODE)
+
+
+def system_policy() -> Policy:
+    """The managed HA's system policy: every queue and exchange, priority 0."""
+    return Policy(SYSTEM_POLICY_NAME, ".*", dict(MANAGED_HA_KEYS), 0, "all", "managed-ha")
+
+
+def enforce_managed_ha(policy: Policy) -> tuple[Policy, str]:
+    """A policy with its HA keys forced to the managed HA's, and what changed ("" if nothing).
+
+    A policy that applies only to exchanges is left alone (HA keys mean nothing there); the
+    system policy is rebuilt as it should be.
+    """
+    if policy.name == SYSTEM_POLICY_NAME:
+        wanted = system_policy()
+        return wanted, "" if policy == wanted else "system policy restored"
+    if policy.apply_to == "exchanges":
+        return policy, ""
+    old = policy.definition
+    present = {k: old[k] for k in HA_KEYS if k in old}
+    if present == MANAGED_HA_KEYS:
+        return policy, ""
+    definition = {k: v for k, v in old.items() if k not in HA_KEYS}
+    definition.update(MANAGED_HA_KEYS)
+    if present:
+        was = ", ".join(f"{k}={_show(v)}" for k, v in present.items())
+        note = f"HA keys replaced ({was})"
+    else:
+        note = "HA keys added"
+    rewritten = Policy(policy.name, policy.pattern, definition, policy.priority, policy.apply_to,
+                       "user+managed-ha")
+    return rewritten, note
+
+
+def managed_ha_out_of_line(policies: dict[str, Policy]) -> list[Policy]:
+    """The policies as the managed HA wants them, for those that are not (the system policy
+    first, if it is missing or changed)."""
+    out = []
+    system = policies.get(SYSTEM_POLICY_NAME)
+    if system != system_policy():
+        out.append(system_policy())
+    for name in sorted(policies):
+        if name == SYSTEM_POLICY_NAME:
+            continue
+        rewritten, note = enforce_managed_ha(policies[name])
+        if note:
+            out.append(rewritten)
+    return out

@@ -126,9 +126,13 @@ def check_arguments(name: str, arguments: dict) -> None:
                                 f"(warren supports {' and '.join(OVERFLOW)})")
     qtype = arguments.get("x-queue-type")
     if qtype is not None and qtype not in ("classic", b"classic"):
+        why = "warren has classic queues only"
+        if qtype in ("quorum", b"quorum"):
+            why += (", as Amazon MQ's RabbitMQ clusters: they do not support quorum queues "
+                    "(classic mirrored queues, set by policy, replicate instead)")
         raise ProtocolError(PRECONDITION_FAILED,
                             f"invalid arg 'x-queue-type' {where}: {{unacceptable_value,{qtype!r}}} "
-                            "(warren has classic queues only)")
+                            f"({why})")
     if "x-cancel-on-ha-failover" in arguments and not isinstance(arguments["x-cancel-on-ha-failover"], bool):
         raise ProtocolError(PRECONDITION_FAILED, f"invalid arg 'x-cancel-on-ha-failover' {where}: "
                                                  f"{{unacceptable_type,{_amqp_type(arguments['x-cancel-on-ha-failover'])}}}")

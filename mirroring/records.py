@@ -86,12 +86,15 @@ class Binding(Record, array_like=True):
 
 
 class Policy(Record):
-    """A validated policy (mirroring/policy.py `make_policy` builds them)."""
+    """A validated policy (mirroring/policy.py `make_policy` builds them; `make_operator_policy`
+    builds operator policies). `set_by`: "user"; "managed-ha" for the managed HA's system policy;
+    "user+managed-ha" for a user's policy whose HA keys the managed HA added or replaced."""
     name: str
     pattern: str
     definition: dict
     priority: int
     apply_to: str
+    set_by: str = "user"
 
 
 class DeleteRequester(Record, array_like=True):
@@ -116,3 +119,5 @@ class Snapshot(Record):
     down: dict[str, str]
     up: dict[str, int]
     times_down: dict[str, int]
+    operator_policies: dict[str, Policy] = {}
+    managed_ha: bool = False

@@ -273,3 +273,25 @@ def test_a_node_named_the_rabbitmqctl_way_is_found_by_the_name_after_the_at(home
     assert node_name("warren@n3", ["n1", "n2", "n3"]) == "n3"
     assert node_name("warren@n9", ["n1", "n2", "n3"]) == "warren@n9"  # then "not a member"
     assert node_name("a@b", ["a@b", "b"]) == "a@b"
+
+
+def test_managed_ha_from_flag_environment_or_file(tmp_path):
+    assert config.load({"name": "n1", "secret": "s"}, {}).managed_ha is False
+    assert config.load({"name": "n1", "secret": "s", "managed_ha": True}, {}).managed_ha
+    for word, value in (("true", True), ("1", True), ("off", False)):
+        env = {"WARREN_MANAGED_HA": word}
+        assert config.load({"name": "n1", "secret": "s"}, env).managed_ha is value, word
+    with pytest.raises(ConfigError, match="WARREN_MANAGED_HA='maybe' is not a boolean"):
+        config.load({"name": "n1", "secret": "s"}, {"WARREN_MANAGED_HA": "maybe"})
+    good = tmp_path / "on.toml"
+    good.write_text('name = "n1"\nsecret = "s"\nmanaged_ha = true\n')
+    assert config.load({"config": str(good)}, {}).managed_ha is True
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "n1"\nsecret = "s"\nmanaged_ha = "yes"\n')
+    with pytest.raises(ConfigError, match="managed_ha must be a boolean"):
+        config.load({"config": str(bad)}, {})
+    # booleans stay refused where a number is wanted
+    num = tmp_path / "num.toml"
+    num.write_text('name = "n1"\nsecret = "s"\nmax_frame = true\n')
+    with pytest.raises(ConfigError, match="max_frame must be an integer"):
+        config.load({"config": str(num)}, {})

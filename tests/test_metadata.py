@@ -13,7 +13,7 @@ from mirroring.changes import (DropMirror, MemberAdd, MemberRemove, NodeDown, No
                                QueueDeclare, QueueDelete, QueuesUpdate, Replan, client_delete,
                                delete_asked_by)
 from mirroring.metadata import _APPLY, Metadata, MetaError
-from mirroring.policy import make_policy
+from mirroring.policy import make_operator_policy, make_policy
 from mirroring.records import Placement, QueueDef, QueueUpdate
 from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, SYNTAX_ERROR, ProtocolError
 
@@ -173,6 +173,8 @@ ALL_KINDS = [
     NodeDown("n1", 7, "shutdown", (QueueUpdate("q", None),)), NodeUp("n1", 8),
     PolicySet(make_policy("ha", ".*", {"ha-mode": "exactly", "ha-params": 2})),
     c.PolicyClear("ha"), Replan(), c.QueueSynced("q", 2, ("n2", "n3")), DropMirror("q", 2, "n3"),
+    c.OperatorPolicySet(make_operator_policy("cap", "^a", {"max-length": 5}, 1, "queues")),
+    c.OperatorPolicyClear("cap"), c.ManagedHAEnable(),
 ]
 
 
