@@ -448,7 +448,7 @@ class Cluster(PeerLinks):
             if not planned:
                 p.done(True, None, 0, "")
                 continue
-            self._log_managed_ha(p.change, planned)
+            log_managed_ha(self.log, p.change, planned)
             try:
                 index = 0
                 for change, _ in planned:
@@ -467,15 +467,6 @@ class Cluster(PeerLinks):
         raft.replicate()
         if raft.out or raft.dirty:
             self._after_raft(now)
-
-    def _log_managed_ha(self, proposed: c.Change, planned: list) -> None:
-        """Say what the managed HA did to the policies of a round (mirroring/planner.py)."""
-        for change, _ in planned:
-            if type(change) is c.PolicySet and change.policy.set_by != "user":
-                asked = proposed.policy.definition if type(proposed) is c.PolicySet else None
-                self.log.info("policy set by the managed HA", policy=change.policy.name,
-                              set_by=change.policy.set_by, definition=change.policy.definition,
-                              asked=asked)
 
     async def propose(self, change: c.Change, timeout: float = PROPOSE_TIMEOUT):
         """Have the log commit a change; returns its value or raises MetaError."""
@@ -684,3 +675,12 @@ class Cluster(PeerLinks):
         """This node joins: the leader's log becomes ours (the app is stopped)."""
         self.save_state(Persistent.from_dict(joined["raft"]), joined["commit"])
         self.md = self.load_metadata()
+
+
+def log_managed_ha(log, proposed: c.Change, planned: list) -> None:
+    """Say what the managed HA did to the policies of a round (mirroring/planner.py)."""
+    for change, _ in planned:
+        if type(change) is c.PolicySet and change.policy.set_by != "user":
+            asked = proposed.policy.definition if type(proposed) is c.PolicySet else None
+            log.info("policy set by the managed HA", policy=change.policy.name,
+                     set_by=change.policy.set_by, definition=change.policy.definition, asked=asked)
