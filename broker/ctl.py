@@ -245,6 +245,10 @@ def ctl_network(args) -> TcpNetwork:
 _network = TcpNetwork()  # run() sets it from the TLS options
 
 
+class _Refused(Exception):
+    """A command line warrenctl refuses before asking any node: exit 2 with its message."""
+
+
 def run(argv=None) -> int:
     global _network
     args = build_parser().parse_args(argv)
@@ -257,67 +261,115 @@ def run(argv=None) -> int:
         if args.node is None:
             args.node = default_node(args.command)
         secret = configmod.resolve_secret(args.secret, args.secret_file, create=False)
-        if args.command == "await_startup":
-            return _await(args, secret, _started, f"node '{args.node}' to start")
-        if args.command == "await_online_nodes":
-            if args.count < 1:
-                print("Error: COUNT must be at least 1", file=sys.stderr)
-                return 2
-            return _await(args, secret, _online(args.count),
-                          f"{args.count} running node(s) in the cluster of '{args.node}'")
+        waiter = WAITERS.get(args.command)
+        if waiter is not None:
+            return waiter(args, secret)
         host, port = configmod.lookup(args.node)
     except configmod.ConfigError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
-    cmd = args.command
-    if cmd == "rolling_restart":
+    if args.command == "rolling_restart":
         return _rolling_restart(args, secret, host, port)
-    payload: dict = {}
-    columns = None
-    header = None
-    if getattr(args, "vhost", "/") != "/":
-        print(f"Error: virtual host '{args.vhost}' does not exist (warren has only '/')", file=sys.stderr)
+    try:
+        payload, columns, header = _request(args)
+    except _Refused as exc:
+        print(f"Error: {exc}", file=sys.stderr)
         return 2
-    if cmd in ("join_cluster", "forget_cluster_node"):
-        payload["node"] = args.target
-    elif cmd == "set_vm_memory_high_watermark":
-        words = args.value
-        absolute = words[0] == "absolute"
-        if absolute:
-            words = words[1:]
-        if len(words) != 1:
-            print("Error: expected a fraction (0.4) or 'absolute' and a size (absolute 512MiB)",
-                  file=sys.stderr)
-            return 2
-        # rabbitmqctl's `absolute 1073741824` is bytes; a bare number is otherwise a fraction
-        payload["value"] = words[0] + "B" if absolute and words[0].isdigit() else words[0]
-    elif cmd in LISTINGS:
+    return _call_and_show(args, secret, host, port, payload, columns, header)
+
+
+def _await_startup(args, secret: bytes) -> int:
+    return _await(args, secret, _started, f"node '{args.node}' to start")
+
+
+def _await_online_nodes(args, secret: bytes) -> int:
+    if args.count < 1:
+        print("Error: COUNT must be at least 1", file=sys.stderr)
+        return 2
+    return _await(args, secret, _online(args.count),
+                  f"{args.count} running node(s) in the cluster of '{args.node}'")
+
+
+# The commands that wait for a node or a cluster to come up: name -> handler(args, secret).
+WAITERS = {"await_startup": _await_startup, "await_online_nodes": _await_online_nodes}
+
+
+def _request(args) -> tuple[dict, list | None, str | None]:
+    """What to ask the node for `args.command`: its payload, and for a listing the columns to
+    show and their header. Raises _Refused on a command line no node could answer."""
+    cmd = args.command
+    if getattr(args, "vhost", "/") != "/":
+        raise _Refused(f"virtual host '{args.vhost}' does not exist (warren has only '/')")
+    if cmd in LISTINGS:
         valid, default, header = LISTINGS[cmd]
         columns = getattr(args, "columns", None) or list(default)
-        if cmd == "list_queues":
-            payload["columns"] = columns  # the node builds only these
-    elif cmd == "close_connection":
-        payload.update(name=args.name, explanation=args.explanation)
-    elif cmd in ("delete_queue", "purge_queue", "sync_queue", "cancel_sync_queue"):
-        payload["queue"] = args.queue
-    elif cmd in POLICY_SETTERS:
-        try:
-            priority = int(args.priority)
-        except ValueError:
-            print(f"Error: --priority must be an integer, got {args.priority!r}", file=sys.stderr)
-            return 2
-        payload.update(name=args.name, pattern=args.pattern, definition=args.definition,
-                       priority=priority, apply_to=args.apply_to)
-        print(f'Setting {POLICY_SETTERS[cmd]} "{args.name}" for pattern "{args.pattern}" to '
-              f'"{args.definition}" with priority "{priority}" for vhost "/" ...', file=sys.stderr)
-    elif cmd in POLICY_CLEARERS:
-        payload["name"] = args.name
-        print(f'Clearing {POLICY_CLEARERS[cmd]} "{args.name}" on vhost "/" ...', file=sys.stderr)
-    for c in columns or []:
-        if c not in valid:
-            print(f"Error: {nearest(c, valid, 'column')} ({cmd}'s columns: {' '.join(valid)})",
-                  file=sys.stderr)
-            return 2
+        for c in columns:
+            if c not in valid:
+                raise _Refused(f"{nearest(c, valid, 'column')} ({cmd}'s columns: {' '.join(valid)})")
+        payload = {"columns": columns} if cmd == "list_queues" else {}  # the node builds only these
+        return payload, columns, header
+    build = PAYLOADS.get(cmd)
+    return (build(args) if build else {}), None, None
+
+
+def _node_payload(args) -> dict:
+    return {"node": args.target}
+
+
+def _queue_payload(args) -> dict:
+    return {"queue": args.queue}
+
+
+def _watermark_payload(args) -> dict:
+    words = args.value
+    absolute = words[0] == "absolute"
+    if absolute:
+        words = words[1:]
+    if len(words) != 1:
+        raise _Refused("expected a fraction (0.4) or 'absolute' and a size (absolute 512MiB)")
+    # rabbitmqctl's `absolute 1073741824` is bytes; a bare number is otherwise a fraction
+    return {"value": words[0] + "B" if absolute and words[0].isdigit() else words[0]}
+
+
+def _close_connection_payload(args) -> dict:
+    return {"name": args.name, "explanation": args.explanation}
+
+
+def _set_policy_payload(args) -> dict:
+    try:
+        priority = int(args.priority)
+    except ValueError:
+        raise _Refused(f"--priority must be an integer, got {args.priority!r}") from None
+    print(f'Setting {POLICY_SETTERS[args.command]} "{args.name}" for pattern "{args.pattern}" to '
+          f'"{args.definition}" with priority "{priority}" for vhost "/" ...', file=sys.stderr)
+    return {"name": args.name, "pattern": args.pattern, "definition": args.definition,
+            "priority": priority, "apply_to": args.apply_to}
+
+
+def _clear_policy_payload(args) -> dict:
+    print(f'Clearing {POLICY_CLEARERS[args.command]} "{args.name}" on vhost "/" ...', file=sys.stderr)
+    return {"name": args.name}
+
+
+# The commands whose request carries arguments: name -> builder(args) -> payload. The others
+# (and the listings, which _request handles) send an empty one.
+PAYLOADS = {
+    "join_cluster": _node_payload,
+    "forget_cluster_node": _node_payload,
+    "set_vm_memory_high_watermark": _watermark_payload,
+    "close_connection": _close_connection_payload,
+    "delete_queue": _queue_payload,
+    "purge_queue": _queue_payload,
+    "sync_queue": _queue_payload,
+    "cancel_sync_queue": _queue_payload,
+    **{name: _set_policy_payload for name in POLICY_SETTERS},
+    **{name: _clear_policy_payload for name in POLICY_CLEARERS},
+}
+
+
+def _call_and_show(args, secret: bytes, host: str, port: int, payload: dict, columns, header) -> int:
+    """Send the command to the node, then print its answer (or what went wrong); the exit code."""
+    cmd = args.command
     me = f"warrenctl-{os.getpid()}"
     process = local_process(host, port) if cmd == "stop" else None
     try:
@@ -339,43 +391,58 @@ def run(argv=None) -> int:
         return _sync_critical_result(args, value)
     if cmd == "sync_queue" and args.formatter != "json":
         return _follow_sync(args, host, port, me, secret, value)
-    if cmd == "stop":
-        if process is not None:
-            if not wait_exited(*process, args.timeout):
-                print(f"Error: node '{args.node}' accepted stop, but its process (pid {process[0]}) "
-                      f"has not exited after {args.timeout:g} s (-t/--timeout); its log says what "
-                      f"it is doing", file=sys.stderr)
-                return 75
-        elif not _wait_gone(host, port, me, secret, args.timeout):
-            print(f"Error: node '{args.node}' accepted stop but still answers after {args.timeout:g} s",
-                  file=sys.stderr)
-            return 75
+    if cmd == "stop" and not _stopped(args, process, host, port, me, secret):
+        return 75
+    _show(args, value, columns, header)
+    return 0
+
+
+def _stopped(args, process, host: str, port: int, me: str, secret: bytes) -> bool:
+    """After `stop`: wait for the node's process to exit (or, remote, for it to stop answering);
+    False, having said why, when it does not within the timeout."""
+    if process is not None:
+        if not wait_exited(*process, args.timeout):
+            print(f"Error: node '{args.node}' accepted stop, but its process (pid {process[0]}) "
+                  f"has not exited after {args.timeout:g} s (-t/--timeout); its log says what "
+                  f"it is doing", file=sys.stderr)
+            return False
+    elif not _wait_gone(host, port, me, secret, args.timeout):
+        print(f"Error: node '{args.node}' accepted stop but still answers after {args.timeout:g} s",
+              file=sys.stderr)
+        return False
+    return True
+
+
+def _show(args, value, columns, header) -> None:
+    """Print a node's answer: JSON, a listing's table, cluster_status's summary, or key/values."""
     if args.formatter == "json":
         if getattr(args, "columns", None) and isinstance(value, list):
             value = [{c: row.get(c) for c in columns} for row in value]  # the columns asked for
         print(json.dumps(value, indent=None if isinstance(value, list) else 2))
-        return 0
-    if columns is not None:
+    elif columns is not None:
         if not args.quiet and header:
             print(header)
             print("\t".join(columns))
         if value:
             print(_table(value, columns))
-    elif cmd == "cluster_status":
-        print(f"Cluster status of node {value['node']} ...")
-        print(f"Cluster name: {value['cluster_name']}")
-        print("Members: " + ", ".join(value["members"]))
-        print("Running nodes: " + ", ".join(value["running_nodes"]))
-        if value.get("paused"):
-            print("Paused: clients refused, no majority of the members reachable (pause_minority)")
-        for peer, reason in sorted((value.get("refused_by") or {}).items()):
-            print(f"Link refused by {peer}: {reason}")
+    elif args.command == "cluster_status":
+        _show_cluster_status(value)
     elif isinstance(value, dict):
         for k, v in value.items():
             print(f"{k}\t{_cell(v)}")
     elif value is not None:
         print(value)
-    return 0
+
+
+def _show_cluster_status(value: dict) -> None:
+    print(f"Cluster status of node {value['node']} ...")
+    print(f"Cluster name: {value['cluster_name']}")
+    print("Members: " + ", ".join(value["members"]))
+    print("Running nodes: " + ", ".join(value["running_nodes"]))
+    if value.get("paused"):
+        print("Paused: clients refused, no majority of the members reachable (pause_minority)")
+    for peer, reason in sorted((value.get("refused_by") or {}).items()):
+        print(f"Link refused by {peer}: {reason}")
 
 
 def _sync_critical_result(args, value: dict) -> int:

@@ -110,10 +110,70 @@ async def basics(cluster, count: int = 10_000) -> None:
                                 "messages_unacknowledged", "consumers"))
 
 
+class FailoverTally:
+    """What the failover run saw: the publishes confirmed or nacked, every delivery (its id, the
+    moment it arrived, whether it was a repeat), when the leader was killed, and what was cut
+    short."""
+
+    def __init__(self):
+        self.stats = {"published": 0, "confirmed": 0, "nacked": 0, "delivered": 0, "redelivered": 0,
+                      "duplicates": 0, "lost": 0, "gap_ms": 0.0}
+        self.confirmed: set[int] = set()
+        self.seen: set[int] = set()
+        self.times: list[float] = []
+        self.notes: list[str] = []
+        self.killed_at: list[float] = []
+
+    def on_confirm(self, first_tag, last_tag, ok, reason) -> None:
+        if ok:
+            self.confirmed.update(range(first_tag, last_tag + 1))
+        else:
+            self.stats["nacked"] += last_tag - first_tag + 1
+
+    def delivered(self, msg) -> None:
+        mid = int.from_bytes(msg.body[:8], "big")
+        self.times.append(time.monotonic())
+        self.stats["delivered"] += 1
+        if msg.redelivered:
+            self.stats["redelivered"] += 1
+        if mid in self.seen:
+            self.stats["duplicates"] += 1
+        self.seen.add(mid)
+
+    def finish(self) -> None:
+        """Count the confirmed and the lost, and the longest pause in deliveries around the kill."""
+        stats = self.stats
+        stats["confirmed"] = len(self.confirmed)
+        stats["lost"] = len(self.confirmed - self.seen)
+        if self.killed_at and self.times:
+            around = [t for t in self.times if self.killed_at[0] - 1 <= t <= self.killed_at[0] + 10]
+            gaps = [b - a for a, b in zip(around, around[1:])]
+            stats["gap_ms"] = round(max(gaps, default=0.0) * 1000, 1)
+
+
 async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at: float = 1.5) -> dict:
     """A queue mirrored to every node: publish ids at `rate` msgs/s (confirms) and consume them
     (manual acks) through the two nodes that do not lead it, kill -9 the leader's node at
     `kill_at`, and report what happened to every message. Returns the summary."""
+    running, leader = await _mirrored_queue(cluster)
+    if leader not in cluster.procs or not cluster.alive(leader):
+        raise RuntimeError(f"{FAILOVER} is led by {leader}, which is not a running node this demo "
+                           f"started: it kills only its own nodes")
+    others = [n for n in running if n != leader and n in cluster.procs]
+    if not others:
+        raise RuntimeError(f"only {leader} runs: a failover needs a second running node")
+    print(f"== publishing {rate:,} msgs/s for {seconds:g} s via {others[0]}, consuming via "
+          f"{others[-1]}; kill -9 of {leader} (the leader of {FAILOVER}) at t={kill_at:g} s")
+    tally = FailoverTally()
+    await _publish_consume_and_kill(cluster, tally, others, leader, seconds, rate, kill_at)
+    tally.finish()
+    _report_failover(cluster, tally, others[0], leader)
+    return tally.stats
+
+
+async def _mirrored_queue(cluster) -> tuple[list[str], str]:
+    """Declare FAILOVER under a policy mirroring it to every node and wait until all its mirrors
+    are synchronised: the running nodes and the queue's leader."""
     first = cluster.names[0]
     cluster.ctl_ok(first, "set_policy", "ha-demo", r"^demo\.", '{"ha-mode":"all"}')
     print("policy ha-demo: queues matching ^demo\\. are mirrored to every node (ha-mode all)")
@@ -135,28 +195,18 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
             if len(row["synchronised_mirror_pids"]) >= want:
                 break
             await trio.sleep(0.1)
-    leader = row["leader"]
     show(cluster.ctl_ok(first, "list_queues", "name", "policy", "leader", "pid", "mirror_pids",
                          "synchronised_mirror_pids"))
-    if leader not in cluster.procs or not cluster.alive(leader):
-        raise RuntimeError(f"{FAILOVER} is led by {leader}, which is not a running node this demo "
-                           f"started: it kills only its own nodes")
-    others = [n for n in running if n != leader and n in cluster.procs]
-    if not others:
-        raise RuntimeError(f"only {leader} runs: a failover needs a second running node")
+    return running, row["leader"]
+
+
+async def _publish_consume_and_kill(cluster, tally: FailoverTally, others: list[str], leader: str,
+                                    seconds: float, rate: int, kill_at: float) -> None:
+    """Publish for `seconds` through `others[0]`, consume through `others[-1]`, kill -9 `leader`
+    at `kill_at`; end once every confirmed message is delivered, or a drain time after."""
     pub_nodes = [cluster.client_addr(n) for n in others]
     sub_nodes = list(reversed(pub_nodes))
-    print(f"== publishing {rate:,} msgs/s for {seconds:g} s via {others[0]}, consuming via "
-          f"{others[-1]}; kill -9 of {leader} (the leader of {FAILOVER}) at t={kill_at:g} s")
-
-    stats = {"published": 0, "confirmed": 0, "nacked": 0, "delivered": 0, "redelivered": 0,
-             "duplicates": 0, "lost": 0, "gap_ms": 0.0}
-    confirmed: set[int] = set()
-    seen: set[int] = set()
-    times: list[float] = []
-    notes: list[str] = []
     publishing_done = trio.Event()
-    killed_at: list[float] = []
     drain = 20.0
     step = Step(f"connections to {others[0]} (publisher) and {others[-1]} (consumer)")
     with deadline(seconds + drain + 45, step):
@@ -164,14 +214,7 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
             step.what = f"a publisher with confirms and a consumer on {FAILOVER}"
             pub = await pconn.channel()
             await pub.confirm_delivery()
-
-            def on_confirm(first_tag, last_tag, ok, reason):
-                if ok:
-                    confirmed.update(range(first_tag, last_tag + 1))
-                else:
-                    stats["nacked"] += last_tag - first_tag + 1
-
-            pub.on_confirm = on_confirm
+            pub.on_confirm = tally.on_confirm
             sub = await cconn.channel()
             await sub.basic_qos(200)
             consumer = await sub.basic_consume(FAILOVER)
@@ -185,30 +228,24 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
                         n += 1
                         await pub.basic_publish("", FAILOVER, n.to_bytes(8, "big") + b"." * 1016)
                     await trio.sleep(0.005)
-                stats["published"] = n
+                tally.stats["published"] = n
                 with trio.move_on_after(10) as waited:
                     await pub.wait_for_confirms()
                 if waited.cancelled_caught:
-                    notes.append(f"stopped waiting for confirms after 10 s: "
-                                 f"{n - len(confirmed) - stats['nacked']:,} publishes never confirmed")
+                    tally.notes.append(f"stopped waiting for confirms after 10 s: "
+                                       f"{n - len(tally.confirmed) - tally.stats['nacked']:,} "
+                                       f"publishes never confirmed")
                 publishing_done.set()
 
             async def consumer_task():
                 async for msg in consumer:
-                    mid = int.from_bytes(msg.body[:8], "big")
-                    times.append(time.monotonic())
-                    stats["delivered"] += 1
-                    if msg.redelivered:
-                        stats["redelivered"] += 1
-                    if mid in seen:
-                        stats["duplicates"] += 1
-                    seen.add(mid)
+                    tally.delivered(msg)
                     sub.basic_ack(msg.delivery_tag)
 
             async def until_all_delivered(scope):
                 """Every confirmed message delivered: a last half second for late repeats."""
                 await publishing_done.wait()
-                while not confirmed <= seen:
+                while not tally.confirmed <= tally.seen:
                     await trio.sleep(0.05)
                 await trio.sleep(0.5)
                 scope.cancel()
@@ -217,8 +254,8 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
                 await trio.sleep(kill_at)
                 pid = cluster.procs[leader].pid
                 cluster.kill9(leader)
-                killed_at.append(time.monotonic())
-                print(f"== killed {leader} (pid {pid}) with SIGKILL at t={killed_at[0] - t0:.1f} s")
+                tally.killed_at.append(time.monotonic())
+                print(f"== killed {leader} (pid {pid}) with SIGKILL at t={tally.killed_at[0] - t0:.1f} s")
 
             step.what = (f"the failover run to end ({seconds:g} s of publishing, then at most "
                          f"{drain:g} s of deliveries)")
@@ -230,25 +267,23 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
                         inner.start_soon(until_all_delivered, inner.cancel_scope)
                         await consumer_task()
                 if draining.cancelled_caught:
-                    notes.append(f"stopped waiting for deliveries {seconds + drain:g} s after the "
-                                 f"start: {len(confirmed - seen):,} confirmed messages were not "
-                                 f"delivered by then")
+                    tally.notes.append(f"stopped waiting for deliveries {seconds + drain:g} s after "
+                                       f"the start: {len(tally.confirmed - tally.seen):,} confirmed "
+                                       f"messages were not delivered by then")
                 nursery.cancel_scope.cancel()
             step.what = "the publisher's and the consumer's connections to close"
-    stats["confirmed"] = len(confirmed)
-    stats["lost"] = len(confirmed - seen)
-    if killed_at and times:
-        around = [t for t in times if killed_at[0] - 1 <= t <= killed_at[0] + 10]
-        gaps = [b - a for a, b in zip(around, around[1:])]
-        stats["gap_ms"] = round(max(gaps, default=0.0) * 1000, 1)
-    for note in notes:
+
+
+def _report_failover(cluster, tally: FailoverTally, survivor: str, leader: str) -> None:
+    """Print the counts and which node leads FAILOVER now; record the leaders in the stats."""
+    stats = tally.stats
+    for note in tally.notes:
         print(note)
     print(f"published {stats['published']:,}, confirmed {stats['confirmed']:,}, nacked "
-          f"{stats['nacked']:,}, delivered {stats['delivered']:,} ({len(seen):,} distinct), redelivered "
-          f"{stats['redelivered']:,}, duplicates {stats['duplicates']:,}, lost {stats['lost']:,} "
-          f"(confirmed but never delivered); longest pause in deliveries around the kill: "
-          f"{stats['gap_ms']} ms")
-    survivor = others[0]
+          f"{stats['nacked']:,}, delivered {stats['delivered']:,} ({len(tally.seen):,} distinct), "
+          f"redelivered {stats['redelivered']:,}, duplicates {stats['duplicates']:,}, lost "
+          f"{stats['lost']:,} (confirmed but never delivered); longest pause in deliveries around "
+          f"the kill: {stats['gap_ms']} ms")
     after = queue_row(cluster, survivor, FAILOVER, "leader")["leader"]
     if after == leader:
         print(f"{FAILOVER} is still led by {leader} (down): no mirror was promoted")
@@ -257,7 +292,6 @@ async def failover_demo(cluster, seconds: float = 4.0, rate: int = 5000, kill_at
     stats["leader_before"], stats["leader_after"] = leader, after
     show(cluster.ctl_ok(survivor, "list_queues", "name", "policy", "leader", "pid", "mirror_pids",
                          "synchronised_mirror_pids", "messages"))
-    return stats
 
 
 def run(cluster) -> None:
