@@ -579,17 +579,15 @@ class Handlers:
         return _json({"status": "ok"})
 
     async def mirror_sync_critical(self, request: Request):
-        """Queues led by this node that have mirrors by policy but none synchronised: stopping
-        the node now would lose their messages."""
+        """RabbitMQ's node-is-mirror-sync-critical: the mirrored queues this node leads whose only
+        synchronised replica it holds (the rule `warrenctl node_is_mirror_sync_critical` applies,
+        mirroring/maintenance.py): stopping the node now would lose their messages."""
         self.auth(request, "monitoring")
         md = state.metadata(self.node)
-        critical = []
-        for q in state.queues(md):
-            _, definition = state.policy_of(md, q.name)
-            if q.leader == self.node.name and "ha-mode" in definition and not q.synced:
-                critical.append({"name": q.name, "vhost": VHOST, "node": q.leader,
-                                 "slave_nodes": list(q.mirrors)})
-        if critical:
+        names = state.sync_critical(md, self.node.name, self.node.running)
+        if names:
+            critical = [{"name": name, "vhost": VHOST, "node": self.node.name,
+                         "slave_nodes": list(state.queue(md, name).mirrors)} for name in names]
             return _json({"status": "failed",
                           "reason": "There are classic mirrored queues without online synchronised "
                                     "mirrors (queues that would potentially lose data if the "

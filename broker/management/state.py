@@ -17,6 +17,7 @@ import msgspec
 import trio
 
 from mirroring.changes import NodeDown, NodeUp, PolicyClear, PolicySet
+from mirroring.maintenance import sync_critical_queues
 from mirroring.policy import effective_policy
 from mirroring.records import QueueDef
 from mirroring.replica import LEADING
@@ -56,6 +57,11 @@ def applied(node):
 def _view(q: QueueDef) -> QueueView:
     return QueueView(q.name, q.durable, q.auto_delete, q.exclusive, dict(q.arguments), q.leader,
                      q.mirrors, q.synced, q.epoch, q.owner)
+
+
+def sync_critical(md, node: str, running) -> list[str]:
+    """The queues `node` holds the only synchronised replica of (mirroring/maintenance.py)."""
+    return sync_critical_queues(md, node, running)
 
 
 def queue(md, name: str) -> QueueView | None:
