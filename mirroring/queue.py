@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from heapq import merge
 from itertools import accumulate, islice, repeat, starmap
 from operator import itemgetter
@@ -62,13 +62,13 @@ from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
 from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, EDrop, EEnqueue,
                            EFailover, EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
 
+from .consumer import MAX_DISPATCH, Consumer
 from .queue_mirror import MirrorSide
 
 _msg_id = itemgetter(0)
 _msg_body = itemgetter(1)
 _entry_owner, _entry_key, _entry_msg = itemgetter(0), itemgetter(1), itemgetter(2)  # an unacked entry
 SID_RUN_MASK = 0x7FFFFFFF  # a session id's high bits: its node's run (broker/node.py new_session_id)
-MAX_DISPATCH = 2048  # messages handed out per dispatch() call, so one queue cannot hog the loop
 MAX_DISPATCH_BYTES = 1 << 20  # and body bytes: a delivery frame stays far below the frame limit
 
 
@@ -165,22 +165,6 @@ def limits_from(arguments: dict | None, policy: dict | None = None) -> Limits:
                  reject_publish=over == "reject-publish",
                  expires=exp / 1000.0 if isinstance(exp, int) else None)
     return NO_LIMITS if lim == NO_LIMITS else lim
-
-
-@dataclass(slots=True)
-class Consumer:
-    owner: tuple
-    tag: str
-    no_ack: bool
-    prefetch: int
-    exclusive: bool = False
-    arguments: dict = field(default_factory=dict)
-    in_flight: int = 0
-
-    def credit(self) -> int:
-        if self.no_ack or self.prefetch == 0:
-            return MAX_DISPATCH
-        return self.prefetch - self.in_flight
 
 
 class QueueState(MirrorSide):

@@ -14,6 +14,8 @@ from operator import itemgetter
 from wire.messages import (ECancel, EConsume, EDeliver, EDrop, EEnqueue, EFailover, EGet,
                            ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
 
+from .consumer import Consumer
+
 _msg_id = itemgetter(0)
 _msg_body = itemgetter(1)
 
@@ -46,7 +48,6 @@ class MirrorSide:
         self.ready.clear()
         self.ready_bytes = 0
         self.next_id = snap["next_id"]
-        from .queue import Consumer  # (queue.py imports this module: Consumer is taken when used)
 
         self.consumers = {}
         for owner, tag, no_ack, prefetch, exclusive, arguments, in_flight in snap["consumers"]:
@@ -124,7 +125,6 @@ class MirrorSide:
             self.unacked[eff.id] = (tuple(eff.owner), None, m)
 
     def _apply_consume(self, eff: EConsume) -> None:
-        from .queue import Consumer  # (see reset_as_mirror)
 
         owner = tuple(eff.owner)
         self.consumers[(owner, eff.tag)] = Consumer(owner, eff.tag, eff.no_ack, eff.prefetch,

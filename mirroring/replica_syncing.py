@@ -4,15 +4,10 @@ by mirroring/sync.py, blocking (client operations wait, the spec's way) or in th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from wire import messages as m
 
 from .replica_states import LEADING, S
 from .sync import BatchSync, message_size, progress_line
-
-if TYPE_CHECKING:
-    from .replica import Replica
 
 SYNC_PROGRESS_EVERY = 1.0  # seconds between sync progress log lines
 LIVE_SYNC_BATCH_BYTES = 128 << 10  # a background sync's batches are small (see _SyncJob)
@@ -21,7 +16,7 @@ LIVE_SYNC_BATCH_BYTES = 128 << 10  # a background sync's batches are small (see 
 class _SyncJob:
     """A batch sync in progress: the pacing (BatchSync) and each target's acknowledgements."""
 
-    def __init__(self, replica: "Replica", targets: list, blocking: bool, why: str, now: float):
+    def __init__(self, replica: Syncing, targets: list, blocking: bool, why: str, now: float):
         self.blocking = blocking
         self.why = why
         self.low = max(t.start_id for t in targets)  # send ids below the newest start
