@@ -56,9 +56,9 @@ class Following:
         it after net_ticktime (tests/test_process_restart_stall.py: 10 s). A sync batch is the
         same case: in ha-sync-mode automatic the leader starts a blocking sync the moment the
         mirror answers its start, and while it syncs it sends nothing else (client operations
-        wait), so the sync's batches are all this replica sees; ignored, the sync waited
-        net_ticktime for their acknowledgement with the queue blocked, then dropped the mirror
-        as one that stopped answering a sync (tests/test_sim_restart_stall.py). So either batch
+        wait), so the sync's batches may be all this replica sees; ignored, the sync would
+        wait net_ticktime for their acknowledgement with the queue blocked, then drop the
+        mirror as one that stopped answering a sync. So either batch
         gets RMirrorReset, as for a missing batch: the leader drops the mirror through the
         metadata (a mirror leaves the set that confirms and a sync wait for only that way) and
         the planner adds it again, started afresh. Said again only after RETRY_PROPOSAL_AFTER
