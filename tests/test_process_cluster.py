@@ -321,7 +321,7 @@ def test_list_exchanges_and_bindings_as_rabbitmqctl_does(cluster):
         r = cluster.ctl("n1", "list_bindings", "-p", "other")
         assert r.returncode == 2 and "virtual host 'other' does not exist" in r.stderr
         r = cluster.ctl("n1", "list_exchanges", "name", "bogus")
-        assert r.returncode == 2 and "unknown column 'bogus' for list_exchanges" in r.stderr
+        assert r.returncode == 2 and "unknown column 'bogus'" in r.stderr and "list_exchanges's columns" in r.stderr
     finally:
         cluster.ctl_ok("n1", "delete_queue", "orders.eu")
 

@@ -40,7 +40,7 @@ async def expiry_after_failover(tmp_path, queue: str, policy: dict, arguments: d
             await trio.sleep(TTL / 3)  # part-way through their life, the leader dies
             c.kill("n1")
             with trio.fail_after(TICKTIME * 3):
-                await c.wait_for(lambda: qdef(c, queue, "n2")["leader"] == "n2")
+                await c.wait_for(lambda: qdef(c, queue, "n2").leader == "n2")
             promoted = mirror_state(c, queue, "n2")
             assert [at for _, at in promoted.expiry] == deadlines
 
