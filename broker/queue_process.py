@@ -111,7 +111,7 @@ class QueueProcess:
         elif t is rp.Stop:
             # the metadata now holds no replica here (dst seed 105284: a leader cut off by a
             # partition caught up on six changes at once; the last moved its queue away, and
-            # came as this Stop, so the Assign before it still counted as the newest: acting
+            # came as this `rp.Stop` message, so the Assign before it still counted as the newest: acting
             # on it dropped the only mirror that held what the leader had not confirmed, and
             # 730 messages held only here were confirmed, then lost with the replica)
             self._newest_assign = None

@@ -4,7 +4,7 @@
 The mirror's node is frozen (SIGSTOP) while a policy change drops its mirror of the queue and a
 second one adds it back. The queue's leader sends the new mirror's start at once; the frozen node
 finds it, with the two changes, in its sockets when it wakes, and hands the start to the replica
-it still runs before it applies the changes that stop that replica and start a new one. Before
+it still runs before it applies the changes that end that replica and start a new one. Before
 the fix the stopping replica answered the start, the new one ignored every batch, and the
 publisher's confirms waited net_ticktime (10 s here), until the leader gave up on the silent
 mirror: the stall a second `make demo` showed after a cluster restart, where the restarted node
