@@ -208,7 +208,7 @@ class Router:
         tests/test_sim_restart_stall.py; a second `make demo` stalled 10 s). Kept as for a
         queue not known yet: the replica started next gets it, in order; with none within
         EARLY_OP_WAIT, it goes. A start the old replica had handled before its stop came is the
-        new replica's to report (mirroring/replica.py `_on_rep_not_following`)."""
+        new replica's to report (mirroring/replica.py `_on_batch_not_following`)."""
         inbox = qp.inbox
         if not any(type(item) in MIRROR_INPUT for item in inbox):
             return

@@ -320,9 +320,23 @@ class Replica(Leading, Syncing, Following):
         link: everything they had not acknowledged goes back to the queue (flagged) and their
         consumers go, until the sessions register them again over the new link (they do on
         every link up). No auto-delete: those consumers are coming back. A mirror there finds
-        out by itself (a replication batch missing)."""
+        out by itself (a replication batch missing).
+
+        A sync with a mirror there starts again. Its batches, and the mirror's answers, may
+        have gone with the old link, and neither side would ever hear of it: the answers are
+        what the sync waits for, and nothing else is sent while a blocking sync runs. A node
+        whose app starts again links to its peers twice at once (each side dials), and in
+        ha-sync-mode automatic its mirror's start is answered and the sync sent in that moment:
+        the answers went with the link that lost, and the queue stayed blocked for
+        net_ticktime, until the leader dropped the mirror as one that stopped answering a sync
+        (tests/test_sim_restart_stall.py). Ended (RSyncEnd, over the new link), then started
+        again from what the mirrors acknowledged; a mirror takes no batch after a gap
+        (`_on_sync_batch`), so a lost batch is never skipped over."""
         if self.state in LEADING:
             self.q.node_gone(ev.node, False)
+            if self.sync is not None and ev.node in self.sync.acks:
+                self._end_sync(False, now, f"the link to {ev.node} was replaced")
+                self.request_sync(f"link to {ev.node} replaced", now)
 
     def link_up(self, ev: LinkUp, now: float) -> None:
         """A mirror there that never answered its start (it went nowhere): start it again."""
@@ -715,7 +729,8 @@ MIRROR_REPLICATION = {
 }
 # what each state acts on; anything else is parked (client operations) or ignored
 ACTS_ON: dict[State, dict] = {
-    S.WAITING: {m.RMirrorStart: Replica._on_mirror_start, m.RRep: Replica._on_rep_not_following},
+    S.WAITING: {m.RMirrorStart: Replica._on_mirror_start, m.RRep: Replica._on_batch_not_following,
+                m.RSyncBatch: Replica._on_batch_not_following},
     S.MIRROR: MIRROR_REPLICATION,
     S.MIRROR_SYNCING: MIRROR_REPLICATION,
     S.LEADER: {**CLIENT_OPS, **LEADER_REPLICATION},

@@ -151,6 +151,7 @@ class MirrorFollow:
     last_seq: int = 0
     start_id: int = 0
     synced_upto: int = 0
+    sync_batch: int = 0  # the last batch of the leader's current sync taken (0: none yet)
 
     def accepts(self, epoch: int, seq: int) -> bool | None:
         """True: apply this batch. False: ignore it (an old leader's). None: a batch is missing

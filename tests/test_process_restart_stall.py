@@ -9,7 +9,7 @@ the fix the stopping replica answered the start, the new one ignored every batch
 publisher's confirms waited net_ticktime (10 s here), until the leader gave up on the silent
 mirror: the stall a second `make demo` showed after a cluster restart, where the restarted node
 catches up on the metadata the same way. Now the new replica tells its leader it follows nothing
-(mirroring/replica.py `_on_rep_not_following`), and the leader starts it again.
+(mirroring/replica.py `_on_batch_not_following`), and the leader starts it again.
 """
 
 from __future__ import annotations
