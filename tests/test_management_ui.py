@@ -151,9 +151,11 @@ def test_the_page_drives_and_shows_mirroring(request, tmp_path_factory, tmp_path
                     ".dataset.progress || 0) > 0")
                 before = progress(page, "ha.ui")
                 shot(page, "sync-running")
+                # the bar moves (or, on a slow machine, the sync finished between two polls)
                 page.wait_for_function(
                     f"() => Number(document.querySelector('[data-queue=\"ha.ui\"] .sync-bar')"
-                    f".dataset.progress || 0) > {before}")
+                    f".dataset.progress || 0) > {before} || document.querySelector("
+                    f"'[data-queue=\"ha.ui\"] [data-replica=\"{first_mirror}\"][data-synced=\"true\"]')")
                 queue.locator(f'[data-replica="{first_mirror}"][data-synced="true"]').wait_for(timeout=60_000)
                 shot(page, "mirror-synchronised")
 
@@ -174,6 +176,9 @@ def test_the_page_drives_and_shows_mirroring(request, tmp_path_factory, tmp_path
                 # the new mirror (exactly 2: on the third node) syncs from the page; cancelled
                 other = next(n for n in ("n2", "n3") if n != first_mirror)
                 queue.locator(f'[data-replica="{other}"][data-role="mirror"]').wait_for()
+                # three times the backlog: this sync runs ~15 s, so the bar is seen moving
+                # twice and cancelled mid-way even when the machine is busy
+                publish(c, first_mirror, "ha.ui", 3000)
                 queue.locator(".act-sync").click()
                 page.wait_for_function(
                     "() => Number(document.querySelector('[data-queue=\"ha.ui\"] .sync-bar')"
