@@ -34,10 +34,12 @@ import msgspec
 import trio
 
 from mirroring import changes as c
-from mirroring.metadata import Metadata, MetaError
+from mirroring.access import FULL, SALT_BYTES, hash_password
+from mirroring.metadata import VHOST, Metadata, MetaError
 from mirroring.planner import plan_change
 from mirroring.policy import managed_ha_out_of_line
 from mirroring.raft import ChangeInProgress, NotLeader, Persistent, Raft, Role
+from mirroring.records import Permission, User
 from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_ALLOWED, PRECONDITION_FAILED, ProtocolError
 
@@ -72,10 +74,19 @@ class _Proposal:
     done: object  # callable(ok, value, code, text)
 
 
-def fresh_state(name: str, peer: list, client: list) -> Persistent:
-    """A node that belongs to no cluster: a cluster of its own, itself the only member."""
+def fresh_state(name: str, peer: list, client: list, users: dict | None = None,
+                salt=None) -> Persistent:
+    """A node that belongs to no cluster: a cluster of its own, itself the only member, with
+    the configured `users` (name -> password), as RabbitMQ's default user: the administrator
+    tag and every permission in the default vhost. This is the first boot's only: later the
+    users are the metadata's, changed through warrenctl or the management API. `salt(n)` makes
+    the password hashes' salts (the node's random generator: a simulated run replays)."""
     md = Metadata()
     md.apply(c.MemberAdd(name, tuple(peer), tuple(client)))
+    for user, password in (users or {}).items():
+        md.apply(c.UserAdd(User(user, hash_password(password, salt(SALT_BYTES) if salt else None),
+                                ("administrator",))))
+        md.apply(c.PermissionSet(Permission(user, VHOST, FULL, FULL, FULL)))
     return Persistent(snap_config=(name,), snap_data=md.snapshot())
 
 
@@ -163,7 +174,8 @@ class Cluster(PeerLinks):
                 self.log.error("cannot read the saved cluster state, starting fresh", error=str(exc))
                 data = None
         if data is None:
-            return fresh_state(self.name, self.peer_addr, self.client_addr), 0
+            return fresh_state(self.name, self.peer_addr, self.client_addr, self.config.users,
+                               self.rng.randbytes), 0
         return Persistent.from_dict(data["raft"]), data.get("commit", 0)
 
     def save_state(self, state: Persistent, commit: int) -> None:

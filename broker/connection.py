@@ -24,7 +24,8 @@ import math
 
 import trio
 
-from wire.errors import ACCESS_REFUSED, INTERNAL_ERROR, ProtocolError
+from mirroring.access import check_password
+from wire.errors import ACCESS_REFUSED, INTERNAL_ERROR, NOT_ALLOWED, ProtocolError
 
 from .framed import CORK, DirectWrites, Reader, direct_socket
 from .frontend import ChannelFailed, ClientProtocol, Closed, ConnectionFailed, LoggedIn
@@ -45,13 +46,21 @@ def is_loopback(peer: str, own_host: str) -> bool:
         return host == own_host  # simulated network: a client on the node's own host
 
 
-def check_login(config, user: str, password: str, peer: str) -> None:
-    """The users and the loopback rule (shared by every front end)."""
-    if config.users.get(user) != password:
+def check_login(md, config, user: str, password: str, peer: str) -> None:
+    """The users of the metadata `md` (salted hashes, mirroring/access.py) and the loopback rule
+    (shared by every front end)."""
+    record = md.users.get(user)
+    if record is None or not check_password(record.password_hash, password):
         raise ProtocolError(ACCESS_REFUSED, f"login refused for user '{user}': wrong user name or password")
     if user in config.loopback_users and not is_loopback(peer, config.advertise_host):
         raise ProtocolError(ACCESS_REFUSED,
                             f"user '{user}' can only connect via localhost (loopback_users)")
+
+
+def check_vhost_access(md, user: str, vhost: str) -> None:
+    """A user with no permissions in the vhost is refused at connection.open (RabbitMQ's text)."""
+    if md.access(user, vhost) is None:
+        raise ProtocolError(NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{user}'")
 
 
 class ClientConnection:
@@ -82,7 +91,10 @@ class ClientConnection:
         raise NotImplementedError
 
     def _authenticate(self, user: str, password: str) -> None:
-        check_login(self.node.config, user, password, self.peer)
+        check_login(self.node.md, self.node.config, user, password, self.peer)
+
+    def _enter_vhost(self, user: str, vhost: str) -> None:
+        check_vhost_access(self.node.md, user, vhost)
 
     # --- lifetime -------------------------------------------------------------------------------
     async def serve(self) -> None:
@@ -136,7 +148,8 @@ class ClientConnection:
         name = props.get("connection_name") or props.get("product") or self.proto.DEFAULT_CLIENT_NAME
         if isinstance(name, bytes):
             name = name.decode(errors="replace")
-        session = self.session = SessionDriver.open(node, self.peer, ev.user, str(name), self._out)
+        session = self.session = SessionDriver.open(node, self.peer, ev.user, str(name), self._out,
+                                                   ev.vhost)
         core = session.core
         core.protocol = self.proto.SESSION_PROTOCOL
         node.connections[core.sid] = self

@@ -20,6 +20,7 @@ from mirroring.policy import (effective_definition, effective_policy, make_opera
                              make_policy)
 from mirroring.sync import progress_line
 
+from . import access_control
 from . import config as configmod
 from .cluster import NodeStopped
 from .framed import FramedStream
@@ -459,6 +460,7 @@ COMMANDS = {
     "list_exchanges": cmd_list_exchanges, "list_bindings": cmd_list_bindings,
     "list_channels": cmd_list_channels, "close_connection": cmd_close_connection,
     "delete_queue": cmd_delete_queue, "purge_queue": cmd_purge_queue,
+    **access_control.COMMANDS,
 }
 
 

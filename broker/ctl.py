@@ -52,6 +52,14 @@ LISTINGS = {
     "list_operator_policies": (OPERATOR_POLICY_COLUMNS, OPERATOR_POLICY_COLUMNS,
                                'Listing operator policy overrides for vhost "/" ...'),
 }
+# The user and permission listings: their columns, their header (formatted with the arguments).
+USER_LISTINGS = {
+    "list_users": (("user", "tags"), "Listing users ..."),
+    "list_permissions": (("user", "configure", "write", "read"),
+                         'Listing permissions for vhost "{vhost}" ...'),
+    "list_user_permissions": (("vhost", "configure", "write", "read"),
+                              'Listing permissions for user "{user}" ...'),
+}
 POLICY_SETTERS = {"set_policy": "policy", "set_operator_policy": "operator policy override"}
 POLICY_CLEARERS = {"clear_policy": "policy", "clear_operator_policy": "operator policy"}
 
@@ -142,6 +150,17 @@ COMMAND_HELP = {
     "set_operator_policy": "set an operator policy (caps queue limits): NAME PATTERN DEFINITION",
     "clear_operator_policy": "remove an operator policy",
     "list_operator_policies": "list the operator policies, by name",
+    # users and permissions
+    "add_user": "add a user: NAME PASSWORD (no tags, no permissions)",
+    "delete_user": "remove a user and its permissions",
+    "change_password": "set a user's password: NAME PASSWORD",
+    "list_users": "users and their tags (never their passwords)",
+    "set_user_tags": "set a user's tags: NAME [TAG ...] (administrator, monitoring, "
+                     "policymaker, management; none clears them)",
+    "set_permissions": "[-p VHOST] USER CONF WRITE READ: three regular expressions",
+    "clear_permissions": "[-p VHOST] USER: remove a user's permissions in a vhost",
+    "list_permissions": "[-p VHOST]: every user's permissions in a vhost",
+    "list_user_permissions": "USER: a user's permissions in every vhost",
 }
 
 
@@ -200,9 +219,35 @@ def build_parser() -> argparse.ArgumentParser:
         cp = command(name)
         cp.add_argument("-p", "--vhost", default="/")
         cp.add_argument("name")
+    _user_commands(command)
     # the subcommand list argparse prints under "commands", in COMMAND_HELP's order
     sub._choices_actions.sort(key=lambda a: list(COMMAND_HELP).index(a.dest))
     return p
+
+
+def _user_commands(command) -> None:
+    for name, (args, helps) in {
+        "add_user": (("name", "password"), ("the user's name", "its password")),
+        "change_password": (("name", "password"), ("the user's name", "its new password")),
+        "delete_user": (("name",), ("the user's name",)),
+        "list_user_permissions": (("user",), ("the user's name",)),
+    }.items():
+        c = command(name)
+        for arg, text in zip(args, helps):
+            c.add_argument(arg, help=text)
+    command("list_users")
+    t = command("set_user_tags")
+    t.add_argument("name", help="the user's name")
+    t.add_argument("tags", nargs="*", metavar="TAG", help="its tags (none: no tags)")
+    for name in ("set_permissions", "clear_permissions", "list_permissions"):
+        c = command(name)
+        c.add_argument("-p", "--vhost", default="/")
+        if name != "list_permissions":
+            c.add_argument("user", help="the user's name")
+        if name == "set_permissions":
+            for kind in ("configure", "write", "read"):
+                c.add_argument(kind, help=f"the {kind} permission: a regular expression over "
+                                          "queue and exchange names")
 
 
 def _rolling_restart_options(r: argparse.ArgumentParser) -> None:
@@ -298,6 +343,11 @@ def _request(args) -> tuple[dict, list | None, str | None]:
     """What to ask the node for `args.command`: its payload, and for a listing the columns to
     show and their header. Raises _Refused on a command line no node could answer."""
     cmd = args.command
+    if cmd in USER_LISTINGS:
+        columns, header = USER_LISTINGS[cmd]
+        return _user_payload(args), list(columns), header.format(**vars(args))
+    if cmd in USER_PAYLOADS:
+        return _user_payload(args), None, None
     if getattr(args, "vhost", "/") != "/":
         raise _Refused(f"virtual host '{args.vhost}' does not exist (warren has only '/')")
     if cmd in LISTINGS:
@@ -349,6 +399,33 @@ def _set_policy_payload(args) -> dict:
 def _clear_policy_payload(args) -> dict:
     print(f'Clearing {POLICY_CLEARERS[args.command]} "{args.name}" on vhost "/" ...', file=sys.stderr)
     return {"name": args.name}
+
+
+# What the user and permission commands say they do (stderr, like the policy commands).
+USER_ANNOUNCE = {
+    "add_user": 'Adding user "{name}" ...',
+    "delete_user": 'Deleting user "{name}" ...',
+    "change_password": 'Changing password for user "{name}" ...',
+    "set_user_tags": 'Setting tags for user "{name}" to [{tags}] ...',
+    "set_permissions": 'Setting permissions for user "{user}" in vhost "{vhost}" ...',
+    "clear_permissions": 'Clearing permissions for user "{user}" in vhost "{vhost}" ...',
+}
+# each user command's request: the arguments it sends
+USER_PAYLOADS = {
+    "add_user": ("name", "password"), "delete_user": ("name",),
+    "change_password": ("name", "password"), "set_user_tags": ("name", "tags"),
+    "set_permissions": ("vhost", "user", "configure", "write", "read"),
+    "clear_permissions": ("vhost", "user"), "list_users": (), "list_permissions": ("vhost",),
+    "list_user_permissions": ("user",),
+}
+
+
+def _user_payload(args) -> dict:
+    announce = USER_ANNOUNCE.get(args.command)
+    if announce and not args.quiet:
+        shown = {**vars(args), "tags": ", ".join(getattr(args, "tags", None) or ())}
+        print(announce.format(**shown), file=sys.stderr)
+    return {key: getattr(args, key) for key in USER_PAYLOADS[args.command]}
 
 
 # The commands whose request carries arguments: name -> builder(args) -> payload. The others

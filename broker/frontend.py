@@ -14,9 +14,10 @@ from typing import Protocol
 
 @dataclass(slots=True)
 class LoggedIn:
-    """The client is who it says: the driver opens its session."""
+    """The client is who it says, and may use `vhost`: the driver opens its session."""
     user: str
     client_properties: dict
+    vhost: str = "/"
 
 
 @dataclass(slots=True)

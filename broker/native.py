@@ -36,15 +36,18 @@ __all__ = ["CLIENT_KINDS", "NativeConnection", "NativeProtocol", "check_login", 
 
 class NativeProtocol:
     """One native client connection's protocol state. `authenticate(user, password)` raises
-    ProtocolError to refuse a login; `can_open()` returns why the node refuses connections now
+    ProtocolError to refuse a login, `enter_vhost(user, vhost)` when the user has no
+    permissions in the vhost; `can_open()` returns why the node refuses connections now
     (a pause), or ""; `welcome()` is the Welcome to send once the client is in."""
 
     NAME = "client"
     SESSION_PROTOCOL = "warren"
     DEFAULT_CLIENT_NAME = ""
 
-    def __init__(self, *, authenticate, can_open, welcome, hello: m.Hello, max_frame: int):
+    def __init__(self, *, authenticate, can_open, welcome, hello: m.Hello, max_frame: int,
+                 enter_vhost=lambda user, vhost: None):
         self.authenticate = authenticate
+        self.enter_vhost = enter_vhost
         self.can_open = can_open
         self.welcome = welcome
         self.max_frame = max_frame
@@ -96,6 +99,7 @@ class NativeProtocol:
             raise ProtocolError(VERSION_MISMATCH, f"protocol version {msg.version} not supported "
                                                   f"(this node speaks {m.PROTOCOL_VERSION})")
         self.authenticate(msg.user, msg.password)
+        self.enter_vhost(msg.user, "/")
         refusal = self.can_open()
         if refusal:
             raise ProtocolError(CONNECTION_FORCED, refusal)
@@ -185,7 +189,7 @@ class NativeConnection(ClientConnection):
         node = self.node
         max_frame = node.config.max_frame
         return NativeProtocol(
-            authenticate=self._authenticate, can_open=self._can_open,
+            authenticate=self._authenticate, can_open=self._can_open, enter_vhost=self._enter_vhost,
             welcome=lambda: m.Welcome(node.name, node.cluster.md.cluster_name, max_frame),
             hello=m.Hello(m.PROTOCOL_VERSION, node.name, node.new_nonce(), max_frame),
             max_frame=max_frame)

@@ -27,6 +27,7 @@ import random
 
 import trio
 
+from mirroring.access import CONFIGURE
 from mirroring.exchanges import plain
 from mirroring import changes as c
 from mirroring.metadata import MetaError
@@ -529,6 +530,8 @@ class Node:
             msg.queue = name
         if len(name) > 255:
             raise ChannelError(PRECONDITION_FAILED, "queue name is longer than 255 characters")
+        if not msg.passive:
+            session.check_access(CONFIGURE, "queue", name)
         arguments = plain(msg.arguments)
         _validate_queue_arguments(arguments)
         try:

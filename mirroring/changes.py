@@ -22,7 +22,8 @@ import msgspec
 
 from wire.errors import COMMAND_INVALID, SYNTAX_ERROR, ProtocolError
 
-from .records import Binding, DeleteRequester, Exchange, Policy, QueueDef, QueueUpdate
+from .records import (Binding, DeleteRequester, Exchange, Permission, Policy, QueueDef, QueueUpdate,
+                      User)
 
 
 class Change(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
@@ -137,6 +138,31 @@ class OperatorPolicyClear(Change, tag="operator_policy.clear"):
 class ManagedHAEnable(Change, tag="managed_ha.enable"):
     """Turn on the managed HA (a node started with `managed_ha` proposes it). The log's leader
     commits it with the system policy and the HA keys of every user policy put in line."""
+
+
+class UserAdd(Change, tag="user.add"):
+    """A new user (refused if the name is taken)."""
+    user: User
+
+
+class UserUpdate(Change, tag="user.update"):
+    """An existing user's new password hash or tags (refused if there is no such user)."""
+    user: User
+
+
+class UserDelete(Change, tag="user.delete"):
+    """A user goes, and its permissions in every vhost with it."""
+    name: str
+
+
+class PermissionSet(Change, tag="permission.set"):
+    """Set a user's permissions in a vhost (both must exist)."""
+    permission: Permission
+
+
+class PermissionClear(Change, tag="permission.clear"):
+    user: str
+    vhost: str
 
 
 class Replan(Change, tag="replan"):

@@ -1,5 +1,5 @@
-"""Cluster metadata: members, queue definitions, exchanges and bindings, policies, and which
-members are up or down.
+"""Cluster metadata: members, queue definitions, exchanges and bindings, policies, vhosts, users
+and their permissions, and which members are up or down.
 
 Every node holds a copy: the state machine of the metadata log (mirroring/raft.py). A change is
 committed to the log by a majority of the members and then applied here, on every node, in the
@@ -19,6 +19,10 @@ Members are `up` with an *incarnation* (a new number every time a node's app sta
 replicas held is gone, and the log says so before anything counts on them again. The same run
 can be recorded down and then up again (it was cut off, not stopped); `times_down` counts every
 run's down records per member, so a node that learns the news from a snapshot still sees it.
+
+`access_version` is the version of the last change to users or permissions (or of the snapshot
+the metadata came from): sessions keep their compiled permissions (mirroring/access.py
+`Access`) until it moves.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, Protoco
 
 from . import changes as c
 from . import exchanges as xmod
-from .records import Binding, Exchange, Member, Policy, QueueDef, QueueUpdate, Snapshot
+from .records import (Binding, Exchange, Member, Permission, Policy, QueueDef, QueueUpdate, Snapshot,
+                      User, VHost)
 
 VHOST = "/"
 
@@ -72,6 +77,10 @@ class Metadata:
         # the queues the last change applied created, changed or removed; None when it may
         # have changed what any queue's replicas do (a policy, a member, a node's run)
         self.touched: set[str] | None = None
+        self.vhosts: dict[str, VHost] = {VHOST: VHost(VHOST, "Default virtual host")}
+        self.users: dict[str, User] = {}
+        self.permissions: dict[tuple[str, str], Permission] = {}  # (vhost, user) -> permission
+        self.access_version = 0
 
     # --- snapshots and copies ------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -79,7 +88,8 @@ class Metadata:
         return Snapshot(self.version, self.cluster_name, dict(self.members), dict(self.queues),
                         dict(self.exchanges), {x: list(b) for x, b in self.bindings.items()},
                         dict(self.policies), dict(self.down), dict(self.up), dict(self.times_down),
-                        dict(self.operator_policies), self.managed_ha)
+                        dict(self.operator_policies), self.managed_ha, dict(self.vhosts),
+                        dict(self.users), list(self.permissions.values()))
 
     @classmethod
     def from_snapshot(cls, snap) -> Metadata:
@@ -101,6 +111,10 @@ class Metadata:
         md.times_down = dict(snap.times_down)
         md.operator_policies = dict(snap.operator_policies)
         md.managed_ha = snap.managed_ha
+        md.vhosts = {VHOST: md.vhosts[VHOST], **snap.vhosts}
+        md.users = dict(snap.users)
+        md.permissions = {(p.vhost, p.user): p for p in snap.permissions}
+        md.access_version = snap.version
         return md
 
     def copy(self) -> Metadata:
@@ -120,6 +134,10 @@ class Metadata:
         md.times_down = dict(self.times_down)
         md.operator_policies = dict(self.operator_policies)
         md.managed_ha = self.managed_ha
+        md.vhosts = dict(self.vhosts)
+        md.users = dict(self.users)
+        md.permissions = dict(self.permissions)
+        md.access_version = self.access_version
         return md
 
     def digest(self) -> str:
@@ -332,6 +350,58 @@ class Metadata:
         self.managed_ha = True
         return None
 
+    # --- users and permissions ---------------------------------------------------------------
+    def access(self, user: str, vhost: str) -> Permission | None:
+        """The user's permissions in the vhost; None when it has none (or no such user)."""
+        if user not in self.users:
+            return None
+        return self.permissions.get((vhost, user))
+
+    def _access_changed(self) -> None:
+        self.access_version = self.version + 1  # the version this change is applied as
+
+    def _need_user(self, name: str) -> None:
+        if name not in self.users:
+            raise MetaError(NOT_FOUND, f"user '{name}' does not exist")
+
+    def _user_add(self, change: c.UserAdd):
+        if change.user.name in self.users:
+            raise MetaError(PRECONDITION_FAILED, f"user '{change.user.name}' already exists")
+        self.users[change.user.name] = change.user
+        self._access_changed()
+        return None
+
+    def _user_update(self, change: c.UserUpdate):
+        self._need_user(change.user.name)
+        self.users[change.user.name] = change.user
+        self._access_changed()
+        return None
+
+    def _user_delete(self, change: c.UserDelete):
+        self._need_user(change.name)
+        del self.users[change.name]
+        for key in [k for k in self.permissions if k[1] == change.name]:
+            del self.permissions[key]
+        self._access_changed()
+        return None
+
+    def _permission_set(self, change: c.PermissionSet):
+        p = change.permission
+        self._need_user(p.user)
+        if p.vhost not in self.vhosts:
+            raise MetaError(NOT_FOUND, f"vhost '{p.vhost}' does not exist")
+        self.permissions[(p.vhost, p.user)] = p
+        self._access_changed()
+        return None
+
+    def _permission_clear(self, change: c.PermissionClear):
+        self._need_user(change.user)
+        if change.vhost not in self.vhosts:
+            raise MetaError(NOT_FOUND, f"vhost '{change.vhost}' does not exist")
+        if self.permissions.pop((change.vhost, change.user), None) is not None:
+            self._access_changed()
+        return None
+
 
 # each kind of change applied to the metadata, and its handler (the planner's requests,
 # mirroring/planner.py `_PLAN`, have none: they are never committed)
@@ -353,6 +423,11 @@ _APPLY: dict[type[c.Change], Callable[[Metadata, c.Change], object]] = {
     c.OperatorPolicySet: Metadata._operator_policy_set,
     c.OperatorPolicyClear: Metadata._operator_policy_clear,
     c.ManagedHAEnable: Metadata._managed_ha_enable,
+    c.UserAdd: Metadata._user_add,
+    c.UserUpdate: Metadata._user_update,
+    c.UserDelete: Metadata._user_delete,
+    c.PermissionSet: Metadata._permission_set,
+    c.PermissionClear: Metadata._permission_clear,
 }
 
 

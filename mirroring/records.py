@@ -1,5 +1,6 @@
-"""The records of the cluster metadata: members, queue definitions, exchanges, bindings and
-policies, and the planner's decisions about where a queue's replicas are.
+"""The records of the cluster metadata: members, queue definitions, exchanges, bindings,
+policies, vhosts, users and their permissions, and the planner's decisions about where a
+queue's replicas are.
 
 Every record is an immutable msgspec Struct. They are read by attribute and never changed in
 place: a change to a queue replaces its definition with a new one (`msgspec.structs.replace`),
@@ -106,6 +107,31 @@ class DeleteRequester(Record, array_like=True):
     count: int
 
 
+class VHost(Record):
+    """A virtual host."""
+    name: str
+    description: str = ""
+    tracing: bool = False
+
+
+class User(Record):
+    """A user: `password_hash` as mirroring/access.py `hash_password` makes it (never the
+    password), and its management tags (administrator, monitoring, policymaker, management)."""
+    name: str
+    password_hash: str
+    tags: tuple[str, ...] = ()
+
+
+class Permission(Record):
+    """What `user` may do in `vhost`: three regular expressions over resource names
+    (mirroring/access.py)."""
+    user: str
+    vhost: str
+    configure: str
+    write: str
+    read: str
+
+
 class Snapshot(Record):
     """The whole metadata at one version: what the log keeps in place of the changes it has
     compacted, and what a follower too far behind is sent."""
@@ -121,3 +147,6 @@ class Snapshot(Record):
     times_down: dict[str, int]
     operator_policies: dict[str, Policy] = {}
     managed_ha: bool = False
+    vhosts: dict[str, VHost] = {}
+    users: dict[str, User] = {}
+    permissions: list[Permission] = []

@@ -13,7 +13,8 @@ import trio.testing
 from broker.session import (CLOSE, DeclareQueue, NodeHost, Propose, Session, SessionDriver,
                             SessionHost)
 from mirroring.changes import ExchangeDeclare
-from mirroring.records import Binding
+from mirroring.access import Access
+from mirroring.records import Binding, Permission
 from wire import messages as m
 
 pytestmark = pytest.mark.timeout(60)
@@ -145,6 +146,9 @@ class FakeHost:
         self.routing: dict[str, dict] = {}
         self.inputs = 0  # batches of input opened and closed
         self.proposed: list = []
+        # the user's permissions in "/" (None: none), and their version (bump it to change them)
+        self.permission = Permission("guest", "/", ".*", ".*", ".*")
+        self.access_version = 0
 
     def add_queue(self, name, leader="n1", epoch=1, **more):
         self.queues[name] = {"leader": leader, "epoch": epoch, **more}
@@ -180,6 +184,9 @@ class FakeHost:
 
     def linked(self, node):
         return node == self.name or node in self.links
+
+    def access(self, user, vhost):
+        return Access(user, vhost, self.access_version, self.permission)
 
     def to_leader(self, qname, op):
         self.sent.append(op)
@@ -238,7 +245,7 @@ def test_the_nodes_host_answers_everything_the_protocol_declares():
     router = NS(to_leader=print, link_full=print, mirror_bodies=print, begin_input=print,
                 end_input=print, wait_link_room=print)
     node = NS(name="n1", log=_Log(), queue_down_reason=print, router=router, leaving=False,
-              cluster=NS(md=None, links={}), routing={})
+              cluster=NS(md=NS(access_version=0), links={}), routing={})
     host = NodeHost(node)
     declared = {n for n in vars(SessionHost) if not n.startswith("_")} | set(SessionHost.__annotations__)
     assert {"queue", "to_leader", "track_route", "leaving"} <= declared

@@ -168,12 +168,13 @@ class ConnectionPart:
         if vhost != "/":
             raise ProtocolError(NOT_ALLOWED, f"vhost '{vhost}' not found (warren has only the "
                                              "vhost '/')")
+        self.enter_vhost(self.user, vhost)
         refusal = self.can_open()
         if refusal:
             raise ProtocolError(CONNECTION_FORCED, refusal)
         self.state = State.OPENED
         self._method(0, commands.Connection.OpenOk())
-        self._events.append(LoggedIn(self.user, self.client_properties))
+        self._events.append(LoggedIn(self.user, self.client_properties, vhost))
 
     def _connection_method(self, method) -> None:
         if isinstance(method, commands.Connection.Close):

@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from mirroring.access import implied_tags
 from wire.errors import NOT_FOUND, ProtocolError
 
 from .. import control
@@ -44,7 +45,11 @@ RABBITMQ_VERSION = "3.13.7"  # the management API this one follows
 CLIENT_TIMEOUT = 10.0
 UI_FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
             "style.css": "text/css; charset=utf-8"}
-ALL_TAGS = ("administrator", "management", "monitoring")
+
+
+# what a user without the tag a path needs is told (RabbitMQ's reasons)
+NOT_AUTHORISED = {"management": "Not management user", "administrator": "Not administrator user",
+                  "monitoring": "Not monitor user", "policymaker": "Not policymaker user"}
 
 
 class ApiError(Exception):
@@ -81,23 +86,23 @@ def authenticate(management, request: Request, need: str = "management") -> tupl
         user, sep, password = "", "", ""
     if not sep:
         raise ApiError(401, "not_authorised", "Login failed")
-    config = management.node.config
+    node = management.node
+    md = state.metadata(node)
     peer = request.client.host if request.client else ""
-    if config.users.get(user) != password:
-        raise ApiError(401, "not_authorised", "Login failed")
     try:
-        check_login(config, user, password, peer)
-    except ProtocolError:
-        raise ApiError(401, "not_authorised", "User can only log in via localhost") from None
-    if need not in user_tags(config, user):
-        raise ApiError(401, "not_authorised", "Not management user")
+        check_login(md, node.config, user, password, peer)
+    except ProtocolError as exc:
+        reason = "Login failed" if "wrong user name" in exc.text else "User can only log in via localhost"
+        raise ApiError(401, "not_authorised", reason) from None
+    if need not in user_tags(md, user):
+        raise ApiError(401, "not_authorised", NOT_AUTHORISED[need])
     return user, password
 
 
-def user_tags(config, user: str) -> tuple[str, ...]:
-    """A user's tags: every user has all of them until users carry tags of their own."""
-    tags = getattr(config, "user_tags", None)
-    return tuple(tags.get(user, ())) if tags is not None else ALL_TAGS
+def user_tags(md, user: str) -> set[str]:
+    """The management access a user's tags give it (administrator implies every other)."""
+    record = md.users.get(user)
+    return implied_tags(record.tags) if record is not None else set()
 
 
 # --- JSON shapes -----------------------------------------------------------------------------------
@@ -339,7 +344,8 @@ class Handlers:
 
     async def whoami(self, request: Request):
         user, _ = self.auth(request)
-        return _json({"name": user, "tags": list(user_tags(self.node.config, user))})
+        record = state.metadata(self.node).users.get(user)
+        return _json({"name": user, "tags": list(record.tags) if record else []})
 
     # --- queues ----------------------------------------------------------------------------
     async def queues(self, request: Request):
@@ -511,7 +517,7 @@ class Handlers:
         return _json(state.policies(state.metadata(self.node)))
 
     async def policy(self, request: Request):
-        self.auth(request, "administrator" if request.method != "GET" else "management")
+        self.auth(request, "policymaker" if request.method != "GET" else "management")
         _vhost(request)
         name = _name(request)
         md = state.metadata(self.node)
@@ -534,26 +540,32 @@ class Handlers:
         return _no_content(204 if existed else 201)
 
     # --- connections, channels, consumers ----------------------------------------------------
+    def _visible(self, user: str, rows: list) -> list:
+        """A monitoring user sees every client's connections and channels, another its own."""
+        if "monitoring" in user_tags(state.metadata(self.node), user):
+            return rows
+        return [r for r in rows if r.get("user") == user]
+
     async def connections(self, request: Request):
-        self.auth(request)
-        rows = await self.control("list_connections", {})
+        user, _ = self.auth(request)
+        rows = self._visible(user, await self.control("list_connections", {}))
         return _json([_connection_json(r) for r in rows])
 
     async def connection(self, request: Request):
-        self.auth(request)
+        user, _ = self.auth(request)
         name = _name(request)
+        rows = self._visible(user, await self.control("list_connections", {}))
+        if not any(row["name"] == name for row in rows):
+            raise not_found()
         if request.method == "DELETE":
             reason = request.headers.get("x-reason") or "closed via management API"
             await self.control("close_connection", {"name": name, "explanation": reason})
             return _no_content()
-        for row in await self.control("list_connections", {}):
-            if row["name"] == name:
-                return _json(_connection_json(row))
-        raise not_found()
+        return _json(next(_connection_json(row) for row in rows if row["name"] == name))
 
     async def channels(self, request: Request):
-        self.auth(request)
-        rows = await self.control("list_channels", {})
+        user, _ = self.auth(request)
+        rows = self._visible(user, await self.control("list_channels", {}))
         return _json([{**r, "vhost": VHOST, "connection_details": {"name": r["connection"]}}
                       for r in rows])
 

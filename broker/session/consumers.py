@@ -15,6 +15,7 @@ core's channels, `host`, requests (`_request`, `rpcs`) and output ordering (`_pu
 from __future__ import annotations
 
 from mirroring import exchanges as xmod
+from mirroring.access import READ
 from wire import messages as m
 from wire.errors import NOT_ALLOWED, ProtocolError
 
@@ -27,6 +28,7 @@ class ConsumersPart:
     def on_consume(self, msg):
         ch = self._ch(msg.ch)
         qname = self._queue_name(ch, msg.queue)
+        self.check_access(READ, "queue", qname)
         self._queue(qname)  # the channel errors for a missing, locked or unavailable queue
         tag = msg.consumer_tag or f"amq.ctag-{self.conn_id}-{next(self._ctags)}"
         if tag in ch.consumers or any(op.tag == tag and op.owner[2] == ch.id
@@ -52,6 +54,7 @@ class ConsumersPart:
     def on_get(self, msg):
         ch = self._ch(msg.ch)
         qname = self._queue_name(ch, msg.queue)
+        self.check_access(READ, "queue", qname)
         self._queue(qname)
         if msg.no_ack:
             self._noack_gets.add(msg.rid)

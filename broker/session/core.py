@@ -29,6 +29,7 @@ from collections import deque
 from functools import partial
 
 from mirroring import exchanges as xmod
+from mirroring.access import CONFIGURE, READ, WRITE, refused
 from mirroring.changes import BindingAdd, BindingRemove, Change, ExchangeDeclare, ExchangeDelete
 from mirroring.records import Binding
 from wire import messages as m
@@ -71,13 +72,18 @@ class DeclareQueue:
 class Session(ChannelsPart, PublishingPart, ConsumersPart):
     """One client connection's session core (see the module docstring)."""
 
-    def __init__(self, host: SessionHost, sid: int, peer: str, user: str, client_name: str, out):
+    def __init__(self, host: SessionHost, sid: int, peer: str, user: str, client_name: str, out,
+                 vhost: str = "/"):
         self.host = host
         self.sid = sid
         self.me = host.name
         self.conn_id = f"{host.name}/{sid}"
         self.peer = peer
         self.user = user
+        self.vhost = vhost
+        # the user's permissions in the vhost, compiled, while the metadata's access_version
+        # stays what it was built at (`check_access`)
+        self._access = host.access(user, vhost)
         self.client_name = client_name
         self.protocol = "warren"  # the front end speaking for the session (list_connections)
         self.out = out  # callable(message): the front end sends it to the client
@@ -183,6 +189,15 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
             host.end_input()
         return i
 
+    def check_access(self, what: str, kind: str, name: str) -> None:
+        """RabbitMQ's permission check (mirroring/access.py): a ChannelError ACCESS_REFUSED
+        when the user may not `what` (configure, write, read) the queue or exchange `name`."""
+        acc = self._access
+        if acc.version != self.host.access_version:
+            acc = self._access = self.host.access(self.user, self.vhost)
+        if not acc.allowed(what, kind, name):
+            raise as_channel_error(refused(kind, name, self.vhost, self.user))
+
     def _queue(self, name: str):
         """The queue's definition, or the channel errors RabbitMQ gives."""
         host = self.host
@@ -228,6 +243,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
     def on_queue_delete(self, msg):
         ch = self._ch(msg.ch)
         name = self._queue_name(ch, msg.queue)
+        self.check_access(CONFIGURE, "queue", name)
         if self.host.queue(name) is None:
             self._reply(ch.id, msg.rid, 0)  # deleting a missing queue is fine in AMQP
             return
@@ -240,6 +256,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
     def on_queue_purge(self, msg):
         ch = self._ch(msg.ch)
         name = self._queue_name(ch, msg.queue)
+        self.check_access(READ, "queue", name)
         self._queue(name)
         self._request(name, msg.rid, m.QPurge(name, self._owner(ch), msg.rid))
 
@@ -262,6 +279,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
             if existing is None:
                 raise ChannelError(NOT_FOUND, f"no {xmod.describe(name)}")
         else:
+            self.check_access(CONFIGURE, "exchange", name)
             xdef = xmod.make_exchange(name, msg.kind, msg.durable, msg.auto_delete, msg.internal,
                                       xmod.plain(msg.arguments))
             if existing is None or existing != xdef:
@@ -275,6 +293,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
             xmod.check_deletable(msg.exchange)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
+        self.check_access(CONFIGURE, "exchange", msg.exchange)
         if self.host.exchange(msg.exchange) is not None:
             return self._change(ch, msg.rid, ExchangeDelete(msg.exchange, bool(msg.if_unused)))
         self._reply(ch.id, msg.rid, None)
@@ -291,6 +310,8 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
             xmod.check_bindable(msg.exchange)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
+        self.check_access(WRITE, "queue", qname)
+        self.check_access(READ, "exchange", msg.exchange)
         xdef = host.exchange(msg.exchange)
         if xdef is None:
             raise ChannelError(NOT_FOUND, f"no {xmod.describe(msg.exchange)}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from mirroring.access import Access
 from mirroring.changes import Change
 from mirroring.records import Binding, Exchange, QueueDef
 from wire import messages as m
@@ -48,6 +49,10 @@ class SessionHost(Protocol):
     def bound(self, exchange: str, binding: Binding) -> bool: ...  # the binding is there
     def route(self, exchange: str, key: str, headers=None) -> list[str]: ...  # the queues it reaches
     def linked(self, node: str) -> bool: ...  # this node has a link to `node` now
+    def access(self, user: str, vhost: str) -> Access: ...  # the user's compiled permissions there
+
+    @property
+    def access_version(self) -> int: ...  # moves when any user or permission changes
 
     # --- sending to a queue's leader ---
     def to_leader(self, qname: str, op) -> Any: ...
@@ -119,6 +124,14 @@ class NodeHost:
 
     def linked(self, node: str) -> bool:
         return node in self._cluster.links
+
+    def access(self, user: str, vhost: str) -> Access:
+        md = self._cluster.md
+        return Access(user, vhost, md.access_version, md.access(user, vhost))
+
+    @property
+    def access_version(self) -> int:
+        return self._cluster.md.access_version
 
     def track_route(self, qname: str, session) -> None:
         self._node.routing.setdefault(qname, {})[session.sid] = session

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import deque
 
 from mirroring import exchanges as xmod
+from mirroring.access import WRITE
 from wire import messages as m
 from wire import props as propsmod
 from wire.errors import ACCESS_REFUSED, COMMAND_INVALID, NO_ROUTE, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
@@ -145,6 +146,9 @@ class PublishingPart:
 
     def on_publish(self, msg):
         """warren's own publish: the default exchange, the routing key is the queue's name."""
+        acc = self._access  # write on the exchange: the compiled patterns' memo, while current
+        if acc.version != self.host.access_version or not acc.allowed(WRITE, "exchange", ""):
+            self.check_access(WRITE, "exchange", "")
         ch = self._publishing_channel(msg)
         if ch is None:
             return
@@ -153,6 +157,9 @@ class PublishingPart:
         self._publish(ch, queues, msg.bodies, msg.props, "", qname, False)
 
     def on_publish_to(self, msg):
+        acc = self._access
+        if acc.version != self.host.access_version or not acc.allowed(WRITE, "exchange", msg.exchange):
+            self.check_access(WRITE, "exchange", msg.exchange)
         ch = self._publishing_channel(msg)
         if ch is None:
             return
