@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-from mirroring.access import check_pattern, hash_password, parse_tags
+from mirroring.access import check_pattern, hash_password, parse_tags, valid_hash
 from mirroring.changes import PermissionClear, PermissionSet, UserAdd, UserDelete, UserUpdate
 from mirroring.records import Permission, User
 from wire.errors import NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
@@ -63,6 +63,30 @@ async def cmd_set_user_tags(node, args):
     user = _user(_running_md(node), args["name"])
     await node.cluster.propose(UserUpdate(msgspec.structs.replace(user, tags=_tags(args["tags"]))))
     return None
+
+
+async def put_user(node, name: str, password: str | None, password_hash: str | None,
+                   tags) -> bool:
+    """The management API's PUT of a user: create it, or replace its password (when one is
+    given) and tags. `password_hash` is a hash as mirroring/access.py makes them (RabbitMQ's
+    definitions carry them). True when the user was created."""
+    md = _running_md(node)
+    if password is not None:
+        password_hash = hash_password(str(password))
+    elif password_hash is not None and not valid_hash(str(password_hash)):
+        raise ProtocolError(PRECONDITION_FAILED, "password_hash is not a salted SHA-256 hash "
+                                                 "(base64 of a 4-byte salt and a 32-byte digest)")
+    existing = md.users.get(name)
+    if existing is None:
+        if password_hash is None:
+            raise ProtocolError(PRECONDITION_FAILED, "a new user needs a password or a password_hash")
+        if not name:
+            raise ProtocolError(PRECONDITION_FAILED, "user name must not be empty")
+        await node.cluster.propose(UserAdd(User(name, str(password_hash), _tags(tags))))
+        return True
+    await node.cluster.propose(UserUpdate(User(name, str(password_hash or existing.password_hash),
+                                               _tags(tags))))
+    return False
 
 
 async def cmd_list_users(node, args):

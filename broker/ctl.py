@@ -155,8 +155,7 @@ COMMAND_HELP = {
     "delete_user": "remove a user and its permissions",
     "change_password": "set a user's password: NAME PASSWORD",
     "list_users": "users and their tags (never their passwords)",
-    "set_user_tags": "set a user's tags: NAME [TAG ...] (administrator, monitoring, "
-                     "policymaker, management; none clears them)",
+    "set_user_tags": "NAME [TAG ...]: a user's tags (none: no tags)",
     "set_permissions": "[-p VHOST] USER CONF WRITE READ: three regular expressions",
     "clear_permissions": "[-p VHOST] USER: remove a user's permissions in a vhost",
     "list_permissions": "[-p VHOST]: every user's permissions in a vhost",
@@ -238,7 +237,8 @@ def _user_commands(command) -> None:
     command("list_users")
     t = command("set_user_tags")
     t.add_argument("name", help="the user's name")
-    t.add_argument("tags", nargs="*", metavar="TAG", help="its tags (none: no tags)")
+    t.add_argument("tags", nargs="*", metavar="TAG",
+                   help="administrator, monitoring, policymaker or management (none: no tags)")
     for name in ("set_permissions", "clear_permissions", "list_permissions"):
         c = command(name)
         c.add_argument("-p", "--vhost", default="/")

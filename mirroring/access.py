@@ -42,14 +42,20 @@ def hash_password(password: str, salt: bytes | None = None) -> str:
     return base64.b64encode(salt + digest).decode("ascii")
 
 
-def check_password(password_hash: str, password: str) -> bool:
-    """Does `password` match the stored hash? (constant time in the digest comparison)"""
+def valid_hash(password_hash: str) -> bool:
+    """Is this the stored form `hash_password` makes (whatever the password)?"""
     try:
         raw = base64.b64decode(password_hash, validate=True)
     except (ValueError, TypeError):
         return False
-    if len(raw) != SALT_BYTES + hashlib.sha256().digest_size:
+    return len(raw) == SALT_BYTES + hashlib.sha256().digest_size
+
+
+def check_password(password_hash: str, password: str) -> bool:
+    """Does `password` match the stored hash? (constant time in the digest comparison)"""
+    if not valid_hash(password_hash):
         return False
+    raw = base64.b64decode(password_hash)
     salt, digest = raw[:SALT_BYTES], raw[SALT_BYTES:]
     offered = hashlib.sha256(salt + password.encode("utf-8")).digest()
     return hmac.compare_digest(offered, digest)

@@ -269,3 +269,55 @@ def test_large_messages_in_many_frames_through_a_mirrored_queue(cluster):
     got = [get_eventually(ch, "ha.big")[2] for _ in bodies]
     assert got == bodies
     conn.close()
+
+
+def test_a_restricted_user_is_refused_per_channel_and_warrenctl_manages_users(cluster):
+    """warrenctl's user commands (RabbitMQ's shapes and errors), then pika as a user whose
+    permissions are `^perf\\.` regexes: every refusal closes its channel only."""
+    assert "Adding user \"perf\"" in cluster.ctl("n1", "add_user", "perf", "pw").stderr
+    cluster.ctl_ok("n2", "set_permissions", "perf", "^perf\\.", "^perf\\.", "^perf\\.")
+    cluster.ctl_ok("n1", "add_user", "nobody", "pw")
+    cluster.ctl_ok("n1", "set_user_tags", "nobody", "monitoring", "management")
+    users = cluster.ctl_ok("n2", "list_users").splitlines()
+    assert users[:2] == ["Listing users ...", "user\ttags"]
+    assert "perf\t[]" in users and "nobody\t[monitoring, management]" in users
+    assert "guest\t[administrator]" in users and not any("pw" in line for line in users)
+    perms = cluster.ctl_ok("n1", "list_permissions", "-p", "/").splitlines()
+    assert perms[0] == 'Listing permissions for vhost "/" ...'
+    assert "perf\t^perf\\.\t^perf\\.\t^perf\\." in perms and "guest\t.*\t.*\t.*" in perms
+    assert cluster.ctl_ok("n1", "list_user_permissions", "-q", "perf").splitlines()[-1] == \
+        "/\t^perf\\.\t^perf\\.\t^perf\\."
+    for args, error in ((("add_user", "perf", "x"), "Error: user 'perf' already exists"),
+                        (("delete_user", "ghost"), "Error: user 'ghost' does not exist"),
+                        (("set_permissions", "-p", "x", "perf", ".*", ".*", ".*"),
+                         "Error: vhost 'x' does not exist"),
+                        (("set_permissions", "perf", "(", ".*", ".*"),
+                         "Error: invalid regular expression '('")):
+        r = cluster.ctl("n1", *args)
+        assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith(error), r.stderr
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as e:
+        connect(cluster, "n1", "nobody", "pw")
+    assert "NOT_ALLOWED - access to vhost '/' refused for user 'nobody'" in str(e.value)
+
+    conn = connect(cluster, "n1", "perf", "pw")
+    ok = conn.channel()
+    ok.queue_declare("perf.q")
+    refused = "ACCESS_REFUSED - access to {} in vhost '/' refused for user 'perf'"
+    cases = [
+        (lambda ch: ch.queue_declare("other"), "queue 'other'"),
+        (lambda ch: ch.exchange_declare("other.x", "fanout"), "exchange 'other.x'"),
+        (lambda ch: ch.queue_bind("perf.q", "amq.fanout"), "exchange 'amq.fanout'"),
+        (lambda ch: (ch.basic_publish("amq.direct", "k", b"x"), ch.queue_declare("perf.q", passive=True)),
+         "exchange 'amq.direct'"),
+        (lambda ch: ch.queue_delete("other"), "queue 'other'"),
+        (lambda ch: ch.basic_get("other"), "queue 'other'"),
+    ]
+    for fn, what in cases:
+        ch = conn.channel()
+        assert closed_channel(lambda: fn(ch)) == (403, refused.format(what))
+    ok.exchange_declare("perf.x", "fanout")
+    ok.queue_bind("perf.q", "perf.x")
+    ok.basic_publish("perf.x", "", b"through perf.x")
+    assert get_eventually(ok, "perf.q")[2] == b"through perf.x"
+    assert conn.is_open
+    conn.close()

@@ -50,21 +50,60 @@ def _request(user: str | None, password: str, client_host: str):
                     "client": (client_host, 50000), "query_string": b""})
 
 
-def test_basic_auth_users_and_the_loopback_rule():
-    from broker.management.app import ApiError, authenticate
+def _fake_management(users: dict, tags: dict | None = None):
+    """A stand-in for the management's node: its metadata holds `users` (seeded as a first boot
+    seeds them), then each user's `tags`."""
+    from broker.cluster import fresh_state
+    from mirroring import changes as c
+    from mirroring.metadata import Metadata
+
+    md = Metadata.from_snapshot(fresh_state("n1", ["n1", 1], ["n1", 2], users).snap_data)
+    for user, user_tags in (tags or {}).items():
+        md.apply(c.UserUpdate(c.User(user, md.users[user].password_hash, user_tags)))
 
     class Fake:
         class node:
-            config = configmod.NodeConfig(users={"guest": "guest", "ops": "pw"}, secret=b"s")
+            config = configmod.NodeConfig(users=users, secret=b"s")
+            app_running = True
+    Fake.node.md = md
+    return Fake
 
-    assert authenticate(Fake, _request("guest", "guest", "127.0.0.1")) == ("guest", "guest")
-    assert authenticate(Fake, _request("ops", "pw", "10.1.2.3")) == ("ops", "pw")
+
+def test_basic_auth_users_and_the_loopback_rule():
+    from broker.management.app import ApiError, authenticate
+
+    fake = _fake_management({"guest": "guest", "ops": "pw"})
+    assert authenticate(fake, _request("guest", "guest", "127.0.0.1")) == ("guest", "guest")
+    assert authenticate(fake, _request("ops", "pw", "10.1.2.3")) == ("ops", "pw")
     for user, password, host, reason in (("guest", "guest", "10.1.2.3", "User can only log in via localhost"),
                                          ("ops", "nope", "127.0.0.1", "Login failed"),
                                          (None, "", "127.0.0.1", "Login failed")):
         with pytest.raises(ApiError) as err:
-            authenticate(Fake, _request(user, password, host))
+            authenticate(fake, _request(user, password, host))
         assert (err.value.status, err.value.error, err.value.reason) == (401, "not_authorised", reason)
+
+
+def test_each_path_needs_its_tag_and_administrator_implies_every_other():
+    from broker.management.app import ApiError, authenticate
+
+    users = {"admin": "a", "mon": "m", "pol": "p", "mgmt": "g", "none": "n"}
+    fake = _fake_management(users, {"mon": ("monitoring",), "pol": ("policymaker",),
+                                    "mgmt": ("management",), "none": ()})
+    allowed = {"admin": {"administrator", "policymaker", "monitoring", "management"},
+               "mon": {"monitoring", "management"}, "pol": {"policymaker", "management"},
+               "mgmt": {"management"}, "none": set()}
+    reasons = {"management": "Not management user", "administrator": "Not administrator user",
+               "monitoring": "Not monitor user", "policymaker": "Not policymaker user"}
+    for user, password in users.items():
+        for need, reason in reasons.items():
+            request = _request(user, password, "10.0.0.1")
+            if need in allowed[user]:
+                assert authenticate(fake, request, need) == (user, password)
+            else:
+                with pytest.raises(ApiError) as err:
+                    authenticate(fake, request, need)
+                assert (err.value.status, err.value.error, err.value.reason) == \
+                    (401, "not_authorised", reason), (user, need)
 
 
 # --- a process cluster ---------------------------------------------------------------------------------
@@ -131,6 +170,42 @@ def test_overview_nodes_errors_and_auth(cluster):
 
 
 @pytest.mark.process
+def test_users_and_permissions_through_the_api_for_administrators_only(cluster):
+    with api(cluster, "n1") as admin:
+        assert admin.put("/api/users/carol", json={"password": "cpw", "tags": ""}).status_code == 201
+        assert admin.put("/api/permissions/%2F/carol",
+                         json={"configure": "^carol", "write": ".*", "read": ".*"}).status_code == 201
+        row = admin.get("/api/users/carol").json()
+        assert row == {"name": "carol", "tags": [], "hashing_algorithm": "rabbit_password_hashing_sha256",
+                       "limits": {}}
+        assert all("password_hash" not in u and "cpw" not in str(u) for u in admin.get("/api/users").json())
+        assert admin.get("/api/users/carol/permissions").json() == [
+            {"user": "carol", "vhost": "/", "configure": "^carol", "write": ".*", "read": ".*"}]
+        assert {"user": "carol", "vhost": "/", "configure": "^carol", "write": ".*", "read": ".*"} \
+            in admin.get("/api/permissions").json()
+        assert admin.get("/api/users/nobody").status_code == 404
+        assert admin.put("/api/permissions/nowhere/carol",
+                         json={"configure": "", "write": "", "read": ""}).status_code == 404
+    with api(cluster, "n2", auth=("carol", "cpw")) as carol:  # replicated; no tag: no access
+        wait_until(lambda: carol.get("/api/overview").status_code == 401, what="carol on n2")
+        assert carol.get("/api/overview").json() == {"error": "not_authorised",
+                                                     "reason": "Not management user"}
+    with api(cluster, "n1") as admin:
+        assert admin.put("/api/users/carol", json={"tags": "management"}).status_code == 204
+    with api(cluster, "n1", auth=("carol", "cpw")) as carol:  # the password was kept
+        assert carol.get("/api/overview").status_code == 200
+        assert carol.get("/api/users").json() == {"error": "not_authorised",
+                                                  "reason": "Not administrator user"}
+        assert carol.get("/api/nodes").json()["reason"] == "Not monitor user"
+        assert carol.put("/api/policies/%2F/p", json={"pattern": "x", "definition": {}}
+                         ).json()["reason"] == "Not policymaker user"
+        assert carol.get("/api/whoami").json() == {"name": "carol", "tags": ["management"]}
+    with api(cluster, "n1") as admin:
+        assert admin.delete("/api/permissions/%2F/carol").status_code == 204
+        assert admin.delete("/api/users/carol").status_code == 204
+        assert admin.get("/api/users/carol").status_code == 404
+
+
 def test_queue_lifecycle_publish_get_and_listings(cluster):
     c = cluster
     with api(c, "n1") as http:

@@ -175,6 +175,9 @@ ALL_KINDS = [
     c.PolicyClear("ha"), Replan(), c.QueueSynced("q", 2, ("n2", "n3")), DropMirror("q", 2, "n3"),
     c.OperatorPolicySet(make_operator_policy("cap", "^a", {"max-length": 5}, 1, "queues")),
     c.OperatorPolicyClear("cap"), c.ManagedHAEnable(),
+    c.UserAdd(c.User("u", "aGFzaA==", ("administrator",))), c.UserUpdate(c.User("u", "aGFzaA==")),
+    c.UserDelete("u"), c.PermissionSet(c.Permission("u", "/", "^a", ".*", "")),
+    c.PermissionClear("u", "/"),
 ]
 
 

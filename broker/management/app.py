@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mirroring.access import implied_tags
+from mirroring.access import Access, implied_tags, refused
 from wire.errors import NOT_FOUND, ProtocolError
 
 from .. import control
@@ -38,6 +38,7 @@ from ..client.errors import AMQPConnectionError, ChannelClosedByBroker, Connecti
 from ..native import check_login
 from . import state
 from .metrics import render_metrics
+from .users import UserRoutes
 
 VHOST = state.VHOST
 PRODUCT = "warren"
@@ -282,6 +283,13 @@ class Handlers:
     def auth(self, request: Request, need: str = "management") -> tuple[str, str]:
         return authenticate(self.m, request, need)
 
+    def permit(self, user: str, what: str, kind: str, name: str) -> None:
+        """The user's permissions in the vhost allow `what` on the resource (as on a client
+        port: mirroring/access.py); 401 with RabbitMQ's refusal text otherwise."""
+        md = state.metadata(self.node)
+        if not Access(user, VHOST, md.access_version, md.access(user, VHOST)).allowed(what, kind, name):
+            raise ApiError(401, "not_authorised", refused(kind, name, VHOST, user).text)
+
     async def control(self, command: str, args: dict):
         try:
             return await control.COMMANDS[command](self.node, args)
@@ -368,6 +376,7 @@ class Handlers:
         if request.method == "DELETE":
             if state.queue(md, name) is None:
                 raise not_found()
+            self.permit(credentials[0], "configure", "queue", name)
             await self.control("delete_queue", {"queue": name})
             return _no_content()
         body = await _body(request)  # PUT: declare
@@ -379,9 +388,10 @@ class Handlers:
         return _no_content(204 if existed else 201)
 
     async def queue_contents(self, request: Request):
-        self.auth(request)
+        user, _ = self.auth(request)
         _vhost(request)
         name = _name(request)
+        self.permit(user, "read", "queue", name)
         await self.control("purge_queue", {"queue": name})
         return _no_content()
 
@@ -763,6 +773,7 @@ def build_app(management):
         route("/api/health/checks/alarms", h.alarms),
         route("/api/health/checks/node-is-mirror-sync-critical", h.mirror_sync_critical),
         route("/api/aliveness-test/{vhost}", h.aliveness),
+        *UserRoutes(h).routes(route),
         route("/api/warren/cluster", h.cluster_view),
         route("/api/warren/events", h.events),
     ]
