@@ -20,6 +20,7 @@ the checker's verdict and the one command that replays it; `--smoke` runs one sh
 per fault kind, `--check FOLDER` recomputes the verdict of a chaos folder from its logs.
 
     warren-bench throughput [--seconds 10] [--size 1024] [--window 2000] [--prefetch 1000]
+                            [--user U --password P] [--queue-prefix perf.]
 
 starts a one-node cluster of real processes (or uses `--nodes HOST:PORT`), runs one publisher
 with pipelined confirms (at most --window unconfirmed) and one consumer with manual acks on one
@@ -45,11 +46,13 @@ from broker import localcluster
 from broker.client.aio import open_connection
 
 
-async def throughput(nodes: list[str], seconds: float, size: int, window: int, prefetch: int) -> dict:
+async def throughput(nodes: list[str], seconds: float, size: int, window: int, prefetch: int,
+                     user: str = "guest", password: str = "guest", prefix: str = "bench.") -> dict:
     body = b"x" * size
-    queue = f"bench.{os.getpid()}"
+    queue = f"{prefix}{os.getpid()}"
     stats = {"published": 0, "confirmed": 0, "consumed": 0}
-    async with open_connection(nodes) as pconn, open_connection(nodes) as cconn:
+    login = {"user": user, "password": password}
+    async with open_connection(nodes, **login) as pconn, open_connection(nodes, **login) as cconn:
         pch = await pconn.channel()
         await pch.queue_declare(queue)
         await pch.confirm_delivery()
@@ -192,13 +195,15 @@ def _throughput(args) -> int:
     try:
         if args.nodes:
             nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
-            result = trio.run(throughput, nodes, args.seconds, args.size, args.window, args.prefetch)
+            result = trio.run(throughput, nodes, args.seconds, args.size, args.window, args.prefetch,
+                              args.user, args.password, args.queue_prefix)
         else:
             home = Path(tempfile.mkdtemp(prefix="warren-bench-"))
             # Free ports: a `make cluster` (of this clone or another) on 5691.. may be running.
             with localcluster.LocalCluster(home, 1, free_ports=True) as cluster:
                 result = trio.run(throughput, cluster.all_client_addrs(), args.seconds, args.size,
-                                  args.window, args.prefetch)
+                                  args.window, args.prefetch, args.user, args.password,
+                                  args.queue_prefix)
     except BaseException as exc:  # noqa: BLE001 - one line for what the user can fix, else re-raise
         leaf = exc
         while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
@@ -340,6 +345,11 @@ def main(argv=None) -> None:
     t.add_argument("--window", type=int, default=2000, help="max unconfirmed publishes")
     t.add_argument("--prefetch", type=int, default=1000)
     t.add_argument("--nodes", help="use running nodes (HOST:CLIENT_PORT,...) instead of starting one")
+    t.add_argument("--user", default="guest", help="log in as this user (default guest)")
+    t.add_argument("--password", default="guest", help="its password (default guest)")
+    t.add_argument("--queue-prefix", dest="queue_prefix", default="bench.",
+                   help="the queue's name is this and the bench's pid (default bench.): one the "
+                        "user's permissions allow")
     r = sub.add_parser("run", help="run workload files against warren and/or RabbitMQ, write results/RUN_ID/")
     r.add_argument("workloads", nargs="+", metavar="WORKLOAD",
                    help="a YAML file, or a shipped suite name (smoke, throughput, latency, failover, scale, "

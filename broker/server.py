@@ -87,7 +87,9 @@ def parse_args(argv=None) -> dict:
     p.add_argument("--queue-leader-locator", dest="queue_leader_locator", choices=["client-local", "balanced"],
                    help="where a new queue's leader goes when its declaration does not say "
                         "(WARREN_QUEUE_LEADER_LOCATOR, default client-local)")
-    p.add_argument("--users", help="client users as NAME:PASSWORD,... (WARREN_USERS, default guest:guest)")
+    p.add_argument("--users", help="the users a new cluster starts with, administrators, as "
+                                   "NAME:PASSWORD,... (read at first boot only; WARREN_USERS, "
+                                   "default guest:guest)")
     p.add_argument("--loopback-users", dest="loopback_users",
                    help="users allowed to connect from localhost only, NAME,... or 'none' "
                         "(WARREN_LOOPBACK_USERS, default guest)")
