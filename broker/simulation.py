@@ -168,8 +168,9 @@ class SimCluster:
         self.net.kill(name)
         self.scopes[name].cancel()
 
-    async def restart(self, name: str) -> Node:
-        """Revive a killed host and start the node again with what it had saved."""
+    async def restart(self, name: str, **extra) -> Node:
+        """Revive a killed host and start the node again with what it had saved (`extra`:
+        NodeConfig fields this start changes)."""
         old = self.nodes[name]
         if old.config.cluster_seed and not old.cluster.has_state():
             # it never joined: it keeps trying its cluster seed (in the background), as
@@ -177,7 +178,7 @@ class SimCluster:
             return self.start_fresh(name, old.config.cluster_seed.rsplit(":", 1)[0])
         self.net.revive(name)
         self.killed.discard(name)
-        node = self._new_node(name)
+        node = self._new_node(name, **extra)
         if not self.persist:
             node.cluster.saved = old.cluster.saved  # no disk: what the old process had saved
         return await self._launch(name, node)

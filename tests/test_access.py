@@ -201,3 +201,12 @@ async def test_a_user_without_permissions_in_the_vhost_is_refused_at_open(tmp_pa
             async with await _connect(c, "nobody", "wrong"):
                 pass
         assert "login refused for user 'nobody'" in str(info.value)
+
+
+async def test_the_users_option_seeds_the_first_boot_only(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path, names=("n1",)) as c:
+        await _ctl(c, "n1", "delete_user", name="sim")
+        c.kill("n1")
+        node = await c.restart("n1", users={"guest": "guest", "newcomer": "pw"})
+        await c.wait_running(["n1"])
+        assert set(node.md.users) == {"guest"}  # what the cluster holds, not the option
