@@ -8,8 +8,10 @@ or touches a socket, so it is tested against a stand-in host, without a cluster.
 
 The parts, by responsibility: channels and their delivery tags (channels.py), publishes in
 flight and their confirms (publishing.py), consumers and deliveries (consumers.py). This module
-joins them and owns what they share: the commands' dispatch, the queue commands, exchanges and
-bindings, requests to queues, and the route to each queue's leader with its resends.
+joins them and owns what they share: the commands' dispatch, the user's permission checks
+(`check_access`: RabbitMQ's configure/write/read, over the session's compiled patterns), the
+queue commands, exchanges and bindings, requests to queues, and the route to each queue's leader
+with its resends.
 
 Theory of operation:
 * Like RabbitMQ's channel process, the session assigns delivery tags and publish sequence
