@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mirroring.access import Access, implied_tags, refused
-from wire.errors import NOT_FOUND, ProtocolError
+from wire.errors import ACCESS_REFUSED, NOT_FOUND, ProtocolError
 
 from .. import control
 from ..client.errors import AMQPConnectionError, ChannelClosedByBroker, ConnectionClosedByBroker
@@ -231,6 +231,8 @@ async def client_channel(management, credentials: tuple[str, str]):
                 yield await conn.channel()
     except (ChannelClosedByBroker, ConnectionClosedByBroker) as exc:
         code, text = exc.reply_code, exc.reply_text
+        if code == ACCESS_REFUSED:  # the user's permissions (mirroring/access.py)
+            raise ApiError(401, "not_authorised", text) from None
         raise (not_found(text) if code == NOT_FOUND else bad_request(text)) from None
     except (AMQPConnectionError, OSError, trio.TooSlowError) as exc:
         raise bad_request(f"could not reach node {node.name}'s client port: {exc}") from None
