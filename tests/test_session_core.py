@@ -425,3 +425,36 @@ async def test_the_driver_carries_out_actions_and_waits_for_credit_without_polli
         s.queue_events([m.EvAccepted("q", 1)])
     assert released == [True]
     assert await driver.handle(m.ConnectionClose(9))
+
+
+def test_permissions_refuse_on_their_channel_only_and_a_change_is_seen_at_the_next_command():
+    host, s, out = core_session()
+    host.permission = Permission("guest", "/", "^perf\\.", "^perf\\.", "^amq\\.direct$")
+    host.access_version += 1
+    host.add_queue("perf.q")
+    host.add_queue("other")
+    assert s.handle(m.ChannelOpen(2, 2)) is None
+    refusals = [
+        (m.QueueBind(3, 1, "other", "amq.direct", "k", {}), "queue 'other'"),  # write on the queue
+        (m.QueueBind(4, 1, "perf.q", "amq.topic", "k", {}), "exchange 'amq.topic'"),  # read on it
+        (m.PublishTo(1, "amq.direct", "k", False, [b"x"], None), "exchange 'amq.direct'"),
+        (m.Publish(1, "perf.q", [b"x"], None), "exchange 'amq.default'"),
+        (m.BasicGet(5, 1, "perf.q", False), "queue 'perf.q'"),
+        (m.ExchangeDelete(6, 1, "perf.x", False), None),  # allowed: configure ^perf\.
+    ]
+    for msg, what in refusals:
+        if 1 not in s.channels:
+            assert s.handle(m.ChannelOpen(9, 1)) is None
+        out.clear()
+        action = s.handle(msg)
+        if what is None:
+            assert 1 in s.channels and not any(type(o) is m.Fail for o in out)
+            continue
+        assert action is None and out[-1] == m.Fail(
+            getattr(msg, "rid", 0), 1, 403, f"access to {what} in vhost '/' refused for user 'guest'")
+        assert 1 not in s.channels and 2 in s.channels  # the other channel carries on
+    host.permission = Permission("guest", "/", ".*", ".*", ".*")
+    host.access_version += 1  # a change to the permissions: compiled again at the next check
+    out.clear()
+    s.handle(m.BasicGet(11, 1, "perf.q", False))
+    assert not any(type(o) is m.Fail for o in out) and sent(host, m.QGet)
