@@ -86,6 +86,13 @@ class Connections(dict):
             self._emptied = trio.Event()
             await self._emptied.wait()
 
+    def close_deleted_users(self, users) -> None:
+        """The connections of users no longer in `users` (deleted) are closed, as RabbitMQ
+        closes them."""
+        for conn in [conn for conn in self.values()
+                     if conn.session is not None and conn.session.core.user not in users]:
+            conn.force_close(CONNECTION_FORCED, f"user '{conn.session.core.user}' was deleted")
+
 
 class Node:
     def __init__(self, config: configmod.NodeConfig, network, *, persist: bool = True,
@@ -359,6 +366,8 @@ class Node:
                 back = back or down_now and counted
             if down_now:
                 self._counted_down_while_running()
+        if change is None or type(change) is c.UserDelete:  # (None: a snapshot replaced it all)
+            self.connections.close_deleted_users(self.md.users)
         asked = c.delete_asked_by(change, self.name) if change is not None else None
         if asked is not None:  # a client's delete through one of our sessions (Router.delete_for_client)
             asker = self.sessions.get(asked.session)

@@ -14,7 +14,7 @@ from msgspec import msgpack
 
 from broker import access_control
 from broker.client.aio import open_connection
-from broker.client.errors import AMQPConnectionError, ChannelClosedByBroker
+from broker.client.errors import AMQPConnectionError, ChannelClosedByBroker, ConnectionClosedByBroker
 from broker.simulation import CLIENT_PORT, sim_cluster
 from mirroring import changes as c
 from mirroring.access import Access, check_password, hash_password, implied_tags, parse_tags
@@ -143,7 +143,7 @@ async def test_seeded_users_are_administrators_with_every_permission_on_the_defa
         assert "guest" not in md.users["guest"].password_hash
 
 
-async def _connect(c, user: str, password: str):
+def _connect(c, user: str, password: str):
     return open_connection([f"n1:{CLIENT_PORT}"], network=c.net.host("n1"), reconnect=False,
                            user=user, password=password)
 
@@ -154,7 +154,7 @@ async def test_a_restricted_user_is_refused_with_rabbitmqs_text_on_that_channel_
         await _ctl(c, "n1", "add_user", name="perf", password="pw")
         await _ctl(c, "n1", "set_permissions", vhost="/", user="perf", configure="^perf\\.",
                    write="^perf\\.", read="^perf\\.")
-        async with await _connect(c, "perf", "pw") as conn:
+        async with _connect(c, "perf", "pw") as conn:
             ok = await conn.channel()
             await ok.queue_declare("perf.q")
             cases = [
@@ -183,7 +183,7 @@ async def test_a_restricted_user_is_refused_with_rabbitmqs_text_on_that_channel_
             await ok.queue_declare("perf.q2")
             assert await ok.basic_get("perf.q2") is None
         # the permissions change: a session sees it at its next operation
-        async with await _connect(c, "perf", "pw") as conn:
+        async with _connect(c, "perf", "pw") as conn:
             ch = await conn.channel()
             await _ctl(c, "n1", "set_permissions", vhost="/", user="perf", configure=".*",
                        write=".*", read=".*")
@@ -194,11 +194,11 @@ async def test_a_user_without_permissions_in_the_vhost_is_refused_at_open(tmp_pa
     async with sim_cluster(tmp_path, names=("n1",)) as c:
         await _ctl(c, "n1", "add_user", name="nobody", password="pw")
         with pytest.raises(AMQPConnectionError) as info:
-            async with await _connect(c, "nobody", "pw"):
+            async with _connect(c, "nobody", "pw"):
                 pass
         assert "(530) access to vhost '/' refused for user 'nobody'" in str(info.value)
         with pytest.raises(AMQPConnectionError) as info:
-            async with await _connect(c, "nobody", "wrong"):
+            async with _connect(c, "nobody", "wrong"):
                 pass
         assert "login refused for user 'nobody'" in str(info.value)
 
@@ -210,3 +210,18 @@ async def test_the_users_option_seeds_the_first_boot_only(tmp_path, autojump_clo
         node = await c.restart("n1", users={"guest": "guest", "newcomer": "pw"})
         await c.wait_running(["n1"])
         assert set(node.md.users) == {"guest"}  # what the cluster holds, not the option
+
+
+async def test_deleting_a_user_closes_its_connections(tmp_path, autojump_clock):
+    async with sim_cluster(tmp_path, names=("n1",)) as c:
+        await _ctl(c, "n1", "add_user", name="gone", password="pw")
+        await _ctl(c, "n1", "set_permissions", vhost="/", user="gone", configure=".*",
+                   write=".*", read=".*")
+        async with _connect(c, "guest", "guest") as stays:
+            with pytest.raises(ConnectionClosedByBroker) as info:
+                async with _connect(c, "gone", "pw") as conn:
+                    await conn.channel()
+                    await _ctl(c, "n1", "delete_user", name="gone")
+                    await trio.sleep(5)
+            assert (info.value.reply_code, info.value.reply_text) == (320, "user 'gone' was deleted")
+            await stays.channel()
