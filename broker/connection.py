@@ -24,7 +24,7 @@ import math
 
 import trio
 
-from mirroring.access import check_password
+from mirroring.access import check_password, hash_password
 from wire.errors import ACCESS_REFUSED, INTERNAL_ERROR, NOT_ALLOWED, ProtocolError
 
 from .framed import CORK, DirectWrites, Reader, direct_socket
@@ -46,11 +46,16 @@ def is_loopback(peer: str, own_host: str) -> bool:
         return host == own_host  # simulated network: a client on the node's own host
 
 
+_NO_USER = hash_password("")  # what an unknown user's password is checked against
+
+
 def check_login(md, config, user: str, password: str, peer: str) -> None:
     """The users of the metadata `md` (salted hashes, mirroring/access.py) and the loopback rule
     (shared by every front end)."""
     record = md.users.get(user)
-    if record is None or not check_password(record.password_hash, password):
+    # an unknown user costs a hash too: the answer's time does not tell which users exist
+    if not check_password(record.password_hash if record is not None else _NO_USER, password) \
+            or record is None:
         raise ProtocolError(ACCESS_REFUSED, f"login refused for user '{user}': wrong user name or password")
     if user in config.loopback_users and not is_loopback(peer, config.advertise_host):
         raise ProtocolError(ACCESS_REFUSED,
