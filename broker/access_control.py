@@ -9,12 +9,19 @@ the log, the state file or any answer.
 
 from __future__ import annotations
 
+import os
+
 import msgspec
 
-from mirroring.access import check_pattern, hash_password, parse_tags, valid_hash
+from mirroring.access import SALT_BYTES, check_pattern, hash_password, parse_tags, valid_hash
 from mirroring.changes import PermissionClear, PermissionSet, UserAdd, UserDelete, UserUpdate
 from mirroring.records import Permission, User
 from wire.errors import NOT_ALLOWED, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
+
+
+def new_hash(password: str) -> str:
+    """The stored form of a password, with a fresh random salt."""
+    return hash_password(password, os.urandom(SALT_BYTES))
 
 
 def _running_md(node):
@@ -42,7 +49,7 @@ async def cmd_add_user(node, args):
     name, password = str(args["name"]), str(args["password"])
     if not name:
         raise ProtocolError(PRECONDITION_FAILED, "user name must not be empty")
-    await node.cluster.propose(UserAdd(User(name, hash_password(password), _tags(args.get("tags")))))
+    await node.cluster.propose(UserAdd(User(name, new_hash(password), _tags(args.get("tags")))))
     return None
 
 
@@ -55,7 +62,7 @@ async def cmd_delete_user(node, args):
 async def cmd_change_password(node, args):
     user = _user(_running_md(node), args["name"])
     await node.cluster.propose(UserUpdate(msgspec.structs.replace(
-        user, password_hash=hash_password(str(args["password"])))))
+        user, password_hash=new_hash(str(args["password"])))))
     return None
 
 
@@ -72,7 +79,7 @@ async def put_user(node, name: str, password: str | None, password_hash: str | N
     definitions carry them). True when the user was created."""
     md = _running_md(node)
     if password is not None:
-        password_hash = hash_password(str(password))
+        password_hash = new_hash(str(password))
     elif password_hash is not None and not valid_hash(str(password_hash)):
         raise ProtocolError(PRECONDITION_FAILED, "password_hash is not a salted SHA-256 hash "
                                                  "(base64 of a 4-byte salt and a 32-byte digest)")

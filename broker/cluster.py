@@ -24,6 +24,7 @@ Theory of operation:
 from __future__ import annotations
 
 import itertools
+import os
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ class _Proposal:
 
 
 def fresh_state(name: str, peer: list, client: list, users: dict | None = None,
-                salt=None) -> Persistent:
+                salt=os.urandom) -> Persistent:
     """A node that belongs to no cluster: a cluster of its own, itself the only member, with
     the configured `users` (name -> password), as RabbitMQ's default user: the administrator
     tag and every permission in the default vhost. This is the first boot's only: later the
@@ -84,7 +85,7 @@ def fresh_state(name: str, peer: list, client: list, users: dict | None = None,
     md = Metadata()
     md.apply(c.MemberAdd(name, tuple(peer), tuple(client)))
     for user, password in (users or {}).items():
-        md.apply(c.UserAdd(User(user, hash_password(password, salt(SALT_BYTES) if salt else None),
+        md.apply(c.UserAdd(User(user, hash_password(password, salt(SALT_BYTES)),
                                 ("administrator",))))
         md.apply(c.PermissionSet(Permission(user, VHOST, FULL, FULL, FULL)))
     return Persistent(snap_config=(name,), snap_data=md.snapshot())

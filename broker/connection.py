@@ -24,7 +24,7 @@ import math
 
 import trio
 
-from mirroring.access import check_password, hash_password
+from mirroring.access import SALT_BYTES, check_password, hash_password
 from wire.errors import ACCESS_REFUSED, INTERNAL_ERROR, NOT_ALLOWED, ProtocolError
 
 from .framed import CORK, DirectWrites, Reader, direct_socket
@@ -46,7 +46,7 @@ def is_loopback(peer: str, own_host: str) -> bool:
         return host == own_host  # simulated network: a client on the node's own host
 
 
-_NO_USER = hash_password("")  # what an unknown user's password is checked against
+_NO_USER = hash_password("", bytes(SALT_BYTES))  # an unknown user's password is checked against it
 
 
 def check_login(md, config, user: str, password: str, peer: str) -> None:

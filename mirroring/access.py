@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
 import re
 
 from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
@@ -34,10 +33,9 @@ FULL = ".*"  # the pattern RabbitMQ's default user gets for all three permission
 CONFIGURE, WRITE, READ = "configure", "write", "read"
 
 
-def hash_password(password: str, salt: bytes | None = None) -> str:
-    """The stored form of `password`: base64(salt + sha256(salt + password))."""
-    if salt is None:
-        salt = os.urandom(SALT_BYTES)
+def hash_password(password: str, salt: bytes) -> str:
+    """The stored form of `password`: base64(salt + sha256(salt + password)); `salt` is
+    SALT_BYTES random bytes (the caller draws them: broker/access_control.py `new_hash`)."""
     digest = hashlib.sha256(salt + password.encode("utf-8")).digest()
     return base64.b64encode(salt + digest).decode("ascii")
 
