@@ -225,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _user_commands(command) -> None:
+    """The user and permission commands' arguments (rabbitmqctl's)."""
     for name, (args, helps) in {
         "add_user": (("name", "password"), ("the user's name", "its password")),
         "change_password": (("name", "password"), ("the user's name", "its new password")),
