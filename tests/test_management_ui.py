@@ -158,6 +158,10 @@ def test_the_page_drives_and_shows_mirroring(request, tmp_path_factory, tmp_path
                     f"'[data-queue=\"ha.ui\"] [data-replica=\"{first_mirror}\"][data-synced=\"true\"]')")
                 queue.locator(f'[data-replica="{first_mirror}"][data-synced="true"]').wait_for(timeout=60_000)
                 shot(page, "mirror-synchronised")
+                # three times the backlog, on the leader and its synchronised mirror: the new
+                # mirror that follows the promotion below starts empty, so its sync runs ~15 s
+                # and is seen moving twice and cancelled mid-way even on a busy machine
+                publish(c, "n1", "ha.ui", 3000)
 
                 # kill -9 of the leader's node: down, the mirror promoted, the timeline's gap
                 killed_at = time.monotonic()
@@ -176,9 +180,6 @@ def test_the_page_drives_and_shows_mirroring(request, tmp_path_factory, tmp_path
                 # the new mirror (exactly 2: on the third node) syncs from the page; cancelled
                 other = next(n for n in ("n2", "n3") if n != first_mirror)
                 queue.locator(f'[data-replica="{other}"][data-role="mirror"]').wait_for()
-                # three times the backlog: this sync runs ~15 s, so the bar is seen moving
-                # twice and cancelled mid-way even when the machine is busy
-                publish(c, first_mirror, "ha.ui", 3000)
                 queue.locator(".act-sync").click()
                 page.wait_for_function(
                     "() => Number(document.querySelector('[data-queue=\"ha.ui\"] .sync-bar')"
