@@ -163,14 +163,15 @@ def nodes_json(management, md) -> list[dict]:
     memory = node.memory.status()
     alarms = set(memory.get("alarms") or ())
     leader = node.cluster.leader
+    paused = state.paused_nodes(node)
     out = []
     for name in state.members(md):
-        is_running = name in running
-        row = {"name": name, "type": "disc", "running": is_running,
+        linked = name in running
+        row = {"name": name, "type": "disc", "running": linked and name not in paused,
                "mem_alarm": name in alarms, "disk_free_alarm": False, "partitions": [],
                "being_drained": False, "metadata_leader": name == leader,
-               "down_reason": None if is_running else state.down_reason(md, name),
-               "paused": bool(node.cluster.paused) if name == node.name else False}
+               "down_reason": None if linked else state.down_reason(md, name),
+               "paused": name in paused}
         if name == node.name:
             row.update(mem_used=memory.get("memory_used"), mem_limit=memory.get("memory_limit"),
                        uptime=int((trio.current_time() - management.started_at) * 1000))

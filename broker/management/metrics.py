@@ -148,8 +148,9 @@ class _Snapshot:
                 family.add_metric([], value)
                 yield family
 
-        running = node.running
-        up = gauge("warren_node_running", "1 for a member this node sees running, else 0", ["node"])
+        running = node.running - state.paused_nodes(node)
+        up = gauge("warren_node_running", "1 for a member this node sees running (linked, not "
+                   "paused), else 0", ["node"])
         for member in state.members(md):
             up.add_metric([member], 1 if member in running else 0)
         yield up
