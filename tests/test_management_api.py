@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker import config as configmod
 from broker.client.aio import open_connection
 
-from cluster_procs import running_cluster
+from cluster_procs import publish, running_cluster, wait_until
 
 pytestmark = [pytest.mark.timeout(240)]
 SYNC_LIMIT = 300_000  # bytes/s: a sync of ~1.5 MB takes ~5 s, long enough to watch and cancel
@@ -78,28 +78,6 @@ def cluster(request, tmp_path_factory):
 
 def api(c, node: str, auth=("guest", "guest")) -> httpx.Client:
     return httpx.Client(base_url=f"http://127.0.0.1:{c.http_ports[node]}", auth=auth, timeout=20)
-
-
-def wait_until(pred, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def publish(c, node: str, queue: str, n: int, size: int = 1024) -> None:
-    async def run():
-        async with open_connection([c.client_addr(node)]) as conn:
-            ch = await conn.channel()
-            await ch.queue_declare(queue, durable=True)
-            await ch.confirm_delivery()
-            for i in range(n):
-                await ch.basic_publish("", queue, i.to_bytes(8, "big") + b"." * (size - 8))
-            assert await ch.wait_for_confirms(timeout=60)
-    trio.run(run)
 
 
 @pytest.mark.process
