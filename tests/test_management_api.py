@@ -342,12 +342,19 @@ def test_json_answers_hold_what_json_cannot():
 @pytest.mark.process
 def test_the_api_answers_while_the_app_is_stopped(cluster):
     """The HTTP port lives with the process, like the peer port: with its app stopped a node
-    still answers, every node shown as not running, its queues as down. Starting the app again
+    still answers, every node shown as not running, its queues as down, and its is-in-service
+    check (a load balancer's) 503 until the app runs again. Starting the app again
     (it replays its log, a thousand declarations and more) is as quick as without the API: the
     timeline follows the replay in memory (reading the saved state per change took 6 s)."""
     c = cluster
-    c.call("n3", "stop_app")
     with api(c, "n3") as http:
+        ready = http.get("/api/health/checks/is-in-service")
+        assert (ready.status_code, ready.json()) == (200, {"status": "ok"})
+    c.ctl_ok("n3", "stop_app")
+    with api(c, "n3") as http:
+        out = http.get("/api/health/checks/is-in-service")
+        assert (out.status_code, out.json()) == (503, {"status": "failed", "reason":
+                                                       "node n3 is not running (its app is stopped)"})
         assert {n["name"]: n["running"] for n in http.get("/api/nodes").json()}["n3"] is False
         states = {q["state"] for q in http.get("/api/queues").json()}
         assert states == {"down"}
@@ -358,3 +365,4 @@ def test_the_api_answers_while_the_app_is_stopped(cluster):
         assert time.monotonic() - started < 3
         wait_until(lambda: {n["name"]: n["running"] for n in http.get("/api/nodes").json()}
                    == {"n1": False, "n2": True, "n3": True}, what="n3 running again")
+        assert http.get("/api/health/checks/is-in-service").status_code == 200

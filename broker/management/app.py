@@ -184,6 +184,17 @@ def nodes_json(management, md) -> list[dict]:
     return out
 
 
+def out_of_service(node) -> str | None:
+    """Why this node takes no clients now (its app stopped or stopping, or paused), or None."""
+    if not node.app_running:
+        return f"node {node.name} is not running (its app is stopped)"
+    if node.stopping:
+        return f"node {node.name} is stopping (stop_app or shutdown)"
+    if node.cluster.paused:
+        return node.paused_reason()
+    return None
+
+
 QUEUES_PER_STEP = 100  # queue JSON made between two checkpoints: the node's loop serves meanwhile
 
 
@@ -579,6 +590,16 @@ class Handlers:
                           "alarms": [{"node": n, "resource": "memory"} for n in alarms]}, 503)
         return _json({"status": "ok"})
 
+    async def in_service(self, request: Request):
+        """RabbitMQ's is-in-service: 200 while this node serves clients, 503 while its app is
+        stopped or stopping, or it is paused under pause_minority (its ports may be open
+        meanwhile: a load balancer's check takes it out on this, not on a TCP connect)."""
+        self.auth(request, "monitoring")
+        reason = out_of_service(self.node)
+        if reason is not None:
+            return _json({"status": "failed", "reason": reason}, 503)
+        return _json({"status": "ok"})
+
     async def mirror_sync_critical(self, request: Request):
         """RabbitMQ's node-is-mirror-sync-critical: the mirrored queues this node leads whose only
         synchronised replica it holds (the rule `warrenctl node_is_mirror_sync_critical` applies,
@@ -751,6 +772,7 @@ def build_app(management):
         route("/api/consumers", h.consumers), route("/api/consumers/{vhost}", h.consumers),
         route("/api/health/checks/alarms", h.alarms),
         route("/api/health/checks/node-is-mirror-sync-critical", h.mirror_sync_critical),
+        route("/api/health/checks/is-in-service", h.in_service),
         route("/api/aliveness-test/{vhost}", h.aliveness),
         route("/api/warren/cluster", h.cluster_view),
         route("/api/warren/events", h.events),
