@@ -294,6 +294,25 @@ def test_queue_labels_are_escaped_for_the_parser():
     assert families["warren_queue_sync_progress_ratio"].samples[0].value == 0.5
 
 
+def test_a_scrape_writes_again_only_the_queues_whose_counts_changed():
+    """The per-queue lines kept between scrapes: the text is the same as written afresh, a queue
+    whose counts changed gets new lines, an unchanged one keeps its own, a gone one is dropped."""
+    from broker.management.metrics import queue_families
+    from mirroring.metadata import Metadata
+    md = Metadata("c")
+    rows = [("a", 1, 0, 0, 1024, 1, 0, 0, 0, None), ("b", 0, 0, 1, 0, 5, 5, 5, 0, None)]
+    written = {}
+    assert queue_families(md, rows, written) == queue_families(md, rows)
+    kept = written["b"][1]
+    rows[0] = ("a", 2, 0, 0, 2048, 2, 0, 0, 0, None)
+    text = queue_families(md, rows, written)
+    assert text == queue_families(md, rows)
+    assert 'rabbitmq_queue_messages_ready{queue="a",vhost="/"} 2\n' in text
+    assert written["b"][1] is kept
+    queue_families(md, rows[1:], written)
+    assert set(written) == {"b"}
+
+
 async def test_timeline_follows_the_metadata_as_it_is_applied():
     """Fed each applied change, the ring records a declare, a mirror added and synchronised, a
     node down and the promotion with its delivery gap (from the link's break), a deletion."""
