@@ -109,6 +109,7 @@ class Cluster(PeerLinks):
         self.links: dict[str, PeerLink] = {}
         self.incarnation = 0
         self.paused = False
+        self.paused_peers: set[str] = set()  # linked nodes that said they paused (NodePaused)
         self.saved: dict | None = None  # the persistent state, when not persisting to disk
         self._file = StateFile(Path(config.data_dir) / "raft.msgpack")
         self.applied = 0
@@ -243,6 +244,7 @@ class Cluster(PeerLinks):
             for link in list(self.links.values()):
                 link.close("app stopped")
             self.links.clear()
+            self.paused_peers.clear()
             self._fail_proposals(NOT_LEADER)
             for rid in list(self._pending):
                 self._resolve(rid, None)
@@ -622,6 +624,7 @@ class Cluster(PeerLinks):
             if self.paused:
                 self.paused = False
                 self.log.warning("a majority of the cluster is reachable again: resuming clients")
+                self._tell_paused()
                 self.hooks.paused(False)
             return
         if self._no_quorum_since is None:
@@ -630,6 +633,7 @@ class Cluster(PeerLinks):
             self.paused = True
             self.log.warning("no majority of the cluster reachable: pausing clients (pause_minority)",
                              members=list(self.md.members), running=sorted(self.running))
+            self._tell_paused()
             self.hooks.paused(True)
 
     @property

@@ -145,6 +145,8 @@ class PeerLinks:
         self.refused_by.pop(name, None)
         now = trio.current_time()
         self.log.info("node up", peer=name, running=sorted(self.running))
+        if self.paused:
+            link.send(m.NodePaused(True))
         self.raft.peer_up(now, name)
         self.hooks.link_up(name)
         self._after_raft(now)
@@ -158,12 +160,19 @@ class PeerLinks:
             self._lost_at[name] = now
             self.log.warning("node down", peer=name, reason=reason, running=sorted(self.running))
             self._fail_pending(name)
+            self.paused_peers.discard(name)
             if self.raft is not None:
                 self.raft.peer_down(now, name)
                 self._after_raft(now)
             self.hooks.link_down(name)
             self._liveness_due = True
             self._poke()
+
+    def _tell_paused(self) -> None:
+        """Tell every linked node that this one paused or resumed its clients."""
+        msg = m.NodePaused(self.paused)
+        for link in list(self.links.values()):
+            link.send(msg)
 
     def _on_peer_messages(self, link: PeerLink, batch: list) -> None:
         raft_touched = False
@@ -190,6 +199,11 @@ class PeerLinks:
                 self._resolve(msg.rid, msg)
             elif t is m.NodeRpc:
                 self.spawn(self._serve_rpc, link, msg)
+            elif t is m.NodePaused:
+                if msg.paused:
+                    self.paused_peers.add(link.name)
+                else:
+                    self.paused_peers.discard(link.name)
             else:
                 traffic.append(msg)
         if traffic:

@@ -318,48 +318,55 @@ async def cmd_purge_queue(node, args):
     return await _leader_rpc(node, "purge", args["queue"])
 
 
-async def cmd_set_policy(node, args):
+async def _set_policy(node, args, make, change) -> None:
+    """set_policy and set_operator_policy: `make` validates the record, `change` carries it."""
     _require_running(node)
-    record = make_policy(args["name"], args["pattern"], args["definition"], args.get("priority", 0),
-                         args.get("apply_to", "all"))
-    await node.cluster.propose(PolicySet(record))
-    return None
+    record = make(args["name"], args["pattern"], args["definition"], args.get("priority", 0),
+                  args.get("apply_to", "all"))
+    await node.cluster.propose(change(record))
+
+
+async def _clear_policy(node, name: str, policies: dict, what: str, change) -> None:
+    """clear_policy and clear_operator_policy: `what` names the kind in the not-found error."""
+    _require_running(node)
+    if name not in policies:
+        raise ProtocolError(NOT_FOUND, f"{what} '{name}' not found in vhost '/'")
+    await node.cluster.propose(change(name))
+
+
+def _policy_row(p) -> dict:
+    """The columns both policy listings share."""
+    return {"vhost": "/", "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+            "definition": p.definition, "priority": p.priority}
+
+
+def _by_name(policies: dict) -> list:
+    return sorted(policies.values(), key=lambda p: p.name)
+
+
+async def cmd_set_policy(node, args):
+    await _set_policy(node, args, make_policy, PolicySet)
 
 
 async def cmd_clear_policy(node, args):
-    _require_running(node)
-    if args["name"] not in node.md.policies:
-        raise ProtocolError(NOT_FOUND, f"policy '{args['name']}' not found in vhost '/'")
-    await node.cluster.propose(PolicyClear(args["name"]))
-    return None
+    await _clear_policy(node, args["name"], node.md.policies, "policy", PolicyClear)
 
 
 async def cmd_list_policies(node, args):
-    return [{"vhost": "/", "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
-             "definition": p.definition, "priority": p.priority, "set_by": p.set_by}
-            for p in sorted(node.md.policies.values(), key=lambda p: p.name)]
+    return [{**_policy_row(p), "set_by": p.set_by} for p in _by_name(node.md.policies)]
 
 
 async def cmd_set_operator_policy(node, args):
-    _require_running(node)
-    record = make_operator_policy(args["name"], args["pattern"], args["definition"],
-                                  args.get("priority", 0), args.get("apply_to", "all"))
-    await node.cluster.propose(OperatorPolicySet(record))
-    return None
+    await _set_policy(node, args, make_operator_policy, OperatorPolicySet)
 
 
 async def cmd_clear_operator_policy(node, args):
-    _require_running(node)
-    if args["name"] not in node.md.operator_policies:
-        raise ProtocolError(NOT_FOUND, f"operator policy '{args['name']}' not found in vhost '/'")
-    await node.cluster.propose(OperatorPolicyClear(args["name"]))
-    return None
+    await _clear_policy(node, args["name"], node.md.operator_policies, "operator policy",
+                        OperatorPolicyClear)
 
 
 async def cmd_list_operator_policies(node, args):
-    return [{"vhost": "/", "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
-             "definition": p.definition, "priority": p.priority}
-            for p in sorted(node.md.operator_policies.values(), key=lambda p: p.name)]
+    return [_policy_row(p) for p in _by_name(node.md.operator_policies)]
 
 
 async def cmd_list_exchanges(node, args):

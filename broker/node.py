@@ -139,6 +139,7 @@ class Node:
         self._counted_down = False  # the metadata records this very run of the node as down
         self._counted_up = False  # it records this very run up (as of the last change applied)
         self._times_down = 0  # the metadata's count of this node's runs recorded down, as of then
+        self.stopping = False  # stop_app has begun (the app runs until it has handed over)
         # the shutdown record is on its way: deliveries are no longer shown (see _hand_over_on_shutdown)
         self.leaving = False
         self._app_scope: trio.CancelScope | None = None
@@ -253,6 +254,7 @@ class Node:
                                                           self.config.amqps_port, self._on_amqp_conn)
                     self.app_running = True
                     self.leaving = False
+                    self.stopping = False
                     self.router.reconcile()
                     self.log.info("app started", client_port=self.client_port, amqp_port=self.amqp_port,
                                   amqps_port=self.amqps_port,
@@ -273,6 +275,7 @@ class Node:
         if not self.app_running or self._app_scope is None:
             return
         self.log.info("stopping app")
+        self.stopping = True
         with trio.move_on_after(SHUTDOWN_HANDOVER_TIMEOUT):
             await self._hand_over_on_shutdown()
         for conn in list(self.connections.values()):

@@ -29,7 +29,10 @@ A `ProcessCluster` (a `broker.localcluster.LocalCluster`) offers:
 management HTTP port on a free port (`http_ports[name]`); `tls=DIR` (certificates as
 `python -m broker.tls certs DIR` writes them) turns TLS on: `amqps_port(name)`,
 `client_ssl_context()`. `wait_no_consumers(ch, queue)`
-waits until a queue has no consumer (through a blocking channel of pika or of warren's client).
+waits until a queue has no consumer (through a blocking channel of pika or of warren's client);
+`publish(cluster, node, queue, n)` declares a durable queue on a node and publishes n numbered
+messages to it with confirms; `wait_until(pred, timeout, what)` polls until pred() is true and
+returns its value.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import trio
+
+from broker.client.aio import open_connection
 from broker.localcluster import LocalCluster, free_port  # noqa: F401  (free_port: for tests)
 
 SECRET = "process-test-secret"
@@ -81,3 +87,29 @@ def wait_no_consumers(ch, queue: str, timeout: float = 5.0) -> None:
     while (n := ch.queue_declare(queue, passive=True).method.consumer_count) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert n == 0, f"{n} consumer(s) of a closed connection still on queue {queue!r} after {timeout:g} s"
+
+
+def publish(cluster, node: str, queue: str, n: int, size: int = 1024) -> None:
+    """Declare durable `queue` through `node` and publish n messages of `size` bytes to it (the
+    first 8 bytes number them), with confirms: all confirmed, or AssertionError."""
+    async def run():
+        async with open_connection([cluster.client_addr(node)]) as conn:
+            ch = await conn.channel()
+            await ch.queue_declare(queue, durable=True)
+            await ch.confirm_delivery()
+            for i in range(n):
+                await ch.basic_publish("", queue, i.to_bytes(8, "big") + b"." * (size - 8))
+            assert await ch.wait_for_confirms(timeout=60)
+    trio.run(run)
+
+
+def wait_until(pred, timeout: float = 30.0, what: str = "condition"):
+    """pred()'s first true value, polled every 0.1 s; AssertionError naming `what` after
+    `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

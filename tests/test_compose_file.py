@@ -161,3 +161,20 @@ def test_a_user_that_works_from_the_host(warren_nodes):
         assert "warren" not in loopback, name
         raw = str((service.get("environment") or {})["WARREN_USERS"])
         assert "warren:${WARREN_PASSWORD" in raw, "the password must be overridable from the host"
+
+
+def test_the_load_balancer_checks_each_nodes_is_in_service_endpoint(services, warren_nodes):
+    """The lb's health check is HTTP, on the nodes' management port, logged in as the host user
+    with the password the nodes get: a node whose app is stopped or that is paused keeps its
+    process (and maybe its client ports) up, and only its answer takes it out."""
+    cfg = (REPO / "docker" / "haproxy.cfg").read_text()
+    assert "option httpchk" in cfg
+    assert "uri /api/health/checks/is-in-service" in cfg
+    assert re.search(r"default-server check port " + HTTP_PORT + r"\b", cfg)
+    assert '"Basic ${WARREN_LB_CHECK_AUTH}"' in cfg
+    lb = services["lb"]
+    assert _environment(lb)["WARREN_PASSWORD"] == "warren"
+    command = " ".join(lb["command"])
+    assert "export WARREN_LB_CHECK_AUTH=" in command and "warren:%s" in command
+    for service in warren_nodes.values():
+        assert "warren:${WARREN_PASSWORD:-warren}" in str(service["environment"]["WARREN_USERS"])

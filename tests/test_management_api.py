@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker import config as configmod
 from broker.client.aio import open_connection
 
-from cluster_procs import running_cluster
+from cluster_procs import publish, running_cluster, wait_until
 
 pytestmark = [pytest.mark.timeout(240)]
 SYNC_LIMIT = 300_000  # bytes/s: a sync of ~1.5 MB takes ~5 s, long enough to watch and cancel
@@ -117,28 +117,6 @@ def cluster(request, tmp_path_factory):
 
 def api(c, node: str, auth=("guest", "guest")) -> httpx.Client:
     return httpx.Client(base_url=f"http://127.0.0.1:{c.http_ports[node]}", auth=auth, timeout=20)
-
-
-def wait_until(pred, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def publish(c, node: str, queue: str, n: int, size: int = 1024) -> None:
-    async def run():
-        async with open_connection([c.client_addr(node)]) as conn:
-            ch = await conn.channel()
-            await ch.queue_declare(queue, durable=True)
-            await ch.confirm_delivery()
-            for i in range(n):
-                await ch.basic_publish("", queue, i.to_bytes(8, "big") + b"." * (size - 8))
-            assert await ch.wait_for_confirms(timeout=60)
-    trio.run(run)
 
 
 @pytest.mark.process
@@ -391,6 +369,25 @@ def test_queue_labels_are_escaped_for_the_parser():
     assert families["warren_queue_sync_progress_ratio"].samples[0].value == 0.5
 
 
+def test_a_scrape_writes_again_only_the_queues_whose_counts_changed():
+    """The per-queue lines kept between scrapes: the text is the same as written afresh, a queue
+    whose counts changed gets new lines, an unchanged one keeps its own, a gone one is dropped."""
+    from broker.management.metrics import queue_families
+    from mirroring.metadata import Metadata
+    md = Metadata("c")
+    rows = [("a", 1, 0, 0, 1024, 1, 0, 0, 0, None), ("b", 0, 0, 1, 0, 5, 5, 5, 0, None)]
+    written = {}
+    assert queue_families(md, rows, written) == queue_families(md, rows)
+    kept = written["b"][1]
+    rows[0] = ("a", 2, 0, 0, 2048, 2, 0, 0, 0, None)
+    text = queue_families(md, rows, written)
+    assert text == queue_families(md, rows)
+    assert 'rabbitmq_queue_messages_ready{queue="a",vhost="/"} 2\n' in text
+    assert written["b"][1] is kept
+    queue_families(md, rows[1:], written)
+    assert set(written) == {"b"}
+
+
 async def test_timeline_follows_the_metadata_as_it_is_applied():
     """Fed each applied change, the ring records a declare, a mirror added and synchronised, a
     node down and the promotion with its delivery gap (from the link's break), a deletion."""
@@ -439,12 +436,19 @@ def test_json_answers_hold_what_json_cannot():
 @pytest.mark.process
 def test_the_api_answers_while_the_app_is_stopped(cluster):
     """The HTTP port lives with the process, like the peer port: with its app stopped a node
-    still answers, every node shown as not running, its queues as down. Starting the app again
+    still answers, every node shown as not running, its queues as down, and its is-in-service
+    check (a load balancer's) 503 until the app runs again. Starting the app again
     (it replays its log, a thousand declarations and more) is as quick as without the API: the
     timeline follows the replay in memory (reading the saved state per change took 6 s)."""
     c = cluster
-    c.call("n3", "stop_app")
     with api(c, "n3") as http:
+        ready = http.get("/api/health/checks/is-in-service")
+        assert (ready.status_code, ready.json()) == (200, {"status": "ok"})
+    c.ctl_ok("n3", "stop_app")
+    with api(c, "n3") as http:
+        out = http.get("/api/health/checks/is-in-service")
+        assert (out.status_code, out.json()) == (503, {"status": "failed", "reason":
+                                                       "node n3 is not running (its app is stopped)"})
         assert {n["name"]: n["running"] for n in http.get("/api/nodes").json()}["n3"] is False
         states = {q["state"] for q in http.get("/api/queues").json()}
         assert states == {"down"}
@@ -455,3 +459,4 @@ def test_the_api_answers_while_the_app_is_stopped(cluster):
         assert time.monotonic() - started < 3
         wait_until(lambda: {n["name"]: n["running"] for n in http.get("/api/nodes").json()}
                    == {"n1": False, "n2": True, "n3": True}, what="n3 running again")
+        assert http.get("/api/health/checks/is-in-service").status_code == 200

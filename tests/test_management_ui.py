@@ -20,7 +20,7 @@ import trio
 
 from broker.client.aio import open_connection
 
-from cluster_procs import running_cluster
+from cluster_procs import publish, running_cluster
 
 CHROMIUM = os.environ.get("WARREN_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -35,18 +35,6 @@ pytestmark = [
                        reason=f"no Chromium at {CHROMIUM}: apt-get install chromium chromium-driver "
                               "(or set WARREN_CHROMIUM)"),
 ]
-
-
-def publish(c, node: str, queue: str, n: int, size: int = 1024) -> None:
-    async def run():
-        async with open_connection([c.client_addr(node)]) as conn:
-            ch = await conn.channel()
-            await ch.queue_declare(queue, durable=True)
-            await ch.confirm_delivery()
-            for i in range(n):
-                await ch.basic_publish("", queue, i.to_bytes(8, "big") + b"." * (size - 8))
-            assert await ch.wait_for_confirms(timeout=60)
-    trio.run(run)
 
 
 class Traffic:

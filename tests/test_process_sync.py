@@ -8,42 +8,17 @@ import subprocess
 import time
 
 import pytest
-import trio
 
-from broker.client.aio import open_connection
-
-from cluster_procs import running_cluster
+from cluster_procs import publish, running_cluster, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 LIMIT = 500_000  # bytes/s: --mirroring-sync-max-throughput of the sync test
-
-
-def publish(cluster, node: str, queue: str, n: int, size: int = 1024) -> None:
-    async def run():
-        async with open_connection([cluster.client_addr(node)]) as conn:
-            ch = await conn.channel()
-            await ch.queue_declare(queue, durable=True)
-            await ch.confirm_delivery()
-            for i in range(n):
-                await ch.basic_publish("", queue, i.to_bytes(8, "big") + b"." * (size - 8))
-            assert await ch.wait_for_confirms(timeout=60)
-    trio.run(run)
 
 
 def queue_row(cluster, node: str, queue: str) -> dict:
     rows = cluster.ctl_json(node, "list_queues", "name", "pid", "mirror_pids",
                             "synchronised_mirror_pids", "messages", "state")
     return next(r for r in rows if r["name"] == queue)
-
-
-def wait_until(pred, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_sync_queue_and_cancel_sync_queue(request, tmp_path_factory):

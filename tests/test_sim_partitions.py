@@ -250,3 +250,36 @@ async def test_an_app_started_again_is_not_paused_before_it_has_dialed(tmp_path,
         else:
             pytest.fail("n1 never heard from a leader after its app started")
         assert not seen_paused and not node.cluster.paused
+
+
+async def test_a_node_paused_behind_a_partial_partition_shows_paused_to_the_node_it_still_reaches(
+        tmp_path, autojump_clock):
+    """Cut only the link between the metadata log's leader and one other node: that node hears
+    no leader and pauses (pause_minority), though its link to the third node stays up. The
+    third node's /api/nodes shows it paused and not running (as RabbitMQ shows a paused node,
+    whose app is stopped), and its own is-in-service check fails; both recover once it resumes."""
+    from broker.management import Management
+    from broker.management.app import nodes_json, out_of_service
+    from broker.management.state import metadata
+
+    async with sim_cluster(tmp_path) as c:
+        leader = c.nodes["n1"].cluster.leader
+        cut, witness = [n for n in c.names if n != leader]
+        c.net.partition([leader], [cut])
+        await c.wait_for(lambda: c.nodes[cut].cluster.paused, 3 * TICKTIME, f"{cut} paused")
+        seen = c.nodes[witness]
+        assert cut in seen.running  # the link is up: only the paused state can tell
+
+        def row(name):
+            rows = nodes_json(Management(seen), metadata(seen))
+            return next(r for r in rows if r["name"] == name)
+
+        assert "cannot reach a majority" in out_of_service(c.nodes[cut])  # is-in-service: 503
+        await c.wait_for(lambda: row(cut)["paused"], TICKTIME, f"{witness} hears {cut} paused")
+        assert row(cut)["running"] is False
+        assert row(leader)["running"] is True and row(leader)["paused"] is False
+        c.net.heal()
+        await c.wait_for(lambda: not c.nodes[cut].cluster.paused, 3 * TICKTIME, f"{cut} resumed")
+        await c.wait_for(lambda: row(cut)["running"], TICKTIME, f"{witness} hears {cut} resumed")
+        assert row(cut)["paused"] is False
+        assert out_of_service(c.nodes[cut]) is None

@@ -400,6 +400,14 @@ class NodeAlarm(Message, tag="node.alarm"):
 
 
 @register
+class NodePaused(Message, tag="node.paused"):
+    """The sending node paused its clients under pause_minority (`paused`), or resumed them.
+    Sent whenever that changes and on every new link while paused; a node forgets a peer's
+    pause when the link to it goes. Only shown (the management API's nodes), never acted on."""
+    paused: bool
+
+
+@register
 class NodeRpc(Message, tag="node.rpc"):
     """A node-to-node request (listings, sync commands, purge)."""
     rid: int

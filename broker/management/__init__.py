@@ -30,6 +30,7 @@ class Management:
         self.timeline = Timeline(node)
         self.rates = Rates()
         self.started_at = trio.current_time()
+        self.metric_lines: dict = {}  # /metrics' per-queue lines of the last scrape (metrics.py)
 
     # --- the node's news -----------------------------------------------------------------------
     def meta_changed(self, change) -> None:

@@ -169,14 +169,15 @@ def nodes_json(management, md) -> list[dict]:
     memory = node.memory.status()
     alarms = set(memory.get("alarms") or ())
     leader = node.cluster.leader
+    paused = state.paused_nodes(node)
     out = []
     for name in state.members(md):
-        is_running = name in running
-        row = {"name": name, "type": "disc", "running": is_running,
+        linked = name in running
+        row = {"name": name, "type": "disc", "running": linked and name not in paused,
                "mem_alarm": name in alarms, "disk_free_alarm": False, "partitions": [],
                "being_drained": False, "metadata_leader": name == leader,
-               "down_reason": None if is_running else state.down_reason(md, name),
-               "paused": bool(node.cluster.paused) if name == node.name else False}
+               "down_reason": None if linked else state.down_reason(md, name),
+               "paused": name in paused}
         if name == node.name:
             row.update(mem_used=memory.get("memory_used"), mem_limit=memory.get("memory_limit"),
                        uptime=int((trio.current_time() - management.started_at) * 1000))
@@ -187,6 +188,17 @@ def nodes_json(management, md) -> list[dict]:
                     "being_drained": False, "metadata_leader": False, "down_reason": None,
                     "paused": bool(node.cluster.paused)})
     return out
+
+
+def out_of_service(node) -> str | None:
+    """Why this node takes no clients now (its app stopped or stopping, or paused), or None."""
+    if not node.app_running:
+        return f"node {node.name} is not running (its app is stopped)"
+    if node.stopping:
+        return f"node {node.name} is stopping (stop_app or shutdown)"
+    if node.cluster.paused:
+        return node.paused_reason()
+    return None
 
 
 QUEUES_PER_STEP = 100  # queue JSON made between two checkpoints: the node's loop serves meanwhile
@@ -602,6 +614,16 @@ class Handlers:
                           "alarms": [{"node": n, "resource": "memory"} for n in alarms]}, 503)
         return _json({"status": "ok"})
 
+    async def in_service(self, request: Request):
+        """RabbitMQ's is-in-service: 200 while this node serves clients, 503 while its app is
+        stopped or stopping, or it is paused under pause_minority (its ports may be open
+        meanwhile: a load balancer's check takes it out on this, not on a TCP connect)."""
+        self.auth(request, "monitoring")
+        reason = out_of_service(self.node)
+        if reason is not None:
+            return _json({"status": "failed", "reason": reason}, 503)
+        return _json({"status": "ok"})
+
     async def mirror_sync_critical(self, request: Request):
         """RabbitMQ's node-is-mirror-sync-critical: the mirrored queues this node leads whose only
         synchronised replica it holds (the rule `warrenctl node_is_mirror_sync_critical` applies,
@@ -774,6 +796,7 @@ def build_app(management):
         route("/api/consumers", h.consumers), route("/api/consumers/{vhost}", h.consumers),
         route("/api/health/checks/alarms", h.alarms),
         route("/api/health/checks/node-is-mirror-sync-critical", h.mirror_sync_critical),
+        route("/api/health/checks/is-in-service", h.in_service),
         route("/api/aliveness-test/{vhost}", h.aliveness),
         *UserRoutes(h).routes(route),
         route("/api/warren/cluster", h.cluster_view),

@@ -10,7 +10,8 @@ A scrape asks no peer: it reads this node's queue leaders (what the `queue_stats
 of them, without a dict per queue: `state.local_leader_counts`) and the metadata.
 prometheus_client writes the node-wide families; the per-queue ones, most of the samples with
 many queues, are written in the same format by `queue_families`, which escapes each queue's
-labels once (prometheus_client's writer took 0.2 s for 1,000 queues). Nothing is counted per
+labels once (prometheus_client's writer took 0.2 s for 1,000 queues) and writes a queue's lines
+again only when its counts changed since the last scrape (`Management.metric_lines`). Nothing is counted per
 message for it: the totals are those the queues keep per batch.
 """
 
@@ -57,30 +58,52 @@ def queue_labels(name: str) -> str:
     return f'{{queue="{escaped}",vhost="{state.VHOST}"}} '
 
 
-def queue_families(md, rows: list[tuple]) -> str:
+# the families every led queue has a sample in, in the order a scrape writes them: QUEUE_FAMILIES,
+# then the messages (ready + unacknowledged) and the mirrors the metadata lists
+PER_QUEUE = (*((metric + "_total" if kind == "counter" else metric, kind, doc)
+               for metric, kind, doc, _ in QUEUE_FAMILIES),
+             ("rabbitmq_queue_messages", "gauge", "Messages ready and unacknowledged"),
+             ("warren_queue_mirrors", "gauge", "Mirrors the metadata lists for the queue"))
+HEADERS = tuple(f"# HELP {sample} {doc}\n# TYPE {sample} {kind}\n" for sample, kind, doc in PER_QUEUE)
+
+
+def _queue_lines(row: tuple, mirrors: int) -> tuple[str, ...]:
+    """One queue's sample line in each of the PER_QUEUE families."""
+    lab = queue_labels(row[0])
+    values = (*(row[i] for _, _, _, i in QUEUE_FAMILIES), row[1] + row[2], mirrors)
+    return tuple(f"{sample}{lab}{value}\n" for (sample, _, _), value in zip(PER_QUEUE, values))
+
+
+def queue_families(md, rows: list[tuple], written: dict | None = None) -> str:
     """The per-queue families in the text format, from `state.local_leader_counts` rows. With
     1,000 queues these are most of a scrape's samples, and prometheus_client's writer escapes
     and checks each sample's labels anew (about 15 us a sample here: 0.2 s for 13,000); this
-    writes the same lines with each queue's label set escaped once."""
+    writes the same lines with each queue's label set escaped once. `written` ({queue: (its
+    counts, its lines)}, kept between scrapes and updated here) saves writing again the lines
+    of a queue whose counts have not changed, as most of many queues' have not (1,000 idle
+    queues: 1.7 ms of CPU instead of 6.4 ms on a busy 2-core machine)."""
     mirror_counts = state.mirror_counts(md)
-    labels = list(map(queue_labels, [row[0] for row in rows]))
+    before = written if written is not None else {}
+    now = {}
+    lines = []
+    for row in rows:
+        name = row[0]
+        counts = (row[1:9], mirror_counts.get(name, 0))
+        kept = before.get(name)
+        if kept is None or kept[0] != counts:
+            kept = (counts, _queue_lines(row, counts[1]))
+        now[name] = kept
+        lines.append(kept[1])
+    if written is not None:
+        written.clear()
+        written.update(now)
     out = []
-
-    def family(sample: str, kind: str, doc: str) -> None:
-        out.append(f"# HELP {sample} {doc}\n# TYPE {sample} {kind}\n")
-
-    for metric, kind, doc, i in QUEUE_FAMILIES:
-        sample = metric + "_total" if kind == "counter" else metric
-        family(sample, kind, doc)
-        out.extend(f"{sample}{lab}{row[i]}\n" for lab, row in zip(labels, rows))
-    family("rabbitmq_queue_messages", "gauge", "Messages ready and unacknowledged")
-    out.extend(f"rabbitmq_queue_messages{lab}{row[1] + row[2]}\n" for lab, row in zip(labels, rows))
-    family("warren_queue_mirrors", "gauge", "Mirrors the metadata lists for the queue")
-    out.extend(f"warren_queue_mirrors{lab}{mirror_counts.get(row[0], 0)}\n"
-               for lab, row in zip(labels, rows))
-    syncing = [(lab, row[9]) for lab, row in zip(labels, rows) if row[9] is not None]
+    for i, header in enumerate(HEADERS):
+        out.append(header)
+        out.append("".join([queue[i] for queue in lines]))
+    syncing = [(queue_labels(row[0]), row[9]) for row in rows if row[9] is not None]
     for metric, kind, doc, value in SYNC_FAMILIES:
-        family(metric, kind, doc)
+        out.append(f"# HELP {metric} {doc}\n# TYPE {metric} {kind}\n")
         out.extend(f"{metric}{lab}{float(value(p))!r}\n" for lab, p in syncing)
     return "".join(out)
 
@@ -148,8 +171,9 @@ class _Snapshot:
                 family.add_metric([], value)
                 yield family
 
-        running = node.running
-        up = gauge("warren_node_running", "1 for a member this node sees running, else 0", ["node"])
+        running = node.running - state.paused_nodes(node)
+        up = gauge("warren_node_running", "1 for a member this node sees running (linked, not "
+                   "paused), else 0", ["node"])
         for member in state.members(md):
             up.add_metric([member], 1 if member in running else 0)
         yield up
@@ -171,4 +195,5 @@ async def render_metrics(management) -> bytes:
     rows = state.local_leader_counts(node) if node.app_running else []
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(management, rows))
-    return generate_latest(registry) + queue_families(state.metadata(node), rows).encode()
+    return generate_latest(registry) + queue_families(state.metadata(node), rows,
+                                                      management.metric_lines).encode()

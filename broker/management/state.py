@@ -59,6 +59,16 @@ def _view(q: QueueDef) -> QueueView:
                      q.mirrors, q.synced, q.epoch, q.owner)
 
 
+def paused_nodes(node) -> set[str]:
+    """The members paused under pause_minority, as this node knows: itself, and the linked nodes
+    that said so. Such a node takes no clients: as RabbitMQ's paused node (its app stopped), it
+    shows as not running."""
+    paused = set(node.cluster.paused_peers)
+    if node.cluster.paused:
+        paused.add(node.name)
+    return paused
+
+
 def sync_critical(md, node: str, running) -> list[str]:
     """The queues `node` holds the only synchronised replica of (mirroring/maintenance.py)."""
     return sync_critical_queues(md, node, running)
