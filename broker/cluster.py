@@ -622,19 +622,15 @@ class Cluster(PeerLinks):
         if raft.has_quorum_contact(now):
             self._no_quorum_since = None
             if self.paused:
-                self.paused = False
                 self.log.warning("a majority of the cluster is reachable again: resuming clients")
-                self._tell_paused()
-                self.hooks.paused(False)
+                self._set_paused(False)
             return
         if self._no_quorum_since is None:
             self._no_quorum_since = now
         elif not self.paused and now - self._no_quorum_since > self.pause_after:
-            self.paused = True
             self.log.warning("no majority of the cluster reachable: pausing clients (pause_minority)",
                              members=list(self.md.members), running=sorted(self.running))
-            self._tell_paused()
-            self.hooks.paused(True)
+            self._set_paused(True)
 
     @property
     def pause_after(self) -> float:

@@ -168,11 +168,13 @@ class PeerLinks:
             self._liveness_due = True
             self._poke()
 
-    def _tell_paused(self) -> None:
-        """Tell every linked node that this one paused or resumed its clients."""
-        msg = m.NodePaused(self.paused)
+    def _set_paused(self, paused: bool) -> None:
+        """Pause or resume this node's clients, and tell every linked node."""
+        self.paused = paused
+        msg = m.NodePaused(paused)
         for link in list(self.links.values()):
             link.send(msg)
+        self.hooks.paused(paused)
 
     def _on_peer_messages(self, link: PeerLink, batch: list) -> None:
         raft_touched = False
