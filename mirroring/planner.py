@@ -49,7 +49,7 @@ from .records import Placement, Policy, QueueDef, QueueUpdate
 
 
 def ha_for(policies: dict[str, Policy], qdef: QueueDef) -> HA:
-    return ha_settings(effective_policy(policies, qdef.name), qdef.exclusive)
+    return ha_settings(effective_policy(policies, qdef.name, qdef.vhost), qdef.exclusive)
 
 
 def replica_load(queues: dict[str, QueueDef]) -> dict[str, int]:
@@ -63,7 +63,7 @@ def replica_load(queues: dict[str, QueueDef]) -> dict[str, int]:
 def plan_declare(md, qdef: QueueDef, running: list[str], default_locator: str) -> QueueDef:
     """Complete a new queue's definition (proposed with `leader` the declaring node): leader,
     mirrors, synced, epoch."""
-    if qdef.name in md.queues:
+    if qdef.key in md.queues:
         return qdef  # a re-declare: equivalence is checked on apply
     declared_on = qdef.leader
     ha = ha_for(md.policies, qdef)
@@ -149,7 +149,7 @@ def plan_drop_mirror(md, drop: c.DropMirror, running: set[str]) -> tuple[QueueUp
     mirrors = place_mirrors(ha, q.leader, mirrors, list(md.members), running - {drop.node},
                             replica_load(md.queues))
     synced = tuple(n for n in q.synced if n in mirrors)
-    return (QueueUpdate(q.name, Placement(q.leader, tuple(mirrors), synced, q.epoch)),)
+    return (QueueUpdate(q.key, Placement(q.leader, tuple(mirrors), synced, q.epoch)),)
 
 
 def plan_forget(md, node: str, running: set[str] = frozenset()) -> tuple[QueueUpdate, ...]:
@@ -233,7 +233,7 @@ def _member_remove(md, change: c.MemberRemove, running: set[str], live: set[str]
 
 
 def _policy_set(md, change: c.PolicySet, running: set[str], live: set[str], commit: Commit):
-    policies = {**md.policies, change.policy.name: change.policy}
+    policies = {**md.policies, change.policy.key: change.policy}
     commit(c.PolicySet(change.policy, plan(md, live, policies=policies)))
 
 

@@ -1,5 +1,6 @@
-"""The records of the cluster metadata: members, queue definitions, exchanges, bindings and
-policies, and the planner's decisions about where a queue's replicas are.
+"""The records of the cluster metadata: virtual hosts, members, queue definitions, exchanges,
+bindings and policies, and the planner's decisions about where a queue's replicas are; and the
+keys (`qualify`) that name a queue, exchange or policy of a vhost in the tables and messages.
 
 Every record is an immutable msgspec Struct. They are read by attribute and never changed in
 place: a change to a queue replaces its definition with a new one (`msgspec.structs.replace`),
@@ -16,9 +17,40 @@ from __future__ import annotations
 
 import msgspec
 
+DEFAULT_VHOST = "/"
+# joins a vhost to a name in the tables' keys: refused in every name and vhost name, so a key
+# of another vhost never equals a name of the default vhost
+VHOST_SEP = "\x00"
+
+
+def qualify(vhost: str, name: str) -> str:
+    """The key of `name` in `vhost` in the metadata's tables and in every message that names a
+    queue: the plain name in the default vhost (so its state and messages are the same as when
+    warren had one vhost), `vhost` NUL `name` in any other."""
+    return name if vhost == DEFAULT_VHOST else vhost + VHOST_SEP + name
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(vhost, name) of a key made by `qualify`."""
+    vhost, sep, name = key.partition(VHOST_SEP)
+    return (vhost, name) if sep else (DEFAULT_VHOST, key)
+
+
+def in_vhost(what: str, key: str) -> str:
+    """"queue 'q' in vhost 'v'" for a key (RabbitMQ's way of naming a resource)."""
+    vhost, name = split_key(key)
+    return f"{what} '{name}' in vhost '{vhost}'"
+
 
 class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Base of every metadata record."""
+
+
+class VHost(Record):
+    """A virtual host: queues, exchanges, bindings and policies live in one."""
+    name: str
+    description: str = ""
+    tracing: bool = False
 
 
 class Member(Record):
@@ -36,6 +68,7 @@ class QueueDef(Record):
     epoch    increases whenever the leader replica changes (promotion, hand-over, restart), so
              replication messages of an old leader are recognised and ignored
     owner    the connection (`node/session`) that owns an exclusive queue, None otherwise
+    vhost    the virtual host it lives in; `key` names it in the tables and messages
     """
     name: str
     durable: bool
@@ -47,6 +80,11 @@ class QueueDef(Record):
     mirrors: tuple[str, ...] = ()
     synced: tuple[str, ...] = ()
     epoch: int = 1
+    vhost: str = DEFAULT_VHOST
+
+    @property
+    def key(self) -> str:
+        return qualify(self.vhost, self.name)
 
     def placed(self, p: Placement) -> QueueDef:
         """This definition with its replicas where `p` says (a new record)."""
@@ -76,10 +114,16 @@ class Exchange(Record):
     auto_delete: bool = False
     internal: bool = False
     arguments: dict = {}
+    vhost: str = DEFAULT_VHOST
+
+    @property
+    def key(self) -> str:
+        return qualify(self.vhost, self.name)
 
 
 class Binding(Record, array_like=True):
-    """A queue bound to an exchange (the exchange is the key it is filed under)."""
+    """A queue bound to an exchange (the exchange is the key it is filed under). Both are in
+    one vhost, the exchange's: `queue` is the queue's key (`qualify`)."""
     queue: str
     key: str
     arguments: dict
@@ -95,6 +139,11 @@ class Policy(Record):
     priority: int
     apply_to: str
     set_by: str = "user"
+    vhost: str = DEFAULT_VHOST
+
+    @property
+    def key(self) -> str:
+        return qualify(self.vhost, self.name)
 
 
 class DeleteRequester(Record, array_like=True):
@@ -121,3 +170,4 @@ class Snapshot(Record):
     times_down: dict[str, int]
     operator_policies: dict[str, Policy] = {}
     managed_ha: bool = False
+    vhosts: dict[str, VHost] = {}

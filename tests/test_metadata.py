@@ -175,6 +175,7 @@ ALL_KINDS = [
     c.PolicyClear("ha"), Replan(), c.QueueSynced("q", 2, ("n2", "n3")), DropMirror("q", 2, "n3"),
     c.OperatorPolicySet(make_operator_policy("cap", "^a", {"max-length": 5}, 1, "queues")),
     c.OperatorPolicyClear("cap"), c.ManagedHAEnable(),
+    c.VHostAdd(c.VHost("v", "a test vhost", True)), c.VHostDelete("v"),
 ]
 
 
