@@ -84,6 +84,9 @@ class ClientConnection:
     def _authenticate(self, user: str, password: str) -> None:
         check_login(self.node.config, user, password, self.peer)
 
+    def _has_vhost(self, name: str) -> bool:
+        return name in self.node.md.vhosts
+
     # --- lifetime -------------------------------------------------------------------------------
     async def serve(self) -> None:
         node = self.node
@@ -136,7 +139,8 @@ class ClientConnection:
         name = props.get("connection_name") or props.get("product") or self.proto.DEFAULT_CLIENT_NAME
         if isinstance(name, bytes):
             name = name.decode(errors="replace")
-        session = self.session = SessionDriver.open(node, self.peer, ev.user, str(name), self._out)
+        session = self.session = SessionDriver.open(node, self.peer, ev.user, str(name), self._out,
+                                                    ev.vhost)
         core = session.core
         core.protocol = self.proto.SESSION_PROTOCOL
         node.connections[core.sid] = self

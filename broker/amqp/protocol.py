@@ -71,18 +71,21 @@ class _Channel:
 class AmqpProtocol(ConnectionPart, OutputPart):
     """One connection's protocol state. `authenticate(mechanism, user, password)` raises
     ProtocolError to refuse a login; `can_open()` returns why the node refuses connections
-    now (pause_minority), or "". It is a broker/frontend.py `ClientProtocol`."""
+    now (pause_minority), or ""; `has_vhost(name)` whether that vhost exists. It is a broker/frontend.py `ClientProtocol`."""
 
     NAME = "AMQP"
     SESSION_PROTOCOL = "AMQP 0-9-1"
     DEFAULT_CLIENT_NAME = "AMQP client"
 
-    def __init__(self, *, authenticate, can_open=lambda: "", node: str = "", cluster: str = "",
+    def __init__(self, *, authenticate, can_open=lambda: "", has_vhost=lambda name: name == "/",
+                 node: str = "", cluster: str = "",
                  heartbeat: int = SERVER_HEARTBEAT, frame_max: int = SERVER_FRAME_MAX,
                  channel_max: int = SERVER_CHANNEL_MAX, max_message: int = 128 << 20,
                  now: float = 0.0, version: str = "0.1.0"):
         self.authenticate = authenticate
         self.can_open = can_open
+        self.has_vhost = has_vhost
+        self.vhost = "/"
         self.node = node
         self.cluster = cluster
         self.version = version

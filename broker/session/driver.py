@@ -28,12 +28,13 @@ class SessionDriver:
         self.core = core
 
     @classmethod
-    def open(cls, node, peer: str, user: str, client_name: str, out) -> "SessionDriver":
-        """A new session on `node`, registered with it (`node.sessions`: the router's events
-        and the metadata's changes go to its core)."""
+    def open(cls, node, peer: str, user: str, client_name: str, out,
+             vhost: str = "/") -> "SessionDriver":
+        """A new session on `node` in `vhost`, registered with it (`node.sessions`: the router's
+        events and the metadata's changes go to its core)."""
         host = NodeHost(node)
         sid = node.new_session_id()
-        core = Session(host, sid, peer, user, client_name, out)
+        core = Session(host, sid, peer, user, client_name, out, vhost)
         node.sessions[sid] = core
         return cls(host, core)
 
