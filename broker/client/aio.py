@@ -663,8 +663,8 @@ class Connection:
                 try:
                     framed, node = await self._open(host, port)
                 except ConnectionClosedByBroker as exc:
-                    if exc.reply_code == 403:
-                        raise  # wrong credentials do not get better by retrying
+                    if exc.reply_code in (403, 530):
+                        raise  # wrong credentials, or a vhost the cluster lacks: no node differs
                     last_error = exc
                 except (OSError, AMQPConnectionError, trio.TooSlowError, ProtocolError,
                         trio.BrokenResourceError, trio.ClosedResourceError) as exc:
