@@ -630,7 +630,8 @@ def _follow_sync(args, host, port, me, secret, started: dict) -> int:
     """sync_queue: show the sync's progress until it ends (a bar on a terminal, lines otherwise)."""
     from mirroring.sync import progress_line
     q = args.queue
-    print(f"Synchronising queue '{q}' in vhost '{args.vhost}' ...")
+    vhost = getattr(args, "vhost", "/")
+    print(f"Synchronising queue '{q}' in vhost '{vhost}' ...")
     if not started["started"]:
         print(f"queue '{q}' has no unsynchronised mirror: nothing to do")
         return 0
@@ -639,7 +640,7 @@ def _follow_sync(args, host, port, me, secret, started: dict) -> int:
     while True:
         try:
             st = trio.run(ctl_call, _network, host, port, me, secret, "sync_status",
-                          {"queue": q, "vhost": args.vhost},
+                          {"queue": q, "vhost": vhost},
                           args.timeout)
         except (ProtocolError, OSError, trio.TooSlowError) as exc:
             print(f"\nError: lost track of the sync: {getattr(exc, 'text', exc)}", file=sys.stderr)

@@ -5,7 +5,6 @@ holds on every node (across a change of the log's leader) and closes the connect
 from __future__ import annotations
 
 import pytest
-import trio
 
 from broker.client.errors import AMQPError, ConnectionClosedByBroker
 from broker.control import ctl_call
@@ -122,3 +121,21 @@ async def test_deleting_a_vhost_removes_it_everywhere_across_a_leader_change(
             await ctl("n1", "delete_vhost", name="v")
         with pytest.raises(ProtocolError, match="vhost '/' cannot be deleted"):
             await ctl("n1", "delete_vhost", name="/")
+
+
+def test_warrenctl_sends_the_p_vhost_and_names_it_in_headers(capsys):
+    from broker.ctl import _request, build_parser
+
+    def request(*argv):
+        return _request(build_parser().parse_args(list(argv)))
+
+    payload, columns, header = request("list_queues", "-p", "v", "name")
+    assert payload == {"columns": ["name"], "vhost": "v"} and header == "Listing queues for vhost v ..."
+    assert request("list_policies", "--vhost", "v")[2] == 'Listing policies for vhost "v" ...'
+    assert request("list_vhosts")[0] == {}
+    assert request("delete_queue", "-p", "v", "q")[0] == {"queue": "q", "vhost": "v"}
+    assert request("sync_queue", "q")[0] == {"queue": "q", "vhost": "/"}
+    assert request("add_vhost", "v", "--description", "tenant")[0] == {
+        "name": "v", "description": "tenant", "tracing": False}
+    assert request("set_policy", "-p", "v", "ha", ".*", "{}")[0]["vhost"] == "v"
+    assert 'for vhost "v"' in capsys.readouterr().err
