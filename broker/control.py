@@ -335,9 +335,12 @@ async def cmd_close_connection(node, args):
 
 
 async def cmd_list_consumers(node, args):
-    vhost = _vhost(node, args)
-    rows = await _from_every_node(node, "consumers", lambda r: (r["queue_name"], r["consumer_tag"]))
-    return [r for r in rows if r.pop("vhost") == vhost]
+    """The consumers of the queues of the vhost `args` names (of every vhost when it names
+    none)."""
+    vhost = _vhost(node, args) if "vhost" in args else None
+    rows = await _from_every_node(node, "consumers",
+                                  lambda r: (r["vhost"], r["queue_name"], r["consumer_tag"]))
+    return [r for r in rows if vhost is None or r["vhost"] == vhost]
 
 
 async def cmd_delete_queue(node, args):
@@ -540,7 +543,7 @@ async def node_rpc(node, name: str, args: dict):
                  "state": ("blocked" if s.publisher else "blocking") if blocked else "running"}
                 for s in node.sessions.values()]
     if name == "channels":
-        return [{"node": node.name, "connection": s.conn_id, "number": ch.id,
+        return [{"node": node.name, "connection": s.conn_id, "number": ch.id, "vhost": s.vhost,
                  "name": f"{s.conn_id} ({ch.id})", "user": s.user, "confirm": ch.confirm,
                  "transactional": ch.tx, "consumer_count": len(ch.consumers),
                  "messages_unacknowledged": ch.unacked(), "messages_unconfirmed": ch.inflight,
