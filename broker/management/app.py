@@ -644,8 +644,9 @@ class Handlers:
 
     # --- warren's own: the web UI's view ------------------------------------------------------
     async def cluster_view(self, request: Request):
-        """The nodes, the first `limit` queues (by name) whose name holds `filter`, the
-        policies, and the timeline's events after `after`: what the page draws each second."""
+        """The nodes, the first `limit` queues of the default vhost (by name) whose name holds
+        `filter`, its policies, and the timeline's events after `after`: what the page draws
+        each second."""
         self.auth(request)
         try:
             after = int(request.query_params.get("after", "0"))
@@ -657,15 +658,16 @@ class Handlers:
             raise bad_request("limit must be an integer") from None
         contains = request.query_params.get("filter", "")
         md = state.metadata(self.node)
-        matching = [n for n in sorted(state.queue_names(md)) if contains in n]
+        names = state.queue_names(md, VHOST)
+        matching = [n for n in sorted(names) if contains in n]
         _, queues = await all_queues(self.m, matching[:max(0, limit)])
         node = self.node
         return _json({"node": node.name, "cluster_name": state.cluster_name(md),
                       "app_running": node.app_running, "time": time.time(),
                       "metadata_version": state.metadata_version(md),
                       "nodes": nodes_json(self.m, md), "queues": queues,
-                      "queue_count": len(state.queue_names(md)), "matching": len(matching),
-                      "policies": state.policies(md),
+                      "queue_count": len(names), "matching": len(matching),
+                      "policies": state.policies(md, VHOST),
                       "events": self.m.timeline.since(after)})
 
     async def events(self, request: Request):

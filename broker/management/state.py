@@ -130,8 +130,9 @@ def change_facts(change) -> tuple[str, dict] | None:
     return None
 
 
-def queue_names(md) -> list[str]:
-    return list(md.queues)
+def queue_names(md, vhost: str | None = None) -> list[str]:
+    """The keys of every queue (of `vhost` only, when given)."""
+    return [k for k, q in md.queues.items() if vhost is None or q.vhost == vhost]
 
 
 def members(md) -> list[str]:
