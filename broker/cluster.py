@@ -557,7 +557,8 @@ class Cluster(PeerLinks):
         md = self.md
         if md.up.get(self.name) != self.incarnation:
             self.propose_soon(c.NodeUp(self.name, self.incarnation))
-        if self.config.managed_ha and (not md.managed_ha or managed_ha_out_of_line(md.policies)):
+        if self.config.managed_ha and (not md.managed_ha
+                                       or managed_ha_out_of_line(md.policies, md.vhosts)):
             self.propose_soon(c.ManagedHAEnable())
         for node in list(md.members):
             if node == self.name:

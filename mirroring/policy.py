@@ -48,7 +48,7 @@ import msgspec
 
 from wire.errors import PRECONDITION_FAILED, ProtocolError
 
-from .records import DEFAULT_VHOST, Policy
+from .records import DEFAULT_VHOST, Policy, qualify
 
 
 class PolicyError(ProtocolError):
@@ -413,9 +413,10 @@ MANAGED_HA_KEYS = {"ha-mode": "all", "ha-sync-mode": "automatic"}
 HA_KEYS = ("ha-mode", *NEEDS_HA_MODE)
 
 
-def system_policy() -> Policy:
-    """The managed HA's system policy: every queue and exchange, priority 0."""
-    return Policy(SYSTEM_POLICY_NAME, ".*", dict(MANAGED_HA_KEYS), 0, "all", "managed-ha")
+def system_policy(vhost: str = DEFAULT_VHOST) -> Policy:
+    """The managed HA's system policy of a vhost (every vhost has one): every queue and
+    exchange, priority 0."""
+    return Policy(SYSTEM_POLICY_NAME, ".*", dict(MANAGED_HA_KEYS), 0, "all", "managed-ha", vhost)
 
 
 def enforce_managed_ha(policy: Policy) -> tuple[Policy, str]:
@@ -424,8 +425,8 @@ def enforce_managed_ha(policy: Policy) -> tuple[Policy, str]:
     A policy that applies only to exchanges is left alone (HA keys mean nothing there); the
     system policy is rebuilt as it should be.
     """
-    if policy.key == SYSTEM_POLICY_NAME:
-        wanted = system_policy()
+    if policy.name == SYSTEM_POLICY_NAME:
+        wanted = system_policy(policy.vhost)
         return wanted, "" if policy == wanted else "system policy restored"
     if policy.apply_to == "exchanges":
         return policy, ""
@@ -444,15 +445,14 @@ def enforce_managed_ha(policy: Policy) -> tuple[Policy, str]:
     return rewritten, note
 
 
-def managed_ha_out_of_line(policies: dict[str, Policy]) -> list[Policy]:
-    """The policies as the managed HA wants them, for those that are not (the system policy
-    first, if it is missing or changed)."""
-    out = []
-    system = policies.get(SYSTEM_POLICY_NAME)
-    if system != system_policy():
-        out.append(system_policy())
+def managed_ha_out_of_line(policies: dict[str, Policy],
+                           vhosts=(DEFAULT_VHOST,)) -> list[Policy]:
+    """The policies as the managed HA wants them, for those that are not (the system policy of
+    each of `vhosts` first, if it is missing or changed)."""
+    out = [system_policy(v) for v in vhosts
+           if policies.get(qualify(v, SYSTEM_POLICY_NAME)) != system_policy(v)]
     for name in sorted(policies):
-        if name == SYSTEM_POLICY_NAME:
+        if policies[name].name == SYSTEM_POLICY_NAME:
             continue
         rewritten, note = enforce_managed_ha(policies[name])
         if note:

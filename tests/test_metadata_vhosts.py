@@ -146,3 +146,19 @@ def test_deleting_a_vhost_drops_everything_it_holds_and_nothing_else():
     assert all(x.vhost == "/" for x in md.exchanges.values())
     with pytest.raises(MetaError, match="vhost 'v' not found"):
         md.apply(c.VHostDelete("v"))
+
+
+def test_under_managed_ha_every_vhost_has_its_system_policy():
+    from mirroring.policy import SYSTEM_POLICY_NAME, system_policy
+    md = cluster("n1", "n2", "n3")
+    md.apply(c.VHostAdd(VHost("old")))
+    commit(md, c.ManagedHAEnable())
+    assert md.policies[qualify("old", SYSTEM_POLICY_NAME)] == system_policy("old")
+    commit(md, c.VHostAdd(VHost("v")))
+    assert md.policies[qualify("v", SYSTEM_POLICY_NAME)] == system_policy("v")
+    commit(md, c.QueueDeclare(qdef("q", "v")))
+    assert set(md.queues[qualify("v", "q")].mirrors) == {"n2", "n3"}
+    # cleared, it comes back in its own vhost
+    commit(md, c.PolicyClear(qualify("v", SYSTEM_POLICY_NAME)))
+    assert md.policies[qualify("v", SYSTEM_POLICY_NAME)] == system_policy("v")
+    assert md.policies[SYSTEM_POLICY_NAME] == system_policy()
