@@ -50,7 +50,7 @@ from wire.errors import PRECONDITION_FAILED, ProtocolError
 from .changes import Change, DropMirror, QueueDelete
 from .policy import HA
 from .queue import NO_LIMITS, Limits, QueueState
-from .records import in_vhost
+from .records import in_vhost, split_key
 from .replica_following import Following
 from .replica_leading import SETTLE_LINGER, Leading
 from .replica_states import (FOLLOWING, LEADING, RETRY_PROPOSAL_AFTER, SERVING, TRANSITIONS,
@@ -512,7 +512,8 @@ class Replica(Leading, Syncing, Following):
 
     def _op_declare_ok(self, msg: m.QDeclareOk, now: float) -> None:
         self.last_used = now
-        self.emit(msg.owner, m.EvReply(msg.rid, [self.name, self.q.message_count,
+        # the name as the client knows it, in its vhost (the key is the vhost's and the name's)
+        self.emit(msg.owner, m.EvReply(msg.rid, [split_key(self.name)[1], self.q.message_count,
                                                    len(self.q.consumers)]))
 
     def _op_delete(self, msg: m.QDelete, now: float) -> None:

@@ -50,6 +50,8 @@ async def test_the_same_queue_name_in_two_vhosts_is_two_queues_with_their_own_po
             assert VQ in c.nodes["n3"].router.replicas and "q" not in c.nodes["n3"].router.replicas
             assert (await ch_root.basic_get("q", auto_ack=True)).body == b"root"
             assert await ch_root.basic_get("q", auto_ack=True) is None
+            again = await ch_v.queue_declare("q", durable=True)
+            assert (again.queue, again.message_count) == ("q", 2)
             assert [(await ch_v.basic_get("q", auto_ack=True)).body for _ in range(2)] == \
                 [b"v1", b"v2"]
             with pytest.raises(AMQPError, match="no queue 'r' in vhost 'v'"):
