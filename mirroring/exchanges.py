@@ -313,15 +313,18 @@ class Routes:
         x = self.exchanges.get(exchange)
         if x is None:
             raise not_found(exchange)
-        if x.name == "":  # another vhost's default exchange (a session resolves it itself)
-            key = qualify(x.vhost, routing_key)
-            return [key] if key in self.queues else []
         kind = x.type
         compiled = self._compiled.get(exchange)
         if compiled is None:
             compiled = self._compiled[exchange] = self._compile(exchange, kind)
         if kind == "direct":
-            return compiled.get(routing_key, [])
+            hit = compiled.get(routing_key)
+            if hit is not None:
+                return hit
+            if x.name == "":  # another vhost's default exchange (sessions resolve it themselves)
+                key = qualify(x.vhost, routing_key)
+                return [key] if key in self.queues else []
+            return []
         if kind == "fanout":
             return compiled
         if kind == "topic":
