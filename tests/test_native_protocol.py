@@ -38,7 +38,7 @@ def sent(p: NativeProtocol) -> list:
 
 
 def auth(password="secret") -> m.ClientAuth:
-    return m.ClientAuth(m.PROTOCOL_VERSION, "guest", password, "probe")
+    return m.ClientAuth(m.PROTOCOL_VERSION, "guest", password, "probe", "/")
 
 
 def test_the_server_speaks_first_and_a_login_opens_the_session_with_what_came_with_it():
@@ -70,7 +70,7 @@ def test_a_login_names_its_vhost_and_an_unknown_one_is_not_allowed():
     (auth("wrong"), "", 403),
     (auth(), "the node is paused", 320),
     (m.ChannelOpen(1, 1), "", 505),
-    (m.ClientAuth(m.PROTOCOL_VERSION + 1, "guest", "secret", "probe"), "", None),
+    (m.ClientAuth(m.PROTOCOL_VERSION + 1, "guest", "secret", "probe", "/"), "", None),
 ])
 def test_a_refused_handshake_says_why_and_ends(first, refusal, code):
     p = protocol(refusal)

@@ -33,7 +33,7 @@ class ClientAuth(Message, tag="client.auth"):
     user: str
     password: str
     client_name: str
-    vhost: str = "/"
+    vhost: str
 
 
 @register
