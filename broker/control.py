@@ -19,7 +19,7 @@ from mirroring.metadata import policy_not_found
 from mirroring.maintenance import replicas, sync_critical_queues, unsynchronised_queues
 from mirroring.policy import (effective_definition, effective_policy, make_operator_policy,
                              make_policy)
-from mirroring.records import VHost, in_vhost, qualify, split_key
+from mirroring.records import VHost, in_vhost, qualify, shown, split_key
 from mirroring.sync import progress_line
 
 from . import config as configmod
@@ -472,7 +472,8 @@ async def cmd_node_is_mirror_sync_critical(node, args):
     """The mirrored queues this node leads whose only synchronised replica it holds (RabbitMQ's
     node-is-mirror-sync-critical check; mirroring/maintenance.py has the rule)."""
     _require_running(node)
-    return {"node": node.name, "queues": sync_critical_queues(node.md, node.name, node.running)}
+    return {"node": node.name,
+            "queues": [shown(k) for k in sync_critical_queues(node.md, node.name, node.running)]}
 
 
 async def cmd_maintenance_status(node, args):

@@ -36,6 +36,12 @@ def split_key(key: str) -> tuple[str, str]:
     return (vhost, name) if sep else (DEFAULT_VHOST, key)
 
 
+def shown(key: str) -> str:
+    """A key as a listing shows it: the name in the default vhost, "name (vhost v)" in another."""
+    vhost, name = split_key(key)
+    return name if vhost == DEFAULT_VHOST else f"{name} (vhost {vhost})"
+
+
 def in_vhost(what: str, key: str) -> str:
     """"queue 'q' in vhost 'v'" for a key (RabbitMQ's way of naming a resource)."""
     vhost, name = split_key(key)

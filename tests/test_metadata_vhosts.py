@@ -11,7 +11,7 @@ from mirroring import planner
 from mirroring.exchanges import make_exchange
 from mirroring.metadata import Metadata, MetaError
 from mirroring.policy import make_operator_policy, make_policy
-from mirroring.records import QueueDef, VHost, in_vhost, qualify, split_key
+from mirroring.records import QueueDef, VHost, in_vhost, qualify, shown, split_key
 from wire.errors import NOT_FOUND, PRECONDITION_FAILED, ProtocolError
 
 
@@ -38,6 +38,7 @@ def test_keys_of_the_default_vhost_are_plain_names():
     assert split_key(qualify("v", "a/b")) == ("v", "a/b")
     assert split_key("q") == ("/", "q")
     assert in_vhost("queue", qualify("v", "q")) == "queue 'q' in vhost 'v'"
+    assert (shown("q"), shown(qualify("v", "q"))) == ("q", "q (vhost v)")
 
 
 def test_the_default_vhost_always_exists_and_cannot_be_deleted():
