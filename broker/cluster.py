@@ -36,11 +36,11 @@ import trio
 
 from mirroring import changes as c
 from mirroring.access import FULL, SALT_BYTES, hash_password
-from mirroring.metadata import VHOST, Metadata, MetaError
+from mirroring.metadata import Metadata, MetaError
 from mirroring.planner import plan_change
 from mirroring.policy import managed_ha_out_of_line
 from mirroring.raft import ChangeInProgress, NotLeader, Persistent, Raft, Role
-from mirroring.records import Permission, User
+from mirroring.records import DEFAULT_VHOST, Permission, User
 from wire import messages as m
 from wire.errors import INTERNAL_ERROR, NOT_ALLOWED, PRECONDITION_FAILED, ProtocolError
 
@@ -87,7 +87,7 @@ def fresh_state(name: str, peer: list, client: list, users: dict | None = None,
     for user, password in (users or {}).items():
         md.apply(c.UserAdd(User(user, hash_password(password, salt(SALT_BYTES)),
                                 ("administrator",))))
-        md.apply(c.PermissionSet(Permission(user, VHOST, FULL, FULL, FULL)))
+        md.apply(c.PermissionSet(Permission(user, DEFAULT_VHOST, FULL, FULL, FULL)))
     return Persistent(snap_config=(name,), snap_data=md.snapshot())
 
 
@@ -572,7 +572,8 @@ class Cluster(PeerLinks):
         md = self.md
         if md.up.get(self.name) != self.incarnation:
             self.propose_soon(c.NodeUp(self.name, self.incarnation))
-        if self.config.managed_ha and (not md.managed_ha or managed_ha_out_of_line(md.policies)):
+        if self.config.managed_ha and (not md.managed_ha
+                                       or managed_ha_out_of_line(md.policies, md.vhosts)):
             self.propose_soon(c.ManagedHAEnable())
         for node in list(md.members):
             if node == self.name:

@@ -101,6 +101,9 @@ class ClientConnection:
     def _enter_vhost(self, user: str, vhost: str) -> None:
         check_vhost_access(self.node.md, user, vhost)
 
+    def _has_vhost(self, name: str) -> bool:
+        return name in self.node.md.vhosts
+
     # --- lifetime -------------------------------------------------------------------------------
     async def serve(self) -> None:
         node = self.node
@@ -154,7 +157,7 @@ class ClientConnection:
         if isinstance(name, bytes):
             name = name.decode(errors="replace")
         session = self.session = SessionDriver.open(node, self.peer, ev.user, str(name), self._out,
-                                                   ev.vhost)
+                                                    ev.vhost)
         core = session.core
         core.protocol = self.proto.SESSION_PROTOCOL
         node.connections[core.sid] = self

@@ -14,10 +14,12 @@ from wire.errors import (COMMAND_INVALID, CONNECTION_FORCED, NOT_ALLOWED, NOT_FO
                          ProtocolError)
 
 from mirroring.changes import (MemberRemove, OperatorPolicyClear, OperatorPolicySet, PolicyClear,
-                               PolicySet, QueueDelete)
+                               PolicySet, QueueDelete, VHostAdd, VHostDelete)
+from mirroring.metadata import policy_not_found
 from mirroring.maintenance import replicas, sync_critical_queues, unsynchronised_queues
 from mirroring.policy import (effective_definition, effective_policy, make_operator_policy,
                              make_policy)
+from mirroring.records import VHost, in_vhost, qualify, shown, split_key
 from mirroring.sync import progress_line
 
 from . import access_control
@@ -228,8 +230,37 @@ async def cmd_remove_member(node, args):
     return None
 
 
+def _vhost(node, args) -> str:
+    """The vhost a command names (-p, default "/"); NOT_FOUND when there is none of that name."""
+    vhost = args.get("vhost", "/")
+    node.md.require_vhost(vhost)
+    return vhost
+
+
+async def cmd_add_vhost(node, args):
+    _require_running(node)
+    await node.cluster.propose(VHostAdd(VHost(args["name"], args.get("description", ""),
+                                              bool(args.get("tracing", False)))))
+    return None
+
+
+async def cmd_delete_vhost(node, args):
+    """The vhost goes with everything in it: its queues' replicas stop on every node, and the
+    connections into it are closed (Node.meta_changed)."""
+    _require_running(node)
+    node.md.require_vhost(args["name"])
+    await node.cluster.propose(VHostDelete(args["name"]))
+    return None
+
+
+async def cmd_list_vhosts(node, args):
+    return [{"name": v.name, "description": v.description, "tracing": v.tracing}
+            for _, v in sorted(_md(node).vhosts.items())]
+
+
 async def cmd_list_queues(node, args):
     _require_running(node)
+    vhost = _vhost(node, args)
     columns = args.get("columns") or list(DEFAULT_QUEUE_COLUMNS)
     bad = [c for c in columns if c not in QUEUE_COLUMNS]
     if bad:
@@ -244,18 +275,20 @@ async def cmd_list_queues(node, args):
                 mirrors.setdefault(qname, {})[st["node"]] = st["pid"]
     rows = []
     for name, q in sorted(node.md.queues.items()):
+        if q.vhost != vhost:
+            continue
         s = stats.get(name)
-        pol = effective_policy(node.md.policies, name)
-        op = effective_policy(node.md.operator_policies, name)
+        pol = effective_policy(node.md.policies, q.name, vhost)
+        op = effective_policy(node.md.operator_policies, q.name, vhost)
         listed = [n for n in q.mirrors if n in mirrors.get(name, {})]
         synced = set(s["synced"]) if s else set()
         full = {
-            "name": name, "durable": q.durable, "auto_delete": q.auto_delete,
+            "name": q.name, "durable": q.durable, "auto_delete": q.auto_delete,
             "exclusive": q.exclusive, "arguments": q.arguments,
             "policy": pol.name if pol else "",
             "type": "classic",
             "effective_policy_definition": effective_definition(
-                node.md.policies, node.md.operator_policies, name),
+                node.md.policies, node.md.operator_policies, q.name, vhost),
             "operator_policy": op.name if op else "",
             "pid": s["pid"] if s else "",
             "mirror_pids": [mirrors[name][n] for n in listed],
@@ -303,45 +336,43 @@ async def cmd_close_connection(node, args):
 
 
 async def cmd_list_consumers(node, args):
-    return await _from_every_node(node, "consumers", lambda r: (r["queue_name"], r["consumer_tag"]))
+    """The consumers of the queues of the vhost `args` names (of every vhost when it names
+    none)."""
+    vhost = _vhost(node, args) if "vhost" in args else None
+    rows = await _from_every_node(node, "consumers",
+                                  lambda r: (r["vhost"], r["queue_name"], r["consumer_tag"]))
+    return [r for r in rows if vhost is None or r["vhost"] == vhost]
 
 
 async def cmd_delete_queue(node, args):
     _require_running(node)
-    if args["queue"] not in node.md.queues:
-        raise ProtocolError(NOT_FOUND, f"no queue '{args['queue']}' in vhost '/'")
-    await node.cluster.propose(QueueDelete(args["queue"]))
-    return f"Deleting queue '{args['queue']}' on vhost '/' ..."
+    key = qualify(_vhost(node, args), args["queue"])
+    if key not in node.md.queues:
+        raise ProtocolError(NOT_FOUND, f"no {in_vhost('queue', key)}")
+    await node.cluster.propose(QueueDelete(key))
+    vhost, name = split_key(key)
+    return f"Deleting queue '{name}' on vhost '{vhost}' ..."
 
 
 async def cmd_purge_queue(node, args):
-    return await _leader_rpc(node, "purge", args["queue"])
+    return await _leader_rpc(node, "purge", args)
 
 
 async def _set_policy(node, args, make, change) -> None:
     """set_policy and set_operator_policy: `make` validates the record, `change` carries it."""
     _require_running(node)
     record = make(args["name"], args["pattern"], args["definition"], args.get("priority", 0),
-                  args.get("apply_to", "all"))
+                  args.get("apply_to", "all"), _vhost(node, args))
     await node.cluster.propose(change(record))
 
 
-async def _clear_policy(node, name: str, policies: dict, what: str, change) -> None:
+async def _clear_policy(node, args, policies: dict, what: str, change) -> None:
     """clear_policy and clear_operator_policy: `what` names the kind in the not-found error."""
     _require_running(node)
-    if name not in policies:
-        raise ProtocolError(NOT_FOUND, f"{what} '{name}' not found in vhost '/'")
-    await node.cluster.propose(change(name))
-
-
-def _policy_row(p) -> dict:
-    """The columns both policy listings share."""
-    return {"vhost": "/", "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
-            "definition": p.definition, "priority": p.priority}
-
-
-def _by_name(policies: dict) -> list:
-    return sorted(policies.values(), key=lambda p: p.name)
+    key = qualify(_vhost(node, args), args["name"])
+    if key not in policies:
+        raise ProtocolError(NOT_FOUND, policy_not_found(what, key))
+    await node.cluster.propose(change(key))
 
 
 async def cmd_set_policy(node, args):
@@ -349,11 +380,19 @@ async def cmd_set_policy(node, args):
 
 
 async def cmd_clear_policy(node, args):
-    await _clear_policy(node, args["name"], node.md.policies, "policy", PolicyClear)
+    await _clear_policy(node, args, node.md.policies, "policy", PolicyClear)
+
+
+def _policy_rows(node, args, policies: dict, *extra: str) -> list[dict]:
+    vhost = _vhost(node, args)
+    return [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+             "definition": p.definition, "priority": p.priority,
+             **{k: getattr(p, k) for k in extra}}
+            for p in sorted(policies.values(), key=lambda p: p.name) if p.vhost == vhost]
 
 
 async def cmd_list_policies(node, args):
-    return [{**_policy_row(p), "set_by": p.set_by} for p in _by_name(node.md.policies)]
+    return _policy_rows(node, args, node.md.policies, "set_by")
 
 
 async def cmd_set_operator_policy(node, args):
@@ -361,68 +400,80 @@ async def cmd_set_operator_policy(node, args):
 
 
 async def cmd_clear_operator_policy(node, args):
-    await _clear_policy(node, args["name"], node.md.operator_policies, "operator policy",
+    await _clear_policy(node, args, node.md.operator_policies, "operator policy",
                         OperatorPolicyClear)
 
 
 async def cmd_list_operator_policies(node, args):
-    return [_policy_row(p) for p in _by_name(node.md.operator_policies)]
+    return _policy_rows(node, args, node.md.operator_policies)
 
 
 async def cmd_list_exchanges(node, args):
-    """Every exchange, the built-in ones among them (the default exchange's name is "")."""
+    """Every exchange of the vhost, the built-in ones among them (the default exchange's name
+    is "")."""
     _require_running(node)
+    vhost = _vhost(node, args)
     return [{col: getattr(x, col) for col in EXCHANGE_COLUMNS}
-            for _, x in sorted(node.md.exchanges.items())]
+            for _, x in sorted(node.md.exchanges.items()) if x.vhost == vhost]
 
 
 async def cmd_list_bindings(node, args):
-    """Every binding, as rabbitmqctl lists them: first the default exchange's implicit one to
-    each queue (its routing key the queue's name), then the declared ones, by source."""
+    """Every binding of the vhost, as rabbitmqctl lists them: first the default exchange's
+    implicit one to each queue (its routing key the queue's name), then the declared ones, by
+    source."""
     _require_running(node)
+    vhost = _vhost(node, args)
     md = node.md
+    names = sorted(q.name for q in md.queues.values() if q.vhost == vhost)
     rows = [{"source_name": "", "source_kind": "exchange", "destination_name": q,
-             "destination_kind": "queue", "routing_key": q, "arguments": {}} for q in sorted(md.queues)]
+             "destination_kind": "queue", "routing_key": q, "arguments": {}} for q in names]
     for x, binds in sorted(md.bindings.items()):
+        xv, xname = split_key(x)
+        if xv != vhost:
+            continue
         for b in sorted(binds, key=lambda b: (b.queue, b.key)):
-            rows.append({"source_name": x, "source_kind": "exchange", "destination_name": b.queue,
-                         "destination_kind": "queue", "routing_key": b.key, "arguments": b.arguments})
+            rows.append({"source_name": xname, "source_kind": "exchange",
+                         "destination_name": split_key(b.queue)[1], "destination_kind": "queue",
+                         "routing_key": b.key, "arguments": b.arguments})
     return rows
 
 
-async def _leader_rpc(node, rpc: str, queue: str):
-    """A command carried out by the queue's leader. If the leader's node goes before it answers
-    (the metadata has not recorded it down yet), the command is refused with that reason."""
+async def _leader_rpc(node, rpc: str, args: dict):
+    """A command carried out by the leader of the queue `args` names (in its -p vhost). If the
+    leader's node goes before it answers (the metadata has not recorded it down yet), the
+    command is refused with that reason."""
     _require_running(node)
+    queue = qualify(_vhost(node, args), args["queue"])
     qdef = node.md.queues.get(queue)
     if qdef is None:
-        raise ProtocolError(NOT_FOUND, f"no queue '{queue}' in vhost '/'")
+        raise ProtocolError(NOT_FOUND, f"no {in_vhost('queue', queue)}")
     node.check_queue_available(qdef)
     try:
         return await node.cluster.call_node(qdef.leader, rpc, {"queue": queue})
     except NodeStopped:
         mirrors = " (a mirror takes over if one may: try again)" if qdef.mirrors else ""
-        raise ProtocolError(NOT_FOUND, f"the leader of queue '{queue}' in vhost '/', on node "
+        raise ProtocolError(NOT_FOUND, f"the leader of {in_vhost('queue', queue)}, on node "
                                        f"{qdef.leader}, went down before it answered{mirrors}") from None
 
 
 async def cmd_sync_queue(node, args):
-    return await _leader_rpc(node, "sync_queue", args["queue"])
+    return await _leader_rpc(node, "sync_queue", args)
 
 
 async def cmd_cancel_sync_queue(node, args):
-    return await _leader_rpc(node, "cancel_sync_queue", args["queue"])
+    return await _leader_rpc(node, "cancel_sync_queue", args)
 
 
 async def cmd_sync_status(node, args):
-    return await _leader_rpc(node, "sync_status", args["queue"])
+    return await _leader_rpc(node, "sync_status", args)
 
 
 async def cmd_node_is_mirror_sync_critical(node, args):
     """The mirrored queues this node leads whose only synchronised replica it holds (RabbitMQ's
     node-is-mirror-sync-critical check; mirroring/maintenance.py has the rule)."""
     _require_running(node)
-    return {"node": node.name, "queues": sync_critical_queues(node.md, node.name, node.running)}
+    return {"node": node.name,
+            "queues": [shown(k) for k in sync_critical_queues(node.md, node.name, node.running)]}
 
 
 async def cmd_maintenance_status(node, args):
@@ -452,6 +503,7 @@ COMMANDS = {
     "maintenance_status": cmd_maintenance_status,
     "sync_queue": cmd_sync_queue, "cancel_sync_queue": cmd_cancel_sync_queue,
     "sync_status": cmd_sync_status,
+    "add_vhost": cmd_add_vhost, "delete_vhost": cmd_delete_vhost, "list_vhosts": cmd_list_vhosts,
     "set_policy": cmd_set_policy, "clear_policy": cmd_clear_policy,
     "list_policies": cmd_list_policies,
     "set_operator_policy": cmd_set_operator_policy,
@@ -486,13 +538,14 @@ async def node_rpc(node, name: str, args: dict):
     if name == "connections":
         blocked = node.memory.blocked
         return [{"node": node.name, "name": s.conn_id, "peer": s.peer, "user": s.user,
+                 "vhost": s.vhost,
                  "client_name": s.client_name, "channels": len(s.channels),
                  "protocol": s.protocol,
                  # RabbitMQ's words: held (blocked), would be held if it published (blocking)
                  "state": ("blocked" if s.publisher else "blocking") if blocked else "running"}
                 for s in node.sessions.values()]
     if name == "channels":
-        return [{"node": node.name, "connection": s.conn_id, "number": ch.id,
+        return [{"node": node.name, "connection": s.conn_id, "number": ch.id, "vhost": s.vhost,
                  "name": f"{s.conn_id} ({ch.id})", "user": s.user, "confirm": ch.confirm,
                  "transactional": ch.tx, "consumer_count": len(ch.consumers),
                  "messages_unacknowledged": ch.unacked(), "messages_unconfirmed": ch.inflight,
@@ -505,7 +558,8 @@ async def node_rpc(node, name: str, args: dict):
         conn.force_close(CONNECTION_FORCED, args["explanation"])
         return None
     if name == "consumers":
-        return [{"queue_name": qname, "consumer_tag": c.tag,
+        return [{"queue_name": split_key(qname)[1], "vhost": split_key(qname)[0],
+                 "consumer_tag": c.tag,
                  "channel": f"{c.owner[0]}/{c.owner[1]}:{c.owner[2]}", "ack_required": not c.no_ack,
                  "prefetch_count": c.prefetch, "exclusive": c.exclusive, "arguments": c.arguments}
                 for qname, qp in node.router.replicas.items() if qp.role == "leader"
@@ -516,7 +570,7 @@ async def node_rpc(node, name: str, args: dict):
         qname = args["queue"]
         qp = node.router.replicas.get(qname)
         if qp is None or qp.role != "leader":
-            raise ProtocolError(NOT_FOUND, f"no queue '{qname}' in vhost '/' on {node.name}")
+            raise ProtocolError(NOT_FOUND, f"no {in_vhost('queue', qname)} on {node.name}")
         if name == "sync_queue":
             def start(replica, now):
                 started = replica.request_sync("sync_queue", now)

@@ -27,7 +27,8 @@ from .control import (BINDING_COLUMNS, DEFAULT_EXCHANGE_COLUMNS, DEFAULT_QUEUE_C
                       EXCHANGE_COLUMNS, QUEUE_COLUMNS, ctl_call)
 from .network import TcpNetwork, connect_reason
 
-CONNECTION_COLUMNS = ("name", "node", "peer", "user", "client_name", "channels", "state")
+CONNECTION_COLUMNS = ("name", "node", "peer", "user", "vhost", "client_name", "channels", "state")
+VHOST_COLUMNS = ("name", "description", "tracing")
 # set_by: "user", "managed-ha" (the managed HA's system policy) or "user+managed-ha" (a user's
 # policy whose HA keys the managed HA added or replaced: broker/config.py `managed_ha`)
 POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority", "set_by")
@@ -40,17 +41,19 @@ CONSUMER_COLUMNS = ("queue_name", "channel", "consumer_tag", "ack_required", "pr
                     "exclusive", "arguments")
 
 
-# The list commands: their valid columns, the columns shown when none are named, the header.
+# The list commands: their valid columns, the columns shown when none are named, the header
+# ({vhost}: the -p vhost of the listings that take one, VHOST_LISTINGS).
 LISTINGS = {
-    "list_queues": (QUEUE_COLUMNS, DEFAULT_QUEUE_COLUMNS, "Listing queues for vhost / ..."),
+    "list_vhosts": (VHOST_COLUMNS, ("name",), "Listing vhosts ..."),
+    "list_queues": (QUEUE_COLUMNS, DEFAULT_QUEUE_COLUMNS, "Listing queues for vhost {vhost} ..."),
     "list_connections": (CONNECTION_COLUMNS, ("name", "node", "peer", "user"), "Listing connections ..."),
     "list_channels": (CHANNEL_COLUMNS, DEFAULT_CHANNEL_COLUMNS, "Listing channels ..."),
-    "list_consumers": (CONSUMER_COLUMNS, CONSUMER_COLUMNS, "Listing consumers in vhost / ..."),
-    "list_exchanges": (EXCHANGE_COLUMNS, DEFAULT_EXCHANGE_COLUMNS, "Listing exchanges for vhost / ..."),
-    "list_bindings": (BINDING_COLUMNS, BINDING_COLUMNS, "Listing bindings for vhost /..."),
-    "list_policies": (POLICY_COLUMNS, POLICY_COLUMNS, 'Listing policies for vhost "/" ...'),
+    "list_consumers": (CONSUMER_COLUMNS, CONSUMER_COLUMNS, "Listing consumers in vhost {vhost} ..."),
+    "list_exchanges": (EXCHANGE_COLUMNS, DEFAULT_EXCHANGE_COLUMNS, "Listing exchanges for vhost {vhost} ..."),
+    "list_bindings": (BINDING_COLUMNS, BINDING_COLUMNS, "Listing bindings for vhost {vhost}..."),
+    "list_policies": (POLICY_COLUMNS, POLICY_COLUMNS, 'Listing policies for vhost "{vhost}" ...'),
     "list_operator_policies": (OPERATOR_POLICY_COLUMNS, OPERATOR_POLICY_COLUMNS,
-                               'Listing operator policy overrides for vhost "/" ...'),
+                               'Listing operator policy overrides for vhost "{vhost}" ...'),
 }
 # The user and permission listings: their columns, their header (formatted with the arguments).
 USER_LISTINGS = {
@@ -60,6 +63,8 @@ USER_LISTINGS = {
     "list_user_permissions": (("vhost", "configure", "write", "read"),
                               'Listing permissions for user "{user}" ...'),
 }
+VHOST_LISTINGS = ("list_queues", "list_consumers", "list_exchanges", "list_bindings",
+                  "list_policies", "list_operator_policies")
 POLICY_SETTERS = {"set_policy": "policy", "set_operator_policy": "operator policy override"}
 POLICY_CLEARERS = {"clear_policy": "policy", "clear_operator_policy": "operator policy"}
 
@@ -131,6 +136,10 @@ COMMAND_HELP = {
     "reset": "leave the cluster, forget it (stop_app first)",
     "forget_cluster_node": "remove a stopped node from the members",
     "rolling_restart": "restart each node in turn, waiting for the mirrors' sync",
+    # virtual hosts
+    "add_vhost": "create a virtual host: NAME [--description TEXT] [--tracing]",
+    "delete_vhost": "delete a virtual host and everything in it, on every node",
+    "list_vhosts": "virtual hosts, with COLUMNs (default: name)",
     # queues, connections, consumers
     "list_queues": "queues, with COLUMNs (default: name messages)",
     "list_connections": "client connections on every running node",
@@ -192,9 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("target", help="a node of the cluster to join (NAME or HOST:PEER_PORT)")
     f = command("forget_cluster_node")
     f.add_argument("target", help="the node to remove (its app must be stopped)")
+    av = command("add_vhost")
+    av.add_argument("name")
+    av.add_argument("--description", default="")
+    av.add_argument("--tracing", action="store_true", help="recorded and listed only")
+    command("delete_vhost").add_argument("name")
     for name, (valid, _, _) in LISTINGS.items():
         s = command(name)
-        s.add_argument("-p", "--vhost", default="/")
+        if name in VHOST_LISTINGS:
+            s.add_argument("-p", "--vhost", default="/")
         if name not in ("list_policies", "list_operator_policies"):  # they take no columns
             s.add_argument("columns", nargs="*", metavar="COLUMN", help=" ".join(valid))
     cc = command("close_connection")
@@ -349,8 +364,7 @@ def _request(args) -> tuple[dict, list | None, str | None]:
         return _user_payload(args), list(columns), header.format(**vars(args))
     if cmd in USER_PAYLOADS:
         return _user_payload(args), None, None
-    if getattr(args, "vhost", "/") != "/":
-        raise _Refused(f"virtual host '{args.vhost}' does not exist (warren has only '/')")
+    vhost = {"vhost": args.vhost} if hasattr(args, "vhost") else {}
     if cmd in LISTINGS:
         valid, default, header = LISTINGS[cmd]
         columns = getattr(args, "columns", None) or list(default)
@@ -358,9 +372,9 @@ def _request(args) -> tuple[dict, list | None, str | None]:
             if c not in valid:
                 raise _Refused(f"{nearest(c, valid, 'column')} ({cmd}'s columns: {' '.join(valid)})")
         payload = {"columns": columns} if cmd == "list_queues" else {}  # the node builds only these
-        return payload, columns, header
+        return {**payload, **vhost}, columns, header.format(vhost=getattr(args, "vhost", "/"))
     build = PAYLOADS.get(cmd)
-    return (build(args) if build else {}), None, None
+    return {**(build(args) if build else {}), **vhost}, None, None
 
 
 def _node_payload(args) -> dict:
@@ -369,6 +383,14 @@ def _node_payload(args) -> dict:
 
 def _queue_payload(args) -> dict:
     return {"queue": args.queue}
+
+
+def _vhost_payload(args) -> dict:
+    if args.command == "add_vhost":
+        print(f'Adding vhost "{args.name}" ...', file=sys.stderr)
+        return {"name": args.name, "description": args.description, "tracing": args.tracing}
+    print(f'Deleting vhost "{args.name}" ...', file=sys.stderr)
+    return {"name": args.name}
 
 
 def _watermark_payload(args) -> dict:
@@ -392,13 +414,15 @@ def _set_policy_payload(args) -> dict:
     except ValueError:
         raise _Refused(f"--priority must be an integer, got {args.priority!r}") from None
     print(f'Setting {POLICY_SETTERS[args.command]} "{args.name}" for pattern "{args.pattern}" to '
-          f'"{args.definition}" with priority "{priority}" for vhost "/" ...', file=sys.stderr)
+          f'"{args.definition}" with priority "{priority}" for vhost "{args.vhost}" ...',
+          file=sys.stderr)
     return {"name": args.name, "pattern": args.pattern, "definition": args.definition,
             "priority": priority, "apply_to": args.apply_to}
 
 
 def _clear_policy_payload(args) -> dict:
-    print(f'Clearing {POLICY_CLEARERS[args.command]} "{args.name}" on vhost "/" ...', file=sys.stderr)
+    print(f'Clearing {POLICY_CLEARERS[args.command]} "{args.name}" on vhost "{args.vhost}" ...',
+          file=sys.stderr)
     return {"name": args.name}
 
 
@@ -436,6 +460,8 @@ PAYLOADS = {
     "forget_cluster_node": _node_payload,
     "set_vm_memory_high_watermark": _watermark_payload,
     "close_connection": _close_connection_payload,
+    "add_vhost": _vhost_payload,
+    "delete_vhost": _vhost_payload,
     "delete_queue": _queue_payload,
     "purge_queue": _queue_payload,
     "sync_queue": _queue_payload,
@@ -682,7 +708,8 @@ def _follow_sync(args, host, port, me, secret, started: dict) -> int:
     """sync_queue: show the sync's progress until it ends (a bar on a terminal, lines otherwise)."""
     from mirroring.sync import progress_line
     q = args.queue
-    print(f"Synchronising queue '{q}' in vhost '/' ...")
+    vhost = getattr(args, "vhost", "/")
+    print(f"Synchronising queue '{q}' in vhost '{vhost}' ...")
     if not started["started"]:
         print(f"queue '{q}' has no unsynchronised mirror: nothing to do")
         return 0
@@ -690,7 +717,8 @@ def _follow_sync(args, host, port, me, secret, started: dict) -> int:
     last_print = 0.0
     while True:
         try:
-            st = trio.run(ctl_call, _network, host, port, me, secret, "sync_status", {"queue": q},
+            st = trio.run(ctl_call, _network, host, port, me, secret, "sync_status",
+                          {"queue": q, "vhost": vhost},
                           args.timeout)
         except (ProtocolError, OSError, trio.TooSlowError) as exc:
             print(f"\nError: lost track of the sync: {getattr(exc, 'text', exc)}", file=sys.stderr)

@@ -12,9 +12,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+def vhost_not_found(vhost: str) -> str:
+    """RabbitMQ's text for a login into a vhost that does not exist (530 NOT_ALLOWED)."""
+    return f"vhost {vhost} not found"
+
+
 @dataclass(slots=True)
 class LoggedIn:
-    """The client is who it says, and may use `vhost`: the driver opens its session."""
+    """The client is who it says: the driver opens its session, in `vhost`."""
     user: str
     client_properties: dict
     vhost: str = "/"

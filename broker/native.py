@@ -14,14 +14,15 @@ broker/session/'s business.
 from __future__ import annotations
 
 from wire import messages as m
-from wire.errors import ACCESS_REFUSED, CONNECTION_FORCED, UNEXPECTED_FRAME, VERSION_MISMATCH, ProtocolError
+from wire.errors import (ACCESS_REFUSED, CONNECTION_FORCED, NOT_ALLOWED, UNEXPECTED_FRAME,
+                         VERSION_MISMATCH, ProtocolError)
 from wire.frames import FrameDecoder
 from wire.props import native_list
 from wire.schema import decode_bytes
 
 from .connection import ClientConnection, check_login, is_loopback
 from .framed import frame_parts
-from .frontend import Closed, ConnectionFailed, LoggedIn
+from .frontend import Closed, ConnectionFailed, LoggedIn, vhost_not_found
 
 CLIENT_KINDS = frozenset({
     "channel.open", "channel.close", "queue.declare", "queue.delete", "queue.purge", "basic.qos",
@@ -36,19 +37,21 @@ __all__ = ["CLIENT_KINDS", "NativeConnection", "NativeProtocol", "check_login", 
 
 class NativeProtocol:
     """One native client connection's protocol state. `authenticate(user, password)` raises
-    ProtocolError to refuse a login, `enter_vhost(user, vhost)` when the user has no
-    permissions in the vhost; `can_open()` returns why the node refuses connections now
-    (a pause), or ""; `welcome()` is the Welcome to send once the client is in."""
+    ProtocolError to refuse a login; `has_vhost(name)` says whether that vhost exists;
+    `enter_vhost(user, vhost)` raises ProtocolError when the user has no permissions in it;
+    `can_open()` returns why the node refuses connections now (a pause), or ""; `welcome()` is
+    the Welcome to send once the client is in."""
 
     NAME = "client"
     SESSION_PROTOCOL = "warren"
     DEFAULT_CLIENT_NAME = ""
 
     def __init__(self, *, authenticate, can_open, welcome, hello: m.Hello, max_frame: int,
-                 enter_vhost=lambda user, vhost: None):
+                 has_vhost=lambda name: name == "/", enter_vhost=lambda user, vhost: None):
         self.authenticate = authenticate
         self.enter_vhost = enter_vhost
         self.can_open = can_open
+        self.has_vhost = has_vhost
         self.welcome = welcome
         self.max_frame = max_frame
         self.decoder = FrameDecoder(max_frame, decode_bytes)
@@ -99,13 +102,15 @@ class NativeProtocol:
             raise ProtocolError(VERSION_MISMATCH, f"protocol version {msg.version} not supported "
                                                   f"(this node speaks {m.PROTOCOL_VERSION})")
         self.authenticate(msg.user, msg.password)
-        self.enter_vhost(msg.user, "/")
+        if not self.has_vhost(msg.vhost):
+            raise ProtocolError(NOT_ALLOWED, vhost_not_found(msg.vhost))
+        self.enter_vhost(msg.user, msg.vhost)
         refusal = self.can_open()
         if refusal:
             raise ProtocolError(CONNECTION_FORCED, refusal)
         self._items.append(self.welcome())
         self.state = OPEN
-        return LoggedIn(msg.user, {"connection_name": msg.client_name})
+        return LoggedIn(msg.user, {"connection_name": msg.client_name}, msg.vhost)
 
     def receive_eof(self, now: float) -> list:
         """The client went away: in the middle of a frame, or of the handshake, it is told
@@ -189,7 +194,8 @@ class NativeConnection(ClientConnection):
         node = self.node
         max_frame = node.config.max_frame
         return NativeProtocol(
-            authenticate=self._authenticate, can_open=self._can_open, enter_vhost=self._enter_vhost,
+            authenticate=self._authenticate, can_open=self._can_open, has_vhost=self._has_vhost,
+            enter_vhost=self._enter_vhost,
             welcome=lambda: m.Welcome(node.name, node.cluster.md.cluster_name, max_frame),
             hello=m.Hello(m.PROTOCOL_VERSION, node.name, node.new_nonce(), max_frame),
             max_frame=max_frame)

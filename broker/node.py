@@ -31,7 +31,7 @@ from mirroring.access import CONFIGURE
 from mirroring.exchanges import plain
 from mirroring import changes as c
 from mirroring.metadata import MetaError
-from mirroring.records import QueueDef
+from mirroring.records import VHOST_SEP, QueueDef
 from mirroring.queue import SID_RUN_MASK
 from mirroring.queue import check_arguments as check_queue_arguments
 from mirroring.replica import LEADING
@@ -345,8 +345,18 @@ class Node:
                 await progress.wait()
 
     # --- the cluster's news --------------------------------------------------------------------
+    def _close_deleted_vhosts(self) -> None:
+        """Close the connections into a vhost the log deleted, as RabbitMQ does (320)."""
+        vhosts = self.md.vhosts
+        for sid, core in list(self.sessions.items()):
+            conn = self.connections.get(sid)
+            if core.vhost not in vhosts and conn is not None:
+                conn.force_close(CONNECTION_FORCED, f"vhost '{core.vhost}' is deleted")
+
     def meta_changed(self, change) -> None:
         self.router.reconcile(self.md.touched if change is not None else None)
+        if change is None or type(change) is c.VHostDelete:
+            self._close_deleted_vhosts()
         if self.management is not None:
             self.management.meta_changed(change)
         run = self.cluster.incarnation
@@ -521,7 +531,7 @@ class Node:
             return ""
         if leader not in self.md.down and leader in self.md.up:
             return ""  # up as far as the log knows: our link to it is only being set up
-        return (f"home node '{leader}' of durable queue '{qdef.name}' in vhost '/' "
+        return (f"home node '{leader}' of durable queue '{qdef.name}' in vhost '{qdef.vhost}' "
                 "is down or inaccessible")
 
     def check_queue_available(self, qdef: QueueDef, exc_type=ProtocolError) -> None:
@@ -530,31 +540,35 @@ class Node:
             raise exc_type(NOT_FOUND, reason)
 
     async def declare_queue(self, session: Session, msg: m.QueueDeclare):
-        """Declare through the log; returns [name, 0, 0] for a new queue, or None when it
-        existed (the session then asks its leader for the counts)."""
+        """Declare through the log in the session's vhost; returns [name, 0, 0] for a new
+        queue, or None when it existed (the session then asks its leader for the counts)."""
         name = msg.queue
+        vhost = session.vhost
         if name.startswith("amq.") and not msg.passive:
             raise ChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
         if not name:
             if msg.passive:
-                raise ChannelError(NOT_FOUND, "no queue '' in vhost '/'")
+                raise ChannelError(NOT_FOUND, f"no queue '' in vhost '{vhost}'")
             name = f"amq.gen-{self.rng.getrandbits(64):016x}"
             msg.queue = name
         if len(name) > 255:
             raise ChannelError(PRECONDITION_FAILED, "queue name is longer than 255 characters")
+        if VHOST_SEP in name:
+            raise ChannelError(PRECONDITION_FAILED, "queue name contains a NUL character")
+        key = session.key(name)
         if not msg.passive:
             session.check_access(CONFIGURE, "queue", name)
         arguments = plain(msg.arguments)
         _validate_queue_arguments(arguments)
         try:
-            check_queue_arguments(name, arguments)
+            check_queue_arguments(key, arguments)
         except ProtocolError as exc:
             raise ChannelError(exc.code, exc.text) from None
-        existing = self.md.queues.get(name)
+        existing = self.md.queues.get(key)
         if msg.passive:
             if existing is None:
-                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '/'")
-            session._queue(name)
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
+            session._queue(key)
             return None
         if existing is not None:
             self.check_queue_available(existing, ChannelError)
@@ -565,7 +579,7 @@ class Node:
         # the log's leader decides where it lives (planner.plan_declare) from where the client
         # is (the leader proposed) and from this node's queue_leader_locator
         qdef = QueueDef(name, durable, bool(msg.exclusive), bool(msg.auto_delete), arguments,
-                        self.name, session.conn_id if msg.exclusive else None)
+                        self.name, session.conn_id if msg.exclusive else None, vhost=vhost)
         try:
             result = await self.cluster.propose(c.QueueDeclare(qdef, self.config.queue_leader_locator))
         except MetaError as exc:
@@ -576,8 +590,8 @@ class Node:
             raise ChannelError(INTERNAL_ERROR, "the cluster did not record the queue")
         if result["created"]:
             if msg.exclusive:
-                session.exclusive_queues.add(name)
-            self.log.info("queue declared", queue=name, leader=result["leader"],
+                session.exclusive_queues.add(key)
+            self.log.info("queue declared", queue=key, leader=result["leader"],
                           durable=qdef.durable, exclusive=qdef.exclusive)
             return [name, 0, 0]
         return None

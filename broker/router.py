@@ -35,7 +35,7 @@ import trio
 
 from mirroring import replica as rp
 from mirroring import changes as c
-from mirroring.records import QueueDef
+from mirroring.records import QueueDef, in_vhost
 from mirroring.policy import effective_definition, effective_policy, ha_settings
 from mirroring.queue import limits_from
 from wire import messages as m
@@ -137,9 +137,9 @@ class Router:
                                 stall_after=cfg.net_ticktime)
 
     def _assign(self, qdef: QueueDef, md) -> rp.Assign:
-        policy = effective_policy(md.policies, qdef.name)  # its ha keys
+        policy = effective_policy(md.policies, qdef.name, qdef.vhost)  # its ha keys
         # its limits: the policy's merged with the operator policy's
-        limits = effective_definition(md.policies, md.operator_policies, qdef.name)
+        limits = effective_definition(md.policies, md.operator_policies, qdef.name, qdef.vhost)
         return rp.Assign(qdef.leader, qdef.epoch, list(qdef.mirrors), list(qdef.synced),
                          ha_settings(policy, qdef.exclusive), qdef.auto_delete,
                          limits_from(qdef.arguments, limits))
@@ -188,7 +188,7 @@ class Router:
                           else [(q, held[q]) for q in sorted(touched) if q in held]):
             qdef = queues.get(qname)
             if qdef is None:
-                qp.deliver(rp.Stop(f"queue '{qname}' in vhost '/' was deleted", True))
+                qp.deliver(rp.Stop(f"{in_vhost('queue', qname)} was deleted", True))
                 del self.replicas[qname]
             elif qdef.leader != me and me not in qdef.mirrors:
                 self._take_back_mirror_input(qp)
@@ -355,7 +355,7 @@ class Router:
             if isinstance(msg, _REQUESTS) and msg.rid:
                 owner = msg.owner
                 self.to_session(owner[0], owner[1], [m.EvFail(msg.rid, owner[2], NOT_FOUND,
-                                                              f"no queue '{qname}' in vhost '/'")])
+                                                              f"no {in_vhost('queue', qname)}")])
 
     # --- receiving -----------------------------------------------------------------------------
     def peer_messages(self, link, msgs: list) -> None:
@@ -486,7 +486,7 @@ class Router:
         """Run `fn(replica, now)` inside the replica's task and return its value."""
         qp = self.replicas.get(qname)
         if qp is None:
-            raise ProtocolError(NOT_FOUND, f"no queue '{qname}' in vhost '/' on {self.name}")
+            raise ProtocolError(NOT_FOUND, f"no {in_vhost('queue', qname)} on {self.name}")
         done = trio.Event()
         box: list = []
 

@@ -12,6 +12,9 @@ node (mirroring/metadata.py). A new kind is one class here and its handler there
 module's table of handlers by type (`_APPLY`, or the planner's `_PLAN`). `names_its_queues`: applying it records in `Metadata.touched` every queue it creates,
 changes or removes; the other kinds may change what any queue's replicas do (a member, a node's
 run, a policy).
+
+A change that names a queue, exchange or policy by a string names it by its key
+(mirroring/records.py `qualify`: the plain name in the default vhost).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import msgspec
 from wire.errors import COMMAND_INVALID, SYNTAX_ERROR, ProtocolError
 
 from .records import (Binding, DeleteRequester, Exchange, Permission, Policy, QueueDef, QueueUpdate,
-                      User)
+                      User, VHost)
 
 
 class Change(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
@@ -50,6 +53,19 @@ class MemberAdd(Change, tag="member.add"):
 
 class MemberRemove(Change, tag="member.remove"):
     """A member is forgotten. Changes the log's voters; the planner first moves its queues."""
+    name: str
+
+
+class VHostAdd(Change, tag="vhost.add"):
+    """Create a virtual host (its built-in exchanges come with it), or change its description
+    and tracing flag."""
+    vhost: VHost
+
+
+class VHostDelete(Change, tag="vhost.delete"):
+    """Delete a virtual host and everything in it: queues (with their replicas on every node),
+    exchanges, bindings, policies and operator policies."""
+    names_its_queues = True
     name: str
 
 

@@ -24,9 +24,8 @@ import decimal
 
 from wire.errors import ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
 
-from .records import Binding, Exchange
+from .records import DEFAULT_VHOST, Binding, Exchange, in_vhost, qualify, split_key
 
-VHOST = "/"
 TYPES = ("direct", "fanout", "topic", "headers")
 BUILTIN = {
     "": "direct",
@@ -43,14 +42,17 @@ class ExchangeError(ProtocolError):
     pass
 
 
-def builtin_exchanges() -> dict[str, Exchange]:
-    return {name: make_exchange(name, kind, durable=True) for name, kind in BUILTIN.items()}
+def builtin_exchanges(vhost: str = DEFAULT_VHOST) -> dict[str, Exchange]:
+    """The built-in exchanges of `vhost`, by key: every vhost has its own."""
+    return {qualify(vhost, name): make_exchange(name, kind, durable=True, vhost=vhost)
+            for name, kind in BUILTIN.items()}
 
 
 def make_exchange(name: str, kind: str, durable: bool = False, auto_delete: bool = False,
-                  internal: bool = False, arguments: dict | None = None) -> Exchange:
+                  internal: bool = False, arguments: dict | None = None,
+                  vhost: str = DEFAULT_VHOST) -> Exchange:
     return Exchange(name, kind, bool(durable), bool(auto_delete), bool(internal),
-                    dict(arguments or {}))
+                    dict(arguments or {}), vhost)
 
 
 def _fmt(v) -> str:
@@ -59,12 +61,14 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def describe(name: str) -> str:
-    return f"exchange '{name}' in vhost '{VHOST}'"
+def describe(key: str) -> str:
+    """"exchange 'x' in vhost 'v'" for an exchange's key."""
+    return in_vhost("exchange", key)
 
 
-def check_declare(name: str, kind: str, passive: bool) -> None:
+def check_declare(key: str, kind: str, passive: bool) -> None:
     """What a client may not declare at all (before looking at what exists)."""
+    name = split_key(key)[1]
     if name == "":
         raise ExchangeError(ACCESS_REFUSED, "operation not permitted on the default exchange")
     if not passive:
@@ -73,12 +77,12 @@ def check_declare(name: str, kind: str, passive: bool) -> None:
             raise ExchangeError(COMMAND_INVALID, f"unknown exchange type '{kind}'")
         if name.startswith("amq.") and name not in BUILTIN:
             raise ExchangeError(ACCESS_REFUSED,
-                                f"{describe(name)} contains reserved prefix 'amq.*'")
+                                f"{describe(key)} contains reserved prefix 'amq.*'")
 
 
 def check_equivalent(existing: Exchange, wanted: Exchange) -> None:
     """RabbitMQ's 406 for a re-declare with other properties."""
-    name = existing.name
+    name = existing.key
     for prop in ("type", "durable", "auto_delete", "internal"):
         have, want = getattr(existing, prop), getattr(wanted, prop)
         if have != want:
@@ -94,20 +98,21 @@ def check_equivalent(existing: Exchange, wanted: Exchange) -> None:
                                 f"{_fmt(old.get(key, 'none'))!r}")
 
 
-def check_deletable(name: str) -> None:
+def check_deletable(key: str) -> None:
+    name = split_key(key)[1]
     if name == "":
         raise ExchangeError(ACCESS_REFUSED, "operation not permitted on the default exchange")
     if name.startswith("amq."):
-        raise ExchangeError(ACCESS_REFUSED, f"{describe(name)} contains reserved prefix 'amq.*'")
+        raise ExchangeError(ACCESS_REFUSED, f"{describe(key)} contains reserved prefix 'amq.*'")
 
 
-def check_bindable(name: str) -> None:
-    if name == "":
+def check_bindable(key: str) -> None:
+    if split_key(key)[1] == "":
         raise ExchangeError(ACCESS_REFUSED, "operation not permitted on the default exchange")
 
 
-def not_found(name: str) -> ExchangeError:
-    return ExchangeError(NOT_FOUND, f"no {describe(name)}")
+def not_found(key: str) -> ExchangeError:
+    return ExchangeError(NOT_FOUND, f"no {describe(key)}")
 
 
 # --- argument tables ---------------------------------------------------------------------------
@@ -313,7 +318,13 @@ class Routes:
         if compiled is None:
             compiled = self._compiled[exchange] = self._compile(exchange, kind)
         if kind == "direct":
-            return compiled.get(routing_key, [])
+            hit = compiled.get(routing_key)
+            if hit is not None:
+                return hit
+            if x.name == "":  # another vhost's default exchange (sessions resolve it themselves)
+                key = qualify(x.vhost, routing_key)
+                return [key] if key in self.queues else []
+            return []
         if kind == "fanout":
             return compiled
         if kind == "topic":

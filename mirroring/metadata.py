@@ -1,5 +1,5 @@
-"""Cluster metadata: members, queue definitions, exchanges and bindings, policies, vhosts, users
-and their permissions, and which members are up or down.
+"""Cluster metadata: virtual hosts, members, queue definitions, exchanges and bindings,
+policies, users and their permissions, and which members are up or down.
 
 Every node holds a copy: the state machine of the metadata log (mirroring/raft.py). A change is
 committed to the log by a majority of the members and then applied here, on every node, in the
@@ -13,6 +13,10 @@ Decisions that depend on which nodes are running (placing mirrors, promoting one
 the log's leader only (mirroring/planner.py) and travel inside the change as explicit `updates`
 (QueueUpdate: a queue's new placement, or its deletion), so applying a change never depends on
 who applies it.
+
+Queues, exchanges and policies live in a vhost and are filed under their key
+(mirroring/records.py `qualify`): the plain name in the default vhost "/", which always exists.
+Deleting a vhost drops everything filed in it.
 
 Members are `up` with an *incarnation* (a new number every time a node's app starts) or `down`
 ("failure" or "shutdown"). A node that restarts comes back as a new incarnation: whatever its
@@ -36,10 +40,8 @@ from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, Protoco
 
 from . import changes as c
 from . import exchanges as xmod
-from .records import (Binding, Exchange, Member, Permission, Policy, QueueDef, QueueUpdate, Snapshot,
-                      User, VHost)
-
-VHOST = "/"
+from .records import (DEFAULT_VHOST, VHOST_SEP, Binding, Exchange, Member, Permission, Policy,
+                      QueueDef, QueueUpdate, Snapshot, User, VHost, in_vhost, split_key)
 
 
 class MetaError(ProtocolError):
@@ -59,6 +61,7 @@ class Metadata:
     def __init__(self, cluster_name: str = ""):
         self.version = 0
         self.cluster_name = cluster_name
+        self.vhosts: dict[str, VHost] = {DEFAULT_VHOST: VHost(DEFAULT_VHOST, "Default virtual host")}
         self.members: dict[str, Member] = {}  # in join order
         self.queues: dict[str, QueueDef] = {}
         # exchanges (the built-in ones included) and bindings by source exchange (a list per
@@ -77,7 +80,6 @@ class Metadata:
         # the queues the last change applied created, changed or removed; None when it may
         # have changed what any queue's replicas do (a policy, a member, a node's run)
         self.touched: set[str] | None = None
-        self.vhosts: dict[str, VHost] = {VHOST: VHost(VHOST, "Default virtual host")}
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}  # (vhost, user) -> permission
         self.access_version = 0
@@ -164,6 +166,39 @@ class Metadata:
     def _noop(self, change: c.Noop):
         return None
 
+    # --- virtual hosts ---------------------------------------------------------------------
+    def _vhost_add(self, change: c.VHostAdd):
+        """Create a vhost with its built-in exchanges, or update its description and tracing
+        flag (so a proposal retried after a leader change is harmless). The value: created."""
+        vhost = change.vhost
+        check_vhost_name(vhost.name)
+        created = vhost.name not in self.vhosts
+        self.vhosts[vhost.name] = vhost
+        if created:
+            self.exchanges.update(xmod.builtin_exchanges(vhost.name))
+        return created
+
+    def _vhost_delete(self, change: c.VHostDelete):
+        """A vhost goes with everything in it. The value: the keys of the queues it held."""
+        name = change.name
+        if name == DEFAULT_VHOST:
+            raise MetaError(PRECONDITION_FAILED, f"vhost '{name}' cannot be deleted")
+        self.require_vhost(name)
+        del self.vhosts[name]
+        prefix = name + VHOST_SEP
+        dropped = [k for k in self.queues if k.startswith(prefix)]
+        for key in dropped:
+            self._drop_queue(key)
+        for table in (self.exchanges, self.bindings, self.policies, self.operator_policies):
+            for key in [k for k in table if k.startswith(prefix)]:
+                del table[key]
+        return dropped
+
+    def require_vhost(self, name: str) -> None:
+        if name not in self.vhosts:
+            raise MetaError(NOT_FOUND, f"vhost '{name}' not found")
+
+    # --- members -------------------------------------------------------------------------------
     def _member_add(self, change: c.MemberAdd):
         self.members[change.name] = Member(change.peer, change.client)
         if not self.cluster_name:
@@ -177,7 +212,7 @@ class Metadata:
         del self.members[name]
         self.down.pop(name, None)
         self.up.pop(name, None)
-        for qname in [q.name for q in self.queues.values() if q.leader == name]:
+        for qname in [k for k, q in self.queues.items() if q.leader == name]:
             self._drop_queue(qname)
         for qname, q in self.queues.items():
             if name in q.mirrors:
@@ -190,12 +225,14 @@ class Metadata:
         """Declare, or check an existing declaration is equivalent (a RabbitMQ-like
         precondition). The value: {"created": bool, "leader": the queue's leader}."""
         qdef = change.queue
-        existing = self.queues.get(qdef.name)
+        key = qdef.key
+        existing = self.queues.get(key)
         if existing is None:
+            self.require_vhost(qdef.vhost)
             if qdef.leader not in self.members:
                 raise MetaError(NOT_FOUND, f"node {qdef.leader!r} is not a cluster member")
-            self.queues[qdef.name] = qdef
-            self._touch(qdef.name)
+            self.queues[key] = qdef
+            self._touch(key)
             return {"created": True, "leader": qdef.leader}
         check_equivalent(existing, qdef)
         return {"created": False, "leader": existing.leader}
@@ -229,16 +266,17 @@ class Metadata:
             return
         self.bindings.pop(exchange, None)
         x = self.exchanges.get(exchange)
-        if x is not None and x.auto_delete and exchange not in xmod.BUILTIN:
+        if x is not None and x.auto_delete and x.name not in xmod.BUILTIN:
             del self.exchanges[exchange]
 
     # --- exchanges and bindings (idempotent: a proposal retried after a leader change is
     # harmless) ---------------------------------------------------------------------------
     def _exchange_declare(self, change: c.ExchangeDeclare):
         xdef = change.exchange
-        existing = self.exchanges.get(xdef.name)
+        existing = self.exchanges.get(xdef.key)
         if existing is None:
-            self.exchanges[xdef.name] = xdef
+            self.require_vhost(xdef.vhost)
+            self.exchanges[xdef.key] = xdef
             return {"created": True}
         xmod.check_equivalent(existing, xdef)
         return {"created": False}
@@ -259,7 +297,7 @@ class Metadata:
         if exchange not in self.exchanges:
             raise xmod.not_found(exchange)
         if queue not in self.queues:
-            raise MetaError(NOT_FOUND, f"no queue '{queue}' in vhost '{VHOST}'")
+            raise MetaError(NOT_FOUND, f"no {in_vhost('queue', queue)}")
 
     def _binding_add(self, change: c.BindingAdd):
         self._check_binding(change.exchange, change.binding.queue)
@@ -317,23 +355,24 @@ class Metadata:
         return self._apply_updates(change.updates)
 
     def _policy_set(self, change: c.PolicySet):
-        self.policies[change.policy.name] = change.policy
+        self.require_vhost(change.policy.vhost)
+        self.policies[change.policy.key] = change.policy
         return self._apply_updates(change.updates)
 
     def _policy_clear(self, change: c.PolicyClear):
         if change.name not in self.policies:
-            raise MetaError(NOT_FOUND, f"policy '{change.name}' not found in vhost '{VHOST}'")
+            raise MetaError(NOT_FOUND, policy_not_found("policy", change.name))
         del self.policies[change.name]
         return self._apply_updates(change.updates)
 
     def _operator_policy_set(self, change: c.OperatorPolicySet):
-        self.operator_policies[change.policy.name] = change.policy
+        self.require_vhost(change.policy.vhost)
+        self.operator_policies[change.policy.key] = change.policy
         return None
 
     def _operator_policy_clear(self, change: c.OperatorPolicyClear):
         if change.name not in self.operator_policies:
-            raise MetaError(NOT_FOUND,
-                            f"operator policy '{change.name}' not found in vhost '{VHOST}'")
+            raise MetaError(NOT_FOUND, policy_not_found("operator policy", change.name))
         del self.operator_policies[change.name]
         return None
 
@@ -398,6 +437,8 @@ class Metadata:
 # mirroring/planner.py `_PLAN`, have none: they are never committed)
 _APPLY: dict[type[c.Change], Callable[[Metadata, c.Change], object]] = {
     c.Noop: Metadata._noop,
+    c.VHostAdd: Metadata._vhost_add,
+    c.VHostDelete: Metadata._vhost_delete,
     c.MemberAdd: Metadata._member_add,
     c.MemberRemove: Metadata._member_remove,
     c.QueueDeclare: Metadata._queue_declare,
@@ -422,13 +463,25 @@ _APPLY: dict[type[c.Change], Callable[[Metadata, c.Change], object]] = {
 }
 
 
+def check_vhost_name(name: str) -> None:
+    """A vhost's name: not empty, and without the character that joins it to names in keys."""
+    if not name or VHOST_SEP in name:
+        raise MetaError(PRECONDITION_FAILED, f"invalid vhost name {name!r}")
+
+
+def policy_not_found(what: str, key: str) -> str:
+    """RabbitMQ's text for clearing a policy that is not there."""
+    vhost, name = split_key(key)
+    return f"{what} '{name}' not found in vhost '{vhost}'"
+
+
 def check_equivalent(existing: QueueDef, wanted: QueueDef) -> None:
     """Raise the RabbitMQ-style errors for a re-declare that does not match."""
-    name = existing.name
+    name = in_vhost("queue", existing.key)
     if existing.exclusive and wanted.owner != existing.owner:
         raise MetaError(
             RESOURCE_LOCKED,
-            f"cannot obtain exclusive access to locked queue '{name}' in vhost '{VHOST}'. It could "
+            f"cannot obtain exclusive access to locked {name}. It could "
             "be originally declared on another connection or the exclusive property value does "
             "not match that of the original declaration.",
         )
@@ -436,7 +489,7 @@ def check_equivalent(existing: QueueDef, wanted: QueueDef) -> None:
         if getattr(existing, prop) != getattr(wanted, prop):
             raise MetaError(
                 PRECONDITION_FAILED,
-                f"inequivalent arg '{prop}' for queue '{name}' in vhost '{VHOST}': "
+                f"inequivalent arg '{prop}' for {name}: "
                 f"received '{_fmt(getattr(wanted, prop))}' but current is "
                 f"'{_fmt(getattr(existing, prop))}'",
             )
@@ -445,7 +498,7 @@ def check_equivalent(existing: QueueDef, wanted: QueueDef) -> None:
         if old_args.get(key) != new_args.get(key):
             raise MetaError(
                 PRECONDITION_FAILED,
-                f"inequivalent arg '{key}' for queue '{name}' in vhost '{VHOST}': "
+                f"inequivalent arg '{key}' for {name}: "
                 f"received {_fmt(new_args.get(key, 'none'))!r} but current is "
                 f"{_fmt(old_args.get(key, 'none'))!r}",
             )

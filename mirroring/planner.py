@@ -45,11 +45,11 @@ from .metadata import MetaError
 from .policy import (HA, SYSTEM_POLICY_NAME, choose_promotion, effective_policy,
                      enforce_managed_ha, ha_settings, initial_leader, leader_handover,
                      managed_ha_out_of_line, place_mirrors, system_policy)
-from .records import Placement, Policy, QueueDef, QueueUpdate
+from .records import Placement, Policy, QueueDef, QueueUpdate, split_key
 
 
 def ha_for(policies: dict[str, Policy], qdef: QueueDef) -> HA:
-    return ha_settings(effective_policy(policies, qdef.name), qdef.exclusive)
+    return ha_settings(effective_policy(policies, qdef.name, qdef.vhost), qdef.exclusive)
 
 
 def replica_load(queues: dict[str, QueueDef]) -> dict[str, int]:
@@ -63,7 +63,7 @@ def replica_load(queues: dict[str, QueueDef]) -> dict[str, int]:
 def plan_declare(md, qdef: QueueDef, running: list[str], default_locator: str) -> QueueDef:
     """Complete a new queue's definition (proposed with `leader` the declaring node): leader,
     mirrors, synced, epoch."""
-    if qdef.name in md.queues:
+    if qdef.key in md.queues:
         return qdef  # a re-declare: equivalence is checked on apply
     declared_on = qdef.leader
     ha = ha_for(md.policies, qdef)
@@ -149,7 +149,7 @@ def plan_drop_mirror(md, drop: c.DropMirror, running: set[str]) -> tuple[QueueUp
     mirrors = place_mirrors(ha, q.leader, mirrors, list(md.members), running - {drop.node},
                             replica_load(md.queues))
     synced = tuple(n for n in q.synced if n in mirrors)
-    return (QueueUpdate(q.name, Placement(q.leader, tuple(mirrors), synced, q.epoch)),)
+    return (QueueUpdate(q.key, Placement(q.leader, tuple(mirrors), synced, q.epoch)),)
 
 
 def plan_forget(md, node: str, running: set[str] = frozenset()) -> tuple[QueueUpdate, ...]:
@@ -233,7 +233,7 @@ def _member_remove(md, change: c.MemberRemove, running: set[str], live: set[str]
 
 
 def _policy_set(md, change: c.PolicySet, running: set[str], live: set[str], commit: Commit):
-    policies = {**md.policies, change.policy.name: change.policy}
+    policies = {**md.policies, change.policy.key: change.policy}
     commit(c.PolicySet(change.policy, plan(md, live, policies=policies)))
 
 
@@ -252,16 +252,25 @@ def _managed_policy_set(md, change: c.PolicySet, running: set[str], live: set[st
 def _managed_policy_clear(md, change: c.PolicyClear, running: set[str], live: set[str],
                           commit: Commit):
     _policy_clear(md, change, running, live, commit)
-    if md.managed_ha and change.name == SYSTEM_POLICY_NAME:
-        _policy_set(md, c.PolicySet(system_policy()), running, live, commit)
+    vhost, name = split_key(change.name)
+    if md.managed_ha and name == SYSTEM_POLICY_NAME:
+        _policy_set(md, c.PolicySet(system_policy(vhost)), running, live, commit)
 
 
 def _managed_ha_enable(md, change: c.ManagedHAEnable, running: set[str], live: set[str],
                        commit: Commit):
     if not md.managed_ha:
         commit(change)
-    for record in managed_ha_out_of_line(md.policies):
+    for record in managed_ha_out_of_line(md.policies, md.vhosts):
         _policy_set(md, c.PolicySet(record), running, live, commit)
+
+
+def _vhost_add(md, change: c.VHostAdd, running: set[str], live: set[str], commit: Commit):
+    """A new vhost; under the managed HA, with its system policy."""
+    commit(change)
+    wanted = system_policy(change.vhost.name)
+    if md.managed_ha and md.policies.get(wanted.key) != wanted:
+        _policy_set(md, c.PolicySet(wanted), running, live, commit)
 
 
 def _replan(md, change: c.Replan, running: set[str], live: set[str], commit: Commit):
@@ -295,6 +304,7 @@ _PLAN: dict[type[c.Change], Callable[..., None]] = {
     c.PolicySet: _managed_policy_set,
     c.PolicyClear: _managed_policy_clear,
     c.ManagedHAEnable: _managed_ha_enable,
+    c.VHostAdd: _vhost_add,
     c.Replan: _replan,
     c.QueueSynced: _queue_synced,
     c.DropMirror: _drop_mirror,

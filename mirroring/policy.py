@@ -44,9 +44,11 @@ import json
 import re
 from dataclasses import dataclass
 
+import msgspec
+
 from wire.errors import PRECONDITION_FAILED, ProtocolError
 
-from .records import Policy
+from .records import DEFAULT_VHOST, Policy, qualify
 
 
 class PolicyError(ProtocolError):
@@ -189,10 +191,10 @@ def parse_definition(definition: str | dict) -> dict:
 
 
 def make_policy(name: str, pattern: str, definition: str | dict, priority: int = 0,
-                apply_to: str = "all") -> Policy:
-    """A validated policy record, ready to store in the cluster metadata."""
+                apply_to: str = "all", vhost: str = DEFAULT_VHOST) -> Policy:
+    """A validated policy record of `vhost`, ready to store in the cluster metadata."""
     _check_fields(name, pattern, priority, apply_to)
-    return Policy(name, pattern, parse_definition(definition), priority, apply_to)
+    return Policy(name, pattern, parse_definition(definition), priority, apply_to, vhost=vhost)
 
 
 def _check_fields(name, pattern, priority, apply_to) -> None:
@@ -210,11 +212,13 @@ def _check_fields(name, pattern, priority, apply_to) -> None:
     _one_of("apply-to", apply_to, APPLY_TO)
 
 
-def effective_policy(policies: dict[str, Policy], queue_name: str) -> Policy | None:
-    """The policy record that applies to a queue, or None (see the module rules for ties)."""
+def effective_policy(policies: dict[str, Policy], queue_name: str,
+                     vhost: str = DEFAULT_VHOST) -> Policy | None:
+    """The policy record that applies to queue `queue_name` of `vhost`, or None (see the module
+    rules for ties). Only the policies of the queue's own vhost apply."""
     best = None
     for record in policies.values():
-        if record.apply_to not in ("queues", "all"):
+        if record.vhost != vhost or record.apply_to not in ("queues", "all"):
             continue
         if re.search(record.pattern, queue_name) is None:
             continue
@@ -370,10 +374,11 @@ def parse_operator_definition(definition: str | dict) -> dict:
 
 
 def make_operator_policy(name: str, pattern: str, definition: str | dict, priority: int = 0,
-                         apply_to: str = "all") -> Policy:
+                         apply_to: str = "all", vhost: str = DEFAULT_VHOST) -> Policy:
     """A validated operator policy record (the checks of `make_policy`, the operator's keys)."""
     _check_fields(name, pattern, priority, apply_to)
-    return Policy(name, pattern, parse_operator_definition(definition), priority, apply_to)
+    return Policy(name, pattern, parse_operator_definition(definition), priority, apply_to,
+                  vhost=vhost)
 
 
 def merge_operator_definition(user: dict | None, operator: dict | None) -> dict:
@@ -388,11 +393,11 @@ def merge_operator_definition(user: dict | None, operator: dict | None) -> dict:
 
 
 def effective_definition(policies: dict[str, Policy], operator_policies: dict[str, Policy],
-                         queue_name: str) -> dict:
+                         queue_name: str, vhost: str = DEFAULT_VHOST) -> dict:
     """The definition in effect for a queue: its policy's merged with its operator policy's,
     each chosen among its kind by `effective_policy`'s rule (pattern, apply-to, priority)."""
-    user = effective_policy(policies, queue_name)
-    operator = effective_policy(operator_policies, queue_name)
+    user = effective_policy(policies, queue_name, vhost)
+    operator = effective_policy(operator_policies, queue_name, vhost)
     return merge_operator_definition(user.definition if user else None,
                                      operator.definition if operator else None)
 
@@ -408,9 +413,10 @@ MANAGED_HA_KEYS = {"ha-mode": "all", "ha-sync-mode": "automatic"}
 HA_KEYS = ("ha-mode", *NEEDS_HA_MODE)
 
 
-def system_policy() -> Policy:
-    """The managed HA's system policy: every queue and exchange, priority 0."""
-    return Policy(SYSTEM_POLICY_NAME, ".*", dict(MANAGED_HA_KEYS), 0, "all", "managed-ha")
+def system_policy(vhost: str = DEFAULT_VHOST) -> Policy:
+    """The managed HA's system policy of a vhost (every vhost has one): every queue and
+    exchange, priority 0."""
+    return Policy(SYSTEM_POLICY_NAME, ".*", dict(MANAGED_HA_KEYS), 0, "all", "managed-ha", vhost)
 
 
 def enforce_managed_ha(policy: Policy) -> tuple[Policy, str]:
@@ -420,7 +426,7 @@ def enforce_managed_ha(policy: Policy) -> tuple[Policy, str]:
     system policy is rebuilt as it should be.
     """
     if policy.name == SYSTEM_POLICY_NAME:
-        wanted = system_policy()
+        wanted = system_policy(policy.vhost)
         return wanted, "" if policy == wanted else "system policy restored"
     if policy.apply_to == "exchanges":
         return policy, ""
@@ -435,20 +441,18 @@ def enforce_managed_ha(policy: Policy) -> tuple[Policy, str]:
         note = f"HA keys replaced ({was})"
     else:
         note = "HA keys added"
-    rewritten = Policy(policy.name, policy.pattern, definition, policy.priority, policy.apply_to,
-                       "user+managed-ha")
+    rewritten = msgspec.structs.replace(policy, definition=definition, set_by="user+managed-ha")
     return rewritten, note
 
 
-def managed_ha_out_of_line(policies: dict[str, Policy]) -> list[Policy]:
-    """The policies as the managed HA wants them, for those that are not (the system policy
-    first, if it is missing or changed)."""
-    out = []
-    system = policies.get(SYSTEM_POLICY_NAME)
-    if system != system_policy():
-        out.append(system_policy())
+def managed_ha_out_of_line(policies: dict[str, Policy],
+                           vhosts=(DEFAULT_VHOST,)) -> list[Policy]:
+    """The policies as the managed HA wants them, for those that are not (the system policy of
+    each of `vhosts` first, if it is missing or changed)."""
+    out = [system_policy(v) for v in vhosts
+           if policies.get(qualify(v, SYSTEM_POLICY_NAME)) != system_policy(v)]
     for name in sorted(policies):
-        if name == SYSTEM_POLICY_NAME:
+        if policies[name].name == SYSTEM_POLICY_NAME:
             continue
         rewritten, note = enforce_managed_ha(policies[name])
         if note:

@@ -64,6 +64,7 @@ from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, E
 
 from .consumer import MAX_DISPATCH, Consumer
 from .queue_mirror import MirrorSide
+from .records import in_vhost
 
 _msg_id = itemgetter(0)
 _msg_body = itemgetter(1)
@@ -105,7 +106,7 @@ def _amqp_type(v) -> str:
 
 def check_arguments(name: str, arguments: dict) -> None:
     """RabbitMQ's 406 for queue arguments it would refuse (the others are kept as given)."""
-    where = f"for queue '{name}' in vhost '/'"
+    where = f"for {in_vhost('queue', name)}"
     for key, least in _INT_ARGS.items():
         if key not in arguments:
             continue
@@ -410,7 +411,7 @@ class QueueState(MirrorSide):
             raise ProtocolError(PRECONDITION_FAILED, f"consumer tag {tag!r} is already in use on this channel")
         if any(c.exclusive for c in self.consumers.values()) or (exclusive and self.consumers):
             raise ProtocolError(ACCESS_REFUSED,
-                                f"queue '{self.name}' in vhost '/' in exclusive use")
+                                f"{in_vhost('queue', self.name)} in exclusive use")
         c = Consumer(owner, tag, no_ack, prefetch, exclusive, arguments or {})
         if self.effects is not None:
             self.effects.append(EConsume(owner, tag, no_ack, prefetch, exclusive, c.arguments))

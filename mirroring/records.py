@@ -1,6 +1,7 @@
-"""The records of the cluster metadata: members, queue definitions, exchanges, bindings,
-policies, vhosts, users and their permissions, and the planner's decisions about where a
-queue's replicas are.
+"""The records of the cluster metadata: virtual hosts, members, queue definitions, exchanges,
+bindings, policies, users and their permissions, and the planner's decisions about where a
+queue's replicas are; and the keys (`qualify`) that name a queue, exchange or policy of a vhost
+in the tables and messages.
 
 Every record is an immutable msgspec Struct. They are read by attribute and never changed in
 place: a change to a queue replaces its definition with a new one (`msgspec.structs.replace`),
@@ -17,9 +18,46 @@ from __future__ import annotations
 
 import msgspec
 
+DEFAULT_VHOST = "/"
+# joins a vhost to a name in the tables' keys: refused in every name and vhost name, so a key
+# of another vhost never equals a name of the default vhost
+VHOST_SEP = "\x00"
+
+
+def qualify(vhost: str, name: str) -> str:
+    """The key of `name` in `vhost` in the metadata's tables and in every message that names a
+    queue: the plain name in the default vhost (so its state and messages are the same as when
+    warren had one vhost), `vhost` NUL `name` in any other."""
+    return name if vhost == DEFAULT_VHOST else vhost + VHOST_SEP + name
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(vhost, name) of a key made by `qualify`."""
+    vhost, sep, name = key.partition(VHOST_SEP)
+    return (vhost, name) if sep else (DEFAULT_VHOST, key)
+
+
+def shown(key: str) -> str:
+    """A key as a listing shows it: the name in the default vhost, "name (vhost v)" in another."""
+    vhost, name = split_key(key)
+    return name if vhost == DEFAULT_VHOST else f"{name} (vhost {vhost})"
+
+
+def in_vhost(what: str, key: str) -> str:
+    """"queue 'q' in vhost 'v'" for a key (RabbitMQ's way of naming a resource)."""
+    vhost, name = split_key(key)
+    return f"{what} '{name}' in vhost '{vhost}'"
+
 
 class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Base of every metadata record."""
+
+
+class VHost(Record):
+    """A virtual host: queues, exchanges, bindings and policies live in one."""
+    name: str
+    description: str = ""
+    tracing: bool = False
 
 
 class Member(Record):
@@ -37,6 +75,7 @@ class QueueDef(Record):
     epoch    increases whenever the leader replica changes (promotion, hand-over, restart), so
              replication messages of an old leader are recognised and ignored
     owner    the connection (`node/session`) that owns an exclusive queue, None otherwise
+    vhost    the virtual host it lives in; `key` names it in the tables and messages
     """
     name: str
     durable: bool
@@ -48,6 +87,11 @@ class QueueDef(Record):
     mirrors: tuple[str, ...] = ()
     synced: tuple[str, ...] = ()
     epoch: int = 1
+    vhost: str = DEFAULT_VHOST
+
+    @property
+    def key(self) -> str:
+        return qualify(self.vhost, self.name)
 
     def placed(self, p: Placement) -> QueueDef:
         """This definition with its replicas where `p` says (a new record)."""
@@ -77,10 +121,16 @@ class Exchange(Record):
     auto_delete: bool = False
     internal: bool = False
     arguments: dict = {}
+    vhost: str = DEFAULT_VHOST
+
+    @property
+    def key(self) -> str:
+        return qualify(self.vhost, self.name)
 
 
 class Binding(Record, array_like=True):
-    """A queue bound to an exchange (the exchange is the key it is filed under)."""
+    """A queue bound to an exchange (the exchange is the key it is filed under). Both are in
+    one vhost, the exchange's: `queue` is the queue's key (`qualify`)."""
     queue: str
     key: str
     arguments: dict
@@ -96,6 +146,11 @@ class Policy(Record):
     priority: int
     apply_to: str
     set_by: str = "user"
+    vhost: str = DEFAULT_VHOST
+
+    @property
+    def key(self) -> str:
+        return qualify(self.vhost, self.name)
 
 
 class DeleteRequester(Record, array_like=True):
@@ -105,13 +160,6 @@ class DeleteRequester(Record, array_like=True):
     session: int
     rid: int
     count: int
-
-
-class VHost(Record):
-    """A virtual host."""
-    name: str
-    description: str = ""
-    tracing: bool = False
 
 
 class User(Record):

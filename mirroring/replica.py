@@ -50,6 +50,7 @@ from wire.errors import PRECONDITION_FAILED, ProtocolError
 from .changes import Change, DropMirror, QueueDelete
 from .policy import HA
 from .queue import NO_LIMITS, Limits, QueueState
+from .records import in_vhost, split_key
 from .replica_following import Following
 from .replica_leading import SETTLE_LINGER, Leading
 from .replica_states import (FOLLOWING, LEADING, RETRY_PROPOSAL_AFTER, SERVING, TRANSITIONS,
@@ -211,7 +212,7 @@ class Replica(Leading, Syncing, Following):
         self._periodic_at = -1.0  # next_deadline's once-a-second wake-up while it has mirrors
         self._proposed: dict[tuple, float] = {}  # what we asked the metadata for, and when
         self.last_used = now  # x-expires: when a client last used the queue
-        self.qlog = f"Mirrored queue '{name}' in vhost '/'"
+        self.qlog = f"Mirrored {in_vhost('queue', name)}"
         self.assign_now(assign, now)
 
     # --- state changes -----------------------------------------------------------------------
@@ -394,7 +395,8 @@ class Replica(Leading, Syncing, Following):
         if expires is not None and not self.q.consumers and now - self.last_used >= expires:
             # x-expires: unused that long, the queue goes (through the metadata, like a delete)
             if ("expires", self.epoch) not in self._proposed:
-                self._log(f"queue '{self.name}' in vhost '/' expired: unused for {expires:g} s (x-expires)")
+                self._log(f"{in_vhost('queue', self.name)} expired: unused for {expires:g} s "
+                          "(x-expires)")
             self._propose_once(("expires", self.epoch), QueueDelete(self.name, self.me), now)
 
     def next_deadline(self, now: float) -> float | None:
@@ -510,17 +512,18 @@ class Replica(Leading, Syncing, Following):
 
     def _op_declare_ok(self, msg: m.QDeclareOk, now: float) -> None:
         self.last_used = now
-        self.emit(msg.owner, m.EvReply(msg.rid, [self.name, self.q.message_count,
+        # the name as the client knows it, in its vhost (the key is the vhost's and the name's)
+        self.emit(msg.owner, m.EvReply(msg.rid, [split_key(self.name)[1], self.q.message_count,
                                                    len(self.q.consumers)]))
 
     def _op_delete(self, msg: m.QDelete, now: float) -> None:
         owner = tuple(msg.owner)
         if msg.if_unused and self.q.consumers:
             self.emit(owner, m.EvFail(msg.rid, owner[2], PRECONDITION_FAILED,
-                                      f"queue '{self.name}' in vhost '/' in use"))
+                                      f"{in_vhost('queue', self.name)} in use"))
         elif msg.if_empty and self.q.message_count:
             self.emit(owner, m.EvFail(msg.rid, owner[2], PRECONDITION_FAILED,
-                                      f"queue '{self.name}' in vhost '/' is not empty"))
+                                      f"{in_vhost('queue', self.name)} is not empty"))
         else:
             self._out.append(DeleteQueue(owner, msg.rid, self.q.message_count))
 
@@ -564,7 +567,7 @@ class Replica(Leading, Syncing, Following):
             for c in self.q.failover():
                 self.emit(c.owner, m.EvCancelled(
                     c.owner[2], c.tag, self.name,
-                    f"queue '{self.name}' in vhost '/' failed over to a new leader "
+                    f"{in_vhost('queue', self.name)} failed over to a new leader "
                     "(x-cancel-on-ha-failover)"))
         parked, self.parked = self.parked, []
         for op in parked:

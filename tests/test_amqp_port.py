@@ -178,7 +178,7 @@ def test_user_id_must_be_the_users_own(cluster):
 def test_connection_errors_and_refusals(cluster):
     with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as e:
         connect(cluster, "n1", virtual_host="prod")
-    assert "NOT_ALLOWED - vhost 'prod' not found" in str(e.value)
+    assert "NOT_ALLOWED - vhost prod not found" in str(e.value)
     with pytest.raises(pika.exceptions.ProbableAuthenticationError) as e:
         connect(cluster, "n1", "guest", "wrong")
     assert "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN" in str(e.value)
@@ -189,6 +189,48 @@ def test_connection_errors_and_refusals(cluster):
     assert e.value.reply_code == 540 and "prefetch_size!=0" in e.value.reply_text
     rows = cluster.ctl_json("n1", "list_connections")
     assert all(r["protocol"] in ("AMQP 0-9-1", "warren") for r in rows)
+
+
+def test_a_vhost_of_its_own_through_pika(cluster):
+    """amqp://host/v: the same queue and exchange names as in "/" are other queues and
+    exchanges, errors name the vhost, and deleting the vhost closes the connection (320)."""
+    cluster.ctl_ok("n1", "add_vhost", "v")
+    try:
+        root = connect(cluster, "n1").channel()
+        tenant_conn = pika.BlockingConnection(pika.URLParameters(
+            f"amqp://guest:guest@localhost:{cluster.amqp_port('n2')}/v"))
+        tenant = tenant_conn.channel()
+        for ch, body in ((root, b"root"), (tenant, b"tenant")):
+            ch.queue_declare("vh.q")
+            ch.exchange_declare("vh.x", "topic")
+            ch.queue_bind("vh.q", "vh.x", "a.#")
+            ch.basic_publish("vh.x", "a.b", body)
+        time.sleep(0.3)
+        assert root.basic_get("vh.q", auto_ack=True)[2] == b"root"
+        assert tenant.basic_get("vh.q", auto_ack=True)[2] == b"tenant"
+        assert root.basic_get("vh.q", auto_ack=True)[0] is None
+        tenant.exchange_delete("vh.x")
+        root.basic_publish("vh.x", "a.b", b"still routed in /")
+        time.sleep(0.3)
+        assert root.basic_get("vh.q", auto_ack=True)[2] == b"still routed in /"
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            tenant.basic_publish("vh.x", "a.b", b"x")
+            tenant.queue_declare("vh.q", passive=True)
+        assert e.value.reply_text == "NOT_FOUND - no exchange 'vh.x' in vhost 'v'"
+        rows = cluster.ctl_json("n1", "list_bindings", "-p", "v")
+        assert [(r["source_name"], r["destination_name"]) for r in rows] == [("", "vh.q")]
+        assert [r["name"] for r in cluster.ctl_json("n2", "list_queues", "-p", "v")] == ["vh.q"]
+        cluster.ctl_ok("n1", "delete_vhost", "v")
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
+            tenant_conn.process_data_events(time_limit=5)
+            tenant_conn.channel()
+        assert (e.value.reply_code, e.value.reply_text) == (320, "CONNECTION_FORCED - vhost 'v' is deleted")
+        assert root.queue_declare("vh.q", passive=True).method.message_count == 0
+        root.queue_delete("vh.q")
+        root.exchange_delete("vh.x")
+    finally:
+        if "v" in [r["name"] for r in cluster.ctl_json("n1", "list_vhosts")]:
+            cluster.ctl_ok("n1", "delete_vhost", "v")
 
 
 def test_mandatory_returns_and_reject_publish_nacks_with_pika(cluster):

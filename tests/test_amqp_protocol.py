@@ -133,15 +133,26 @@ def test_refused_login_closes_with_access_refused_or_just_closes_old_clients():
     assert close.reply_code == 503 and "unknown authentication mechanism 'EXTERNAL'" in close.reply_text
 
 
-def test_another_vhost_is_not_allowed_and_named():
-    c = Client()
+def test_an_unknown_vhost_is_not_allowed_and_named():
+    c = Client(has_vhost=lambda name: name in ("/", "qa"))
     c.send(codec.PROTOCOL_HEADER)
     c.send(f(C.Connection.StartOk({}, "PLAIN", plain())))
     c.send(f(C.Connection.TuneOk(0, 131072, 0)))
     c.said()
     c.send(f(C.Connection.Open("prod")))
     (_, close), = c.said()
-    assert close.reply_code == 530 and "vhost 'prod' not found" in close.reply_text
+    assert (close.reply_code, close.reply_text) == (530, "NOT_ALLOWED - vhost prod not found")
+
+
+def test_a_known_vhost_opens_and_the_session_is_in_it():
+    c = Client(has_vhost=lambda name: name in ("/", "qa"))
+    c.send(codec.PROTOCOL_HEADER)
+    c.send(f(C.Connection.StartOk({}, "PLAIN", plain())))
+    c.send(f(C.Connection.TuneOk(0, 131072, 0)))
+    c.said()
+    events = c.send(f(C.Connection.Open("qa")))
+    assert isinstance(c.said()[0][1], C.Connection.OpenOk)
+    assert [e.vhost for e in events if isinstance(e, P.LoggedIn)] == ["qa"]
 
 
 def test_a_paused_node_refuses_to_open():

@@ -234,6 +234,41 @@ def test_queue_lifecycle_publish_get_and_listings(cluster):
 
 
 @pytest.mark.process
+def test_vhosts_through_the_api(cluster):
+    """PUT/DELETE /api/vhosts/{name}; queues, exchanges and policies per vhost: the same queue
+    name in two vhosts is two queues, mirrored by its own vhost's policy."""
+    c = cluster
+    with api(c, "n2") as http:
+        assert http.put("/api/vhosts/tenant", json={"description": "a tenant"}).status_code == 201
+        assert http.put("/api/vhosts/tenant", json={"description": "a tenant"}).status_code == 204
+        assert {"name": "tenant", "description": "a tenant", "tracing": False} in \
+            http.get("/api/vhosts").json()
+        for vhost in ("%2F", "tenant"):
+            assert http.put(f"/api/queues/{vhost}/vh.q", json={"durable": True}).status_code == 201
+        routed = http.post("/api/exchanges/tenant/amq.default/publish",
+                           json={"routing_key": "vh.q", "payload": "t", "payload_encoding": "string",
+                                 "properties": {}})
+        assert routed.json() == {"routed": True}
+        assert http.put("/api/policies/tenant/vh-ha", json={
+            "pattern": "^vh\\.", "definition": {"ha-mode": "all"}}).status_code == 201
+        wait_until(lambda: len(http.get("/api/queues/tenant/vh.q").json()["slave_nodes"]) == 2,
+                   what="the tenant's queue mirrored")
+        root_q, tenant_q = (http.get(f"/api/queues/{v}/vh.q").json() for v in ("%2F", "tenant"))
+        assert (root_q["vhost"], root_q["messages"], root_q["slave_nodes"]) == ("/", 0, [])
+        assert (tenant_q["vhost"], tenant_q["messages"], tenant_q["policy"]) == ("tenant", 1, "vh-ha")
+        assert [p["name"] for p in http.get("/api/policies/tenant").json()] == ["vh-ha"]
+        assert all(p["vhost"] == "/" for p in http.get("/api/policies/%2F").json())
+        assert [q["name"] for q in http.get("/api/queues/tenant").json()] == ["vh.q"]
+        assert http.get("/api/exchanges/tenant/amq.topic").json()["vhost"] == "tenant"
+        assert http.get("/api/queues/nowhere").status_code == 404
+        assert http.delete("/api/vhosts/tenant").status_code == 204
+        wait_until(lambda: http.get("/api/queues/tenant/vh.q").status_code == 404, what="the delete")
+        assert "tenant" not in [v["name"] for v in http.get("/api/vhosts").json()]
+        assert http.get("/api/queues/%2F/vh.q").status_code == 200
+        assert http.delete("/api/queues/%2F/vh.q").status_code == 204
+
+
+@pytest.mark.process
 def test_policy_validation_mirrors_and_sync_through_the_api(cluster):
     c = cluster
     publish(c, "n1", "ha.api", 1500)  # ~1.5 MB: ~5 s of sync at SYNC_LIMIT

@@ -178,6 +178,7 @@ ALL_KINDS = [
     c.UserAdd(c.User("u", "aGFzaA==", ("administrator",))), c.UserUpdate(c.User("u", "aGFzaA==")),
     c.UserDelete("u"), c.PermissionSet(c.Permission("u", "/", "^a", ".*", "")),
     c.PermissionClear("u", "/"),
+    c.VHostAdd(c.VHost("v", "a test vhost", True)), c.VHostDelete("v"),
 ]
 
 

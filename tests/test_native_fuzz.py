@@ -139,7 +139,7 @@ class RawNative:
         self.frames: list = []
         hello = self.next(10)
         assert hello.KIND == "hello", hello
-        self.sock.sendall(frame(["client.auth", m.PROTOCOL_VERSION, "guest", "guest", "fuzz"]))
+        self.sock.sendall(frame(["client.auth", m.PROTOCOL_VERSION, "guest", "guest", "fuzz", "/"]))
         welcome = self.next(10)
         assert welcome.KIND == "welcome", welcome
 

@@ -39,7 +39,7 @@ def sent(p: NativeProtocol) -> list:
 
 
 def auth(password="secret") -> m.ClientAuth:
-    return m.ClientAuth(m.PROTOCOL_VERSION, "guest", password, "probe")
+    return m.ClientAuth(m.PROTOCOL_VERSION, "guest", password, "probe", "/")
 
 
 def test_the_server_speaks_first_and_a_login_opens_the_session_with_what_came_with_it():
@@ -51,11 +51,27 @@ def test_the_server_speaks_first_and_a_login_opens_the_session_with_what_came_wi
     assert p.opened and [type(x) for x in sent(p)] == [m.Welcome]
 
 
+def test_a_login_names_its_vhost_and_an_unknown_one_is_not_allowed():
+    def opened(vhost):
+        p = NativeProtocol(authenticate=lambda user, password: None, can_open=lambda: "",
+                           has_vhost=lambda name: name in ("/", "qa"),
+                           welcome=lambda: m.Welcome("n1", "warren", MAX),
+                           hello=m.Hello(m.PROTOCOL_VERSION, "n1", b"nonce", MAX), max_frame=MAX)
+        sent(p)
+        return p, p.receive_data(frames(m.ClientAuth(m.PROTOCOL_VERSION, "u", "p", "c", vhost)), 0.0)
+    p, events = opened("qa")
+    assert events == [LoggedIn("u", {"connection_name": "c"}, "qa")]
+    p, events = opened("prod")
+    assert [type(e) for e in events] == [ConnectionFailed, Closed]
+    (error,) = sent(p)
+    assert (error.code, error.text) == (530, "vhost prod not found")
+
+
 @pytest.mark.parametrize("first, refusal, code", [
     (auth("wrong"), "", 403),
     (auth(), "the node is paused", 320),
     (m.ChannelOpen(1, 1), "", 505),
-    (m.ClientAuth(m.PROTOCOL_VERSION + 1, "guest", "secret", "probe"), "", None),
+    (m.ClientAuth(m.PROTOCOL_VERSION + 1, "guest", "secret", "probe", "/"), "", None),
 ])
 def test_a_refused_handshake_says_why_and_ends(first, refusal, code):
     p = protocol(refusal)

@@ -28,10 +28,12 @@ class Hello(Message, tag="hello"):
 
 @register
 class ClientAuth(Message, tag="client.auth"):
+    """A client's login, into virtual host `vhost`."""
     version: int
     user: str
     password: str
     client_name: str
+    vhost: str
 
 
 @register

@@ -15,7 +15,7 @@ from pamqp import commands, decode
 from wire.errors import (ACCESS_REFUSED, COMMAND_INVALID, CONNECTION_FORCED, NOT_ALLOWED,
                          NOT_IMPLEMENTED, UNEXPECTED_FRAME, CODE_NAMES, ProtocolError)
 
-from ..frontend import Closed, ConnectionFailed, LoggedIn
+from ..frontend import Closed, ConnectionFailed, LoggedIn, vhost_not_found
 from . import codec
 
 SERVER_FRAME_MAX = 131072  # RabbitMQ's default
@@ -165,16 +165,16 @@ class ConnectionPart:
 
     def _open(self, method) -> None:
         vhost = method.virtual_host
-        if vhost != "/":
-            raise ProtocolError(NOT_ALLOWED, f"vhost '{vhost}' not found (warren has only the "
-                                             "vhost '/')")
+        if not self.has_vhost(vhost):
+            raise ProtocolError(NOT_ALLOWED, vhost_not_found(vhost))
         self.enter_vhost(self.user, vhost)
+        self.vhost = vhost
         refusal = self.can_open()
         if refusal:
             raise ProtocolError(CONNECTION_FORCED, refusal)
         self.state = State.OPENED
         self._method(0, commands.Connection.OpenOk())
-        self._events.append(LoggedIn(self.user, self.client_properties, vhost))
+        self._events.append(LoggedIn(self.user, self.client_properties, self.vhost))
 
     def _connection_method(self, method) -> None:
         if isinstance(method, commands.Connection.Close):

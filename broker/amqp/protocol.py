@@ -70,22 +70,26 @@ class _Channel:
 
 class AmqpProtocol(ConnectionPart, OutputPart):
     """One connection's protocol state. `authenticate(mechanism, user, password)` raises
-    ProtocolError to refuse a login; `enter_vhost(user, vhost)` raises it (530 NOT_ALLOWED) at
-    connection.open when the user has no permissions there; `can_open()` returns why the node
-    refuses connections now (pause_minority), or "". It is a broker/frontend.py `ClientProtocol`."""
+    ProtocolError to refuse a login; `has_vhost(name)` says whether that vhost exists;
+    `enter_vhost(user, vhost)` raises ProtocolError (530 NOT_ALLOWED) at connection.open when the
+    user has no permissions there; `can_open()` returns why the node refuses connections now
+    (pause_minority), or "". It is a broker/frontend.py `ClientProtocol`."""
 
     NAME = "AMQP"
     SESSION_PROTOCOL = "AMQP 0-9-1"
     DEFAULT_CLIENT_NAME = "AMQP client"
 
-    def __init__(self, *, authenticate, can_open=lambda: "", enter_vhost=lambda user, vhost: None,
+    def __init__(self, *, authenticate, can_open=lambda: "", has_vhost=lambda name: name == "/",
+                 enter_vhost=lambda user, vhost: None,
                  node: str = "", cluster: str = "",
                  heartbeat: int = SERVER_HEARTBEAT, frame_max: int = SERVER_FRAME_MAX,
                  channel_max: int = SERVER_CHANNEL_MAX, max_message: int = 128 << 20,
                  now: float = 0.0, version: str = "0.1.0"):
         self.authenticate = authenticate
         self.can_open = can_open
+        self.has_vhost = has_vhost
         self.enter_vhost = enter_vhost
+        self.vhost = "/"
         self.node = node
         self.cluster = cluster
         self.version = version

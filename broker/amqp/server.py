@@ -18,7 +18,8 @@ class AmqpConnection(ClientConnection):
         node = self.node
         return proto.AmqpProtocol(
             authenticate=lambda mechanism, user, password: self._authenticate(user, password),
-            enter_vhost=self._enter_vhost, can_open=self._can_open, node=node.name, cluster=node.cluster.md.cluster_name,
+            can_open=self._can_open, has_vhost=self._has_vhost, enter_vhost=self._enter_vhost,
+            node=node.name, cluster=node.cluster.md.cluster_name,
             max_message=max(4096, node.config.max_frame - 65536), now=now)
 
     def _can_open(self) -> str:

@@ -496,7 +496,7 @@ def _why(exc) -> str:
 class Connection:
     def __init__(self, nodes, user: str, password: str, client_name: str, network,
                  reconnect: bool, on_reconnect, max_retry_delay: float, connect_attempts: int,
-                 on_blocked=None, on_unblocked=None, ssl_context=None):
+                 on_blocked=None, on_unblocked=None, ssl_context=None, vhost: str = "/"):
         self.nodes = parse_nodes(nodes)
         if not self.nodes:
             raise ValueError("give at least one node address")
@@ -505,6 +505,7 @@ class Connection:
         self.user = user
         self.password = password
         self.client_name = client_name
+        self.vhost = vhost
         self.network = network or TcpNetwork(dial_tls=ssl_context)
         self.reconnect = reconnect
         self.on_reconnect = on_reconnect
@@ -640,7 +641,8 @@ class Connection:
                 if isinstance(hello, m.Error):
                     raise ConnectionClosedByBroker(hello.code, hello.text)
                 framed.decoder.max_frame = framed.max_frame = hello.max_frame
-                await framed.send_now(m.ClientAuth(m.PROTOCOL_VERSION, self.user, self.password, self.client_name))
+                await framed.send_now(m.ClientAuth(m.PROTOCOL_VERSION, self.user, self.password,
+                                                   self.client_name, self.vhost))
                 welcome = await framed.receive(frozenset({"welcome", "error"}))
                 if welcome is None:
                     raise AMQPConnectionError(f"{host}:{port} closed the connection during the handshake")
@@ -661,8 +663,8 @@ class Connection:
                 try:
                     framed, node = await self._open(host, port)
                 except ConnectionClosedByBroker as exc:
-                    if exc.reply_code == 403:
-                        raise  # wrong credentials do not get better by retrying
+                    if exc.reply_code in (403, 530):
+                        raise  # wrong credentials, or a vhost the cluster lacks: no node differs
                     last_error = exc
                 except (OSError, AMQPConnectionError, trio.TooSlowError, ProtocolError,
                         trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -870,14 +872,15 @@ class Connection:
 async def open_connection(nodes="127.0.0.1:5672", *, user: str = "guest", password: str = "guest",
                           client_name: str = "warren-client", network=None, reconnect: bool = True,
                           on_reconnect=None, max_retry_delay: float = 2.0, connect_attempts: int = 1,
-                          on_blocked=None, on_unblocked=None, ssl_context=None):
-    """Connect to the first reachable node of `nodes` ("host:port" strings or (host, port)).
+                          on_blocked=None, on_unblocked=None, ssl_context=None, vhost: str = "/"):
+    """Connect to the first reachable node of `nodes` ("host:port" strings or (host, port)),
+    into virtual host `vhost` (an unknown one is refused: AMQPError 530).
     `ssl_context` (an `ssl.SSLContext` for the client side, e.g. `broker.tls.client_context(cert,
     key, ca)`): connect over TLS, to nodes whose client port speaks it.
     `on_blocked(reason)` / `on_unblocked()`: the node holds this connection (memory alarm) / no
     longer does."""
     conn = Connection(nodes, user, password, client_name, network, reconnect, on_reconnect,
-                      max_retry_delay, connect_attempts, on_blocked, on_unblocked, ssl_context)
+                      max_retry_delay, connect_attempts, on_blocked, on_unblocked, ssl_context, vhost)
     try:
         async with trio.open_nursery() as nursery:
             conn._nursery = nursery

@@ -24,11 +24,12 @@ from .errors import AMQPConnectionError, AMQPError, NackError
 
 class ConnectionParameters:
     """Where to connect. `host` may also be a list of "host:port" strings for fail-over;
-    `ssl_context`, a client-side `ssl.SSLContext`, connects over TLS."""
+    `ssl_context`, a client-side `ssl.SSLContext`, connects over TLS; `virtual_host`: the vhost
+    to work in, as pika's."""
 
     def __init__(self, host="localhost", port: int = 5672, credentials=None,
                  connection_attempts: int = 1, retry_delay: float = 2.0, client_name: str = "warren-blocking",
-                 ssl_context=None):
+                 ssl_context=None, virtual_host: str = "/"):
         hosts = host if isinstance(host, (list, tuple)) else [host]
         self.nodes = [h if ":" in str(h) else f"{'127.0.0.1' if h == 'localhost' else h}:{port}" for h in hosts]
         self.credentials = credentials or PlainCredentials("guest", "guest")
@@ -36,6 +37,7 @@ class ConnectionParameters:
         self.retry_delay = retry_delay
         self.client_name = client_name
         self.ssl_context = ssl_context  # an ssl.SSLContext: TLS to the nodes' client ports
+        self.virtual_host = virtual_host
 
 
 class PlainCredentials:
@@ -85,7 +87,8 @@ class BlockingConnection:
         async with aio.open_connection(p.nodes, user=p.credentials.username,
                                        password=p.credentials.password, client_name=p.client_name,
                                        connect_attempts=p.connection_attempts,
-                                       max_retry_delay=p.retry_delay, ssl_context=p.ssl_context) as conn:
+                                       max_retry_delay=p.retry_delay, ssl_context=p.ssl_context,
+                                       vhost=p.virtual_host) as conn:
             self._conn = conn
             self._ready.set()
             await self._stop.wait()

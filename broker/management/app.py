@@ -108,11 +108,17 @@ def user_tags(md, user: str) -> set[str]:
 
 # --- JSON shapes -----------------------------------------------------------------------------------
 
-def _vhost(request: Request) -> str:
+def _vhost(request: Request, node) -> str:
+    """The vhost a path names; 404 when the cluster has none of that name."""
     vhost = unquote(request.path_params["vhost"])
-    if vhost != VHOST:
+    if not state.has_vhost(state.metadata(node), vhost):
         raise not_found()
     return vhost
+
+
+def _vhost_or_all(request: Request, node) -> str | None:
+    """The vhost a listing's path names, or None (every vhost) when it names none."""
+    return _vhost(request, node) if "vhost" in request.path_params else None
 
 
 def _name(request: Request, key: str = "name") -> str:
@@ -131,8 +137,8 @@ def message_stats(rates: dict, st: dict | None) -> dict:
 def queue_json(management, md, q: state.QueueView, leader: dict | None, mirrors: dict,
                running: set) -> dict:
     node = management.node
-    policy_name, definition = state.policy_of(md, q.name)
-    rates = management.rates.rates(q.name, trio.current_time())
+    policy_name, definition = state.policy_of(md, q)
+    rates = management.rates.rates(q.key, trio.current_time())
     synced = list(leader["synced"]) if leader and "synced" in leader else list(q.synced)
     sync = leader.get("sync") if leader else None
     if leader is not None:
@@ -141,7 +147,7 @@ def queue_json(management, md, q: state.QueueView, leader: dict | None, mirrors:
         status = "running" if q.leader in running else "down"
     st = leader or {}
     return {
-        "name": q.name, "vhost": VHOST, "type": "classic", "durable": q.durable,
+        "name": q.name, "vhost": q.vhost, "type": "classic", "durable": q.durable,
         "auto_delete": q.auto_delete, "exclusive": q.exclusive, "arguments": q.arguments,
         "node": q.leader,
         "slave_nodes": list(q.mirrors), "synchronised_slave_nodes": [n for n in q.mirrors if n in synced],
@@ -204,18 +210,20 @@ def out_of_service(node) -> str | None:
 QUEUES_PER_STEP = 100  # queue JSON made between two checkpoints: the node's loop serves meanwhile
 
 
-async def all_queues(management, names=None) -> tuple:
-    """(metadata, [queue JSON]) of every queue (or only `names`), with its leader's counts."""
+async def all_queues(management, names=None, vhost: str | None = None) -> tuple:
+    """(metadata, [queue JSON]) of every queue (of `vhost`, or only those whose keys are
+    `names`), with its leader's counts."""
     node = management.node
     md = state.metadata(node)
-    views = state.queues(md) if names is None else [q for n in names if (q := state.queue(md, n))]
+    views = (state.queues(md, vhost) if names is None
+             else [q for n in names if (q := state.queue(md, n))])
     wanted = None if names is None else {q.leader for q in views} | {m for q in views for m in q.mirrors}
     leaders, mirrors = await state.replica_stats(node, wanted)
     management.observe(leaders)
     running = node.running
     out = []
     for i, q in enumerate(views, 1):
-        out.append(queue_json(management, md, q, leaders.get(q.name), mirrors.get(q.name, {}), running))
+        out.append(queue_json(management, md, q, leaders.get(q.key), mirrors.get(q.key, {}), running))
         if i % QUEUES_PER_STEP == 0:
             await trio.sleep(0)  # a thousand queues are 0.1 s of work: not in one step
     return md, out
@@ -224,8 +232,9 @@ async def all_queues(management, names=None) -> tuple:
 # --- the internal client -----------------------------------------------------------------------------
 
 @asynccontextmanager
-async def client_channel(management, credentials: tuple[str, str]):
-    """A channel of a client connection to this node's own client port, as the request's user."""
+async def client_channel(management, credentials: tuple[str, str], vhost: str = VHOST):
+    """A channel of a client connection to this node's own client port, as the request's user,
+    in `vhost`."""
     from ..client.aio import open_connection
     node = management.node
     host = node.config.host
@@ -239,7 +248,7 @@ async def client_channel(management, credentials: tuple[str, str]):
         with trio.fail_after(CLIENT_TIMEOUT):
             async with open_connection([(host, node.client_port)], user=credentials[0],
                                        password=credentials[1], client_name="warren management",
-                                       reconnect=False) as conn:
+                                       reconnect=False, vhost=vhost) as conn:
                 yield await conn.channel()
     except (ChannelClosedByBroker, ConnectionClosedByBroker) as exc:
         code, text = exc.reply_code, exc.reply_text
@@ -297,12 +306,12 @@ class Handlers:
     def auth(self, request: Request, need: str = "management") -> tuple[str, str]:
         return authenticate(self.m, request, need)
 
-    def permit(self, user: str, what: str, kind: str, name: str) -> None:
-        """The user's permissions in the vhost allow `what` on the resource (as on a client
+    def permit(self, user: str, what: str, kind: str, name: str, vhost: str) -> None:
+        """The user's permissions in `vhost` allow `what` on the resource (as on a client
         port: mirroring/access.py); 401 with RabbitMQ's refusal text otherwise."""
         md = state.metadata(self.node)
-        if not Access(user, VHOST, md.access_version, md.access(user, VHOST)).allowed(what, kind, name):
-            raise ApiError(401, "not_authorised", refused(kind, name, VHOST, user).text)
+        if not Access(user, vhost, md.access_version, md.access(user, vhost)).allowed(what, kind, name):
+            raise ApiError(401, "not_authorised", refused(kind, name, vhost, user).text)
 
     async def control(self, command: str, args: dict):
         try:
@@ -362,7 +371,29 @@ class Handlers:
 
     async def vhosts(self, request: Request):
         self.auth(request)
-        return _json([{"name": VHOST, "description": "the default virtual host", "tracing": False}])
+        return _json(state.vhosts(state.metadata(self.node)))
+
+    async def vhost(self, request: Request):
+        """GET, PUT (create, or change its description and tracing flag) or DELETE (with
+        everything in it) a vhost; the changes need the administrator tag, as RabbitMQ's."""
+        self.auth(request, "administrator" if request.method != "GET" else "management")
+        name = _name(request)
+        md = state.metadata(self.node)
+        if request.method == "GET":
+            for row in state.vhosts(md):
+                if row["name"] == name:
+                    return _json(row)
+            raise not_found()
+        if request.method == "DELETE":
+            if not state.has_vhost(md, name):
+                raise not_found()
+            await self.control("delete_vhost", {"name": name})
+            return _no_content()
+        body = await _body(request)
+        existed = state.has_vhost(md, name)
+        await self.control("add_vhost", {"name": name, "description": str(body.get("description", "")),
+                                         "tracing": bool(body.get("tracing", False))})
+        return _no_content(204 if existed else 201)
 
     async def whoami(self, request: Request):
         user, _ = self.auth(request)
@@ -372,30 +403,29 @@ class Handlers:
     # --- queues ----------------------------------------------------------------------------
     async def queues(self, request: Request):
         self.auth(request)
-        if "vhost" in request.path_params:
-            _vhost(request)
-        _, queues = await all_queues(self.m)
+        _, queues = await all_queues(self.m, vhost=_vhost_or_all(request, self.node))
         return _json(queues)
 
     async def queue(self, request: Request):
         credentials = self.auth(request)
-        _vhost(request)
+        vhost = _vhost(request, self.node)
         name = _name(request)
+        key = state.key(vhost, name)
         md = state.metadata(self.node)
         if request.method == "GET":
-            if state.queue(md, name) is None:
+            if state.queue(md, key) is None:
                 raise not_found()
-            _, rows = await all_queues(self.m, [name])
+            _, rows = await all_queues(self.m, [key])
             return _json(rows[0])
         if request.method == "DELETE":
-            if state.queue(md, name) is None:
+            if state.queue(md, key) is None:
                 raise not_found()
-            self.permit(credentials[0], "configure", "queue", name)
-            await self.control("delete_queue", {"queue": name})
+            self.permit(credentials[0], "configure", "queue", name, vhost)
+            await self.control("delete_queue", {"queue": name, "vhost": vhost})
             return _no_content()
         body = await _body(request)  # PUT: declare
-        existed = state.queue(md, name) is not None
-        async with client_channel(self.m, credentials) as ch:
+        existed = state.queue(md, key) is not None
+        async with client_channel(self.m, credentials, vhost) as ch:
             await ch.queue_declare(name, durable=bool(body.get("durable", True)),
                                    auto_delete=bool(body.get("auto_delete", False)),
                                    arguments=dict(body.get("arguments") or {}))
@@ -403,32 +433,34 @@ class Handlers:
 
     async def queue_contents(self, request: Request):
         user, _ = self.auth(request)
-        _vhost(request)
+        vhost = _vhost(request, self.node)
         name = _name(request)
-        self.permit(user, "read", "queue", name)
-        await self.control("purge_queue", {"queue": name})
+        self.permit(user, "read", "queue", name, vhost)
+        await self.control("purge_queue", {"queue": name, "vhost": vhost})
         return _no_content()
 
     async def queue_actions(self, request: Request):
         self.auth(request)
-        _vhost(request)
+        vhost = _vhost(request, self.node)
         name = _name(request)
         action = (await _body(request)).get("action")
+        args = {"queue": name, "vhost": vhost}
+        key = state.key(vhost, name)
         if action == "sync":
-            result = await self.control("sync_queue", {"queue": name})
+            result = await self.control("sync_queue", args)
             if result and result.get("started"):
-                self.m.timeline.add("sync_requested", "sync requested through the API", queue=name)
+                self.m.timeline.add("sync_requested", "sync requested through the API", queue=key)
         elif action == "cancel_sync":
-            result = await self.control("cancel_sync_queue", {"queue": name})
+            result = await self.control("cancel_sync_queue", args)
             if result and result.get("cancelled"):
-                self.m.timeline.add("sync_cancelled", "sync cancelled through the API", queue=name)
+                self.m.timeline.add("sync_cancelled", "sync cancelled through the API", queue=key)
         else:
             raise bad_request(f"unknown action {action!r}: expected \"sync\" or \"cancel_sync\"")
         return _no_content()
 
     async def queue_get(self, request: Request):
         credentials = self.auth(request)
-        _vhost(request)
+        vhost = _vhost(request, self.node)
         name = _name(request)
         body = await _body(request)
         ackmode = body.get("ackmode", "ack_requeue_true")
@@ -443,10 +475,10 @@ class Handlers:
             truncate = int(body["truncate"]) if body.get("truncate") is not None else None
         except (TypeError, ValueError):
             raise bad_request("count and truncate must be integers") from None
-        if state.queue(state.metadata(self.node), name) is None:
+        if state.queue(state.metadata(self.node), state.key(vhost, name)) is None:
             raise not_found()
         out = []
-        async with client_channel(self.m, credentials) as ch:
+        async with client_channel(self.m, credentials, vhost) as ch:
             got = []
             for _ in range(max(0, count)):
                 msg = await ch.basic_get(name)
@@ -469,21 +501,21 @@ class Handlers:
     # --- exchanges and publishing --------------------------------------------------------------
     async def exchanges(self, request: Request):
         self.auth(request)
-        if "vhost" in request.path_params:
-            _vhost(request)
-        return _json([_exchange_json(x) for x in state.exchanges(state.metadata(self.node))])
+        vhost = _vhost_or_all(request, self.node)
+        return _json([_exchange_json(x) for x in state.exchanges(state.metadata(self.node), vhost)])
 
     async def exchange(self, request: Request):
         self.auth(request)
-        _vhost(request)
-        x = state.exchange(state.metadata(self.node), _exchange_name(_name(request)))
+        vhost = _vhost(request, self.node)
+        x = state.exchange(state.metadata(self.node),
+                           state.key(vhost, _exchange_name(_name(request))))
         if x is None:
             raise not_found()
         return _json(_exchange_json(x))
 
     async def publish(self, request: Request):
         credentials = self.auth(request)
-        _vhost(request)
+        vhost = _vhost(request, self.node)
         exchange_name = _exchange_name(_name(request))
         body = await _body(request)
         for key in ("routing_key", "payload", "payload_encoding", "properties"):
@@ -503,15 +535,16 @@ class Handlers:
         if not isinstance(properties, dict):
             raise bad_request("properties must be a JSON object")
         md = state.metadata(self.node)
-        if state.exchange(md, exchange_name) is None:
+        exchange_key = state.key(vhost, exchange_name)
+        if state.exchange(md, exchange_key) is None:
             raise not_found()
         try:
-            targets = state.route(md, exchange_name, str(body["routing_key"]),
+            targets = state.route(md, exchange_key, str(body["routing_key"]),
                                   properties.get("headers"))
         except ProtocolError as exc:
             raise from_protocol_error(exc) from None
         if targets:
-            async with client_channel(self.m, credentials) as ch:
+            async with client_channel(self.m, credentials, vhost) as ch:
                 await ch.confirm_delivery()
                 for queue_name in targets:
                     await ch.basic_publish("", queue_name, data, _warren_props(properties))
@@ -522,42 +555,40 @@ class Handlers:
 
     async def bindings(self, request: Request):
         self.auth(request)
-        if "vhost" in request.path_params:
-            _vhost(request)
+        vhost = _vhost_or_all(request, self.node)
         only = _name(request) if "name" in request.path_params else None
         md = state.metadata(self.node)
-        if only is not None and state.queue(md, only) is None:
+        if only is not None and state.queue(md, state.key(vhost, only)) is None:
             raise not_found()
-        return _json([{"source": src, "vhost": VHOST, "destination": q, "destination_type": "queue",
+        return _json([{"source": src, "vhost": v, "destination": q, "destination_type": "queue",
                        "routing_key": key, "arguments": args,
                        "properties_key": key or "~"}
-                      for src, q, key, args in state.bindings(md) if only is None or q == only])
+                      for v, src, q, key, args in state.bindings(md, vhost)
+                      if only is None or q == only])
 
     # --- policies ----------------------------------------------------------------------------
     async def policies(self, request: Request):
         self.auth(request)
-        if "vhost" in request.path_params:
-            _vhost(request)
-        return _json(state.policies(state.metadata(self.node)))
+        return _json(state.policies(state.metadata(self.node), _vhost_or_all(request, self.node)))
 
     async def policy(self, request: Request):
         self.auth(request, "policymaker" if request.method != "GET" else "management")
-        _vhost(request)
+        vhost = _vhost(request, self.node)
         name = _name(request)
         md = state.metadata(self.node)
         if request.method == "GET":
-            for p in state.policies(md):
+            for p in state.policies(md, vhost):
                 if p["name"] == name:
                     return _json(p)
             raise not_found()
         if request.method == "DELETE":
-            await self.control("clear_policy", {"name": name})
+            await self.control("clear_policy", {"name": name, "vhost": vhost})
             return _no_content()
         body = await _body(request)
         if "pattern" not in body or "definition" not in body:
             raise bad_request("the body needs \"pattern\" and \"definition\"")
-        existed = state.has_policy(md, name)
-        await self.control("set_policy", {"name": name, "pattern": body["pattern"],
+        existed = state.has_policy(md, state.key(vhost, name))
+        await self.control("set_policy", {"name": name, "vhost": vhost, "pattern": body["pattern"],
                                           "definition": body["definition"],
                                           "priority": body.get("priority", 0),
                                           "apply_to": body.get("apply-to", "all")})
@@ -590,15 +621,14 @@ class Handlers:
     async def channels(self, request: Request):
         user, _ = self.auth(request)
         rows = self._visible(user, await self.control("list_channels", {}))
-        return _json([{**r, "vhost": VHOST, "connection_details": {"name": r["connection"]}}
+        return _json([{**r, "connection_details": {"name": r["connection"]}}
                       for r in rows])
 
     async def consumers(self, request: Request):
         self.auth(request)
-        if "vhost" in request.path_params:
-            _vhost(request)
-        rows = await self.control("list_consumers", {})
-        return _json([{"queue": {"name": r["queue_name"], "vhost": VHOST},
+        vhost = _vhost_or_all(request, self.node)
+        rows = await self.control("list_consumers", {} if vhost is None else {"vhost": vhost})
+        return _json([{"queue": {"name": r["queue_name"], "vhost": r["vhost"]},
                        "consumer_tag": r["consumer_tag"],
                        "channel_details": {"name": r["channel"]},
                        "ack_required": r["ack_required"], "prefetch_count": r["prefetch_count"],
@@ -632,8 +662,9 @@ class Handlers:
         md = state.metadata(self.node)
         names = state.sync_critical(md, self.node.name, self.node.running)
         if names:
-            critical = [{"name": name, "vhost": VHOST, "node": self.node.name,
-                         "slave_nodes": list(state.queue(md, name).mirrors)} for name in names]
+            critical = [{"name": q.name, "vhost": q.vhost, "node": self.node.name,
+                         "slave_nodes": list(q.mirrors)}
+                        for q in (state.queue(md, key) for key in names)]
             return _json({"status": "failed",
                           "reason": "There are classic mirrored queues without online synchronised "
                                     "mirrors (queues that would potentially lose data if the "
@@ -642,8 +673,8 @@ class Handlers:
 
     async def aliveness(self, request: Request):
         credentials = self.auth(request)
-        _vhost(request)
-        async with client_channel(self.m, credentials) as ch:
+        vhost = _vhost(request, self.node)
+        async with client_channel(self.m, credentials, vhost) as ch:
             await ch.queue_declare("aliveness-test", durable=False)
             await ch.basic_publish("", "aliveness-test", b"test_message")
             msg = None
@@ -659,8 +690,9 @@ class Handlers:
 
     # --- warren's own: the web UI's view ------------------------------------------------------
     async def cluster_view(self, request: Request):
-        """The nodes, the first `limit` queues (by name) whose name holds `filter`, the
-        policies, and the timeline's events after `after`: what the page draws each second."""
+        """The nodes, the first `limit` queues of the default vhost (by name) whose name holds
+        `filter`, its policies, and the timeline's events after `after`: what the page draws
+        each second."""
         self.auth(request)
         try:
             after = int(request.query_params.get("after", "0"))
@@ -672,15 +704,16 @@ class Handlers:
             raise bad_request("limit must be an integer") from None
         contains = request.query_params.get("filter", "")
         md = state.metadata(self.node)
-        matching = [n for n in sorted(state.queue_names(md)) if contains in n]
+        names = state.queue_names(md, VHOST)
+        matching = [n for n in sorted(names) if contains in n]
         _, queues = await all_queues(self.m, matching[:max(0, limit)])
         node = self.node
         return _json({"node": node.name, "cluster_name": state.cluster_name(md),
                       "app_running": node.app_running, "time": time.time(),
                       "metadata_version": state.metadata_version(md),
                       "nodes": nodes_json(self.m, md), "queues": queues,
-                      "queue_count": len(state.queue_names(md)), "matching": len(matching),
-                      "policies": state.policies(md),
+                      "queue_count": len(names), "matching": len(matching),
+                      "policies": state.policies(md, VHOST),
                       "events": self.m.timeline.since(after)})
 
     async def events(self, request: Request):
@@ -718,14 +751,14 @@ def _exchange_name(name: str) -> str:
 
 
 def _exchange_json(x: dict) -> dict:
-    return {"name": x["name"], "vhost": VHOST, "type": x["type"], "durable": x["durable"],
+    return {"name": x["name"], "vhost": x["vhost"], "type": x["type"], "durable": x["durable"],
             "auto_delete": x["auto_delete"], "internal": x["internal"],
             "arguments": x.get("arguments") or {}}
 
 
 def _connection_json(r: dict) -> dict:
     peer_host, _, peer_port = str(r.get("peer", "")).rpartition(":")
-    return {"name": r["name"], "node": r["node"], "vhost": VHOST, "user": r["user"],
+    return {"name": r["name"], "node": r["node"], "vhost": r.get("vhost", VHOST), "user": r["user"],
             "peer_host": peer_host, "peer_port": int(peer_port) if peer_port.isdigit() else None,
             "protocol": r["protocol"], "channels": r["channels"], "state": r["state"],
             "client_properties": {"connection_name": r.get("client_name")}}
@@ -777,7 +810,8 @@ def build_app(management):
         route("/metrics", h.metrics), route("/metrics/per-object", h.metrics),
         route("/api/overview", h.overview),
         route("/api/nodes", h.nodes), route("/api/nodes/{name}", h.one_node),
-        route("/api/vhosts", h.vhosts), route("/api/whoami", h.whoami),
+        route("/api/vhosts", h.vhosts), route("/api/vhosts/{name}", h.vhost, ("GET", "PUT", "DELETE")),
+        route("/api/whoami", h.whoami),
         route("/api/queues", h.queues), route("/api/queues/{vhost}", h.queues),
         route("/api/queues/{vhost}/{name}", h.queue, ("GET", "PUT", "DELETE")),
         route("/api/queues/{vhost}/{name}/contents", h.queue_contents, ("DELETE",)),

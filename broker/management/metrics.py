@@ -52,10 +52,14 @@ SYNC_FAMILIES = (
 
 
 @functools.lru_cache(maxsize=65536)
-def queue_labels(name: str) -> str:
+def queue_labels(key: str) -> str:
     """A queue's label set as a sample line writes it (escaped once, kept for the next scrape)."""
-    escaped = name.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    return f'{{queue="{escaped}",vhost="{state.VHOST}"}} '
+    vhost, name = state.vhost_and_name(key)
+    return f'{{queue="{_escape(name)}",vhost="{_escape(vhost)}"}} '
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 # the families every led queue has a sample in, in the order a scrape writes them: QUEUE_FAMILIES,

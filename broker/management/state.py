@@ -19,17 +19,20 @@ import trio
 from mirroring.changes import NodeDown, NodeUp, PolicyClear, PolicySet
 from mirroring.maintenance import sync_critical_queues
 from mirroring.policy import effective_policy
-from mirroring.records import QueueDef
+from mirroring.records import DEFAULT_VHOST, QueueDef, qualify, split_key
 from mirroring.replica import LEADING
 
 from ..cluster import NodeStopped
 
-VHOST = "/"
+VHOST = DEFAULT_VHOST
 STATS_TIMEOUT = 5.0  # a node that does not answer in this long is left out of a listing
 
 
 @dataclass(frozen=True, slots=True)
 class QueueView:
+    """A queue as the API shows it; `key` names it in the metadata and the live counts."""
+    key: str
+    vhost: str
     name: str
     durable: bool
     auto_delete: bool
@@ -55,7 +58,7 @@ def applied(node):
 
 
 def _view(q: QueueDef) -> QueueView:
-    return QueueView(q.name, q.durable, q.auto_delete, q.exclusive, dict(q.arguments), q.leader,
+    return QueueView(q.key, q.vhost, q.name, q.durable, q.auto_delete, q.exclusive, dict(q.arguments), q.leader,
                      q.mirrors, q.synced, q.epoch, q.owner)
 
 
@@ -74,13 +77,33 @@ def sync_critical(md, node: str, running) -> list[str]:
     return sync_critical_queues(md, node, running)
 
 
-def queue(md, name: str) -> QueueView | None:
-    q = md.queues.get(name)
+def key(vhost: str, name: str) -> str:
+    """The key of a queue, exchange or policy of a vhost (mirroring/records.py `qualify`)."""
+    return qualify(vhost, name)
+
+
+def vhost_and_name(key_: str) -> tuple[str, str]:
+    return split_key(key_)
+
+
+def vhosts(md) -> list[dict]:
+    return [{"name": v.name, "description": v.description, "tracing": v.tracing}
+            for _, v in sorted(md.vhosts.items())]
+
+
+def has_vhost(md, name: str) -> bool:
+    return name in md.vhosts
+
+
+def queue(md, key_: str) -> QueueView | None:
+    q = md.queues.get(key_)
     return None if q is None else _view(q)
 
 
-def queues(md) -> list[QueueView]:
-    return [_view(q) for _, q in sorted(md.queues.items())]
+def queues(md, vhost: str | None = None) -> list[QueueView]:
+    """Every queue (of `vhost` only, when given), by vhost and name."""
+    views = [_view(q) for q in md.queues.values() if vhost is None or q.vhost == vhost]
+    return sorted(views, key=lambda q: (q.vhost, q.name))
 
 
 def mirror_counts(md) -> dict[str, int]:
@@ -117,8 +140,9 @@ def change_facts(change) -> tuple[str, dict] | None:
     return None
 
 
-def queue_names(md) -> list[str]:
-    return list(md.queues)
+def queue_names(md, vhost: str | None = None) -> list[str]:
+    """The keys of every queue (of `vhost` only, when given)."""
+    return [k for k, q in md.queues.items() if vhost is None or q.vhost == vhost]
 
 
 def members(md) -> list[str]:
@@ -139,45 +163,53 @@ def metadata_version(md) -> int:
     return md.version
 
 
-def policies(md) -> list[dict]:
-    """Every policy as RabbitMQ's API lists it."""
-    return [{"vhost": VHOST, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+def policies(md, vhost: str | None = None) -> list[dict]:
+    """Every policy (of `vhost` only, when given) as RabbitMQ's API lists it."""
+    return [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
              "definition": p.definition, "priority": p.priority}
-            for p in sorted(md.policies.values(), key=lambda p: p.name)]
+            for p in sorted(md.policies.values(), key=lambda p: (p.vhost, p.name))
+            if vhost is None or p.vhost == vhost]
 
 
-def has_policy(md, name: str) -> bool:
-    return name in md.policies
+def has_policy(md, key_: str) -> bool:
+    return key_ in md.policies
 
 
-def policy_of(md, queue_name: str) -> tuple[str, dict]:
+def policy_of(md, q: QueueView) -> tuple[str, dict]:
     """(name, definition) of the policy that applies to a queue, ("", {}) if none."""
-    pol = effective_policy(md.policies, queue_name)
+    pol = effective_policy(md.policies, q.name, q.vhost)
     return (pol.name, dict(pol.definition)) if pol else ("", {})
 
 
-def exchanges(md) -> list[dict]:
-    return [msgspec.structs.asdict(x) for _, x in sorted(md.exchanges.items())]
+def exchanges(md, vhost: str | None = None) -> list[dict]:
+    """Every exchange (of `vhost` only, when given), with its `vhost`."""
+    return [msgspec.structs.asdict(x) for _, x in sorted(md.exchanges.items())
+            if vhost is None or x.vhost == vhost]
 
 
-def exchange(md, name: str) -> dict | None:
-    x = md.exchanges.get(name)
+def exchange(md, key_: str) -> dict | None:
+    x = md.exchanges.get(key_)
     return None if x is None else msgspec.structs.asdict(x)
 
 
-def bindings(md) -> list[tuple]:
-    """(source, queue, routing key, arguments) of every binding: the default exchange's implicit
-    one to each queue first, then the declared ones by source."""
-    rows = [("", q, q, {}) for q in sorted(md.queues)]
+def bindings(md, vhost: str | None = None) -> list[tuple]:
+    """(vhost, source, queue, routing key, arguments) of every binding (of `vhost` only, when
+    given): the default exchange's implicit one to each queue first, then the declared ones by
+    source."""
+    rows = [(q.vhost, "", q.name, q.name, {}) for q in queues(md, vhost)]
     for x, binds in sorted(md.bindings.items()):
+        xv, xname = split_key(x)
+        if vhost is not None and xv != vhost:
+            continue
         for b in sorted(binds, key=lambda b: (b.queue, b.key)):
-            rows.append((x, b.queue, b.key, dict(b.arguments)))
+            rows.append((xv, xname, split_key(b.queue)[1], b.key, dict(b.arguments)))
     return rows
 
 
-def route(md, exchange_name: str, routing_key: str, headers=None) -> list[str]:
-    """The queues a message published to the exchange reaches (raises for a missing one)."""
-    return md.routes.route(exchange_name, routing_key, headers)
+def route(md, exchange_key: str, routing_key: str, headers=None) -> list[str]:
+    """The names of the queues a message published to the exchange reaches, in its vhost
+    (raises for a missing exchange)."""
+    return [split_key(k)[1] for k in md.routes.route(exchange_key, routing_key, headers)]
 
 
 # --- live counts ---------------------------------------------------------------------------------

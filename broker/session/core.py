@@ -33,9 +33,9 @@ from functools import partial
 from mirroring import exchanges as xmod
 from mirroring.access import CONFIGURE, READ, WRITE, refused
 from mirroring.changes import BindingAdd, BindingRemove, Change, ExchangeDeclare, ExchangeDelete
-from mirroring.records import Binding
+from mirroring.records import DEFAULT_VHOST, VHOST_SEP, Binding, in_vhost, qualify, split_key
 from wire import messages as m
-from wire.errors import NOT_FOUND, RESOURCE_LOCKED, ProtocolError
+from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, ProtocolError
 
 from .channels import Channel, ChannelError, ChannelsPart, as_channel_error
 from .consumers import ConsumersPart
@@ -71,12 +71,20 @@ class DeclareQueue:
         self.then = then
 
 
+KEY_CACHE = 4096  # names a session outside the default vhost remembers the keys of
+
+
 class Session(ChannelsPart, PublishingPart, ConsumersPart):
     """One client connection's session core (see the module docstring)."""
 
     def __init__(self, host: SessionHost, sid: int, peer: str, user: str, client_name: str, out,
-                 vhost: str = "/"):
+                 vhost: str = DEFAULT_VHOST):
         self.host = host
+        # the vhost every name the client gives is in: `key` turns a name into its key in the
+        # metadata and the queues' messages (the name itself in the default vhost)
+        self.vhost = vhost
+        self._prefix = "" if vhost == DEFAULT_VHOST else qualify(vhost, "")
+        self._keys: dict[str, str] = {}
         self.sid = sid
         self.me = host.name
         self.conn_id = f"{host.name}/{sid}"
@@ -193,22 +201,38 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
 
     def check_access(self, what: str, kind: str, name: str) -> None:
         """RabbitMQ's permission check (mirroring/access.py): a ChannelError ACCESS_REFUSED
-        when the user may not `what` (configure, write, read) the queue or exchange `name`."""
+        when the user may not `what` (configure, write, read) the queue or exchange `name` (a
+        name of this session's vhost, or its key)."""
+        if self._prefix and name.startswith(self._prefix):
+            name = name[len(self._prefix):]
         acc = self._access
         if acc.version != self.host.access_version:
             acc = self._access = self.host.access(self.user, self.vhost)
         if not acc.allowed(what, kind, name):
             raise as_channel_error(refused(kind, name, self.vhost, self.user))
 
-    def _queue(self, name: str):
+    def key(self, name: str) -> str:
+        """A name of this session's vhost -> its key (made once per name, then cached: the
+        publish path asks for one per publish outside the default vhost)."""
+        if not self._prefix:
+            return name
+        keys = self._keys
+        key = keys.get(name)
+        if key is None:
+            if len(keys) >= KEY_CACHE:
+                keys.clear()
+            key = keys[name] = self._prefix + name
+        return key
+
+    def _queue(self, key: str):
         """The queue's definition, or the channel errors RabbitMQ gives."""
         host = self.host
-        qdef = host.queue(name)
+        qdef = host.queue(key)
         if qdef is None:
-            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '/'")
+            raise ChannelError(NOT_FOUND, f"no {in_vhost('queue', key)}")
         if host.queue_locked(qdef, self.conn_id):
             raise ChannelError(RESOURCE_LOCKED,
-                               f"cannot obtain exclusive access to locked queue '{name}' in vhost '/'. "
+                               f"cannot obtain exclusive access to locked {in_vhost('queue', key)}. "
                                "It could be originally declared on another connection or the exclusive "
                                "property value does not match that of the original declaration.")
         reason = host.queue_down_reason(qdef)
@@ -218,28 +242,29 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
 
     # --- queues ----------------------------------------------------------------------------
     def _queue_name(self, ch: Channel, name: str) -> str:
-        """AMQP: an empty queue name means the last queue declared on the channel."""
+        """The key of a queue the client names; AMQP: an empty name means the last queue
+        declared on the channel."""
         if name:
-            return name
+            return self.key(name)
         if ch.last_queue is None:
             raise ChannelError(NOT_FOUND, "no previously declared queue")
         return ch.last_queue
-
 
     def on_queue_declare(self, msg):
         ch = self._ch(msg.ch)
         return DeclareQueue(msg, ch.id, msg.rid, partial(self._declared, ch, msg, True))
 
     def _declared(self, ch: Channel, msg: m.QueueDeclare, first: bool, value):
-        if value is None and first and self.host.queue(msg.queue) is None:
+        key = self.key(msg.queue)  # the server-chosen name too (declare_queue sets it)
+        if value is None and first and self.host.queue(key) is None:
             # it existed when the log took the declare, and was deleted since: declare it again
             return DeclareQueue(msg, ch.id, msg.rid, partial(self._declared, ch, msg, False))
-        ch.last_queue = msg.queue  # the server-chosen name too (declare_queue sets it)
+        ch.last_queue = key
         if value is not None:  # created: answer now
             self._reply(ch.id, msg.rid, value)
             return None
         # it existed: its leader answers with the counts
-        self._request(msg.queue, msg.rid, m.QDeclareOk(msg.queue, self._owner(ch), msg.rid))
+        self._request(key, msg.rid, m.QDeclareOk(key, self._owner(ch), msg.rid))
         return None
 
     def on_queue_delete(self, msg):
@@ -272,18 +297,21 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
     def on_exchange_declare(self, msg):
         ch = self._ch(msg.ch)
         name = msg.exchange
+        if VHOST_SEP in name:
+            raise ChannelError(PRECONDITION_FAILED, "exchange name contains a NUL character")
+        key = self.key(name)
         try:
-            xmod.check_declare(name, msg.kind, msg.passive)
+            xmod.check_declare(key, msg.kind, msg.passive)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
-        existing = self.host.exchange(name)
+        existing = self.host.exchange(key)
         if msg.passive:
             if existing is None:
-                raise ChannelError(NOT_FOUND, f"no {xmod.describe(name)}")
+                raise ChannelError(NOT_FOUND, f"no {xmod.describe(key)}")
         else:
             self.check_access(CONFIGURE, "exchange", name)
             xdef = xmod.make_exchange(name, msg.kind, msg.durable, msg.auto_delete, msg.internal,
-                                      xmod.plain(msg.arguments))
+                                      xmod.plain(msg.arguments), self.vhost)
             if existing is None or existing != xdef:
                 return self._change(ch, msg.rid, ExchangeDeclare(xdef))
         self._reply(ch.id, msg.rid, None)
@@ -291,13 +319,14 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
 
     def on_exchange_delete(self, msg):
         ch = self._ch(msg.ch)
+        key = self.key(msg.exchange)
         try:
-            xmod.check_deletable(msg.exchange)
+            xmod.check_deletable(key)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
         self.check_access(CONFIGURE, "exchange", msg.exchange)
-        if self.host.exchange(msg.exchange) is not None:
-            return self._change(ch, msg.rid, ExchangeDelete(msg.exchange, bool(msg.if_unused)))
+        if self.host.exchange(key) is not None:
+            return self._change(ch, msg.rid, ExchangeDelete(key, bool(msg.if_unused)))
         self._reply(ch.id, msg.rid, None)
         return None
 
@@ -306,17 +335,18 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
         qname = self._queue_name(ch, msg.queue)
         key = msg.routing_key
         if not msg.queue and not key:
-            key = qname  # AMQP: both empty binds the last queue by its name
+            key = split_key(qname)[1]  # AMQP: both empty binds the last queue by its name
         host = self.host
+        exchange = self.key(msg.exchange)
         try:
-            xmod.check_bindable(msg.exchange)
+            xmod.check_bindable(exchange)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
         self.check_access(WRITE, "queue", qname)
         self.check_access(READ, "exchange", msg.exchange)
-        xdef = host.exchange(msg.exchange)
+        xdef = host.exchange(exchange)
         if xdef is None:
-            raise ChannelError(NOT_FOUND, f"no {xmod.describe(msg.exchange)}")
+            raise ChannelError(NOT_FOUND, f"no {xmod.describe(exchange)}")
         self._queue(qname)  # 404 / 405 / the queue's node down
         args = xmod.plain(msg.arguments)
         try:
@@ -324,8 +354,8 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
         binding = Binding(qname, key, args)
-        if (kind is BindingAdd) != host.bound(msg.exchange, binding):
-            return self._change(ch, msg.rid, kind(msg.exchange, binding))
+        if (kind is BindingAdd) != host.bound(exchange, binding):
+            return self._change(ch, msg.rid, kind(exchange, binding))
         self._reply(ch.id, msg.rid, None)
         return None
 
@@ -574,5 +604,5 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
 
 
 def _deleted(qname: str) -> str:
-    return f"queue '{qname}' in vhost '/' was deleted"
+    return f"{in_vhost('queue', qname)} was deleted"
 

@@ -30,8 +30,8 @@ class SessionDriver:
     @classmethod
     def open(cls, node, peer: str, user: str, client_name: str, out,
              vhost: str = "/") -> "SessionDriver":
-        """A new session on `node`, registered with it (`node.sessions`: the router's events
-        and the metadata's changes go to its core)."""
+        """A new session on `node` in `vhost`, registered with it (`node.sessions`: the router's
+        events and the metadata's changes go to its core)."""
         host = NodeHost(node)
         sid = node.new_session_id()
         core = Session(host, sid, peer, user, client_name, out, vhost)

@@ -152,9 +152,9 @@ class PublishingPart:
         ch = self._publishing_channel(msg)
         if ch is None:
             return
-        qname = msg.queue
+        qname = self.key(msg.queue) if self._prefix else msg.queue
         queues = [qname] if self.host.queue(qname) is not None else []
-        self._publish(ch, queues, msg.bodies, msg.props, "", qname, False)
+        self._publish(ch, queues, msg.bodies, msg.props, "", msg.queue, False)
 
     def on_publish_to(self, msg):
         acc = self._access
@@ -167,13 +167,22 @@ class PublishingPart:
         props = msg.props
         host = self.host
         ex = msg.exchange
+        if self._prefix:  # outside the default vhost: the exchange's key, or the queue's
+            if not ex:
+                qname = self.key(msg.routing_key)
+                queues = [qname] if host.queue(qname) is not None else []
+                self._publish(ch, queues, msg.bodies, props, ex, msg.routing_key, msg.mandatory)
+                return
+            xkey = self.key(ex)
+        else:
+            xkey = ex
         if ex:
-            xdef = host.exchange(ex)
+            xdef = host.exchange(xkey)
             if xdef is None:
-                raise ChannelError(NOT_FOUND, f"no {xmod.describe(ex)}")
+                raise ChannelError(NOT_FOUND, f"no {xmod.describe(xkey)}")
             kind, internal = host.exchange_kind(xdef)
             if internal:
-                raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal {xmod.describe(ex)}")
+                raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal {xmod.describe(xkey)}")
             if kind == "headers":
                 # each message routes by its own headers: publish runs of equal routes
                 route_of = host.route
@@ -183,7 +192,7 @@ class PublishingPart:
                     route = None
                     if i < n:
                         item = props[i] if props is not None else None
-                        route = route_of(ex, msg.routing_key, lambda item=item: propsmod.headers_of(item))
+                        route = route_of(xkey, msg.routing_key, lambda item=item: propsmod.headers_of(item))
                     if i and (i == n or route != last):
                         self._publish(ch, last, msg.bodies[start:i],
                                       props[start:i] if props is not None else None,
@@ -192,7 +201,7 @@ class PublishingPart:
                     last = route
                 return
         try:
-            queues = host.route(ex, msg.routing_key)
+            queues = host.route(xkey, msg.routing_key)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
         self._publish(ch, queues, msg.bodies, props, ex, msg.routing_key, msg.mandatory)
