@@ -192,6 +192,11 @@ class Metadata:
         for table in (self.exchanges, self.bindings, self.policies, self.operator_policies):
             for key in [k for k in table if k.startswith(prefix)]:
                 del table[key]
+        gone = [k for k in self.permissions if k[0] == name]  # as RabbitMQ: its permissions too
+        for key in gone:
+            del self.permissions[key]
+        if gone:
+            self.access_version = self.version + 1
         return dropped
 
     def require_vhost(self, name: str) -> None:

@@ -195,6 +195,7 @@ def test_a_vhost_of_its_own_through_pika(cluster):
     """amqp://host/v: the same queue and exchange names as in "/" are other queues and
     exchanges, errors name the vhost, and deleting the vhost closes the connection (320)."""
     cluster.ctl_ok("n1", "add_vhost", "v")
+    cluster.ctl_ok("n1", "set_permissions", "-p", "v", "guest", ".*", ".*", ".*")
     try:
         root = connect(cluster, "n1").channel()
         tenant_conn = pika.BlockingConnection(pika.URLParameters(

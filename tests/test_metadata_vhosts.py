@@ -43,12 +43,12 @@ def test_keys_of_the_default_vhost_are_plain_names():
 
 def test_the_default_vhost_always_exists_and_cannot_be_deleted():
     md = Metadata()
-    assert md.vhosts == {"/": VHost("/")}
+    assert md.vhosts == {"/": VHost("/", "Default virtual host")}
     with pytest.raises(MetaError) as ei:
         md.apply(c.VHostDelete("/"))
     assert ei.value.code == PRECONDITION_FAILED
     restored = Metadata.from_snapshot(msgspec.msgpack.decode(msgspec.msgpack.encode(md.snapshot())))
-    assert restored.vhosts == {"/": VHost("/")}
+    assert restored.vhosts == {"/": VHost("/", "Default virtual host")}
 
 
 def test_a_new_vhost_has_its_own_builtin_exchanges_and_round_trips():
@@ -133,13 +133,17 @@ def test_routing_stays_within_a_vhost():
 def test_deleting_a_vhost_drops_everything_it_holds_and_nothing_else():
     md = cluster("n1")
     md.apply(c.VHostAdd(VHost("v")))
+    md.apply(c.UserAdd(c.User("u", "aGFzaA==")))
     for vhost in ("/", "v"):
         md.apply(c.QueueDeclare(qdef("q", vhost)))
         md.apply(c.ExchangeDeclare(make_exchange("x", "topic", vhost=vhost)))
         md.apply(c.BindingAdd(qualify(vhost, "x"), c.Binding(qualify(vhost, "q"), "#", {})))
         md.apply(c.PolicySet(make_policy("p", ".*", {"max-length": 1}, vhost=vhost)))
         md.apply(c.OperatorPolicySet(make_operator_policy("o", ".*", {"max-length": 1}, vhost=vhost)))
+        md.apply(c.PermissionSet(c.Permission("u", vhost, ".*", ".*", ".*")))
+    access_version = md.access_version
     assert md.apply(c.VHostDelete("v")) == [qualify("v", "q")]
+    assert list(md.permissions) == [("/", "u")] and md.access_version > access_version
     assert md.touched == {qualify("v", "q")}
     assert "v" not in md.vhosts
     assert list(md.queues) == ["q"] and list(md.policies) == ["p"]

@@ -8,7 +8,7 @@ import pytest
 
 from broker.client.errors import AMQPError, ConnectionClosedByBroker
 from broker.control import ctl_call
-from broker.simulation import PEER_PORT, sim_cluster
+from broker.simulation import PEER_PORT, SIM_USER, sim_cluster
 from mirroring.records import qualify
 from wire.errors import ProtocolError
 
@@ -23,7 +23,12 @@ def ctl_via(c):
 
 
 async def add_vhost(c, ctl, via="n1", name="v"):
+    """A vhost, in which guest and the simulation's user may do everything (as in RabbitMQ, a
+    new vhost grants no one anything)."""
     await ctl(via, "add_vhost", name=name, description="tenant")
+    for user in ("guest", SIM_USER[0]):
+        await ctl(via, "set_permissions", vhost=name, user=user, configure=".*", write=".*",
+                  read=".*")
     await c.wait_for(lambda: all(name in n.md.vhosts for n in c.nodes.values()
                                  if n.app_running), 10, "the vhost everywhere")
 
