@@ -62,7 +62,9 @@ from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
 from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, EDrop, EEnqueue,
                            EFailover, EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
 
+from . import dead_letter
 from .consumer import MAX_DISPATCH, Consumer
+from .dead_letter import DeadLetterSide, Target
 from .queue_mirror import MirrorSide
 
 _msg_id = itemgetter(0)
@@ -78,8 +80,10 @@ class Limits:
     message_ttl: float | None = None  # seconds
     max_length: int | None = None
     max_bytes: int | None = None
-    reject_publish: bool = False  # x-overflow reject-publish (else drop-head)
+    reject_publish: bool = False  # x-overflow reject-publish or reject-publish-dlx (else drop-head)
     expires: float | None = None  # seconds unused before the queue is deleted
+    dead_letter: Target | None = None  # x-dead-letter-exchange / -routing-key
+    reject_publish_dlx: bool = False  # x-overflow reject-publish-dlx: what is refused is dead-lettered
 
     @property
     def bounded(self) -> bool:
@@ -87,7 +91,8 @@ class Limits:
 
 
 NO_LIMITS = Limits()
-OVERFLOW = ("drop-head", "reject-publish")
+NEVER = float("inf")  # the deadline of messages that have none, queued behind some that have one
+OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
 _INT_ARGS = {"x-message-ttl": 0, "x-expires": 1, "x-max-length": 0, "x-max-length-bytes": 0}
 
 
@@ -111,8 +116,9 @@ def check_arguments(name: str, arguments: dict) -> None:
             continue
         v = arguments[key]
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ProtocolError(PRECONDITION_FAILED,
-                                f"invalid arg '{key}' {where}: {{unacceptable_type,{_amqp_type(v)}}}")
+            why = (f'"expected integer, got {_amqp_type(v)}"' if key == "x-message-ttl"
+                   else f"{{unacceptable_type,{_amqp_type(v)}}}")
+            raise ProtocolError(PRECONDITION_FAILED, f"invalid arg '{key}' {where}: {why}")
         if v < least:
             what = "value_zero" if v == 0 else "value_negative"
             raise ProtocolError(PRECONDITION_FAILED, f"invalid arg '{key}' {where}: {{{what},{v}}}")
@@ -121,9 +127,8 @@ def check_arguments(name: str, arguments: dict) -> None:
         if isinstance(v, bytes):
             v = v.decode(errors="replace")
         if v not in OVERFLOW:
-            raise ProtocolError(PRECONDITION_FAILED,
-                                f"invalid arg 'x-overflow' {where}: {{unacceptable_value,{v!r}}} "
-                                f"(warren supports {' and '.join(OVERFLOW)})")
+            raise ProtocolError(PRECONDITION_FAILED, f"invalid arg 'x-overflow' {where}: invalid_overflow")
+    dead_letter.check_arguments(name, arguments)
     qtype = arguments.get("x-queue-type")
     if qtype is not None and qtype not in ("classic", b"classic"):
         why = "warren has classic queues only"
@@ -149,7 +154,7 @@ def limits_from(arguments: dict | None, policy: dict | None = None) -> Limits:
     """The Limits of a queue's (already checked) arguments and the definition of the policy in
     effect for it (already checked: mirroring/policy.py). Where both set a limit, RabbitMQ's
     rule: the lower of the two lengths, sizes, TTLs and expiries; the queue's own `x-overflow`
-    over the policy's `overflow`."""
+    over the policy's `overflow`; each dead-letter key the argument's over the policy's."""
     arguments = arguments or {}
     policy = policy or {}
     if not arguments and not policy:
@@ -162,12 +167,14 @@ def limits_from(arguments: dict | None, policy: dict | None = None) -> Limits:
     lim = Limits(message_ttl=ttl / 1000.0 if isinstance(ttl, int) else None,
                  max_length=_lower(arguments.get("x-max-length"), policy.get("max-length")),
                  max_bytes=_lower(arguments.get("x-max-length-bytes"), policy.get("max-length-bytes")),
-                 reject_publish=over == "reject-publish",
-                 expires=exp / 1000.0 if isinstance(exp, int) else None)
+                 reject_publish=over in ("reject-publish", "reject-publish-dlx"),
+                 expires=exp / 1000.0 if isinstance(exp, int) else None,
+                 dead_letter=dead_letter.target_from(arguments, policy),
+                 reject_publish_dlx=over == "reject-publish-dlx")
     return NO_LIMITS if lim == NO_LIMITS else lim
 
 
-class QueueState(MirrorSide):
+class QueueState(MirrorSide, DeadLetterSide):
     """One queue's contents and consumers. Pure: no I/O, no clock."""
 
     def __init__(self, name: str):
@@ -305,8 +312,16 @@ class QueueState(MirrorSide):
         if self.effects is not None:
             self.effects.append(EEnqueue(first, bodies, props, origin, pseq, redelivered, ttl))
         n = len(bodies)
+        exp = self.expiry
         if ttl is not None and n:
-            self.expiry.append((first + n - 1, now + ttl))
+            if not exp and first - 1 > self.expired_upto:
+                exp.append((first - 1, NEVER))  # the messages before it have no deadline
+            exp.append((first + n - 1, now + ttl))
+        elif exp and n:  # messages with no deadline behind some with one
+            if exp[-1][1] == NEVER:
+                exp[-1] = (first + n - 1, NEVER)
+            else:
+                exp.append((first + n - 1, NEVER))
         flags = [redelivered] * n
         if props is None:
             self.ready.extend(zip(range(first, first + n), bodies, [None] * n, flags))
@@ -333,18 +348,22 @@ class QueueState(MirrorSide):
                 size += b
         return refused
 
+    def _expired_upto(self, upto: int) -> bool:
+        """Every id up to `upto` has expired: the TTL bookkeeping moves on (True if it did)."""
+        advanced = False
+        exp = self.expiry
+        while exp and exp[0][0] <= upto:
+            exp.popleft()
+            advanced = True
+        if upto > self.expired_upto:
+            self.expired_upto = upto
+            advanced = True
+        return advanced
+
     def drop_upto(self, upto: int, expired: bool = False) -> int:
         """Drop every ready message with an id up to `upto` (they sit at the head); with
         `expired`, every id up to it has expired (TTL bookkeeping moves on)."""
-        advanced = False
-        if expired:
-            exp = self.expiry
-            while exp and exp[0][0] <= upto:
-                exp.popleft()
-                advanced = True
-            if upto > self.expired_upto:
-                self.expired_upto = upto
-                advanced = True
+        advanced = self._expired_upto(upto) if expired else False
         ready = self.ready
         if not (ready and ready[0][0] <= upto) and not advanced:
             return 0
@@ -359,25 +378,51 @@ class QueueState(MirrorSide):
         self.ready_bytes -= size
         return n
 
-    def expire(self, now: float, inclusive: bool = True) -> int:
-        """Drop the ready messages whose TTL ran out by `now` (with `inclusive`, also those
-        expiring exactly now: a TTL of 0 means "delivered at once or never")."""
+    def expired_by(self, now: float, inclusive: bool = True) -> int:
+        """The highest id expired at the head by `now` (with `inclusive`, also what expires
+        exactly now: a TTL of 0 means "delivered at once or never"); 0: none. As RabbitMQ's
+        classic queues, only the head expires: a message waits behind one whose deadline is
+        later (or that has none) while that one is in the queue."""
         upto = self.expired_upto
         for last, at in self.expiry:
             if at < now or (inclusive and at == now):
                 upto = last
-            else:
+            elif not self._gone_upto(last):
                 break
+        return upto
+
+    def _gone_upto(self, last: int) -> bool:
+        """No message with an id up to `last` is in the queue (ready or unacknowledged)."""
+        ready = self.ready
+        if ready and ready[0][0] <= last:
+            return False
+        if self._unacked and min(self._unacked) <= last:
+            return False
+        return not any(run[2][run[4]] <= last for run in self._runs)
+
+    def expire(self, now: float, inclusive: bool = True) -> int:
+        """Drop the ready messages whose TTL ran out by `now` (see `expired_by`)."""
+        upto = self.expired_by(now, inclusive)
         if upto == 0:
             return 0
         return self.drop_upto(upto, True)
 
     def next_expiry(self) -> float | None:
-        return self.expiry[0][1] if self.expiry else None
+        """When the head's deadline is (None: it has none)."""
+        for last, at in self.expiry:
+            if not self._gone_upto(last):
+                return None if at == NEVER else at
+        return None
 
     def drop_over(self, limits: Limits) -> int:
         """x-overflow drop-head: drop the oldest ready messages until the queue is within its
         length limits."""
+        upto = self.over_limits(limits)
+        return self.drop_upto(upto) if upto else 0
+
+    def over_limits(self, limits: Limits) -> int:
+        """The last id of the oldest ready messages that must go for the queue to be within its
+        length limits (0: none)."""
         ready = self.ready
         max_len = limits.max_length if limits.max_length is not None else float("inf")
         max_bytes = limits.max_bytes if limits.max_bytes is not None else float("inf")
@@ -392,7 +437,7 @@ class QueueState(MirrorSide):
             upto = msg[0]
             n -= 1
             size -= len(msg[1])
-        return self.drop_upto(upto)
+        return upto
 
     def purge(self) -> int:
         if self.effects is not None:

@@ -11,8 +11,8 @@ from heapq import merge
 from itertools import islice, repeat, starmap
 from operator import itemgetter
 
-from wire.messages import (ECancel, EConsume, EDeliver, EDrop, EEnqueue, EFailover, EGet,
-                           ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
+from wire.messages import (ECancel, EConsume, EDeadHead, EDeadSettle, EDeliver, EDrop, EEnqueue,
+                           EFailover, EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
 
 from .consumer import Consumer
 
@@ -192,4 +192,6 @@ _APPLY = {
     ENodeGone: lambda q, e: q.node_gone(e.node, e.forget_publishers, e.run),
     EPurge: lambda q, e: q.purge(),
     EFailover: lambda q, e: q.failover(e.redeliver_below),
+    EDeadHead: lambda q, e: q.apply_dead_head(e),
+    EDeadSettle: lambda q, e: q.dead_settle(tuple(e.owner), e.ids, tuple(e.holder)),
 }

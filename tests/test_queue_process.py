@@ -25,6 +25,7 @@ class Host:
         self.batch_now = 0.0
         self.events: list = []
         self.sent: list = []  # (node, message) to other replicas
+        self.dead: list = []  # (queue, DeadLetter) to republish
         self.leaving = False  # the node is not stopping
 
     in_step = True  # the node is in step with the metadata log
@@ -52,6 +53,9 @@ class Host:
 
     def auto_delete(self, qname):
         pass
+
+    def dead_letter(self, qname, d):
+        self.dead.append((qname, d))
 
 
 def _declared(protocol) -> set[str]:

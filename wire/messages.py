@@ -265,6 +265,7 @@ class PublishTo(Message, tag="publish.to"):
     mandatory: bool
     bodies: list[bytes]
     props: list | None
+    ttl: int | None = None  # the messages' `expiration` property, in ms (AMQP: one per batch)
 
 
 @register
@@ -435,6 +436,7 @@ class QPublish(Message, tag="q.publish"):
     props: list | None
     resent: bool
     epoch: int
+    ttl: int | None = None  # the messages' `expiration` property, in ms (None: none set)
 
 
 @register
@@ -561,6 +563,24 @@ class EGet(Effect, tag="get"):
     no_ack: bool
 
 
+class EDeadHead(Effect, tag="dlh"):
+    """As EDrop (every ready message up to `upto` goes; `expired` as there), but the queue
+    dead-letters them: the messages `ids` are held as unacknowledged by `holder`, its leader's
+    node's dead-letter publisher, until the dead-letter exchange's queues confirm them."""
+    upto: int
+    expired: bool
+    ids: list[int]
+    holder: Owner
+
+
+class EDeadSettle(Effect, tag="dls"):
+    """`owner` rejected `ids` without requeue and the queue dead-letters them: they pass to
+    `holder` (see EDeadHead)."""
+    owner: Owner
+    ids: list[int]
+    holder: Owner
+
+
 class ESettle(Effect, tag="stl"):
     owner: Owner
     how: int
@@ -611,7 +631,7 @@ class EFailover(Effect, tag="fo"):
 
 
 AnyEffect = EEnqueue | EDeliver | EGet | ESettle | EConsume | ECancel | EOwnerGone | \
-    ESessionGone | ENodeGone | EPurge | EFailover | EDrop
+    ESessionGone | ENodeGone | EPurge | EFailover | EDrop | EDeadHead | EDeadSettle
 
 
 @register

@@ -1,0 +1,111 @@
+"""This node's dead-letter publisher: it republishes what the queue leaders on this node
+dead-letter (what and why is mirroring/dead_letter.py's), and acknowledges it to them once it is
+safe.
+
+It is a session of the node's own (the session core, broker/session/), opened with the app and
+never listed among the client connections, with one channel in confirm mode. Each message gets
+its `x-death` (the wall clock's time), is routed through the dead-letter exchange with the
+queue's dead-letter routing key or its own keys, minus the queues that would close an automatic
+cycle, and is published as a client's publish is: to the target queues' leaders, resent to a new
+leader after a failover, confirmed once every mirror has it. Only then is the source queue told
+to let the message go (an ack from the holder, `ReplicaDeadLetters.holder`); until then the
+source holds it, replicated, as an unacknowledged message, which a new source leader requeues.
+A message that goes nowhere (no such exchange, no queue bound, a cycle, a target queue with no
+live replica) is let go at once, as RabbitMQ drops it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+from mirroring import dead_letter as dl
+from wire import messages as m
+from wire import props as propsmod
+
+from .session.core import Session
+from .session.host import NodeHost
+
+CH = 1
+SIM_EPOCH = 1_700_000_000.0  # a simulated node's wall clock: this plus its (mock) clock
+
+
+class DeadLetters:
+    """One node's dead-letter publisher (see the module docstring)."""
+
+    def __init__(self, node, simulated: bool):
+        self.node = node
+        self.sid = 0
+        # confirm sequence number -> (source queue, message id), for held messages
+        self._waiting: dict[int, tuple[str, int]] = {}
+        self.wall = (lambda: SIM_EPOCH + trio.current_time()) if simulated else time.time
+
+    def open(self) -> None:
+        """With the app: the session id of this run's publisher (its session is opened when
+        there is something to publish)."""
+        self.sid = self.node.new_session_id()
+        self._waiting.clear()
+
+    def _session(self) -> Session:
+        node = self.node
+        core = node.sessions.get(self.sid)
+        if core is None:
+            core = Session(NodeHost(node), self.sid, "", "warren",
+                                       "dead-letter publisher", self._out)
+            core.listed = False
+            node.sessions[self.sid] = core
+            core.handle(m.ChannelOpen(0, CH))
+            core.handle(m.ConfirmSelect(0, CH))
+        return core
+
+    def publish(self, qname: str, d: dl.DeadLetter) -> None:
+        """Republish what queue `qname`'s leader here dead-lettered."""
+        if not self.node.app_running:
+            return  # the app stops: the queue's next leader has the messages
+        core = self._session()
+        host = core.host
+        target = d.target
+        wall = self.wall()
+        exists = target.exchange == "" or host.exchange(target.exchange) is not None
+        let_go = []
+        for msg, again in zip(d.msgs, d.again):
+            props = dl.dead_props(msg[2], qname, d.reason, wall)
+            keys = [target.routing_key] if target.routing_key is not None else dl.routing_keys(msg[2], qname)[1]
+            queues: list[str] = []
+            if exists:
+                for key in keys:
+                    for q in host.route(target.exchange, key, lambda: propsmod.headers_of(props)):
+                        if q not in queues and not dl.cycles(props, q):
+                            queues.append(q)
+            if not queues:
+                let_go.append(msg[0])
+                continue
+            props[0], props[1] = target.exchange, keys[0]
+            ch = core.channels.get(CH)
+            if d.held:
+                self._waiting[ch.next_seq] = (qname, msg[0])
+            core.publish_routed(CH, queues, [msg[1]], [props], target.exchange, keys[0], again)
+        if d.held and let_go:
+            self._let_go({qname: let_go})
+
+    def _out(self, msg) -> None:
+        """What the session says to its "client": confirms release the source queues' copies
+        (a nack too: the target queue had no live replica, and RabbitMQ drops the message)."""
+        if type(msg) is not m.Confirm:
+            return
+        done: dict[str, list[int]] = {}
+        waiting = self._waiting
+        for first, last in (*msg.acks, *msg.nacks):
+            for seq in range(first, last + 1):
+                held = waiting.pop(seq, None)
+                if held is not None:
+                    done.setdefault(held[0], []).append(held[1])
+        if done:
+            self._let_go(done)
+
+    def _let_go(self, done: dict[str, list[int]]) -> None:
+        router = self.node.router
+        owner = (self.node.name, self.sid, 0)
+        for qname, ids in done.items():
+            router.to_leader(qname, m.QSettle(qname, owner, m.ACK, ids))
