@@ -2,7 +2,7 @@
 dead-letter (what and why is mirroring/dead_letter.py's), and acknowledges it to them once it is
 safe.
 
-It is a session of the node's own (the session core, broker/session/), opened with the app and
+It is a session of the node's own (the session core, broker/session/), opened when first needed and
 never listed among the client connections, with one channel in confirm mode. Each message gets
 its `x-death` (the wall clock's time), is routed through the dead-letter exchange with the
 queue's dead-letter routing key or its own keys, minus the queues that would close an automatic
@@ -104,8 +104,13 @@ class DeadLetters:
         if done:
             self._let_go(done)
 
+    @property
+    def holder(self) -> tuple:
+        """The owner its messages are held by in their source queues (ReplicaDeadLetters.holder)."""
+        return (self.node.name, self.sid, 0)
+
     def _let_go(self, done: dict[str, list[int]]) -> None:
         router = self.node.router
-        owner = (self.node.name, self.sid, 0)
+        owner = self.holder
         for qname, ids in done.items():
             router.to_leader(qname, m.QSettle(qname, owner, m.ACK, ids))
