@@ -299,24 +299,26 @@ class QueueState(MirrorSide, DeadLetterSide):
     # --- publishing ------------------------------------------------------------------------
     def publish(self, bodies: list, props: list | None, origin: list | None = None,
                 pseq: int = 0, redelivered: bool = False, now: float = 0.0,
-                ttl: float | None = None) -> tuple[int, int]:
+                ttl: float | None = None, at: float | None = None) -> tuple[int, int]:
         """Enqueue a batch; returns the first and last id given. `origin`/`pseq` identify the
         publishing session's batch so a resend after a failover is recognised (`seen`).
         `redelivered`: a batch resent after a failover that this replica did not have; the old
         leader may have delivered it already, so it goes out flagged. `ttl` (seconds) makes the
-        batch expire at `now` + ttl."""
+        batch expire at `now` + ttl, or at `at` when given (a mirror: its leader's deadline)."""
         first = self.next_id
         if origin is not None:
             origin = (origin[0], origin[1])
             self.last_pseq[origin] = pseq
+        if ttl is not None and at is None:
+            at = now + ttl
         if self.effects is not None:
-            self.effects.append(EEnqueue(first, bodies, props, origin, pseq, redelivered, ttl))
+            self.effects.append(EEnqueue(first, bodies, props, origin, pseq, redelivered, ttl, at))
         n = len(bodies)
         exp = self.expiry
         if ttl is not None and n:
             if not exp and first - 1 > self.expired_upto:
                 exp.append((first - 1, NEVER))  # the messages before it have no deadline
-            exp.append((first + n - 1, now + ttl))
+            exp.append((first + n - 1, at))
         elif exp and n:  # messages with no deadline behind some with one
             if exp[-1][1] == NEVER:
                 exp[-1] = (first + n - 1, NEVER)

@@ -101,18 +101,20 @@ class MirrorSide:
             k += 1
         return out
 
-    def apply_effects(self, effects: list, now: float = 0.0) -> None:
+    def apply_effects(self, effects: list, now: float = 0.0, sent: float | None = None) -> None:
         """Apply a leader's effects, in its order (see the module docstring). A mirror records no
         effects of its own, so the public methods serve; only enqueue ids, deliveries and gets,
-        which a late mirror may lack, need their own handling. `now` times the TTL of what is
-        enqueued."""
+        which a late mirror may lack, need their own handling. `now` is this replica's clock and
+        `sent` the leader's when it sent them: a deadline the leader gave is moved by the
+        difference (without `sent`, a TTL runs from `now`)."""
         assert self.effects is None, "a replica that records effects cannot apply a leader's"
         for eff in effects:
             t = type(eff)
             if t is EEnqueue:
                 self.next_id = eff.first
+                at = None if eff.at is None or sent is None else eff.at + (now - sent)
                 self.publish(eff.bodies, eff.props, eff.origin, eff.pseq, eff.redelivered, now,
-                             eff.ttl)
+                             eff.ttl, at)
             else:
                 _APPLY[t](self, eff)
 

@@ -150,3 +150,17 @@ def test_over_limits_names_the_head_that_must_go():
     assert q.over_limits(Limits(max_length=3)) == 0
     assert q.over_limits(Limits(max_length=1)) == 2
     assert q.over_limits(Limits(max_bytes=10)) == 1
+
+
+def test_a_mirror_keeps_the_deadline_its_leader_gave_not_a_new_one():
+    """The leader enqueues at 0.0 with a 10 s TTL and ships the batch at 0.5 (a linger); the
+    mirror, whose clock reads 100.7 when it applies it, expires it at the leader's deadline on its
+    own clock (10 - 0.5 + 100.7 = 110.2), not 10 s after it applied it."""
+    leader = QueueState("q")
+    leader.effects = []
+    mirror = QueueState("q")
+    mirror.reset_as_mirror(leader.mirror_snapshot())
+    leader.publish([b"a"], None, now=0.0, ttl=10.0)
+    mirror.apply_effects(leader.effects, 100.7, sent=0.5)
+    assert list(mirror.expiry) == [(1, pytest.approx(110.2))]
+    assert mirror.expire(110.19) == 0 and mirror.expire(110.21) == 1

@@ -531,8 +531,9 @@ class Effect(Message):
 
 
 class EEnqueue(Effect, tag="enq"):
-    """`ttl`: the queue's message TTL in seconds (x-message-ttl), or None: each replica
-    expires the batch that long after it applied it (its own clock)."""
+    """`ttl`: the batch's TTL in seconds (the queue's, or its messages' own expiration), or
+    None; `at`: the deadline the leader gave it, on the leader's clock (a mirror moves it to its
+    own clock by the batch's `RRep.now`, so a promoted mirror keeps the leader's deadlines)."""
     first: int
     bodies: list[bytes]
     props: list | None
@@ -540,6 +541,7 @@ class EEnqueue(Effect, tag="enq"):
     pseq: int
     redelivered: bool
     ttl: float | None = None
+    at: float | None = None
 
 
 class EDrop(Effect, tag="drop"):
@@ -663,11 +665,13 @@ class RMirrorReady(Message, tag="r.mirror_ready"):
 
 @register
 class RRep(Message, tag="r.rep"):
-    """Leader -> mirror: replication batch number `seq` of this epoch."""
+    """Leader -> mirror: replication batch number `seq` of this epoch, sent at `now` on the
+    leader's clock."""
     queue: str
     epoch: int
     seq: int
     effects: list[AnyEffect]
+    now: float = 0.0
 
 
 @register
