@@ -265,7 +265,7 @@ class PublishTo(Message, tag="publish.to"):
     mandatory: bool
     bodies: list[bytes]
     props: list | None
-    ttl: int | None = None  # the messages' `expiration` property, in ms (AMQP: one per batch)
+    ttl: int | None  # the messages' `expiration` property, in ms (AMQP: one per batch)
 
 
 @register
@@ -436,7 +436,7 @@ class QPublish(Message, tag="q.publish"):
     props: list | None
     resent: bool
     epoch: int
-    ttl: int | None = None  # the messages' `expiration` property, in ms (None: none set)
+    ttl: int | None  # the messages' `expiration` property, in ms (None: none set)
 
 
 @register
@@ -671,7 +671,7 @@ class RRep(Message, tag="r.rep"):
     epoch: int
     seq: int
     effects: list[AnyEffect]
-    now: float = 0.0
+    now: float
 
 
 @register
