@@ -233,7 +233,7 @@ class ReplicaDeadLetters:
     def _dead_letter(self, reason: str, target: Target, msgs: list, held: bool) -> None:
         below = self.q.redeliver_below
         self._out.append(DeadLetter(reason, target, msgs, held,
-                                    [bool(msg[3]) or msg[0] < below for msg in msgs]))
+                                    [held and (bool(msg[3]) or msg[0] < below) for msg in msgs]))
 
     def _expire(self, now: float, inclusive: bool) -> None:
         """Drop, or dead-letter, the head's expired messages."""

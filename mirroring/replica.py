@@ -670,7 +670,7 @@ class Replica(Leading, Syncing, Following, ReplicaDeadLetters):
                 more = bool(self.q.ready)
             if q.expiry or q.expired_upto:
                 self._expire(now, True)  # a TTL of 0: what was not delivered at once goes
-            if limits.bounded and not limits.reject_publish:
+            if limits is not NO_LIMITS and limits.bounded and not limits.reject_publish:
                 self._trim(limits)  # x-overflow drop-head, after this round's deliveries
         self._ship(now, linger=True)
         if self.rep.mirrors:
