@@ -86,6 +86,7 @@ class DeadLetters:
             if d.held:
                 self._waiting[ch.next_seq] = (qname, msg[0])
             core.publish_routed(CH, queues, [msg[1]], [props], target.exchange, keys[0], again)
+        core.full_links.clear()  # nothing waits for room: a queue's dead letters are never held back
         if d.held and let_go:
             self._let_go({qname: let_go})
 
