@@ -194,6 +194,9 @@ class QueueState(MirrorSide, DeadLetterSide):
         # highest id known to have expired (a requeued message up to it is dropped too)
         self.expiry: deque[tuple[int, float]] = deque()
         self.expired_upto = 0
+        # an entry's deadline is before the one ahead of it, or never (per-message TTLs, a
+        # TTL set on a queue that had messages): expiry looks past what is already gone
+        self.mixed_deadlines = False
         # running totals for the management API's rates, added once per batch (never per message)
         self.delivered_total = 0  # handed to consumers and to basic.get
         self.acked_total = 0  # acknowledged by clients
@@ -318,8 +321,11 @@ class QueueState(MirrorSide, DeadLetterSide):
         if ttl is not None and n:
             if not exp and first - 1 > self.expired_upto:
                 exp.append((first - 1, NEVER))  # the messages before it have no deadline
+            if exp and at < exp[-1][1]:
+                self.mixed_deadlines = True
             exp.append((first + n - 1, at))
         elif exp and n:  # messages with no deadline behind some with one
+            self.mixed_deadlines = True
             if exp[-1][1] == NEVER:
                 exp[-1] = (first + n - 1, NEVER)
             else:
@@ -357,6 +363,8 @@ class QueueState(MirrorSide, DeadLetterSide):
         while exp and exp[0][0] <= upto:
             exp.popleft()
             advanced = True
+        if not exp:
+            self.mixed_deadlines = False
         if upto > self.expired_upto:
             self.expired_upto = upto
             advanced = True
@@ -386,21 +394,30 @@ class QueueState(MirrorSide, DeadLetterSide):
         classic queues, only the head expires: a message waits behind one whose deadline is
         later (or that has none) while that one is in the queue."""
         upto = self.expired_upto
-        for last, at in self.expiry:
-            if at < now or (inclusive and at == now):
-                upto = last
-            elif not self._gone_upto(last):
-                break
+        exp = self.expiry
+        n = len(exp)
+        i = 0
+        while i < n and (exp[i][1] < now or (inclusive and exp[i][1] == now)):
+            upto = exp[i][0]
+            i += 1
+        if i == n or not self.mixed_deadlines:
+            return upto  # deadlines in id order: the first one not due stops the rest
+        # the entries whose messages are all gone hold nothing back: skip them
+        k = bisect_left(exp, self._oldest_held(), key=_msg_id)
+        while k < n and (exp[k][1] < now or (inclusive and exp[k][1] == now)):
+            upto = exp[k][0]
+            k += 1
         return upto
 
-    def _gone_upto(self, last: int) -> bool:
-        """No message with an id up to `last` is in the queue (ready or unacknowledged)."""
-        ready = self.ready
-        if ready and ready[0][0] <= last:
-            return False
-        if self._unacked and min(self._unacked) <= last:
-            return False
-        return not any(run[2][run[4]] <= last for run in self._runs)
+    def _oldest_held(self) -> int:
+        """The lowest id of a message in the queue (ready or unacknowledged), or `next_id`."""
+        low = self.ready[0][0] if self.ready else self.next_id
+        if self._unacked:
+            low = min(low, min(self._unacked))
+        for run in self._runs:
+            if run[2][run[4]] < low:
+                low = run[2][run[4]]
+        return low
 
     def expire(self, now: float, inclusive: bool = True) -> int:
         """Drop the ready messages whose TTL ran out by `now` (see `expired_by`)."""
@@ -410,11 +427,16 @@ class QueueState(MirrorSide, DeadLetterSide):
         return self.drop_upto(upto, True)
 
     def next_expiry(self) -> float | None:
-        """When the head's deadline is (None: it has none)."""
-        for last, at in self.expiry:
-            if not self._gone_upto(last):
-                return None if at == NEVER else at
-        return None
+        """When the head's deadline is (None: it has none), or earlier."""
+        exp = self.expiry
+        if not exp:
+            return None
+        at = exp[0][1]
+        if self.mixed_deadlines:
+            k = bisect_left(exp, self._oldest_held(), key=_msg_id)
+            if k < len(exp):
+                at = min(at, exp[k][1])
+        return None if at == NEVER else at
 
     def drop_over(self, limits: Limits) -> int:
         """x-overflow drop-head: drop the oldest ready messages until the queue is within its

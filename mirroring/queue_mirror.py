@@ -44,6 +44,8 @@ class MirrorSide:
         """Throw away everything and start following a leader from `snap` (spec: a mirror that
         (re)joins "throws away any ... local contents it already has and starts empty")."""
         self.expiry = deque((last, now + left) for last, left in snap.get("expiry", ()))
+        ats = [at for _, at in self.expiry]
+        self.mixed_deadlines = any(b < a for a, b in zip(ats, ats[1:])) or float("inf") in ats
         self.expired_upto = snap.get("expired_upto", 0)
         self.ready.clear()
         self.ready_bytes = 0
