@@ -10,8 +10,11 @@ part of `QueueState` a mirror uses to start from a snapshot, take a sync and app
 * Delivery is round-robin over consumers that have credit (prefetch minus in-flight; prefetch
   0 means unlimited). `dispatch()` hands out as much as credit allows, in batches per consumer.
 * A requeued message goes back to its original place (by id) with `redelivered` set.
-* Limits (queue arguments, `Limits`): `x-message-ttl` gives every publish batch an expiry time;
-  a message whose batch expired is dropped from the head, never delivered (requeued ones too);
+* Limits (queue arguments, `Limits`): `x-message-ttl` (or a batch's own expiration, the lower)
+  gives a publish batch a deadline, kept in `expiry` (the batch's last id, its deadline; messages
+  with none behind ones with one get an entry that never comes); only the head expires, as in
+  RabbitMQ's classic queues: an expired message is dropped from the head, never delivered
+  (requeued ones too), or taken to be dead-lettered (mirroring/dead_letter.py, `DeadLetterSide`);
   `x-max-length` / `x-max-length-bytes` count ready messages and their body bytes: with
   `x-overflow` drop-head the oldest ready messages go (after the round's deliveries), with
   reject-publish a message that would not fit is refused (`admit`). `x-expires` is the
@@ -24,8 +27,8 @@ A message is the tuple (id, body, props, redelivered): tuples keep the per-messa
 Replication (the leader side): when `effects` is a list, every public method that changes the
 state appends one *effect* describing what it did, so a mirror can apply the same change with
 `apply_effects`. Effects are the typed records of wire/messages.py (EEnqueue, EDeliver, EGet,
-ESettle, EConsume, ECancel, EOwnerGone, ESessionGone, ENodeGone, EPurge, EFailover): one per
-call, never one per message.
+ESettle, EConsume, ECancel, EOwnerGone, ESessionGone, ENodeGone, EPurge, EFailover, EDrop,
+EDeadHead, EDeadSettle): one per call, never one per message.
 
 Redelivery: a message is delivered with `redelivered` set when it was requeued, or when its id is
 below `redeliver_below` (set on a failover: the old leader may have delivered any message the new
