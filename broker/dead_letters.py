@@ -60,7 +60,8 @@ class DeadLetters:
         return core
 
     def publish(self, qname: str, d: dl.DeadLetter) -> None:
-        """Republish what queue `qname`'s leader here dead-lettered."""
+        """Republish what queue `qname`'s leader here dead-lettered: runs of messages that go to
+        the same queues with the same key and flag go as one batch (one publish, one confirm)."""
         if not self.node.app_running:
             return  # the app stops: the queue's next leader has the messages
         core = self._session()
@@ -68,10 +69,16 @@ class DeadLetters:
         target = d.target
         wall = self.wall()
         exists = target.exchange == "" or host.exchange(target.exchange) is not None
+        made: dict = {}  # the same props, dead the same way: made once (a batch's messages share them)
         let_go = []
+        run: list = []  # [queues, key, again, bodies, props, ids]
         for msg, again in zip(d.msgs, d.again):
-            props = dl.dead_props(msg[2], qname, d.reason, wall)
-            keys = [target.routing_key] if target.routing_key is not None else dl.routing_keys(msg[2], qname)[1]
+            item = msg[2]
+            key_of = (item[0], item[1], item[2]) if type(item) is list else item if item is None else id(item)
+            props = made.get(key_of)
+            if props is None:
+                props = made[key_of] = dl.dead_props(item, qname, d.reason, wall)
+            keys = [target.routing_key] if target.routing_key is not None else dl.routing_keys(item, qname)[1]
             queues: list[str] = []
             if exists:
                 for key in keys:
@@ -81,14 +88,26 @@ class DeadLetters:
             if not queues:
                 let_go.append(msg[0])
                 continue
-            props[0], props[1] = target.exchange, keys[0]
-            ch = core.channels.get(CH)
-            if d.held:
-                self._waiting[ch.next_seq] = (qname, msg[0])
-            core.publish_routed(CH, queues, [msg[1]], [props], target.exchange, keys[0], again)
+            if not run or run[0] != queues or run[1] != keys[0] or run[2] != again:
+                self._send(core, qname, d.held, target.exchange, run)
+                run = [queues, keys[0], again, [], [], []]
+            run[3].append(msg[1])
+            run[4].append([target.exchange, keys[0], props[2]])
+            run[5].append(msg[0])
+        self._send(core, qname, d.held, target.exchange, run)
         core.full_links.clear()  # nothing waits for room: a queue's dead letters are never held back
         if d.held and let_go:
             self._let_go({qname: let_go})
+
+    def _send(self, core: Session, qname: str, held: bool, exchange: str, run: list) -> None:
+        if not run:
+            return
+        queues, key, again, bodies, props, ids = run
+        if held:
+            seq = core.channels[CH].next_seq
+            for i, mid in enumerate(ids):
+                self._waiting[seq + i] = (qname, mid)
+        core.publish_routed(CH, queues, bodies, props, exchange, key, again)
 
     def _out(self, msg) -> None:
         """What the session says to its "client": confirms release the source queues' copies
