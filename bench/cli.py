@@ -224,6 +224,9 @@ def add_chaos_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--faults", default="1-3", help="faults per schedule, N or MIN-MAX (default 1-3)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every fault duration and gap")
     p.add_argument("--rate", type=int, help="msgs/s over all publishers (default: the schedule's, 2000)")
+    p.add_argument("--workload", choices=("plain", "retry"), default="plain",
+                   help="plain (default): one queue, every delivery acknowledged; retry: a retry loop "
+                        "(the queue dead-letters what consumers reject once to a retry queue with a TTL)")
     p.add_argument("--replay", action="store_true",
                    help="run exactly the schedule of --seed, verbosely, keeping the node logs")
     p.add_argument("--smoke", action="store_true", help="one short schedule per fault kind")
@@ -273,9 +276,11 @@ def chaos(args) -> int:
             schedules = one_of_each(seed, scale=args.scale if args.scale != 1.0 else 0.4)
             if kinds:
                 schedules = [s for s in schedules if s.kinds[0] in kinds]
+            for s in schedules:
+                s.workload = args.workload
         else:
             count = 1 if args.replay else args.schedules
-            schedules = real.schedules_for(seed, count, kinds, faults, args.scale)
+            schedules = real.schedules_for(seed, count, kinds, faults, args.scale, args.workload)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -320,7 +325,7 @@ def dst(args, argv) -> int:
         rate = args.rate or sim.SIM_RATE
     if args.replay:
         r = sim.run_seed(args.seed, kinds, faults, scale, rate, keep_trace=args.trace,
-                         say=lambda text: print(f"  {text}"))
+                         say=lambda text: print(f"  {text}"), workload=args.workload)
         print(r.schedule.describe())
         print(r.line())
         for reason in r.verdict.reasons:
@@ -331,7 +336,8 @@ def dst(args, argv) -> int:
         for t, event, fields in r.trace:
             print(f"{t:10.4f} {event} {dict(fields)}")
         return 0 if r.verdict.ok else 1
-    results = sim.explore(args.seed, args.seeds, kinds, faults, scale, rate, args.procs)
+    results = sim.explore(args.seed, args.seeds, kinds, faults, scale, rate, args.procs,
+                          workload=args.workload)
     return 0 if all(r["ok"] for r in results) else 1
 
 
@@ -417,6 +423,8 @@ def main(argv=None) -> None:
                    help="the real campaign's schedules (warren-bench chaos with the same --seed and "
                         "--kinds): its fault kinds only, scale 1, its rate")
     d.add_argument("--procs", type=int, default=1, help="worker processes")
+    d.add_argument("--workload", choices=("plain", "retry"), default="plain",
+                   help="plain (default) or retry: a retry loop (see warren-bench chaos --workload)")
     d.add_argument("--replay", action="store_true",
                    help="run the schedule of --seed alone and say what happened, with its trace digest")
     d.add_argument("--trace", action="store_true", help="with --replay: print every event of the run")

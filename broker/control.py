@@ -543,14 +543,14 @@ async def node_rpc(node, name: str, args: dict):
                  "protocol": s.protocol,
                  # RabbitMQ's words: held (blocked), would be held if it published (blocking)
                  "state": ("blocked" if s.publisher else "blocking") if blocked else "running"}
-                for s in node.sessions.values()]
+                for s in node.clients()]
     if name == "channels":
         return [{"node": node.name, "connection": s.conn_id, "number": ch.id, "vhost": s.vhost,
                  "name": f"{s.conn_id} ({ch.id})", "user": s.user, "confirm": ch.confirm,
                  "transactional": ch.tx, "consumer_count": len(ch.consumers),
                  "messages_unacknowledged": ch.unacked(), "messages_unconfirmed": ch.inflight,
                  "prefetch_count": ch.prefetch}
-                for s in node.sessions.values() for ch in s.channels.values()]
+                for s in node.clients() for ch in s.channels.values()]
     if name == "close_connection":
         conn = node.connections.get(args["sid"])
         if conn is None:

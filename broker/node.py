@@ -45,6 +45,7 @@ from . import config as configmod
 from . import log as logmod
 from .backoff import Backoff
 from .cluster import Cluster, NodeStopped
+from .dead_letters import DeadLetters
 from .framed import FramedStream
 from .memory import NodeMemory, ProcessMemory
 from .native import NativeConnection
@@ -116,6 +117,7 @@ class Node:
         self.cluster = Cluster(self.name, config, network, self.log, self, persist=persist, rng=self.rng,
                                check_planning_copy=check_planning_copy)
         self.router = Router(self)
+        self.dead_letters = DeadLetters(self, simulated=rng is not None)
         # the memory alarm (broker/memory.py); the probe is this process's RSS unless a
         # simulation gives its own
         self.memory = NodeMemory(self.name, config.memory_watermark,
@@ -160,6 +162,10 @@ class Node:
     @property
     def links(self):
         return self.cluster.links
+
+    def clients(self) -> list[Session]:
+        """The client sessions (not the node's own dead-letter publisher)."""
+        return [s for s in self.sessions.values() if s.listed]
 
     def new_session_id(self) -> int:
         """Unique across restarts of this node (its incarnation is in the high bits), so a
@@ -255,6 +261,7 @@ class Node:
                     self.app_running = True
                     self.leaving = False
                     self.stopping = False
+                    self.dead_letters.open()
                     self.router.reconcile()
                     self.log.info("app started", client_port=self.client_port, amqp_port=self.amqp_port,
                                   amqps_port=self.amqps_port,

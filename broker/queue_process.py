@@ -50,6 +50,7 @@ from typing import Any, Protocol
 import trio
 
 from mirroring import replica as rp
+from mirroring.dead_letter import DeadLetter
 from wire.messages import RRep, RRepOk
 
 from .framed import CORK
@@ -79,6 +80,7 @@ class ReplicaHost(Protocol):
     def propose(self, change) -> None: ...  # a metadata change, through the log, soon
     def delete_for_client(self, qname: str, owner: tuple, rid: int, count: int) -> None: ...
     def auto_delete(self, qname: str) -> None: ...
+    def dead_letter(self, qname: str, d: DeadLetter) -> None: ...  # republish (broker/dead_letters.py)
 
 
 class QueueProcess:
@@ -295,6 +297,8 @@ class QueueProcess:
                 host.delete_for_client(self.name, o.owner, o.rid, o.count)
             elif t is rp.AutoDelete:
                 host.auto_delete(self.name)
+            elif t is DeadLetter:
+                host.dead_letter(self.name, o)
         for (node, sid), evs in events.items():
             host.to_session(node, sid, evs)
         watch = self._round_watch

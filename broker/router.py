@@ -134,7 +134,8 @@ class Router:
                                 sync_batch_size=cfg.mirroring_sync_batch_size,
                                 max_sync_bytes=cfg.max_frame - 65536,
                                 sync_max_throughput=cfg.mirroring_sync_max_throughput,
-                                stall_after=cfg.net_ticktime)
+                                stall_after=cfg.net_ticktime,
+                                dead_letter_sid=self.node.dead_letters.sid)
 
     def _assign(self, qdef: QueueDef, md) -> rp.Assign:
         policy = effective_policy(md.policies, qdef.name, qdef.vhost)  # its ha keys
@@ -472,6 +473,9 @@ class Router:
                 return
             self.log.info("queue deleted", queue=qname)
         self.node.spawn(go)
+
+    def dead_letter(self, qname: str, d) -> None:
+        self.node.dead_letters.publish(qname, d)
 
     def auto_delete(self, qname: str) -> None:
         async def go():

@@ -8,7 +8,8 @@ this file; the broker only carries the answers out):
   found raises PolicyError (PRECONDITION_FAILED) whose text names the offending key. Problems are
   looked for in a fixed order: the definition as a whole, unrecognised keys, then `ha-mode`,
   `ha-params`, the keys that need `ha-mode`, `queue-master-locator`, then the queue limits
-  (`max-length`, `max-length-bytes`, `message-ttl`, `expires`, `overflow`: what the broker
+  (`max-length`, `max-length-bytes`, `message-ttl`, `expires`, `overflow`, `dead-letter-exchange`,
+  `dead-letter-routing-key`: what the broker
   carries out is mirroring/queue.py `limits_from`'s) and `queue-mode` (accepted, no effect).
 * `queue-master-locator` "min-masters" (RabbitMQ's older name) is stored as "balanced".
 * A queue's policy is the record whose pattern `re.search`es its name, whose apply_to is
@@ -73,13 +74,15 @@ NEEDS_HA_MODE = ("ha-params", "ha-sync-mode", "ha-sync-batch-size", "ha-promote-
 # and so on): {key: least allowed value}; `overflow` is a word. mirroring/queue.py
 # `limits_from` combines them with a queue's own arguments.
 LIMIT_KEYS = {"max-length": 0, "max-length-bytes": 0, "message-ttl": 0, "expires": 1}
-OVERFLOW_VALUES = ("drop-head", "reject-publish")
+OVERFLOW_VALUES = ("drop-head", "reject-publish", "reject-publish-dlx")
+# Where a queue dead-letters to (the x-dead-letter-* arguments): names, mirroring/dead_letter.py
+DEAD_LETTER_KEYS = ("dead-letter-exchange", "dead-letter-routing-key")
 # Accepted and without effect: lazy queues page messages to disk, and warren keeps every message
 # in memory (RabbitMQ itself ignores the key for classic queues from 3.12 on).
 QUEUE_MODES = ("default", "lazy")
 
 KEYS = frozenset({"ha-mode", *NEEDS_HA_MODE, "queue-master-locator", *LIMIT_KEYS, "overflow",
-                  "queue-mode"})
+                  "queue-mode", *DEAD_LETTER_KEYS})
 
 
 def _show(value) -> str:
@@ -184,6 +187,11 @@ def parse_definition(definition: str | dict) -> dict:
     if "overflow" in definition:
         _one_of("overflow", definition["overflow"], OVERFLOW_VALUES)
         out["overflow"] = definition["overflow"]
+    for key in DEAD_LETTER_KEYS:
+        if key in definition:
+            if not isinstance(definition[key], str):
+                raise PolicyError(f"'{key}' must be a string, got {_show(definition[key])}")
+            out[key] = definition[key]
     if "queue-mode" in definition:
         _one_of("queue-mode", definition["queue-mode"], QUEUE_MODES)
         out["queue-mode"] = definition["queue-mode"]

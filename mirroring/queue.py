@@ -10,8 +10,11 @@ part of `QueueState` a mirror uses to start from a snapshot, take a sync and app
 * Delivery is round-robin over consumers that have credit (prefetch minus in-flight; prefetch
   0 means unlimited). `dispatch()` hands out as much as credit allows, in batches per consumer.
 * A requeued message goes back to its original place (by id) with `redelivered` set.
-* Limits (queue arguments, `Limits`): `x-message-ttl` gives every publish batch an expiry time;
-  a message whose batch expired is dropped from the head, never delivered (requeued ones too);
+* Limits (queue arguments, `Limits`): `x-message-ttl` (or a batch's own expiration, the lower)
+  gives a publish batch a deadline, kept in `expiry` (the batch's last id, its deadline; messages
+  with none behind ones with one get an entry that never comes); only the head expires, as in
+  RabbitMQ's classic queues: an expired message is dropped from the head, never delivered
+  (requeued ones too), or taken to be dead-lettered (mirroring/dead_letter.py, `DeadLetterSide`);
   `x-max-length` / `x-max-length-bytes` count ready messages and their body bytes: with
   `x-overflow` drop-head the oldest ready messages go (after the round's deliveries), with
   reject-publish a message that would not fit is refused (`admit`). `x-expires` is the
@@ -24,8 +27,8 @@ A message is the tuple (id, body, props, redelivered): tuples keep the per-messa
 Replication (the leader side): when `effects` is a list, every public method that changes the
 state appends one *effect* describing what it did, so a mirror can apply the same change with
 `apply_effects`. Effects are the typed records of wire/messages.py (EEnqueue, EDeliver, EGet,
-ESettle, EConsume, ECancel, EOwnerGone, ESessionGone, ENodeGone, EPurge, EFailover): one per
-call, never one per message.
+ESettle, EConsume, ECancel, EOwnerGone, ESessionGone, ENodeGone, EPurge, EFailover, EDrop,
+EDeadHead, EDeadSettle): one per call, never one per message.
 
 Redelivery: a message is delivered with `redelivered` set when it was requeued, or when its id is
 below `redeliver_below` (set on a failover: the old leader may have delivered any message the new
@@ -62,7 +65,9 @@ from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
 from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, EDrop, EEnqueue,
                            EFailover, EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
 
+from . import dead_letter
 from .consumer import MAX_DISPATCH, Consumer
+from .dead_letter import DeadLetterSide, Target
 from .queue_mirror import MirrorSide
 from .records import in_vhost
 
@@ -79,8 +84,10 @@ class Limits:
     message_ttl: float | None = None  # seconds
     max_length: int | None = None
     max_bytes: int | None = None
-    reject_publish: bool = False  # x-overflow reject-publish (else drop-head)
+    reject_publish: bool = False  # x-overflow reject-publish or reject-publish-dlx (else drop-head)
     expires: float | None = None  # seconds unused before the queue is deleted
+    dead_letter: Target | None = None  # x-dead-letter-exchange / -routing-key
+    reject_publish_dlx: bool = False  # x-overflow reject-publish-dlx: what is refused is dead-lettered
 
     @property
     def bounded(self) -> bool:
@@ -88,7 +95,8 @@ class Limits:
 
 
 NO_LIMITS = Limits()
-OVERFLOW = ("drop-head", "reject-publish")
+NEVER = float("inf")  # the deadline of messages that have none, queued behind some that have one
+OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
 _INT_ARGS = {"x-message-ttl": 0, "x-expires": 1, "x-max-length": 0, "x-max-length-bytes": 0}
 
 
@@ -112,8 +120,9 @@ def check_arguments(name: str, arguments: dict) -> None:
             continue
         v = arguments[key]
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ProtocolError(PRECONDITION_FAILED,
-                                f"invalid arg '{key}' {where}: {{unacceptable_type,{_amqp_type(v)}}}")
+            why = (f'"expected integer, got {_amqp_type(v)}"' if key == "x-message-ttl"
+                   else f"{{unacceptable_type,{_amqp_type(v)}}}")
+            raise ProtocolError(PRECONDITION_FAILED, f"invalid arg '{key}' {where}: {why}")
         if v < least:
             what = "value_zero" if v == 0 else "value_negative"
             raise ProtocolError(PRECONDITION_FAILED, f"invalid arg '{key}' {where}: {{{what},{v}}}")
@@ -122,9 +131,8 @@ def check_arguments(name: str, arguments: dict) -> None:
         if isinstance(v, bytes):
             v = v.decode(errors="replace")
         if v not in OVERFLOW:
-            raise ProtocolError(PRECONDITION_FAILED,
-                                f"invalid arg 'x-overflow' {where}: {{unacceptable_value,{v!r}}} "
-                                f"(warren supports {' and '.join(OVERFLOW)})")
+            raise ProtocolError(PRECONDITION_FAILED, f"invalid arg 'x-overflow' {where}: invalid_overflow")
+    dead_letter.check_arguments(name, arguments)
     qtype = arguments.get("x-queue-type")
     if qtype is not None and qtype not in ("classic", b"classic"):
         why = "warren has classic queues only"
@@ -150,7 +158,7 @@ def limits_from(arguments: dict | None, policy: dict | None = None) -> Limits:
     """The Limits of a queue's (already checked) arguments and the definition of the policy in
     effect for it (already checked: mirroring/policy.py). Where both set a limit, RabbitMQ's
     rule: the lower of the two lengths, sizes, TTLs and expiries; the queue's own `x-overflow`
-    over the policy's `overflow`."""
+    over the policy's `overflow`; each dead-letter key the argument's over the policy's."""
     arguments = arguments or {}
     policy = policy or {}
     if not arguments and not policy:
@@ -163,12 +171,14 @@ def limits_from(arguments: dict | None, policy: dict | None = None) -> Limits:
     lim = Limits(message_ttl=ttl / 1000.0 if isinstance(ttl, int) else None,
                  max_length=_lower(arguments.get("x-max-length"), policy.get("max-length")),
                  max_bytes=_lower(arguments.get("x-max-length-bytes"), policy.get("max-length-bytes")),
-                 reject_publish=over == "reject-publish",
-                 expires=exp / 1000.0 if isinstance(exp, int) else None)
+                 reject_publish=over in ("reject-publish", "reject-publish-dlx"),
+                 expires=exp / 1000.0 if isinstance(exp, int) else None,
+                 dead_letter=dead_letter.target_from(arguments, policy),
+                 reject_publish_dlx=over == "reject-publish-dlx")
     return NO_LIMITS if lim == NO_LIMITS else lim
 
 
-class QueueState(MirrorSide):
+class QueueState(MirrorSide, DeadLetterSide):
     """One queue's contents and consumers. Pure: no I/O, no clock."""
 
     def __init__(self, name: str):
@@ -188,6 +198,9 @@ class QueueState(MirrorSide):
         # highest id known to have expired (a requeued message up to it is dropped too)
         self.expiry: deque[tuple[int, float]] = deque()
         self.expired_upto = 0
+        # an entry's deadline is before the one ahead of it, or never (per-message TTLs, a
+        # TTL set on a queue that had messages): expiry looks past what is already gone
+        self.mixed_deadlines = False
         # running totals for the management API's rates, added once per batch (never per message)
         self.delivered_total = 0  # handed to consumers and to basic.get
         self.acked_total = 0  # acknowledged by clients
@@ -293,21 +306,34 @@ class QueueState(MirrorSide):
     # --- publishing ------------------------------------------------------------------------
     def publish(self, bodies: list, props: list | None, origin: list | None = None,
                 pseq: int = 0, redelivered: bool = False, now: float = 0.0,
-                ttl: float | None = None) -> tuple[int, int]:
+                ttl: float | None = None, at: float | None = None) -> tuple[int, int]:
         """Enqueue a batch; returns the first and last id given. `origin`/`pseq` identify the
         publishing session's batch so a resend after a failover is recognised (`seen`).
         `redelivered`: a batch resent after a failover that this replica did not have; the old
         leader may have delivered it already, so it goes out flagged. `ttl` (seconds) makes the
-        batch expire at `now` + ttl."""
+        batch expire at `now` + ttl, or at `at` when given (a mirror: its leader's deadline)."""
         first = self.next_id
         if origin is not None:
             origin = (origin[0], origin[1])
             self.last_pseq[origin] = pseq
+        if ttl is not None and at is None:
+            at = now + ttl
         if self.effects is not None:
-            self.effects.append(EEnqueue(first, bodies, props, origin, pseq, redelivered, ttl))
+            self.effects.append(EEnqueue(first, bodies, props, origin, pseq, redelivered, ttl, at))
         n = len(bodies)
+        exp = self.expiry
         if ttl is not None and n:
-            self.expiry.append((first + n - 1, now + ttl))
+            if not exp and first - 1 > self.expired_upto:
+                exp.append((first - 1, NEVER))  # the messages before it have no deadline
+            if exp and at < exp[-1][1]:
+                self.mixed_deadlines = True
+            exp.append((first + n - 1, at))
+        elif exp and n:  # messages with no deadline behind some with one
+            self.mixed_deadlines = True
+            if exp[-1][1] == NEVER:
+                exp[-1] = (first + n - 1, NEVER)
+            else:
+                exp.append((first + n - 1, NEVER))
         flags = [redelivered] * n
         if props is None:
             self.ready.extend(zip(range(first, first + n), bodies, [None] * n, flags))
@@ -334,18 +360,24 @@ class QueueState(MirrorSide):
                 size += b
         return refused
 
+    def _expired_upto(self, upto: int) -> bool:
+        """Every id up to `upto` has expired: the TTL bookkeeping moves on (True if it did)."""
+        advanced = False
+        exp = self.expiry
+        while exp and exp[0][0] <= upto:
+            exp.popleft()
+            advanced = True
+        if not exp:
+            self.mixed_deadlines = False
+        if upto > self.expired_upto:
+            self.expired_upto = upto
+            advanced = True
+        return advanced
+
     def drop_upto(self, upto: int, expired: bool = False) -> int:
         """Drop every ready message with an id up to `upto` (they sit at the head); with
         `expired`, every id up to it has expired (TTL bookkeeping moves on)."""
-        advanced = False
-        if expired:
-            exp = self.expiry
-            while exp and exp[0][0] <= upto:
-                exp.popleft()
-                advanced = True
-            if upto > self.expired_upto:
-                self.expired_upto = upto
-                advanced = True
+        advanced = self._expired_upto(upto) if expired else False
         ready = self.ready
         if not (ready and ready[0][0] <= upto) and not advanced:
             return 0
@@ -360,25 +392,65 @@ class QueueState(MirrorSide):
         self.ready_bytes -= size
         return n
 
-    def expire(self, now: float, inclusive: bool = True) -> int:
-        """Drop the ready messages whose TTL ran out by `now` (with `inclusive`, also those
-        expiring exactly now: a TTL of 0 means "delivered at once or never")."""
+    def expired_by(self, now: float, inclusive: bool = True) -> int:
+        """The highest id expired at the head by `now` (with `inclusive`, also what expires
+        exactly now: a TTL of 0 means "delivered at once or never"); 0: none. As RabbitMQ's
+        classic queues, only the head expires: a message waits behind one whose deadline is
+        later (or that has none) while that one is in the queue."""
         upto = self.expired_upto
-        for last, at in self.expiry:
-            if at < now or (inclusive and at == now):
-                upto = last
-            else:
-                break
+        exp = self.expiry
+        n = len(exp)
+        i = 0
+        while i < n and (exp[i][1] < now or (inclusive and exp[i][1] == now)):
+            upto = exp[i][0]
+            i += 1
+        if i == n or not self.mixed_deadlines:
+            return upto  # deadlines in id order: the first one not due stops the rest
+        # the entries whose messages are all gone hold nothing back: skip them
+        k = bisect_left(exp, self._oldest_held(), key=_msg_id)
+        while k < n and (exp[k][1] < now or (inclusive and exp[k][1] == now)):
+            upto = exp[k][0]
+            k += 1
+        return upto
+
+    def _oldest_held(self) -> int:
+        """The lowest id of a message in the queue (ready or unacknowledged), or `next_id`."""
+        low = self.ready[0][0] if self.ready else self.next_id
+        if self._unacked:
+            low = min(low, min(self._unacked))
+        for run in self._runs:
+            if run[2][run[4]] < low:
+                low = run[2][run[4]]
+        return low
+
+    def expire(self, now: float, inclusive: bool = True) -> int:
+        """Drop the ready messages whose TTL ran out by `now` (see `expired_by`)."""
+        upto = self.expired_by(now, inclusive)
         if upto == 0:
             return 0
         return self.drop_upto(upto, True)
 
     def next_expiry(self) -> float | None:
-        return self.expiry[0][1] if self.expiry else None
+        """When the head's deadline is (None: it has none), or earlier."""
+        exp = self.expiry
+        if not exp:
+            return None
+        at = exp[0][1]
+        if self.mixed_deadlines:
+            k = bisect_left(exp, self._oldest_held(), key=_msg_id)
+            if k < len(exp):
+                at = min(at, exp[k][1])
+        return None if at == NEVER else at
 
     def drop_over(self, limits: Limits) -> int:
         """x-overflow drop-head: drop the oldest ready messages until the queue is within its
         length limits."""
+        upto = self.over_limits(limits)
+        return self.drop_upto(upto) if upto else 0
+
+    def over_limits(self, limits: Limits) -> int:
+        """The last id of the oldest ready messages that must go for the queue to be within its
+        length limits (0: none)."""
         ready = self.ready
         max_len = limits.max_length if limits.max_length is not None else float("inf")
         max_bytes = limits.max_bytes if limits.max_bytes is not None else float("inf")
@@ -393,7 +465,7 @@ class QueueState(MirrorSide):
             upto = msg[0]
             n -= 1
             size -= len(msg[1])
-        return self.drop_upto(upto)
+        return upto
 
     def purge(self) -> int:
         if self.effects is not None:

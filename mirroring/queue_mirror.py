@@ -11,8 +11,8 @@ from heapq import merge
 from itertools import islice, repeat, starmap
 from operator import itemgetter
 
-from wire.messages import (ECancel, EConsume, EDeliver, EDrop, EEnqueue, EFailover, EGet,
-                           ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
+from wire.messages import (ECancel, EConsume, EDeadHead, EDeadSettle, EDeliver, EDrop, EEnqueue,
+                           EFailover, EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
 
 from .consumer import Consumer
 
@@ -44,6 +44,8 @@ class MirrorSide:
         """Throw away everything and start following a leader from `snap` (spec: a mirror that
         (re)joins "throws away any ... local contents it already has and starts empty")."""
         self.expiry = deque((last, now + left) for last, left in snap.get("expiry", ()))
+        ats = [at for _, at in self.expiry]
+        self.mixed_deadlines = any(b < a for a, b in zip(ats, ats[1:])) or float("inf") in ats
         self.expired_upto = snap.get("expired_upto", 0)
         self.ready.clear()
         self.ready_bytes = 0
@@ -101,18 +103,20 @@ class MirrorSide:
             k += 1
         return out
 
-    def apply_effects(self, effects: list, now: float = 0.0) -> None:
+    def apply_effects(self, effects: list, now: float = 0.0, sent: float | None = None) -> None:
         """Apply a leader's effects, in its order (see the module docstring). A mirror records no
         effects of its own, so the public methods serve; only enqueue ids, deliveries and gets,
-        which a late mirror may lack, need their own handling. `now` times the TTL of what is
-        enqueued."""
+        which a late mirror may lack, need their own handling. `now` is this replica's clock and
+        `sent` the leader's when it sent them: a deadline the leader gave is moved by the
+        difference (without `sent`, a TTL runs from `now`)."""
         assert self.effects is None, "a replica that records effects cannot apply a leader's"
         for eff in effects:
             t = type(eff)
             if t is EEnqueue:
                 self.next_id = eff.first
+                at = None if eff.at is None or sent is None else eff.at + (now - sent)
                 self.publish(eff.bodies, eff.props, eff.origin, eff.pseq, eff.redelivered, now,
-                             eff.ttl)
+                             eff.ttl, at)
             else:
                 _APPLY[t](self, eff)
 
@@ -192,4 +196,6 @@ _APPLY = {
     ENodeGone: lambda q, e: q.node_gone(e.node, e.forget_publishers, e.run),
     EPurge: lambda q, e: q.purge(),
     EFailover: lambda q, e: q.failover(e.redeliver_below),
+    EDeadHead: lambda q, e: q.apply_dead_head(e),
+    EDeadSettle: lambda q, e: q.dead_settle(tuple(e.owner), e.ids, tuple(e.holder)),
 }

@@ -48,6 +48,7 @@ from wire import messages as m
 from wire.errors import PRECONDITION_FAILED, ProtocolError
 
 from .changes import Change, DropMirror, QueueDelete
+from .dead_letter import MAXLEN, ReplicaDeadLetters
 from .policy import HA
 from .queue import NO_LIMITS, Limits, QueueState
 from .records import in_vhost, split_key
@@ -163,9 +164,10 @@ class ReplicaConfig:
     max_sync_bytes: int = 8 << 20
     sync_max_throughput: int = 0
     stall_after: float = 60.0  # a mirror that acknowledges nothing this long is dropped
+    dead_letter_sid: int = 0  # the session id of the node's dead-letter publisher
 
 
-class Replica(Leading, Syncing, Following):
+class Replica(Leading, Syncing, Following, ReplicaDeadLetters):
     """One replica of one queue. Its parts by responsibility: this class holds the state, takes
     the inputs, serves client operations, changes leadership and runs a round; a leader's
     replication and confirms are `Leading` (replica_leading.py), its batch sync `Syncing`
@@ -450,6 +452,10 @@ class Replica(Leading, Syncing, Following):
                 if refused:
                     # x-overflow reject-publish: these are not enqueued; their publisher nacks them
                     self.emit(owner, m.EvRejected(self.name, msg.pseq, refused))
+                    if limits.reject_publish_dlx and limits.dead_letter is not None:
+                        self._dead_letter(MAXLEN, limits.dead_letter,
+                                          [(0, bodies[i], props[i] if props is not None else None, False)
+                                           for i in refused], False)
                     drop = set(refused)
                     bodies = [b for i, b in enumerate(bodies) if i not in drop]
                     if props is not None:
@@ -457,7 +463,10 @@ class Replica(Leading, Syncing, Following):
             # a batch first sent to an epoch before our reign (parked, or slow on its link) was
             # resent meanwhile to whoever led then, who may have delivered it: flag it too
             resent = msg.resent or msg.epoch < self.reign
-            q.publish(bodies, props, owner, msg.pseq, resent, now, limits.message_ttl)
+            ttl = limits.message_ttl
+            if msg.ttl is not None and (ttl is None or msg.ttl / 1000.0 < ttl):
+                ttl = msg.ttl / 1000.0  # the message's own expiration, the lower of the two
+            q.publish(bodies, props, owner, msg.pseq, resent, now, ttl)
         self.accepted[(owner[0], owner[1])] = msg.pseq
 
     def _op_settle(self, msg: m.QSettle, now: float) -> None:
@@ -467,7 +476,10 @@ class Replica(Leading, Syncing, Following):
             if t is not None:
                 t.lends = False
             how = m.REQUEUE
-        self.q.settle(tuple(msg.owner), how, msg.ids)
+        if how == m.DISCARD:
+            self._reject(tuple(msg.owner), msg.ids)
+        else:
+            self.q.settle(tuple(msg.owner), how, msg.ids)
 
     def _op_consume(self, msg: m.QConsume, now: float) -> None:
         self.last_used = now
@@ -493,7 +505,7 @@ class Replica(Leading, Syncing, Following):
         self.last_used = now
         owner = tuple(msg.owner)
         q = self.q
-        q.expire(now, False)  # an expired head is never handed out
+        self._expire(now, False)  # an expired head is never handed out
         got = q.get(owner, msg.no_ack)
         if got is not None:
             got = [got[0], got[1], got[2], got[3] or got[0] < self.q.redeliver_below]
@@ -631,7 +643,7 @@ class Replica(Leading, Syncing, Following):
             q = self.q
             limits = self.assign.limits
             if q.expiry or q.expired_upto:
-                q.expire(now, False)  # an expired head is never delivered
+                self._expire(now, False)  # an expired head is never delivered
             batches = q.dispatch() if self.in_step else None
             if batches:
                 name = self.name
@@ -659,11 +671,10 @@ class Replica(Leading, Syncing, Following):
                         owner[2], c.tag, name, ids, bodies, again,
                         props if props.count(None) != len(props) else None, self.epoch))
                 more = bool(self.q.ready)
-            if limits is not NO_LIMITS:
-                if q.expiry or q.expired_upto:
-                    q.expire(now, True)  # a TTL of 0: what was not delivered at once goes
-                if limits.bounded and not limits.reject_publish:
-                    q.drop_over(limits)  # x-overflow drop-head, after this round's deliveries
+            if q.expiry or q.expired_upto:
+                self._expire(now, True)  # a TTL of 0: what was not delivered at once goes
+            if limits is not NO_LIMITS and limits.bounded and not limits.reject_publish:
+                self._trim(limits)  # x-overflow drop-head, after this round's deliveries
         self._ship(now, linger=True)
         if self.rep.mirrors:
             self._report_synced(now)

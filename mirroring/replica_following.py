@@ -33,7 +33,7 @@ class Following:
     def _on_rep(self, msg: m.RRep, now: float) -> None:
         ok = self.follow.accepts(msg.epoch, msg.seq)
         if ok:
-            self.q.apply_effects(msg.effects, now)
+            self.q.apply_effects(msg.effects, now, msg.now)
             self.follow.last_seq = msg.seq
             self._ack_due = True
         elif ok is None:

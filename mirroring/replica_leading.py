@@ -143,7 +143,7 @@ class Leading:
         if effects:
             q.effects = []
             seq, released = self.rep.record(accepted)
-            msg = m.RRep(self.name, self.epoch, seq, effects)
+            msg = m.RRep(self.name, self.epoch, seq, effects, now)
             for node in self.rep.mirrors:
                 self._send(node, msg)
             self._release(released)

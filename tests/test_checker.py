@@ -56,6 +56,17 @@ def test_clean_history_is_ok_and_counts_are_right():
     assert "OK" in v.line()
 
 
+def test_a_message_delivered_from_its_dead_letter_queue_is_delivered_not_lost():
+    pubs, dels = steady(10)
+    dead = [Delivery(id=d.id, consumer=1, node=d.node, t=d.t, redelivered=False, queue=Q + ".dead")
+            for d in dels[5:]]
+    subs = [Subscription(0, Q, 0.5, 4.0), Subscription(1, Q + ".dead", 0.5, 4.0)]
+    v = check(history(pubs, dels[:5] + dead, subs=subs))
+    assert v.ok and v.lost == 0 and v.delivered == 10, v.reasons
+    v = check(history(pubs, dels[:5], subs=subs))
+    assert v.lost == 5 and not v.ok
+
+
 def test_a_confirmed_message_never_delivered_is_lost():
     pubs, dels = steady()
     del dels[40]

@@ -63,7 +63,8 @@ def test_every_key_accepted_together():
          "ha-sync-batch-size": 4096, "ha-promote-on-failure": "when-synced",
          "ha-promote-on-shutdown": "always", "queue-master-locator": "client-local",
          "max-length": 1000, "max-length-bytes": 1 << 20, "message-ttl": 60000, "expires": 1800000,
-         "overflow": "reject-publish", "queue-mode": "lazy"}
+         "overflow": "reject-publish", "queue-mode": "lazy", "dead-letter-exchange": "dlx",
+         "dead-letter-routing-key": "retry"}
     assert parse_definition(d) == d
     assert set(d) == KEYS
 
@@ -80,7 +81,10 @@ def test_queue_limits_a_policy_may_set_and_their_bad_values():
                            ("max-length", True, "a non-negative integer")):
         err = refused({"ha-mode": "all", key: bad}, key)
         assert f"must be {kind}" in err.text, err.text
-    assert "'drop-head', 'reject-publish'" in refused({"overflow": "reject-publish-dlx"}, "overflow").text
+    assert "'drop-head', 'reject-publish', 'reject-publish-dlx'" in refused({"overflow": "nope"}, "overflow").text
+    assert parse_definition({"dead-letter-exchange": "", "dead-letter-routing-key": "k"}) == {
+        "dead-letter-exchange": "", "dead-letter-routing-key": "k"}
+    assert "must be a string, got 5" in refused({"dead-letter-exchange": 5}, "dead-letter-exchange").text
     refused({"queue-mode": "paged"}, "queue-mode")
 
 
@@ -112,9 +116,9 @@ def test_empty_definition_refused(definition):
 
 
 def test_unrecognised_keys_are_named():
-    err = refused('{"ha-mode":"all","dead-letter-exchange":"dlx","federation-upstream":"u"}',
-                  "dead-letter-exchange")
-    assert "'federation-upstream'" in err.text and "not recognised policy settings" in err.text
+    err = refused('{"ha-mode":"all","federation-upstream":"u","queue-version":2}',
+                  "federation-upstream")
+    assert "'queue-version'" in err.text and "not recognised policy settings" in err.text
     refused({"ha-mode": "all", "ha_mode": "all"}, "ha_mode")  # near-misses are not forgiven
     refused({"HA-MODE": "all"}, "HA-MODE")
 

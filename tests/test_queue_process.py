@@ -25,6 +25,7 @@ class Host:
         self.batch_now = 0.0
         self.events: list = []
         self.sent: list = []  # (node, message) to other replicas
+        self.dead: list = []  # (queue, DeadLetter) to republish
         self.leaving = False  # the node is not stopping
 
     in_step = True  # the node is in step with the metadata log
@@ -52,6 +53,9 @@ class Host:
 
     def auto_delete(self, qname):
         pass
+
+    def dead_letter(self, qname, d):
+        self.dead.append((qname, d))
 
 
 def _declared(protocol) -> set[str]:
@@ -88,7 +92,7 @@ def leader_with_a_mirror() -> tuple[QueueProcess, Host]:
     replica = Replica("q", config("n3"), Assign("n3", 1, ["n2"], ["n2"], ha), 0.0)
     qp = QueueProcess(host, replica)
     qp._carry_out()
-    qp.deliver(m.QPublish("q", OWNER, 1, [b"only the leader has this"], None, False, 1))
+    qp.deliver(m.QPublish("q", OWNER, 1, [b"only the leader has this"], None, False, 1, None))
     qp._round(0.1)
     assert not [e for e in host.events if isinstance(e, m.EvAccepted)], "confirmed before n2 had it"
     return qp, host
@@ -196,7 +200,7 @@ def test_an_acknowledgement_with_other_input_gets_a_full_round(monkeypatch):
     qp, host = leader_with_a_mirror()
     rounds = count_rounds(monkeypatch)
     after_a_peer_batch(qp, host, 0.2, m.RRepOk("q", 1, "n2", qp.replica.rep.seq),
-                       m.QPublish("q", OWNER, 2, [b"next"], None, False, 1))
+                       m.QPublish("q", OWNER, 2, [b"next"], None, False, 1, None))
     assert rounds == [0.2] and accepted(host) == [1]
 
 
@@ -217,7 +221,7 @@ def test_confirms_held_out_of_step_leave_with_the_next_acknowledgement():
     brings both confirms out at once (not the later one alone, the held one waiting for some
     later round)."""
     qp, host = leader_with_a_mirror()
-    qp.deliver(m.QPublish("q", OWNER, 2, [b"next"], None, False, 1))
+    qp.deliver(m.QPublish("q", OWNER, 2, [b"next"], None, False, 1, None))
     qp._round(0.15)
     first, second = qp.replica.rep.seq - 1, qp.replica.rep.seq
     host.in_step = False
@@ -258,7 +262,7 @@ def pump(leader, lhost, mirror, mhost, now):
 
 def test_a_replication_batch_alone_is_acknowledged_without_a_round(monkeypatch):
     leader, mirror, lhost, mhost = leader_and_mirror()
-    leader.deliver(m.QPublish("q", OWNER, 1, [b"body"], None, False, 1))
+    leader.deliver(m.QPublish("q", OWNER, 1, [b"body"], None, False, 1, None))
     leader._round(0.1)
     batches = [msg for _, msg in lhost.sent if isinstance(msg, m.RRep)]
     assert len(batches) == 1
@@ -276,7 +280,7 @@ def test_a_missing_replication_batch_still_restarts_the_mirror():
     its leader for a restart and ignores the batches after the gap."""
     leader, mirror, lhost, mhost = leader_and_mirror()
     for pseq in (1, 2):
-        leader.deliver(m.QPublish("q", OWNER, pseq, [b"body"], None, False, 1))
+        leader.deliver(m.QPublish("q", OWNER, pseq, [b"body"], None, False, 1, None))
         leader._round(0.1 * pseq)
     first, second = [msg for _, msg in lhost.sent if isinstance(msg, m.RRep)]
     after_a_peer_batch(mirror, mhost, 0.3, second, first)
@@ -290,5 +294,5 @@ def test_a_waiting_mirror_gets_a_full_round():
     qp = QueueProcess(host, Replica("q", config("n2"), Assign("n3", 1, ["n2"], ["n2"], ha), 0.0))
     asked = []
     host.may_deliver = lambda qp, now: asked.append(now) or True
-    after_a_peer_batch(qp, host, 0.2, m.RRep("q", 1, 1, []))
+    after_a_peer_batch(qp, host, 0.2, m.RRep("q", 1, 1, [], 0.2))
     assert qp.replica.state is State.WAITING and asked == [0.2]

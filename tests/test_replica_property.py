@@ -168,7 +168,7 @@ class World:
             first = L.q.next_id
             # to the leader's present epoch, as a session whose route names it sends
             L.handle(m.QPublish("q", owner, self.pseq[owner[:2]], [b"m%d" % i for i in range(n)], None, False,
-                                max(L.epoch, 1)), self.now)
+                                max(L.epoch, 1), None), self.now)
             for mid in range(first, L.q.next_id):
                 self.published_at[mid] = self.now
         elif kind == "consume":
@@ -461,8 +461,8 @@ def test_a_publish_parked_for_an_epoch_before_the_promotion_goes_out_flagged():
     cfg = ReplicaConfig(node="n2", pid="<n2.1.0>")
     r = Replica("q", cfg, Assign("n3", 3, ["n2"], [], ha), 0.0)
     old, ahead = ("n1", 1, 1), ("n1", 2, 1)
-    r.handle(m.QPublish("q", old, 1, [b"old"], None, False, 1), 0.0)
-    r.handle(m.QPublish("q", ahead, 1, [b"new"], None, False, 4), 0.0)
+    r.handle(m.QPublish("q", old, 1, [b"old"], None, False, 1, None), 0.0)
+    r.handle(m.QPublish("q", ahead, 1, [b"new"], None, False, 4, None), 0.0)
     assert r.state is State.WAITING and len(r.parked) == 2
     r.assign_now(Assign("n2", 4, [], [], ha), 0.0)
     assert r.state is State.LEADER
@@ -472,7 +472,7 @@ def test_a_publish_parked_for_an_epoch_before_the_promotion_goes_out_flagged():
     [ev] = [e for e in events[("n1", 3)] if isinstance(e, m.EvDeliver)]
     assert ev.bodies == [b"old", b"new"] and ev.redelivered == [0]
     # the session's resend of the old batch (flagged, to epoch 4) is recognised: not enqueued again
-    r.handle(m.QPublish("q", old, 1, [b"old"], None, True, 4), 0.0)
+    r.handle(m.QPublish("q", old, 1, [b"old"], None, True, 4, None), 0.0)
     assert r.q.next_id == 3
 
 
@@ -487,13 +487,13 @@ def test_a_batch_sent_to_an_earlier_epoch_waits_for_its_resend_when_one_before_i
     cfg = ReplicaConfig(node="n2", pid="<n2.1.0>")
     r = Replica("q", cfg, Assign("n2", 3, [], [], ha), 0.0)
     pub = ("n1", 7, 1)
-    r.handle(m.QPublish("q", pub, 5, [b"e", b"f"], None, False, 2), 0.0)  # 3 and 4 missing
+    r.handle(m.QPublish("q", pub, 5, [b"e", b"f"], None, False, 2, None), 0.0)  # 3 and 4 missing
     assert r.q.next_id == 1 and r.accepted.get(("n1", 7), 0) == 0
     for pseq, bodies in ((3, [b"c"]), (4, [b"d"]), (5, [b"e", b"f"])):  # the resend, to epoch 3
-        r.handle(m.QPublish("q", pub, pseq, bodies, None, True, 3), 0.0)
+        r.handle(m.QPublish("q", pub, pseq, bodies, None, True, 3, None), 0.0)
     assert [msg[1] for msg in r.q.ready] == [b"c", b"d", b"e", b"f"]
     assert r.accepted[("n1", 7)] == 5
-    r.handle(m.QPublish("q", pub, 6, [b"g"], None, False, 2), 0.0)  # follows on: applied, flagged
+    r.handle(m.QPublish("q", pub, 6, [b"g"], None, False, 2, None), 0.0)  # follows on: applied, flagged
     assert [msg[1] for msg in r.q.ready][-1] == b"g" and r.q.ready[-1][3]
 
 
@@ -545,7 +545,7 @@ def test_a_resend_the_leader_already_applied_uses_no_replication_batch_number():
     w.settle_all()
     assert w.accepted[owner[:2]] == 1
     seq = w.leader.rep.seq
-    w.leader.handle(m.QPublish("q", owner, 1, [b"m0", b"m1", b"m2"], None, True, 1), w.now)
+    w.leader.handle(m.QPublish("q", owner, 1, [b"m0", b"m1", b"m2"], None, True, 1, None), w.now)
     w.pump("L")
     assert w.leader.rep.seq == seq, "a recognised resend took a batch number"
     w.settle_all()
@@ -632,7 +632,7 @@ def test_a_mirror_that_resumes_under_a_promoted_leader_gives_back_the_deliveries
     settle()
     first = reps["n1"]
     first.handle(m.QConsume("q", consumer, 1, "t", False, 2, False, {}), 0.0)
-    first.handle(m.QPublish("q", ("n2", 5, 1), 1, [b"a", b"b", b"c"], None, False, 1), 0.0)
+    first.handle(m.QPublish("q", ("n2", 5, 1), 1, [b"a", b"b", b"c"], None, False, 1, None), 0.0)
     settle()
     assert delivered == [1, 2]
     assert reps["n2"].q.comparable() == reps["n3"].q.comparable() == first.q.comparable()
@@ -652,6 +652,6 @@ def test_a_mirror_that_resumes_under_a_promoted_leader_gives_back_the_deliveries
 
     del reps["n2"]
     promote("n3", 3)
-    reps["n3"].handle(m.QPublish("q", ("n3", 7, 1), 1, [b"d"], None, False, 3), 0.0)
+    reps["n3"].handle(m.QPublish("q", ("n3", 7, 1), 1, [b"d"], None, False, 3, None), 0.0)
     settle()
     assert delivered[-1] == 4, "the promoted mirror's consumer has no credit"

@@ -3,8 +3,10 @@ equal to the leader's (spec: "The mirrors apply the operations that occur to the
 exactly the same order as the leader and thus maintain the same state").
 
 The leader's own decisions are covered too: messages expiring (x-message-ttl, time passing
-between operations), the head dropped over a length limit (x-overflow drop-head) and publishes
-refused by a full queue (reject-publish).
+between operations, batches with and without a TTL mixed as per-message expirations make them),
+the head dropped over a length limit (x-overflow drop-head), publishes refused by a full queue
+(reject-publish), and dead-lettering: expired, over-limit and rejected messages passed to the
+dead-letter publisher's holder (mirroring/dead_letter.py), which acknowledges them later.
 
 A mirror that starts late (unsynchronised) is also checked: its ready messages are the leader's
 ready messages from its start id on, and once the leader holds nothing older than that start,
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 from mirroring.queue import Limits, QueueState
 
 OWNERS = [("n1", 1, 1), ("n1", 1, 2), ("n2", 5, 1), ("n3", 9, 1)]
+HOLDER = ("n1", 77, 0)  # the dead-letter publisher of the leader's node
 
 op = st.one_of(
     st.tuples(st.just("publish"), st.integers(1, 5), st.sampled_from(OWNERS)),
@@ -40,6 +43,9 @@ op = st.one_of(
     st.tuples(st.just("drop_over"), st.integers(0, 4), st.sampled_from([None, 3, 8])),
     st.tuples(st.just("publish_bounded"), st.integers(1, 4), st.sampled_from(OWNERS),
               st.integers(0, 4)),
+    st.tuples(st.just("dead_expire"), st.booleans()),
+    st.tuples(st.just("dead_over"), st.integers(0, 4)),
+    st.tuples(st.just("dead_reject"), st.integers(0, 3), st.integers(1, 6)),
 )
 
 
@@ -85,6 +91,19 @@ def run_op(leader: QueueState, o, pseqs: dict, now: float = 0.0) -> None:
         leader.expire(now, o[1])
     elif kind == "drop_over":
         leader.drop_over(Limits(max_length=o[1], max_bytes=o[2]))
+    elif kind == "dead_expire":
+        upto = leader.expired_by(now, o[1])
+        if upto:
+            leader.dead_head(upto, True, HOLDER)
+    elif kind == "dead_over":
+        upto = leader.over_limits(Limits(max_length=o[1]))
+        if upto:
+            leader.dead_head(upto, False, HOLDER)
+    elif kind == "dead_reject":
+        owners = sorted({ow for ow, _, _ in leader.unacked.values() if ow != HOLDER}) or OWNERS
+        owner = owners[o[1] % len(owners)]
+        mine = [mid for mid, (ow, _, _) in leader.unacked.items() if ow == owner][: o[2]]
+        leader.dead_settle(owner, mine + [10_000], HOLDER)
 
 
 @settings(max_examples=300, deadline=None)

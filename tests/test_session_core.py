@@ -277,9 +277,9 @@ def test_mixed_mandatory_batches_in_one_run_return_only_the_mandatory_messages()
     host, s, out = core_session()
     s.handle(m.ConfirmSelect(2, 1))
     assert out.pop() == m.Reply(2, None)
-    run = [m.PublishTo(1, "amq.direct", "nowhere", False, [b"a"], None),
-           m.PublishTo(1, "amq.direct", "nowhere", True, [b"b", b"c"], None),
-           m.PublishTo(1, "amq.direct", "nowhere", False, [b"d"], None)]
+    run = [m.PublishTo(1, "amq.direct", "nowhere", False, [b"a"], None, None),
+           m.PublishTo(1, "amq.direct", "nowhere", True, [b"b", b"c"], None, None),
+           m.PublishTo(1, "amq.direct", "nowhere", False, [b"d"], None, None)]
     assert s.handle_run(run, 0) == 3
     assert [o.bodies if type(o) is m.Returned else o.acks for o in out] == \
         [[[1, 1]], [b"b", b"c"], [[2, 3]], [[4, 4]]]

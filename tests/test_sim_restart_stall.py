@@ -131,7 +131,7 @@ def test_a_replica_that_follows_nobody_tells_the_leader_streaming_to_it():
     assert r.state is rp.State.WAITING
 
     def resets(now, epoch=2, seq=1):
-        r.handle(m.RRep("q", epoch, seq, []), now)
+        r.handle(m.RRep("q", epoch, seq, [], now), now)
         out, _ = r.take_output()
         return [(o.node, o.msg) for o in out if isinstance(o, rp.Send)]
 

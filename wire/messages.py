@@ -267,6 +267,7 @@ class PublishTo(Message, tag="publish.to"):
     mandatory: bool
     bodies: list[bytes]
     props: list | None
+    ttl: int | None  # the messages' `expiration` property, in ms (AMQP: one per batch)
 
 
 @register
@@ -445,6 +446,7 @@ class QPublish(Message, tag="q.publish"):
     props: list | None
     resent: bool
     epoch: int
+    ttl: int | None  # the messages' `expiration` property, in ms (None: none set)
 
 
 @register
@@ -539,8 +541,9 @@ class Effect(Message):
 
 
 class EEnqueue(Effect, tag="enq"):
-    """`ttl`: the queue's message TTL in seconds (x-message-ttl), or None: each replica
-    expires the batch that long after it applied it (its own clock)."""
+    """`ttl`: the batch's TTL in seconds (the queue's, or its messages' own expiration), or
+    None; `at`: the deadline the leader gave it, on the leader's clock (a mirror moves it to its
+    own clock by the batch's `RRep.now`, so a promoted mirror keeps the leader's deadlines)."""
     first: int
     bodies: list[bytes]
     props: list | None
@@ -548,6 +551,7 @@ class EEnqueue(Effect, tag="enq"):
     pseq: int
     redelivered: bool
     ttl: float | None = None
+    at: float | None = None
 
 
 class EDrop(Effect, tag="drop"):
@@ -569,6 +573,24 @@ class EGet(Effect, tag="get"):
     owner: Owner
     id: int
     no_ack: bool
+
+
+class EDeadHead(Effect, tag="dlh"):
+    """As EDrop (every ready message up to `upto` goes; `expired` as there), but the queue
+    dead-letters them: the messages `ids` are held as unacknowledged by `holder`, its leader's
+    node's dead-letter publisher, until the dead-letter exchange's queues confirm them."""
+    upto: int
+    expired: bool
+    ids: list[int]
+    holder: Owner
+
+
+class EDeadSettle(Effect, tag="dls"):
+    """`owner` rejected `ids` without requeue and the queue dead-letters them: they pass to
+    `holder` (see EDeadHead)."""
+    owner: Owner
+    ids: list[int]
+    holder: Owner
 
 
 class ESettle(Effect, tag="stl"):
@@ -621,7 +643,7 @@ class EFailover(Effect, tag="fo"):
 
 
 AnyEffect = EEnqueue | EDeliver | EGet | ESettle | EConsume | ECancel | EOwnerGone | \
-    ESessionGone | ENodeGone | EPurge | EFailover | EDrop
+    ESessionGone | ENodeGone | EPurge | EFailover | EDrop | EDeadHead | EDeadSettle
 
 
 @register
@@ -653,11 +675,13 @@ class RMirrorReady(Message, tag="r.mirror_ready"):
 
 @register
 class RRep(Message, tag="r.rep"):
-    """Leader -> mirror: replication batch number `seq` of this epoch."""
+    """Leader -> mirror: replication batch number `seq` of this epoch, sent at `now` on the
+    leader's clock."""
     queue: str
     epoch: int
     seq: int
     effects: list[AnyEffect]
+    now: float
 
 
 @register

@@ -29,6 +29,9 @@ The history
 
 The rules
 ---------
+- delivered = a consumer received the id from any queue: a message dead-lettered (rejected,
+  expired) counts as delivered once it is delivered from its dead-letter queue (in a retry loop,
+  when it comes back to its own queue), and not as lost meanwhile.
 - lost = confirmed (ack) and never delivered. Lost is allowed only where a fault says the spec
   allows it and the message was confirmed before that fault ended (`lost_allowed`, by reason);
   every other lost message is a bug. Unconfirmed and nacked publishes may be lost: counted apart.

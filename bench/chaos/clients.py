@@ -15,7 +15,10 @@ This module owns how a chaos client behaves, which is how a user's client behave
 - A `Consumer` connects the same way, consumes with manual acks (one ack per delivery) and a
   prefetch, records a `Delivery` per message and a `Subscription` per span of being subscribed;
   when the broker cancels it (or the client cannot re-create it after reconnecting) it
-  subscribes again, as a robust application does.
+  subscribes again, as a robust application does. With `retries` it is the worker of a retry
+  loop: a message that has died in its queue (rejected: its `x-death`) fewer times than that is
+  rejected without requeue, for the queue's dead-letter exchange to bring it back later; only the
+  delivery it acknowledges is recorded (`rejections` keeps the others, with their flag).
 
 The hot path appends one record per message and logs nothing.
 """
@@ -40,6 +43,15 @@ def rotate(nodes: list[str], first: str) -> list[str]:
         return list(nodes)
     k = nodes.index(first)
     return nodes[k:] + nodes[:k]
+
+
+def rejected_here(properties: dict | None, queue: str) -> int:
+    """How many times a message was rejected from `queue` (its x-death header's count)."""
+    headers = (properties or {}).get("headers") or {}
+    for d in headers.get("x-death") or ():
+        if isinstance(d, dict) and d.get("queue") == queue and d.get("reason") == "rejected":
+            return int(d.get("count", 0))
+    return 0
 
 
 class Publisher:
@@ -172,8 +184,10 @@ class Publisher:
 class Consumer:
     def __init__(self, history: History, index: int, addresses: list[str], queue: str, *,
                  prefetch: int, user: str = "guest", password: str = "guest", clock=time.time,
-                 network=None):
+                 network=None, retries: int = 0):
         self.h = history
+        self.retries = retries
+        self.rejections: list[tuple[int, int, bool]] = []  # (id, deaths so far, redelivered)
         self.index = index
         self.addresses = addresses
         self.queue = queue
@@ -201,6 +215,15 @@ class Consumer:
         def on_message(ch, msg) -> None:
             now = clock()
             mid = int.from_bytes(msg.body[:8], "big")
+            if self.retries:
+                died = rejected_here(msg.properties, queue)
+                if died < self.retries:
+                    self.rejections.append((mid, died, msg.redelivered))
+                    try:
+                        ch.basic_reject(msg.delivery_tag, requeue=False)
+                    except AMQPError:
+                        pass
+                    return
             deliveries.append(Delivery(mid, index, self.conn.node, now, msg.redelivered, queue))
             ids.add(mid)
             self.count += 1

@@ -173,7 +173,7 @@ class ScheduleRun(FaultRunner):
         self.names = list(self.c.names)
         self.policy = dict(schedule.policy)
         self.policies = [(float("-inf"), self.policy)]  # (from when, policy): for the checker
-        self.pattern = "^" + re.escape(schedule.queue) + "$"
+        self.pattern = schedule.pattern
         self.down: dict[str, str] = {}  # node -> how it went away: crash | shutdown | isolated
         self.step = "starting"
         self.notes: list[str] = []
@@ -314,7 +314,8 @@ class ScheduleRun(FaultRunner):
             async with open_connection([self.c.client_addr(self.s.leader)], user=USER, password=PASSWORD,
                                        client_name="chaos-setup", reconnect=False) as conn:
                 ch = await conn.channel()
-                await ch.queue_declare(self.s.queue, durable=True)
+                for name, arguments in self.s.queues():
+                    await ch.queue_declare(name, durable=True, arguments=arguments)
 
         async def settled():
             o = await self.observe()
@@ -753,7 +754,7 @@ class ScheduleRun(FaultRunner):
         async with trio.open_nursery() as clients:
             for i, node in enumerate(s.consumers):
                 cons = Consumer(self.h, i, rotate(all_addrs, addrs[node]), s.queue, prefetch=s.prefetch,
-                                user=USER, password=PASSWORD)
+                                user=USER, password=PASSWORD, retries=s.retries)
                 self.consumers.append(cons)
                 with trio.fail_after(20):
                     await clients.start(cons.run)
@@ -1159,9 +1160,13 @@ def run_in_child(schedules: list[Schedule], opts: Options, folder: Path, run_id:
     return out
 
 
-def schedules_for(seed: int, count: int, kinds=None, faults=(1, 3), scale: float = 1.0) -> list[Schedule]:
-    return [generate(seed + i, kinds, min_faults=faults[0], max_faults=faults[1], scale=scale)
-            for i in range(count)]
+def schedules_for(seed: int, count: int, kinds=None, faults=(1, 3), scale: float = 1.0,
+                  workload: str = "plain") -> list[Schedule]:
+    out = [generate(seed + i, kinds, min_faults=faults[0], max_faults=faults[1], scale=scale)
+           for i in range(count)]
+    for s in out:
+        s.workload = workload
+    return out
 
 
 def check_folder(path: Path, opts: Options | None = None) -> Verdict:

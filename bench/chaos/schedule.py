@@ -24,6 +24,11 @@ Fault kinds (`KINDS`):
   full_restart    SIGTERM of every node, then all start again `duration` s later
   partition       the target's network namespace cut off from the other nodes for `duration` s
 
+The workload (`WORKLOADS`, `Schedule.workload`) is a choice, not drawn from the seed: "plain"
+(the default) or "retry", a retry loop (the queue dead-letters what its consumers reject once to a
+retry queue whose TTL sends it back; the same policy mirrors both). The checker judges the
+deliveries the consumers acknowledge.
+
 Targets: "leader" (the queue's leader when the action runs), "mirror" (one of its mirrors,
 picked with the action's own seed), "publisher_node" / "consumer_node" (the node the first
 publisher / consumer is connected to then), a node "nI" (a random target resolved here, so the
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import asdict, dataclass, field
 
 KINDS = ("kill", "sigterm", "pause", "stop_app", "forget", "policy", "sync", "cancel_sync",
@@ -42,6 +48,11 @@ NODE_KINDS = ("kill", "sigterm", "pause", "stop_app", "forget", "partition")
 ROLE_TARGETS = ("leader", "mirror", "publisher_node", "consumer_node", "random")
 QUEUE = "chaos.q"
 DEFAULT_RATE = 2000  # msgs/s over all publishers
+# what the clients do (Schedule.workload): "plain" publishes to one queue and acknowledges every
+# delivery; "retry" is a retry loop, the queue with a dead-letter exchange and a retry queue with
+# a TTL that sends back what the consumers reject once
+WORKLOADS = ("plain", "retry")
+RETRY_TTL_MS = 200
 
 # mirroring definitions a schedule starts from or switches to (weights: the common shapes first)
 POLICIES: list[tuple[int, dict]] = [
@@ -87,6 +98,28 @@ class Schedule:
     queue: str = QUEUE
     faults_range: list[int] = field(default_factory=lambda: [1, 3])  # how it was drawn (replay)
     scale: float = 1.0
+    workload: str = "plain"  # or "retry" (WORKLOADS)
+
+    # --- the workload: which queues, with which arguments, and how consumers treat messages ---
+    def queues(self) -> list[tuple[str, dict]]:
+        """The queues to declare, in order, with their arguments. "retry": the queue dead-letters
+        what its consumers reject to `queue.retry`, whose TTL sends it back (a retry loop)."""
+        if self.workload != "retry":
+            return [(self.queue, {})]
+        retry = self.queue + ".retry"
+        return [(retry, {"x-message-ttl": RETRY_TTL_MS, "x-dead-letter-exchange": "",
+                         "x-dead-letter-routing-key": self.queue}),
+                (self.queue, {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": retry})]
+
+    @property
+    def pattern(self) -> str:
+        """The chaos policy's pattern: every queue of the workload."""
+        return "^" + re.escape(self.queue) + ("(\\.retry)?$" if self.workload == "retry" else "$")
+
+    @property
+    def retries(self) -> int:
+        """How many times a consumer rejects a message before it acknowledges it."""
+        return 1 if self.workload == "retry" else 0
 
     def replay_command(self) -> str:
         """The one command that runs this schedule again."""
@@ -100,6 +133,8 @@ class Schedule:
             cmd += f" --scale {self.scale:g}"
         if self.rate != DEFAULT_RATE:
             cmd += f" --rate {self.rate}"
+        if self.workload != "plain":
+            cmd += f" --workload {self.workload}"
         return cmd + " --replay"
 
     def simulation_command(self) -> str:

@@ -229,6 +229,8 @@ class SimResult:
             cmd += f" --scale {self.schedule.scale:g}"
         if self.schedule.rate != SIM_RATE:
             cmd += f" --rate {self.schedule.rate}"
+        if self.schedule.workload != "plain":
+            cmd += f" --workload {self.schedule.workload}"
         lo, hi = self.schedule.faults_range
         if (lo, hi) != (1, 3):
             cmd += f" --faults {lo}-{hi}"
@@ -246,7 +248,7 @@ class SimResult:
 
 
 def sim_schedule(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
-                 rate: int | None = SIM_RATE) -> Schedule:
+                 rate: int | None = SIM_RATE, workload: str = "plain") -> Schedule:
     """The schedule of `seed` for the simulation: the real campaign's (`generate`) drawn from the
     real kinds in `kinds`, then some of its faults swapped for the simulation's own kinds. With
     no simulation-only kind drawn, it is exactly `warren-bench chaos`'s schedule of that seed
@@ -273,6 +275,7 @@ def sim_schedule(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SC
                                       seed=a.seed)
     s.rate = rate or s.rate
     s.kinds = kinds if set(kinds) != set(SIM_KINDS) else []
+    s.workload = workload
     return s
 
 
@@ -348,11 +351,12 @@ class SimRun(FaultRunner):
     async def run(self) -> History:
         s = self.s
         await self.c.form()
-        await self.ctl("n1", "set_policy", name=POLICY, pattern=f"^{s.queue}$",
+        await self.ctl("n1", "set_policy", name=POLICY, pattern=s.pattern,
                        definition=json.dumps(self.policy), apply_to="queues")
         async with self.c.connect(s.leader) as conn:
             ch = await conn.channel()
-            await ch.queue_declare(s.queue, durable=True)
+            for name, arguments in s.queues():
+                await ch.queue_declare(name, durable=True, arguments=arguments)
         await self.wait_for("the queue's mirrors to be synchronised after the declare", self.settled, 30)
         addrs = [f"{n}:{CLIENT_PORT}" for n in self.names]
         rate = s.rate / max(1, len(s.publishers))
@@ -360,7 +364,7 @@ class SimRun(FaultRunner):
             for i, node in enumerate(s.consumers):
                 cons = Consumer(self.h, i, rotate(addrs, f"{node}:{CLIENT_PORT}"), s.queue,
                                 prefetch=s.prefetch, user=SIM_USER[0], password=SIM_USER[1],
-                                clock=self.clock, network=self.c.net.host(f"c{i}"))
+                                clock=self.clock, network=self.c.net.host(f"c{i}"), retries=s.retries)
                 self.consumers.append(cons)
                 await clients.start(cons.run)
             for i, node in enumerate(s.publishers):
@@ -703,9 +707,9 @@ def promotions_in_trace(trace: list, queue: str) -> list[tuple[float, str, bool]
 
 
 def run_seed(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE, rate: int = SIM_RATE,
-             keep_trace: bool = False, say=None) -> SimResult:
+             keep_trace: bool = False, say=None, workload: str = "plain") -> SimResult:
     """One schedule on the simulation; deterministic for a given seed (and PYTHONHASHSEED)."""
-    s = sim_schedule(seed, kinds, faults, scale, rate)
+    s = sim_schedule(seed, kinds, faults, scale, rate, workload)
     trace: list = []
     t0 = time.perf_counter()
     with traced(trace), deterministic(seed):
@@ -731,11 +735,11 @@ def _crash_reason(exc: BaseException) -> str:
 
 
 def _one(args) -> dict:
-    seed, kinds, faults, scale, rate = args
+    seed, kinds, faults, scale, rate, workload = args
     try:
-        r = run_seed(seed, kinds, faults, scale, rate)
+        r = run_seed(seed, kinds, faults, scale, rate, workload=workload)
     except Exception as exc:  # a crash is a failed schedule like any other, reported with its seed
-        s = sim_schedule(seed, kinds, faults, scale, rate)
+        s = sim_schedule(seed, kinds, faults, scale, rate, workload)
         crashed = SimResult(seed, s, None, "", 0.0)
         reason = _crash_reason(exc)
         return {"seed": seed, "ok": False, "line": f"seed {seed} [{','.join(s.fault_kinds())}] {reason}",
@@ -749,11 +753,11 @@ def _one(args) -> dict:
 
 
 def explore(first: int, count: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
-            rate: int = SIM_RATE, procs: int = 1, out=None) -> list[dict]:
+            rate: int = SIM_RATE, procs: int = 1, out=None, workload: str = "plain") -> list[dict]:
     """Seeds first .. first+count-1 (in `procs` processes); prints a line per failed schedule
     with its replay command, then a summary with every schedule whose loss the spec allowed."""
     out = out or sys.stdout  # looked up now: a test may have replaced it
-    jobs = [(seed, kinds, faults, scale, rate) for seed in range(first, first + count)]
+    jobs = [(seed, kinds, faults, scale, rate, workload) for seed in range(first, first + count)]
     if procs > 1:
         import multiprocessing
         os.environ["PYTHONHASHSEED"] = "0"  # the workers' set orders agree with a replay's

@@ -50,7 +50,7 @@ _PUBLISH_PREFIX = codec.PUBLISH.to_bytes(4, "big")
 
 class _Channel:
     __slots__ = ("id", "closing", "close_sent", "method", "size", "raw", "parts", "got",
-                 "consumers", "last_queue", "low", "ooo", "confirming")
+                 "consumers", "last_queue", "low", "ooo", "confirming", "ttl")
 
     def __init__(self, ch: int):
         self.id = ch
@@ -59,6 +59,7 @@ class _Channel:
         self.method: tuple | None = None  # a publish waiting for its content
         self.size = -1  # body size from the content header (-1: header not seen yet)
         self.raw = b""
+        self.ttl: int | None = None  # the expiration (ms) of the publish whose content is read
         self.parts: list = []
         self.got = 0
         self.consumers: dict[str, str] = {}  # consumer tag -> queue
@@ -110,9 +111,10 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         self._rids = 0
         self._out: list[bytes] = []
         self._events: list = []
-        self._batch: list | None = None  # [ch, exchange, key, mandatory, bodies, props, bytes]
+        self._batch: list | None = None  # [ch, exchange, key, mandatory, bodies, props, bytes, kind, ttl]
         self._publish = codec.PublishCache()
-        self._props_seen: dict[bytes, str | None] = {}  # property bytes -> their user_id
+        # property bytes -> (their user_id, their expiration in ms or None)
+        self._props_seen: dict[bytes, tuple] = {}
         self._header = b""
         self._rest = b""  # the start of a frame whose end has not arrived
         self.last_recv = now
@@ -435,7 +437,7 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         raw = buf[h + 19:hstop]
         if not self._check_content(c, raw, size):
             return nxt
-        self._add_publish(c.id, exchange, key, mandatory, body, raw)
+        self._add_publish(c.id, exchange, key, mandatory, body, raw, c.ttl)
         return nxt
 
     def _check_content(self, c: _Channel, raw: bytes, size: int) -> bool:
@@ -443,16 +445,23 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         the body is not too large; False when the channel failed."""
         seen = self._props_seen
         if raw in seen:
-            user_id = seen[raw]
+            user_id, ttl = seen[raw]
         else:
             try:
                 props = propsmod.decode_raw(raw)
             except ValueError as exc:
                 raise ProtocolError(SYNTAX_ERROR, f"{exc} on channel {c.id}") from None
             user_id = props.user_id
+            ttl = props.expiration
+            if ttl is not None:
+                ttl = _expiration_ms(ttl)
+                if type(ttl) is str:  # not cached: the channel fails
+                    self._fail_channel(c, PRECONDITION_FAILED, ttl)
+                    return False
             if len(seen) >= codec.CACHE_LIMIT:
                 seen.clear()
-            seen[raw] = user_id
+            seen[raw] = (user_id, ttl)
+        c.ttl = ttl
         if user_id is not None and user_id != self.user:
             self._fail_channel(c, PRECONDITION_FAILED, f"user_id property set to '{user_id}' but "
                                                        f"authenticated user was '{self.user}'")
@@ -471,12 +480,18 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         c.method = None
         c.size = -1
         c.parts = []
-        self._add_publish(c.id, exchange, key, mandatory, body, raw)
+        self._add_publish(c.id, exchange, key, mandatory, body, raw, c.ttl)
 
     def _add_publish(self, ch: int, exchange: str, key: str, mandatory: bool, body: bytes,
-                     raw: bytes) -> None:
+                     raw: bytes, ttl: int | None) -> None:
         """One whole message into the batch of publishes going to the session."""
         item = None if (raw == propsmod.NO_PROPS and not exchange) else [exchange, key, raw]
+        if ttl is not None:
+            # a message with an expiration goes alone: a batch carries one TTL to its queues
+            self._flush_batch()
+            self._batch = [ch, exchange, key, mandatory, [body], [item], len(body), "pub", ttl]
+            self._flush_batch()
+            return
         b = self._batch
         if b is not None and (b[0] != ch or b[1] != exchange or b[2] != key or b[3] != mandatory
                               or b[6] + len(body) > BATCH_BYTES or len(b[4]) >= BATCH_MSGS
@@ -484,7 +499,7 @@ class AmqpProtocol(ConnectionPart, OutputPart):
             self._flush_batch()
             b = None
         if b is None:
-            self._batch = [ch, exchange, key, mandatory, [body], [item], len(body), "pub"]
+            self._batch = [ch, exchange, key, mandatory, [body], [item], len(body), "pub", None]
         else:
             b[4].append(body)
             b[5].append(item)
@@ -496,7 +511,7 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         b = self._batch
         if b is None or b[0] != c.id or b[7] != kind:
             self._flush_batch()
-            b = self._batch = [c.id, None, None, None, [], None, 0, kind]
+            b = self._batch = [c.id, None, None, None, [], None, 0, kind, None]
         if multiple:
             # tag 0 with multiple: everything delivered so far
             b[6] = -1 if tag == 0 or b[6] == -1 else max(b[6], tag)
@@ -513,7 +528,7 @@ class AmqpProtocol(ConnectionPart, OutputPart):
             props = b[5]
             if all(p is None for p in props):
                 props = None
-            self._events.append(m.PublishTo(b[0], b[1], b[2], b[3], b[4], props))
+            self._events.append(m.PublishTo(b[0], b[1], b[2], b[3], b[4], props, b[8]))
         elif kind == "ack":
             self._events.append(m.Ack(b[0], b[4], b[6]))
         else:
@@ -536,3 +551,14 @@ def _table(value) -> dict:
 
 
 __all__ = ["AmqpProtocol", "State", "LoggedIn", "ChannelFailed", "ConnectionFailed", "Closed"]
+
+
+def _expiration_ms(text: str) -> int | str:
+    """The expiration property as milliseconds, or RabbitMQ's text for a bad one."""
+    try:
+        ms = int(text, 10)
+    except ValueError:
+        return f"invalid expiration '{text}': no_integer"
+    if ms < 0:
+        return f"invalid expiration '{text}': {{value_negative,{ms}}}"
+    return ms

@@ -326,7 +326,7 @@ class Handlers:
         self.auth(request)
         node = self.node
         md, queues = await all_queues(self.m)
-        sessions = list(node.sessions.values())
+        sessions = node.clients()
         totals = {k: sum(q[k] for q in queues) for k in ("messages", "messages_ready",
                                                             "messages_unacknowledged")}
         stats = {"publish": 0, "deliver_get": 0, "ack": 0}

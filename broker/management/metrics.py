@@ -152,7 +152,7 @@ class _Snapshot:
             family.add_metric([], sum(row[i] for row in rows))
             yield family
 
-        sessions = list(node.sessions.values())
+        sessions = node.clients()
         for metric, doc, value in (
                 ("rabbitmq_connections", "Client connections open on this node", len(sessions)),
                 ("rabbitmq_channels", "Channels open on this node", sum(len(s.channels) for s in sessions)),

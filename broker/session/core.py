@@ -77,6 +77,8 @@ KEY_CACHE = 4096  # names a session outside the default vhost remembers the keys
 class Session(ChannelsPart, PublishingPart, ConsumersPart):
     """One client connection's session core (see the module docstring)."""
 
+    listed = True  # among the node's connections (not its dead-letter publisher's session)
+
     def __init__(self, host: SessionHost, sid: int, peer: str, user: str, client_name: str, out,
                  vhost: str = DEFAULT_VHOST):
         self.host = host
@@ -464,7 +466,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
         """Send again everything the queue's leader `route` (leader, epoch) may lack."""
         me, sid = self.me, self.sid
         epoch = route[1]
-        ops = [m.QPublish(qname, (me, sid, b.ch), b.pseq, b.bodies, b.props, True, epoch)
+        ops = [m.QPublish(qname, (me, sid, b.ch), b.pseq, b.bodies, b.props, True, epoch, b.ttl)
                for b in self.inflight.get(qname, ())]
         ops += [op for q, op in self.rpcs.values() if q == qname]
         ops += [op for op in self._deletes.values() if op.queue == qname]

@@ -51,9 +51,9 @@ class Fanout:
 class Batch:
     """A publish batch in flight to one queue: released (and confirmed) when the queue's
     leader says every mirror has it."""
-    __slots__ = ("pseq", "ch", "first", "n", "size", "bodies", "props", "rejected", "fanout")
+    __slots__ = ("pseq", "ch", "first", "n", "size", "bodies", "props", "rejected", "fanout", "ttl")
 
-    def __init__(self, pseq, ch, first, n, size, bodies, props, fanout):
+    def __init__(self, pseq, ch, first, n, size, bodies, props, fanout, ttl=None):
         self.pseq = pseq
         self.ch = ch
         self.first = first  # its first confirm sequence number (0: the channel does not confirm)
@@ -63,6 +63,7 @@ class Batch:
         self.props = props
         self.rejected: list | None = None  # indexes the queue refused (reject-publish)
         self.fanout: Fanout | None = fanout
+        self.ttl = ttl  # the messages' expiration (ms), None: none
 
 
 
@@ -196,7 +197,7 @@ class PublishingPart:
                     if i and (i == n or route != last):
                         self._publish(ch, last, msg.bodies[start:i],
                                       props[start:i] if props is not None else None,
-                                      ex, msg.routing_key, msg.mandatory)
+                                      ex, msg.routing_key, msg.mandatory, False, msg.ttl)
                         start = i
                     last = route
                 return
@@ -204,10 +205,16 @@ class PublishingPart:
             queues = host.route(xkey, msg.routing_key)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
-        self._publish(ch, queues, msg.bodies, props, ex, msg.routing_key, msg.mandatory)
+        self._publish(ch, queues, msg.bodies, props, ex, msg.routing_key, msg.mandatory, False, msg.ttl)
+
+    def publish_routed(self, ch_id: int, queues: list, bodies: list, props, exchange: str,
+                       routing_key: str, resent: bool) -> None:
+        """A batch the node routed itself (broker/dead_letters.py); `resent`: it may have been
+        published before, so its queues deliver it flagged redelivered."""
+        self._publish(self._ch(ch_id), queues, bodies, props, exchange, routing_key, False, resent)
 
     def _publish(self, ch: Channel, queues: list, bodies: list, props, exchange: str,
-                 routing_key: str, mandatory: bool) -> None:
+                 routing_key: str, mandatory: bool, resent: bool = False, ttl: int | None = None) -> None:
         """Send a batch to the queues it was routed to; returns, nacks or confirms at once what
         cannot be sent."""
         n = len(bodies)
@@ -248,14 +255,14 @@ class PublishingPart:
             dq = self.inflight.get(qname)
             if dq is None:
                 dq = self.inflight[qname] = deque()
-            dq.append(Batch(pseq, ch.id, first, n, size, bodies, props, fanout))
+            dq.append(Batch(pseq, ch.id, first, n, size, bodies, props, fanout, ttl))
             ch.inflight += n
             self.inflight_msgs += n
             self.inflight_bytes += size
             if link_full(qname):
                 self.full_links.append(qname)  # the front end waits after this run (wait_link_room)
-            self._send_to(qname, qdef, m.QPublish(qname, owner, pseq, bodies, props, False,
-                                                  host.queue_epoch(qdef)))
+            self._send_to(qname, qdef, m.QPublish(qname, owner, pseq, bodies, props, resent,
+                                                  host.queue_epoch(qdef), ttl))
 
     # --- confirms --------------------------------------------------------------------------
     def _batch_done(self, b: Batch, reason: str, confirms: dict) -> None:
