@@ -437,7 +437,7 @@ def test_permissions_refuse_on_their_channel_only_and_a_change_is_seen_at_the_ne
     refusals = [
         (m.QueueBind(3, 1, "other", "amq.direct", "k", {}), "queue 'other'"),  # write on the queue
         (m.QueueBind(4, 1, "perf.q", "amq.topic", "k", {}), "exchange 'amq.topic'"),  # read on it
-        (m.PublishTo(1, "amq.direct", "k", False, [b"x"], None), "exchange 'amq.direct'"),
+        (m.PublishTo(1, "amq.direct", "k", False, [b"x"], None, None), "exchange 'amq.direct'"),
         (m.Publish(1, "perf.q", [b"x"], None), "exchange 'amq.default'"),
         (m.BasicGet(5, 1, "perf.q", False), "queue 'perf.q'"),
         (m.ExchangeDelete(6, 1, "perf.x", False), None),  # allowed: configure ^perf\.
