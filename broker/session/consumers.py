@@ -15,10 +15,11 @@ core's channels, `host`, requests (`_request`, `rpcs`) and output ordering (`_pu
 from __future__ import annotations
 
 from mirroring import exchanges as xmod
+from mirroring.queue import check_consume_arguments
 from wire import messages as m
 from wire.errors import NOT_ALLOWED, ProtocolError
 
-from .channels import Channel
+from .channels import Channel, as_channel_error
 
 
 class ConsumersPart:
@@ -32,9 +33,14 @@ class ConsumersPart:
         if tag in ch.consumers or any(op.tag == tag and op.owner[2] == ch.id
                                       for _, op in self.rpcs.values() if type(op) is m.QConsume):
             raise ProtocolError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        arguments = xmod.plain(msg.arguments)
+        try:
+            check_consume_arguments(qname, arguments)
+        except ProtocolError as exc:
+            raise as_channel_error(exc) from None
         ch.touched.add(qname)
         op = m.QConsume(qname, self._owner(ch), msg.rid, tag, msg.no_ack, ch.prefetch,
-                        msg.exclusive, xmod.plain(msg.arguments))
+                        msg.exclusive, arguments)
         self._request(qname, msg.rid, op)
 
     def on_cancel(self, msg):
