@@ -219,6 +219,9 @@ def add_chaos_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--faults", default="1-3", help="faults per schedule, N or MIN-MAX (default 1-3)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every fault duration and gap")
     p.add_argument("--rate", type=int, help="msgs/s over all publishers (default: the schedule's, 2000)")
+    p.add_argument("--priorities", type=int, default=0, metavar="N",
+                   help="the workload on a priority queue (x-max-priority N), messages of priorities "
+                        "0..N, judged for their order too (default 0: a plain queue)")
     p.add_argument("--replay", action="store_true",
                    help="run exactly the schedule of --seed, verbosely, keeping the node logs")
     p.add_argument("--smoke", action="store_true", help="one short schedule per fault kind")
@@ -270,7 +273,7 @@ def chaos(args) -> int:
                 schedules = [s for s in schedules if s.kinds[0] in kinds]
         else:
             count = 1 if args.replay else args.schedules
-            schedules = real.schedules_for(seed, count, kinds, faults, args.scale)
+            schedules = real.schedules_for(seed, count, kinds, faults, args.scale, args.priorities)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -315,7 +318,7 @@ def dst(args, argv) -> int:
         rate = args.rate or sim.SIM_RATE
     if args.replay:
         r = sim.run_seed(args.seed, kinds, faults, scale, rate, keep_trace=args.trace,
-                         say=lambda text: print(f"  {text}"))
+                         say=lambda text: print(f"  {text}"), priorities=args.priorities)
         print(r.schedule.describe())
         print(r.line())
         for reason in r.verdict.reasons:
@@ -326,7 +329,8 @@ def dst(args, argv) -> int:
         for t, event, fields in r.trace:
             print(f"{t:10.4f} {event} {dict(fields)}")
         return 0 if r.verdict.ok else 1
-    results = sim.explore(args.seed, args.seeds, kinds, faults, scale, rate, args.procs)
+    results = sim.explore(args.seed, args.seeds, kinds, faults, scale, rate, args.procs,
+                          priorities=args.priorities)
     return 0 if all(r["ok"] for r in results) else 1
 
 
@@ -406,6 +410,9 @@ def main(argv=None) -> None:
     d.add_argument("--from-chaos", action="store_true",
                    help="the real campaign's schedules (warren-bench chaos with the same --seed and "
                         "--kinds): its fault kinds only, scale 1, its rate")
+    d.add_argument("--priorities", type=int, default=0, metavar="N",
+                   help="the workload on a priority queue (x-max-priority N), messages of priorities "
+                        "0..N, judged for their order too (default 0: a plain queue)")
     d.add_argument("--procs", type=int, default=1, help="worker processes")
     d.add_argument("--replay", action="store_true",
                    help="run the schedule of --seed alone and say what happened, with its trace digest")

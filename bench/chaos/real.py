@@ -54,7 +54,7 @@ from .checker import (EVENT_FIELDS, BrokerEvent, Fault, History, Phase, Verdict,
                       spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
 from .faults import FaultRunner
-from .schedule import expected_mirrors, Schedule, generate
+from .schedule import expected_mirrors, queue_arguments, Schedule, generate
 
 USER, PASSWORD = "chaos", "chaos-password"
 SECRET = "warren-chaos-secret"
@@ -314,7 +314,7 @@ class ScheduleRun(FaultRunner):
             async with open_connection([self.c.client_addr(self.s.leader)], user=USER, password=PASSWORD,
                                        client_name="chaos-setup", reconnect=False) as conn:
                 ch = await conn.channel()
-                await ch.queue_declare(self.s.queue, durable=True)
+                await ch.queue_declare(self.s.queue, durable=True, arguments=queue_arguments(self.s))
 
         async def settled():
             o = await self.observe()
@@ -760,7 +760,7 @@ class ScheduleRun(FaultRunner):
             for i, node in enumerate(s.publishers):
                 pub = Publisher(self.h, i, rotate(all_addrs, addrs[node]), s.queue, rate=rate,
                                 window=s.confirm_window, size=s.message_size, user=USER, password=PASSWORD,
-                                careful=self.opts.careful_publishers)
+                                careful=self.opts.careful_publishers, priorities=s.max_priority)
                 self.publishers.append(pub)
                 with trio.fail_after(20):
                     await clients.start(pub.run)
@@ -1159,9 +1159,13 @@ def run_in_child(schedules: list[Schedule], opts: Options, folder: Path, run_id:
     return out
 
 
-def schedules_for(seed: int, count: int, kinds=None, faults=(1, 3), scale: float = 1.0) -> list[Schedule]:
-    return [generate(seed + i, kinds, min_faults=faults[0], max_faults=faults[1], scale=scale)
-            for i in range(count)]
+def schedules_for(seed: int, count: int, kinds=None, faults=(1, 3), scale: float = 1.0,
+                  priorities: int = 0) -> list[Schedule]:
+    out = [generate(seed + i, kinds, min_faults=faults[0], max_faults=faults[1], scale=scale)
+           for i in range(count)]
+    for s in out:
+        s.max_priority = priorities
+    return out
 
 
 def check_folder(path: Path, opts: Options | None = None) -> Verdict:

@@ -87,6 +87,9 @@ class Schedule:
     queue: str = QUEUE
     faults_range: list[int] = field(default_factory=lambda: [1, 3])  # how it was drawn (replay)
     scale: float = 1.0
+    # the workload: 0 a plain queue; N a priority queue (x-max-priority N) whose messages carry
+    # priorities 0..N, judged for their order too (checker.py `priority_order`)
+    max_priority: int = 0
 
     def replay_command(self) -> str:
         """The one command that runs this schedule again."""
@@ -100,6 +103,8 @@ class Schedule:
             cmd += f" --scale {self.scale:g}"
         if self.rate != DEFAULT_RATE:
             cmd += f" --rate {self.rate}"
+        if self.max_priority:
+            cmd += f" --priorities {self.max_priority}"
         return cmd + " --replay"
 
     def simulation_command(self) -> str:
@@ -119,7 +124,8 @@ class Schedule:
         return [a.kind for a in self.actions]
 
     def describe(self) -> str:
-        lines = [f"seed {self.seed}: {self.nodes} nodes, queue {self.queue} led by {self.leader}, "
+        kind = f"priority queue (x-max-priority {self.max_priority}) " if self.max_priority else ""
+        lines = [f"seed {self.seed}: {self.nodes} nodes, {kind}queue {self.queue} led by {self.leader}, "
                  f"policy {json.dumps(self.policy)}",
                  f"  load {self.rate} msgs/s x {self.message_size} B for {self.load_for:g} s; "
                  f"publishers on {', '.join(self.publishers)} (confirms, window {self.confirm_window}); "
@@ -127,6 +133,11 @@ class Schedule:
         lines += ["  " + a.describe() for a in self.actions]
         lines.append(f"  t={self.load_for:5.2f}s heal, stop publishing, drain, drain again with a fresh consumer")
         return "\n".join(lines)
+
+
+def queue_arguments(s: Schedule) -> dict | None:
+    """The arguments the queue is declared with: x-max-priority for a priority queue's workload."""
+    return {"x-max-priority": s.max_priority} if s.max_priority else None
 
 
 def expected_mirrors(policy: dict, names: list[str], leader: str | None) -> int:
