@@ -56,7 +56,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from heapq import merge
 from itertools import accumulate, islice, repeat, starmap
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
 from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, EDrop, EEnqueue,
@@ -68,6 +68,7 @@ from .queue_mirror import MirrorSide
 
 _msg_id = itemgetter(0)
 _msg_body = itemgetter(1)
+_consumer_priority = attrgetter("priority")
 _entry_owner, _entry_key, _entry_msg = itemgetter(0), itemgetter(1), itemgetter(2)  # an unacked entry
 SID_RUN_MASK = 0x7FFFFFFF  # a session id's high bits: its node's run (broker/node.py new_session_id)
 MAX_DISPATCH_BYTES = 1 << 20  # and body bytes: a delivery frame stays far below the frame limit
@@ -590,7 +591,7 @@ class QueueState(MirrorSide):
                 del batch[keep:]
             out[(c.owner, c.tag)] = batch
             size = sizes[len(batch) - 1]
-        elif any(c.priority for c in active):
+        elif any(map(_consumer_priority, active)):
             size = self._share_by_priority(active, out)
         else:
             credits = [c.credit() for c in active]
