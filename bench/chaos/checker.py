@@ -19,7 +19,8 @@ The history
   messages confirmed before `t_end` (see `spec_allows_loss`, judged from the replicas seen
   when the fault began, and `allow_unsynchronised_promotions`, from what the broker logged when
   it promoted: a mirror that came back during the fault may be promoted unsynchronised).
-- `Phase`: markers "load" (clients start), "heal" (every fault undone), "publish_end" (the
+- `Phase`: markers "load" (clients start; in a priority queue's workload the publishers alone,
+  and "consume" when the consumers subscribe, after a backlog has built), "heal" (every fault undone), "publish_end" (the
   publishers stopped), "drain1" (the consumers that ran through the faults drain what is left),
   "drain1_end" (they stop), "drain2" (a second, fresh consumer looks for anything the first
   drain did not get), "end".
@@ -51,8 +52,10 @@ The rules
 - priority order (a priority queue's workload: publishes that carry a priority) = a consumer
   received message b before message a, both without `redelivered`, though a's priority is at
   least b's and a was confirmed before b was published: the queue held a when b came, so a is
-  handed out first (a higher priority first, FIFO within a priority). Judged only where the
-  confirm proves that order (`priority_order`); a bug.
+  handed out first (FIFO within a priority, and no overtaking of a higher priority). And the
+  backlog (messages confirmed before the "consume" phase, when no consumer existed yet, so all
+  of them were queued at once) reaches each consumer highest priority first. Judged only where
+  a confirm proves the order (`priority_order`); a bug.
 - confirm stalls = the longest time a publisher had publishes outstanding and no confirm (nor
   nack) came, counting only the time when every node was up and linked and no fault was in
   force (`BrokerEvent`s from the node logs tell when the links were up, and when a queue ran a
@@ -709,12 +712,12 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
         recovery.append({"fault": k, "kind": f.kind, "target": f.target, "t": f.t,
                          "first_delivery_after_s": None if after is None else round(after, 4)})
 
-    order_judged, out_of_order = priority_order(pubs, deliveries)
+    order_judged, out_of_order = priority_order(pubs, deliveries, h.phase("consume"))
     if out_of_order:
         c, b, a = out_of_order[0]
         reasons.append(f"{len(out_of_order)} deliveries out of priority order, e.g. consumer {c} got "
-                       f"id {b} before id {a} (of a priority at least as high, confirmed before {b} "
-                       f"was published)")
+                       f"id {b} before id {a}, which the queue held first with a priority at least "
+                       f"as high")
 
     for a in h.anomalies:
         reasons.append(f"anomaly: {a}")
@@ -737,11 +740,13 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
         order_examples=[list(x) for x in out_of_order[:sample]])
 
 
-def priority_order(pubs: dict[int, Publish], deliveries: list[Delivery]) -> tuple[int, list[tuple]]:
-    """The priority order rule (see the module docstring) over `deliveries` (in time order):
+def priority_order(pubs: dict[int, Publish], deliveries: list[Delivery],
+                   t_consume: float | None = None) -> tuple[int, list[tuple]]:
+    """The priority order rules (see the module docstring) over `deliveries` (in time order):
     how many deliveries it judged, and each one out of order as (consumer, its id, the id of a
     later delivery that should have come before it). Each consumer's unflagged deliveries are
-    walked from the last, keeping per priority the earliest confirm among those seen."""
+    walked from the last, keeping per priority the earliest confirm among those seen; then its
+    backlog (confirmed before `t_consume`) from the first, keeping the lowest priority seen."""
     seqs: dict[int, list[tuple[Delivery, Publish]]] = {}
     for d in deliveries:
         p = pubs.get(d.id)
@@ -763,6 +768,16 @@ def priority_order(pubs: dict[int, Publish], deliveries: list[Delivery]) -> tupl
                 e = earliest[p.priority]
                 if e is None or p.t_conf < e[0]:
                     earliest[p.priority] = (p.t_conf, d.id)
+        if t_consume is None:
+            continue
+        lowest: tuple[int, int] | None = None  # (priority, id) of the lowest backlog message so far
+        for d, p in seq:
+            if p.outcome != "ack" or p.t_conf is None or p.t_conf >= t_consume:
+                continue
+            if lowest is not None and p.priority > lowest[0]:
+                bad.append((consumer, lowest[1], d.id))
+            elif lowest is None or p.priority < lowest[0]:
+                lowest = (p.priority, d.id)
     return judged, bad
 
 

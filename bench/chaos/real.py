@@ -54,7 +54,7 @@ from .checker import (EVENT_FIELDS, BrokerEvent, Fault, History, Phase, Verdict,
                       spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
 from .faults import FaultRunner
-from .schedule import expected_mirrors, queue_arguments, Schedule, generate
+from .schedule import PRIORITY_BACKLOG, expected_mirrors, queue_arguments, Schedule, generate
 
 USER, PASSWORD = "chaos", "chaos-password"
 SECRET = "warren-chaos-secret"
@@ -751,12 +751,16 @@ class ScheduleRun(FaultRunner):
         self.step = "connecting the clients"
         rate = s.rate / max(1, len(s.publishers))
         async with trio.open_nursery() as clients:
-            for i, node in enumerate(s.consumers):
-                cons = Consumer(self.h, i, rotate(all_addrs, addrs[node]), s.queue, prefetch=s.prefetch,
-                                user=USER, password=PASSWORD)
-                self.consumers.append(cons)
-                with trio.fail_after(20):
-                    await clients.start(cons.run)
+            async def start_consumers():
+                for i, node in enumerate(s.consumers):
+                    cons = Consumer(self.h, i, rotate(all_addrs, addrs[node]), s.queue, prefetch=s.prefetch,
+                                    user=USER, password=PASSWORD)
+                    self.consumers.append(cons)
+                    with trio.fail_after(20):
+                        await clients.start(cons.run)
+
+            if not s.max_priority:
+                await start_consumers()
             for i, node in enumerate(s.publishers):
                 pub = Publisher(self.h, i, rotate(all_addrs, addrs[node]), s.queue, rate=rate,
                                 window=s.confirm_window, size=s.message_size, user=USER, password=PASSWORD,
@@ -766,6 +770,10 @@ class ScheduleRun(FaultRunner):
                     await clients.start(pub.run)
             self.t0 = time.time()
             self.h.phases.append(Phase(self.t0, "load"))
+            if s.max_priority:  # a backlog first, for the priorities to order
+                await trio.sleep(PRIORITY_BACKLOG)
+                self.h.phases.append(Phase(time.time(), "consume"))
+                await start_consumers()
             self.say(f"load running: {len(self.publishers)} publisher(s), {len(self.consumers)} consumer(s)")
             async with trio.open_nursery() as undo:
                 for a in s.actions:

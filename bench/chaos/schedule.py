@@ -135,6 +135,11 @@ class Schedule:
         return "\n".join(lines)
 
 
+# a priority queue's workload: how long the publishers run before the consumers subscribe, so
+# that a backlog is there for the priorities to order (the checker's "consume" phase)
+PRIORITY_BACKLOG = 0.5
+
+
 def queue_arguments(s: Schedule) -> dict | None:
     """The arguments the queue is declared with: x-max-priority for a priority queue's workload."""
     return {"x-max-priority": s.max_priority} if s.max_priority else None

@@ -43,7 +43,7 @@ from .checker import (EVENT_FIELDS, BrokerEvent, Fault, History, Phase, Verdict,
                       spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
 from .faults import FaultRunner
-from .schedule import expected_mirrors, queue_arguments, KINDS, Action, Schedule, generate
+from .schedule import PRIORITY_BACKLOG, expected_mirrors, queue_arguments, KINDS, Action, Schedule, generate
 
 SIM_KINDS = KINDS + ("drop", "delay", "client_drop")
 SIM_RATE = 150  # msgs/s over all publishers: what a simulated second costs real time
@@ -362,12 +362,16 @@ class SimRun(FaultRunner):
         addrs = [f"{n}:{CLIENT_PORT}" for n in self.names]
         rate = s.rate / max(1, len(s.publishers))
         async with trio.open_nursery() as clients:
-            for i, node in enumerate(s.consumers):
-                cons = Consumer(self.h, i, rotate(addrs, f"{node}:{CLIENT_PORT}"), s.queue,
-                                prefetch=s.prefetch, user=SIM_USER[0], password=SIM_USER[1],
-                                clock=self.clock, network=self.c.net.host(f"c{i}"))
-                self.consumers.append(cons)
-                await clients.start(cons.run)
+            async def start_consumers():
+                for i, node in enumerate(s.consumers):
+                    cons = Consumer(self.h, i, rotate(addrs, f"{node}:{CLIENT_PORT}"), s.queue,
+                                    prefetch=s.prefetch, user=SIM_USER[0], password=SIM_USER[1],
+                                    clock=self.clock, network=self.c.net.host(f"c{i}"))
+                    self.consumers.append(cons)
+                    await clients.start(cons.run)
+
+            if not s.max_priority:
+                await start_consumers()
             for i, node in enumerate(s.publishers):
                 pub = Publisher(self.h, i, rotate(addrs, f"{node}:{CLIENT_PORT}"), s.queue, rate=rate,
                                 window=s.confirm_window, size=s.message_size, careful=True,
@@ -377,6 +381,10 @@ class SimRun(FaultRunner):
                 await clients.start(pub.run)
             t0 = self.clock()
             self.h.phases.append(Phase(t0, "load"))
+            if s.max_priority:  # a backlog first, for the priorities to order
+                await trio.sleep(PRIORITY_BACKLOG)
+                self.h.phases.append(Phase(self.clock(), "consume"))
+                await start_consumers()
             async with trio.open_nursery() as undo:
                 for a in s.actions:
                     await trio.sleep_until(t0 + a.at)
