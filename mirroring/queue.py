@@ -436,7 +436,8 @@ class QueueState(MirrorSide):
 
     def drop_over(self, limits: Limits) -> int:
         """x-overflow drop-head: drop the oldest ready messages until the queue is within its
-        length limits (in a priority queue, the oldest of every priority)."""
+        length limits (in a priority queue too, the oldest by publish order whatever their
+        priority, where RabbitMQ drops from the head of its highest priority)."""
         ready = self.ready
         max_len = limits.max_length if limits.max_length is not None else float("inf")
         max_bytes = limits.max_bytes if limits.max_bytes is not None else float("inf")
