@@ -211,3 +211,16 @@ def test_bad_arguments_refused_with_rabbitmqs_text(arguments, text):
     with pytest.raises(ProtocolError) as e:
         check_arguments("q", arguments)
     assert e.value.code == 406 and e.value.text.endswith(f"for queue 'q' in vhost '/': {text}")
+
+
+def test_an_active_consumer_cancelled_by_a_failover_hands_over_to_the_next():
+    """x-cancel-on-ha-failover: the promoted leader cancels it (its client is told with
+    basic.cancel) and the next registered consumer is served."""
+    q = QueueState("q", single_active=True)
+    q.add_consumer(A, "first", False, 0, arguments={"x-cancel-on-ha-failover": True})
+    q.add_consumer(B, "second", True, 0)
+    q.publish([b"0"], None)
+    q.dispatch()
+    cancelled = q.failover()
+    assert [c.tag for c in cancelled] == ["first"]
+    assert by_tag(q.dispatch()) == {"second": [b"0"]}  # requeued by the failover, flagged
