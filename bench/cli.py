@@ -227,6 +227,9 @@ def add_chaos_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=("plain", "retry"), default="plain",
                    help="plain (default): one queue, every delivery acknowledged; retry: a retry loop "
                         "(the queue dead-letters what consumers reject once to a retry queue with a TTL)")
+    p.add_argument("--priorities", type=int, default=0, metavar="N",
+                   help="the workload on a priority queue (x-max-priority N), messages of priorities "
+                        "0..N, judged for their order too (default 0: a plain queue)")
     p.add_argument("--replay", action="store_true",
                    help="run exactly the schedule of --seed, verbosely, keeping the node logs")
     p.add_argument("--smoke", action="store_true", help="one short schedule per fault kind")
@@ -278,9 +281,11 @@ def chaos(args) -> int:
                 schedules = [s for s in schedules if s.kinds[0] in kinds]
             for s in schedules:
                 s.workload = args.workload
+                s.max_priority = args.priorities
         else:
             count = 1 if args.replay else args.schedules
-            schedules = real.schedules_for(seed, count, kinds, faults, args.scale, args.workload)
+            schedules = real.schedules_for(seed, count, kinds, faults, args.scale, args.workload,
+                                           args.priorities)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -325,7 +330,8 @@ def dst(args, argv) -> int:
         rate = args.rate or sim.SIM_RATE
     if args.replay:
         r = sim.run_seed(args.seed, kinds, faults, scale, rate, keep_trace=args.trace,
-                         say=lambda text: print(f"  {text}"), workload=args.workload)
+                         say=lambda text: print(f"  {text}"), workload=args.workload,
+                         priorities=args.priorities)
         print(r.schedule.describe())
         print(r.line())
         for reason in r.verdict.reasons:
@@ -337,7 +343,7 @@ def dst(args, argv) -> int:
             print(f"{t:10.4f} {event} {dict(fields)}")
         return 0 if r.verdict.ok else 1
     results = sim.explore(args.seed, args.seeds, kinds, faults, scale, rate, args.procs,
-                          workload=args.workload)
+                          workload=args.workload, priorities=args.priorities)
     return 0 if all(r["ok"] for r in results) else 1
 
 
@@ -422,6 +428,9 @@ def main(argv=None) -> None:
     d.add_argument("--from-chaos", action="store_true",
                    help="the real campaign's schedules (warren-bench chaos with the same --seed and "
                         "--kinds): its fault kinds only, scale 1, its rate")
+    d.add_argument("--priorities", type=int, default=0, metavar="N",
+                   help="the workload on a priority queue (x-max-priority N), messages of priorities "
+                        "0..N, judged for their order too (default 0: a plain queue)")
     d.add_argument("--procs", type=int, default=1, help="worker processes")
     d.add_argument("--workload", choices=("plain", "retry"), default="plain",
                    help="plain (default) or retry: a retry loop (see warren-bench chaos --workload)")

@@ -19,6 +19,11 @@ class Consumer:
     exclusive: bool = False
     arguments: dict = field(default_factory=dict)
     in_flight: int = 0
+    priority: int = field(init=False, default=0)  # x-priority (checked at basic.consume)
+
+    def __post_init__(self):
+        p = self.arguments.get("x-priority")
+        self.priority = p if type(p) is int else 0
 
     def credit(self) -> int:
         if self.no_ack or self.prefetch == 0:

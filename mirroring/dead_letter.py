@@ -164,19 +164,14 @@ class DeadLetterSide:
 
     def dead_head(self, upto: int, expired: bool, holder: tuple) -> list:
         """As `drop_upto`, but the messages taken are held by `holder` and returned."""
-        ready = self.ready
-        if not (ready and ready[0][0] <= upto):
+        oldest = self._oldest_ready()
+        if oldest is None or oldest > upto:
             self.drop_upto(upto, expired)  # the TTL bookkeeping only
             return []
         if expired:
             self._expired_upto(upto)
-        msgs = []
-        size = 0
-        while ready and ready[0][0] <= upto:
-            msg = ready.popleft()
-            msgs.append(msg)
-            size += len(msg[1])
-        self.ready_bytes -= size
+        msgs = self._take_ready_upto(upto)
+        self.ready_bytes -= sum(len(msg[1]) for msg in msgs)
         ids = [msg[0] for msg in msgs]
         if self.effects is not None:
             self.effects.append(EDeadHead(upto, expired, ids, holder))
@@ -190,15 +185,30 @@ class DeadLetterSide:
         holder = tuple(eff.holder)
         if eff.expired:
             self._expired_upto(eff.upto)
-        ready = self.ready
         have = {}
-        while ready and ready[0][0] <= eff.upto:
-            msg = ready.popleft()
+        for msg in self._take_ready_upto(eff.upto):
             have[msg[0]] = msg
             self.ready_bytes -= len(msg[1])
         unacked = self.unacked
         for mid in eff.ids:
             unacked[mid] = (holder, None, have.get(mid))
+
+    def _oldest_ready(self) -> int | None:
+        """The lowest ready id (a priority queue's ready messages are not in id order)."""
+        ready = self.ready
+        if self.prioritised:
+            return ready.oldest()
+        return ready[0][0] if ready else None
+
+    def _take_ready_upto(self, upto: int) -> list:
+        """Remove and return the ready messages with ids up to `upto`, in id order."""
+        ready = self.ready
+        if self.prioritised:
+            return ready.take_upto(upto)
+        msgs = []
+        while ready and ready[0][0] <= upto:
+            msgs.append(ready.popleft())
+        return msgs
 
     def dead_settle(self, owner: tuple, ids, holder: tuple) -> list:
         """`owner` rejected `ids` without requeue: what it held passes to `holder`; returns the

@@ -59,7 +59,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from heapq import merge
 from itertools import accumulate, islice, repeat, starmap
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 from wire.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ProtocolError
 from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, EDrop, EEnqueue,
@@ -68,11 +68,13 @@ from wire.messages import (ACK, DISCARD, REQUEUE, ECancel, EConsume, EDeliver, E
 from . import dead_letter
 from .consumer import MAX_DISPATCH, Consumer
 from .dead_letter import DeadLetterSide, Target
+from .priority_store import MAX_PRIORITY, PriorityReady
 from .queue_mirror import MirrorSide
 from .records import in_vhost
 
 _msg_id = itemgetter(0)
 _msg_body = itemgetter(1)
+_consumer_priority = attrgetter("priority")
 _entry_owner, _entry_key, _entry_msg = itemgetter(0), itemgetter(1), itemgetter(2)  # an unacked entry
 SID_RUN_MASK = 0x7FFFFFFF  # a session id's high bits: its node's run (broker/node.py new_session_id)
 MAX_DISPATCH_BYTES = 1 << 20  # and body bytes: a delivery frame stays far below the frame limit
@@ -88,6 +90,9 @@ class Limits:
     expires: float | None = None  # seconds unused before the queue is deleted
     dead_letter: Target | None = None  # x-dead-letter-exchange / -routing-key
     reject_publish_dlx: bool = False  # x-overflow reject-publish-dlx: what is refused is dead-lettered
+    # fixed by the queue's arguments alone (no policy sets them): the store and the consumers
+    max_priority: int = 0  # x-max-priority (0: a plain queue)
+    single_active: bool = False  # x-single-active-consumer
 
     @property
     def bounded(self) -> bool:
@@ -145,6 +150,37 @@ def check_arguments(name: str, arguments: dict) -> None:
     if "x-cancel-on-ha-failover" in arguments and not isinstance(arguments["x-cancel-on-ha-failover"], bool):
         raise ProtocolError(PRECONDITION_FAILED, f"invalid arg 'x-cancel-on-ha-failover' {where}: "
                                                  f"{{unacceptable_type,{_amqp_type(arguments['x-cancel-on-ha-failover'])}}}")
+    _check_priority_and_consumers(arguments, where)
+
+
+def _check_priority_and_consumers(arguments: dict, where: str) -> None:
+    """RabbitMQ's checks of x-max-priority (a non-negative integer up to 255) and
+    x-single-active-consumer (a boolean)."""
+    if "x-max-priority" in arguments:
+        v = arguments["x-max-priority"]
+        if isinstance(v, bool) or not isinstance(v, int):
+            why = f'"expected integer, got {_amqp_type(v)}"'
+        elif v < 0:
+            why = f"{{value_negative,{v}}}"
+        elif v > MAX_PRIORITY:
+            why = f"{{max_value_exceeded,{v}}}"
+        else:
+            why = None
+        if why:
+            raise ProtocolError(PRECONDITION_FAILED, f"invalid arg 'x-max-priority' {where}: {why}")
+    if "x-single-active-consumer" in arguments and not isinstance(arguments["x-single-active-consumer"], bool):
+        raise ProtocolError(PRECONDITION_FAILED, f"invalid arg 'x-single-active-consumer' {where}: "
+                                                 f"{{unacceptable_type,{_amqp_type(arguments['x-single-active-consumer'])}}}")
+
+
+def check_consume_arguments(queue: str, arguments: dict | None) -> None:
+    """RabbitMQ's 406 for a basic.consume's `x-priority` that is not an integer."""
+    if arguments and "x-priority" in arguments:
+        v = arguments["x-priority"]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ProtocolError(PRECONDITION_FAILED,
+                                f"invalid arg 'x-priority' for queue '{queue}' in vhost '/': "
+                                f'"expected integer, got {_amqp_type(v)}"')
 
 
 def _lower(a, b):
@@ -174,16 +210,29 @@ def limits_from(arguments: dict | None, policy: dict | None = None) -> Limits:
                  reject_publish=over in ("reject-publish", "reject-publish-dlx"),
                  expires=exp / 1000.0 if isinstance(exp, int) else None,
                  dead_letter=dead_letter.target_from(arguments, policy),
-                 reject_publish_dlx=over == "reject-publish-dlx")
+                 reject_publish_dlx=over == "reject-publish-dlx",
+                 max_priority=arguments.get("x-max-priority", 0),
+                 single_active=arguments.get("x-single-active-consumer") is True)
     return NO_LIMITS if lim == NO_LIMITS else lim
 
 
 class QueueState(MirrorSide, DeadLetterSide):
     """One queue's contents and consumers. Pure: no I/O, no clock."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, max_priority: int = 0, single_active: bool = False):
         self.name = name
-        self.ready: deque[tuple] = deque()
+        # a queue with priorities keeps its ready messages in their own store, in delivery
+        # order (mirroring/priority_store.py); a plain one in a deque, in id order
+        self.prioritised = max_priority > 0
+        self.ready: deque[tuple] | PriorityReady = PriorityReady(max_priority) if self.prioritised else deque()
+        # x-single-active-consumer: only the first registered consumer receives, and the
+        # consumers stay in registration order (no rotation)
+        self.single_active = single_active
+        # the active consumer was cancelled: as RabbitMQ's classic queue, the next one is active
+        # but is handed nothing until the queue next runs (a publish, a settle, a consumer
+        # added, a channel gone), so a client that cancels and then closes its channel has
+        # its unacknowledged messages requeued before the next consumer is served
+        self.sac_held = False
         self.next_id = 1
         self.consumers: dict[tuple, Consumer] = {}  # (owner, tag) -> Consumer, in rotation order
         self._unacked: dict[int, tuple] = {}  # msg id -> (owner, consumer key or None, message)
@@ -341,6 +390,7 @@ class QueueState(MirrorSide, DeadLetterSide):
             self.ready.extend(zip(range(first, first + n), bodies, props, flags))
         self.next_id = first + n
         self.ready_bytes += sum(map(len, bodies))
+        self.sac_held = False
         return first, first + n - 1
 
     def admit(self, bodies: list, limits: Limits) -> list[int]:
@@ -379,6 +429,15 @@ class QueueState(MirrorSide, DeadLetterSide):
         `expired`, every id up to it has expired (TTL bookkeeping moves on)."""
         advanced = self._expired_upto(upto) if expired else False
         ready = self.ready
+        if self.prioritised:
+            oldest = ready.oldest()
+            if not (oldest is not None and oldest <= upto) and not advanced:
+                return 0
+            if self.effects is not None:
+                self.effects.append(EDrop(upto, expired))
+            n, size = ready.drop_upto(upto)
+            self.ready_bytes -= size
+            return n
         if not (ready and ready[0][0] <= upto) and not advanced:
             return 0
         if self.effects is not None:
@@ -450,7 +509,8 @@ class QueueState(MirrorSide, DeadLetterSide):
 
     def over_limits(self, limits: Limits) -> int:
         """The last id of the oldest ready messages that must go for the queue to be within its
-        length limits (0: none)."""
+        length limits (0: none); in a priority queue too the oldest by publish order whatever
+        their priority, where RabbitMQ drops from the head of its highest priority."""
         ready = self.ready
         max_len = limits.max_length if limits.max_length is not None else float("inf")
         max_bytes = limits.max_bytes if limits.max_bytes is not None else float("inf")
@@ -459,7 +519,7 @@ class QueueState(MirrorSide, DeadLetterSide):
         n = len(ready)
         size = self.ready_bytes
         upto = 0
-        for msg in ready:
+        for msg in (ready.by_id() if self.prioritised else ready):
             if n <= max_len and size <= max_bytes:
                 break
             upto = msg[0]
@@ -489,10 +549,13 @@ class QueueState(MirrorSide, DeadLetterSide):
             self.effects.append(EConsume(owner, tag, no_ack, prefetch, exclusive, c.arguments))
         self.consumers[key] = c
         self.had_consumer = True
+        self.sac_held = False
         return c
 
     def remove_consumer(self, owner: tuple, tag: str) -> Consumer | None:
         """Cancel: the consumer gets nothing more; its unacked messages stay with the owner."""
+        if self.single_active and next(iter(self.consumers), None) == (owner, tag):
+            self.sac_held = True
         c = self.consumers.pop((owner, tag), None)
         if c is not None:
             if self.effects is not None:
@@ -509,6 +572,7 @@ class QueueState(MirrorSide, DeadLetterSide):
         return self._owner_gone(owner)
 
     def _owner_gone(self, owner: tuple) -> int:
+        self.sac_held = False
         for key in [k for k in self.consumers if k[0] == owner]:
             del self.consumers[key]
         ids = [mid for mid, (o, _, _) in self.unacked.items() if o == owner]
@@ -560,6 +624,7 @@ class QueueState(MirrorSide, DeadLetterSide):
         if self.effects is not None:
             self.effects.append(EFailover(below))
         self.redeliver_below = max(self.redeliver_below, below)
+        self.sac_held = False
         for owner in sorted({o for (o, _, _) in self.unacked.values()}):
             self._requeue(owner, [mid for mid, (o, _, _) in self.unacked.items() if o == owner])
         cancelled = [c for c in self.consumers.values()
@@ -570,13 +635,18 @@ class QueueState(MirrorSide, DeadLetterSide):
 
     # --- delivery --------------------------------------------------------------------------
     def dispatch(self) -> list[tuple[Consumer, list[tuple]]]:
-        """Hand ready messages to consumers with credit, round-robin.
+        """Hand ready messages to consumers with credit, round-robin (the highest consumer
+        priority first; with a single active consumer, to the first registered alone).
 
         Returns [(consumer, [message, ...]), ...]; messages of manual-ack consumers are
         recorded as unacknowledged."""
         if not self.ready or not self.consumers:
             return []
-        active = [c for c in self.consumers.values() if c.credit() > 0]
+        if self.single_active:
+            first = next(iter(self.consumers.values()))
+            active = [first] if first.credit() > 0 and not self.sac_held else []
+        else:
+            active = [c for c in self.consumers.values() if c.credit() > 0]
         if not active:
             return []
         out: dict[tuple, list] = {}
@@ -595,6 +665,8 @@ class QueueState(MirrorSide, DeadLetterSide):
                 del batch[keep:]
             out[(c.owner, c.tag)] = batch
             size = sizes[len(batch) - 1]
+        elif any(map(_consumer_priority, active)):
+            size = self._share_by_priority(active, out)
         else:
             credits = [c.credit() for c in active]
             lists = [[] for _ in active]
@@ -634,10 +706,44 @@ class QueueState(MirrorSide, DeadLetterSide):
         self._rotate()
         return result
 
+    def _share_by_priority(self, active: list, out: dict) -> int:
+        """Consumer priorities (x-priority on basic.consume): the consumers of the highest
+        priority with credit are served round-robin, those of a lower priority only once every
+        one above has no credit left. Fills `out` as dispatch does; returns the body bytes."""
+        ready = self.ready
+        budget = MAX_DISPATCH
+        size = 0
+        for level in sorted({c.priority for c in active}, reverse=True):
+            group = [c for c in active if c.priority == level]
+            credits = [c.credit() for c in group]
+            lists = [[] for _ in group]
+            n = len(group)
+            i = 0
+            while ready and budget and size < MAX_DISPATCH_BYTES:
+                for _ in range(n):
+                    if credits[i] > 0:
+                        break
+                    i = (i + 1) % n
+                else:
+                    break  # this priority has no credit left
+                m = ready.popleft()
+                lists[i].append(m)
+                size += len(m[1])
+                credits[i] -= 1
+                budget -= 1
+                i = (i + 1) % n
+            for c, lst in zip(group, lists):
+                if lst:
+                    out[(c.owner, c.tag)] = lst
+            if not ready or not budget or size >= MAX_DISPATCH_BYTES:
+                break
+        return size
+
     def _rotate(self) -> None:
         """The consumer served first goes to the back, for fairness across dispatches (a mirror
-        applying a delivery does the same, so its rotation order stays its leader's)."""
-        if len(self.consumers) > 1:
+        applying a delivery does the same, so its rotation order stays its leader's). A single
+        active consumer queue keeps its registration order instead."""
+        if len(self.consumers) > 1 and not self.single_active:
             first = next(iter(self.consumers))
             self.consumers[first] = self.consumers.pop(first)
 
@@ -701,6 +807,7 @@ class QueueState(MirrorSide, DeadLetterSide):
         """ACK, REQUEUE or DISCARD (nack/reject without requeue: dropped, no dead-lettering)."""
         if self.effects is not None:
             self.effects.append(ESettle(owner, how, ids))
+        self.sac_held = False
         if how == REQUEUE:
             return self._requeue(owner, ids)
         if self._runs:
@@ -732,7 +839,9 @@ class QueueState(MirrorSide, DeadLetterSide):
         back = sorted((m[0], m[1], m[2], True) for m in msgs)
         self.ready_bytes += sum(len(m[1]) for m in back)
         ready = self.ready
-        if not ready or back[-1][0] < ready[0][0]:
+        if self.prioritised:
+            ready.merge_in(back)
+        elif not ready or back[-1][0] < ready[0][0]:
             ready.extendleft(reversed(back))
         else:
             merged = list(merge(back, ready))

@@ -77,6 +77,9 @@ class MirrorSide:
             back.sort()
             self.ready_bytes += sum(len(m[1]) for m in back)
             ready = self.ready
+            if self.prioritised:
+                ready.merge_in(back)  # each in its place among those of its priority
+                return
             k = bisect_left(ready, back[0][0], key=_msg_id)
             if k == len(ready) or back[-1][0] < ready[k][0]:
                 # the usual case (batches arrive in id order): one contiguous run goes in at k
@@ -88,10 +91,16 @@ class MirrorSide:
                 ready.clear()
                 ready.extend(merged)
 
+    def ready_by_id(self):
+        """The ready messages in id order (a plain queue's deque is in that order)."""
+        return self.ready.by_id() if self.prioritised else self.ready
+
     def ready_between(self, lo: int, hi: int, limit: int) -> list:
         """Up to `limit` ready messages with lo < id < hi, in id order, without walking the
         queue from its head (a bisection over the sorted deque, then indexed reads)."""
         ready = self.ready
+        if self.prioritised:
+            return ready.between(lo, hi, limit)
         k = bisect_right(ready, lo, key=_msg_id)
         out = []
         n = len(ready)

@@ -179,7 +179,7 @@ class Replica(Leading, Syncing, Following, ReplicaDeadLetters):
         self.me = cfg.node
         self.pid = cfg.pid
         self.state = S.WAITING
-        self.q = QueueState(name)
+        self.q = QueueState(name, assign.limits.max_priority, assign.limits.single_active)
         self.assign = assign
         # whether the metadata, as last seen (an Assign acted on or one already superseded),
         # listed this replica synchronised: what a promotion's log line reports
@@ -611,7 +611,7 @@ class Replica(Leading, Syncing, Following, ReplicaDeadLetters):
         self._log(f"{self.qlog}: leader {self.pid} steps down: node {a.leader} leads epoch {a.epoch}",
                   level="warning")
         self.sync = None
-        self.q = QueueState(self.name)
+        self.q = QueueState(self.name, a.limits.max_priority, a.limits.single_active)
         self.rep = LeaderReplication()
         self.accepted.clear()
         self._held_confirms.clear()

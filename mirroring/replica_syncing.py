@@ -68,7 +68,7 @@ class Syncing:
 
     def old_messages_count(self, lo: int, hi: int) -> tuple[int, int]:
         n = size = 0
-        for msg in self.q.ready:
+        for msg in self.q.ready_by_id():
             if msg[0] >= hi:
                 break
             if msg[0] > lo:

@@ -483,3 +483,71 @@ def test_a_confirm_stall_during_a_blocking_sync_is_the_specs_and_excused():
     h.broker_events = linked_at(0.0) + [
         BrokerEvent(e.t, e.node, e.event, {**e.fields, "mode": "background"}) for e in (start, done)]
     assert not check(h).ok
+
+
+def prioritised(pubs, priorities):
+    for p, prio in zip(pubs, priorities):
+        p.priority = prio
+    return pubs
+
+
+def test_priority_order_is_judged_where_a_confirm_proves_which_message_came_first():
+    # 0 (priority 5) and 1 (priority 1) are confirmed before 2 and 3 (priority 1) are published
+    pubs = prioritised([pub(0, 1.0), pub(1, 1.1), pub(2, 1.5), pub(3, 1.6)], [5, 1, 1, 1])
+    good = check(history(pubs, [dlv(i, 2.0) for i in range(4)]))
+    assert good.ok and (good.order_judged, good.order_violations) == (4, 0), good.reasons
+    assert "order 0 of 4" in good.line()
+    # a lower priority handed out before a higher one queued before it: a bug
+    overtook = check(history(pubs, [dlv(1, 2.0), dlv(2, 2.0), dlv(0, 2.0), dlv(3, 2.0)]))
+    assert not overtook.ok and overtook.order_violations == 2
+    assert overtook.order_examples == [[0, 2, 0], [0, 1, 0]]
+    assert "out of priority order" in overtook.reasons[0]
+    # FIFO within a priority: 2 before 1, both priority 1
+    fifo = check(history(pubs, [dlv(0, 2.0), dlv(2, 2.0), dlv(1, 2.0), dlv(3, 2.0)]))
+    assert fifo.order_violations == 1 and fifo.order_examples == [[0, 2, 1]]
+
+
+def test_priority_order_is_not_judged_without_proof_or_for_redeliveries():
+    # 1 was published before 0's confirm came: either order may be right
+    pubs = prioritised([pub(0, 1.0, t_conf=1.2), pub(1, 1.1)], [5, 1])
+    assert check(history(pubs, [dlv(1, 2.0), dlv(0, 2.1)])).ok
+    # a redelivery (requeued, or from a promoted leader) is out of the judgement
+    pubs = prioritised([pub(0, 1.0), pub(1, 1.5)], [5, 1])
+    v = check(history(pubs, [dlv(1, 2.0), dlv(0, 2.1, red=True)]))
+    assert v.ok and v.order_judged == 1
+    # two consumers: each judged on its own deliveries
+    assert check(history(pubs, [dlv(1, 2.0, c=1), dlv(0, 2.1, c=0)])).ok
+    # a plain queue's workload (no priorities recorded) is not judged for order
+    plain = [pub(0, 1.0), pub(1, 1.5)]
+    v = check(history(plain, [dlv(1, 2.0), dlv(0, 2.1)]))
+    assert v.ok and v.order_judged == 0 and "order" not in v.line()
+
+
+def test_a_chaos_folder_keeps_the_priorities_and_the_order_verdict(tmp_path):
+    from bench.chaos import logs
+    from bench.chaos.schedule import generate
+
+    pubs = prioritised([pub(0, 1.0), pub(1, 1.1), pub(2, 1.5)], [4, 0, 0])
+    h = history(pubs, [dlv(2, 2.0), dlv(1, 2.0), dlv(0, 2.0)])
+    v = check(h)
+    s = generate(5, ["kill"], min_faults=1, max_faults=1)
+    s.max_priority = 4
+    assert "--priorities 4" in s.replay_command() and "x-max-priority 4" in s.describe()
+    logs.write(tmp_path, run_id="r", scenario="chaos-5", schedule=s.as_dict(), history=h, verdict=v,
+               t_start=0.0, t_end=3.0, nodes=["n1"], replay=s.replay_command())
+    back = logs.load_history(tmp_path)
+    assert [p.priority for p in back.publishes] == [4, 0, 0]
+    again = check(back)
+    assert (again.order_judged, again.order_violations) == (v.order_judged, v.order_violations) == (3, 2)
+
+
+def test_the_backlog_before_any_consumer_comes_highest_priority_first():
+    pubs = prioritised([pub(0, 1.0), pub(1, 1.1), pub(2, 1.2, p=1)], [1, 3, 5])
+    phases = [Phase(0.5, "load"), Phase(1.5, "consume"), Phase(4.0, "end")]
+    good = check(history(pubs, [dlv(2, 2.0), dlv(1, 2.0), dlv(0, 2.0)], phases=phases))
+    assert good.ok and good.order_violations == 0, good.reasons
+    # a lower priority of the backlog before a higher one: a bug, though no confirm came between
+    bad = check(history(pubs, [dlv(2, 2.0), dlv(0, 2.0), dlv(1, 2.0)], phases=phases))
+    assert bad.order_violations == 1 and bad.order_examples == [[0, 0, 1]]
+    # the same deliveries, published while a consumer was there: nothing proves the order
+    assert check(history(pubs, [dlv(2, 2.0), dlv(0, 2.0), dlv(1, 2.0)])).ok

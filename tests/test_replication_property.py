@@ -11,8 +11,13 @@ dead-letter publisher's holder (mirroring/dead_letter.py), which acknowledges th
 A mirror that starts late (unsynchronised) is also checked: its ready messages are the leader's
 ready messages from its start id on, and once the leader holds nothing older than that start,
 it equals the leader exactly.
+
+Each property runs on a plain queue and on the kinds with their own rules: a priority queue
+(x-max-priority, messages of mixed priorities), a single active consumer queue, and consumers
+with priorities (x-priority).
 """
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,7 +54,19 @@ op = st.one_of(
 )
 
 
-def run_op(leader: QueueState, o, pseqs: dict, now: float = 0.0) -> None:
+KINDS = {  # QueueState's arguments, and whether consumers get priorities
+    "plain": ((), False),
+    "priority": ((3,), False),
+    "single-active": ((0, True), False),
+    "consumer-priorities": ((), True),
+}
+
+
+def new_queue(kind: str) -> QueueState:
+    return QueueState("q", *KINDS[kind][0])
+
+
+def run_op(leader: QueueState, o, pseqs: dict, now: float = 0.0, consumer_priorities: bool = False) -> None:
     kind = o[0]
     if kind in ("publish", "publish_ttl", "publish_bounded"):
         origin = list(o[2][:2])
@@ -58,13 +75,17 @@ def run_op(leader: QueueState, o, pseqs: dict, now: float = 0.0) -> None:
         if kind == "publish_bounded":  # x-overflow reject-publish: what does not fit is refused
             refused = set(leader.admit(bodies, Limits(max_length=o[3], reject_publish=True)))
             bodies = [b for i, b in enumerate(bodies) if i not in refused]
-        leader.publish(bodies, None, origin, pseqs[o[2][:2]], now,
+        # priorities 0-4 (4 is above a priority queue's maximum of 3, counted as 3)
+        props = [{"priority": (pseqs[o[2][:2]] * 3 + i) % 5} for i in range(len(bodies))]
+        leader.publish(bodies, props, origin, pseqs[o[2][:2]], now,
                        o[3] if kind == "publish_ttl" else None)
     elif kind == "consume":
         _, owner, tag, no_ack, prefetch, exclusive = o
         try:
-            leader.add_consumer(owner, tag, no_ack, prefetch, exclusive,
-                                {"x-cancel-on-ha-failover": exclusive})
+            arguments = {"x-cancel-on-ha-failover": exclusive}
+            if consumer_priorities:
+                arguments["x-priority"] = prefetch % 2
+            leader.add_consumer(owner, tag, no_ack, prefetch, exclusive, arguments)
         except Exception:
             pass
     elif kind == "cancel":
@@ -106,19 +127,20 @@ def run_op(leader: QueueState, o, pseqs: dict, now: float = 0.0) -> None:
         leader.dead_settle(owner, mine + [10_000], HOLDER)
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
 @settings(max_examples=300, deadline=None)
-@given(st.lists(op, max_size=60))
-def test_mirrors_follow_the_leader(ops):
-    leader = QueueState("q")
+@given(ops=st.lists(op, max_size=60))
+def test_mirrors_follow_the_leader(kind, ops):
+    leader = new_queue(kind)
     leader.effects = []
-    synced = QueueState("q")  # a mirror from the start
+    synced = new_queue(kind)  # a mirror from the start
     synced.reset_as_mirror(leader.mirror_snapshot())
     late: list[tuple[QueueState, int]] = []
     pseqs: dict = {}
     now = 0.0
     for o in ops + [("failover",)]:
         if o[0] == "start_mirror":
-            m = QueueState("q")
+            m = new_queue(kind)
             m.reset_as_mirror(leader.mirror_snapshot(now=now), now)
             late.append((m, leader.next_id))
             continue
@@ -128,7 +150,7 @@ def test_mirrors_follow_the_leader(ops):
         if o[0] == "failover":
             leader.failover()
         else:
-            run_op(leader, o, pseqs, now)
+            run_op(leader, o, pseqs, now, KINDS[kind][1])
         effects, leader.effects = leader.effects, []
         synced.apply_effects(effects, now)
         assert synced.comparable() == leader.comparable(), o

@@ -170,3 +170,38 @@ def routing_of(item, queue: str) -> tuple[str, str]:
     if item is None or isinstance(item, dict):
         return "", queue
     return item[0], item[1]
+
+
+PRIORITY_FLAG = commands.Basic.Properties.flags["priority"]
+DELIVERY_MODE_FLAG = commands.Basic.Properties.flags["delivery_mode"]
+_SHORTSTR_FLAGS = (commands.Basic.Properties.flags["content_type"],
+                   commands.Basic.Properties.flags["content_encoding"])
+
+
+def priority_of(item) -> int:
+    """The `priority` property of a props item (0 when it has none). AMQP property bytes are
+    read in place: the octet follows the two short strings, the headers table and the
+    delivery mode that may come before it, so nothing is decoded."""
+    if item is None:
+        return 0
+    if isinstance(item, dict):
+        p = item.get("priority")
+        return p if type(p) is int and p > 0 else 0
+    raw = item[2]
+    if len(raw) < 2:
+        return 0
+    flags = raw[0] << 8 | raw[1]
+    if not flags & PRIORITY_FLAG:
+        return 0
+    at = 2
+    try:
+        for flag in _SHORTSTR_FLAGS:
+            if flags & flag:
+                at += 1 + raw[at]
+        if flags & HEADERS_FLAG:
+            at += 4 + int.from_bytes(raw[at:at + 4], "big")
+        if flags & DELIVERY_MODE_FLAG:
+            at += 1
+        return raw[at]
+    except IndexError:
+        return 0

@@ -10,7 +10,7 @@ The history
 - `Publish`: one per message a publisher handed to the client: id, publisher index, the node its
   connection was on, `t_pub`, the outcome ("ack", "nack" or None when no answer came), `t_conf`
   and the nack reason (the client reports publishes lost with a connection as nacks with reason
-  "connection lost").
+  "connection lost"); in a priority queue's workload, the message's priority.
 - `Delivery`: one per delivery received by a consumer (a redelivery is another one): id,
   consumer index, node, time, the `redelivered` flag.
 - `Subscription`: when a consumer was subscribed to a queue (`t_end` None: until the end).
@@ -19,7 +19,8 @@ The history
   messages confirmed before `t_end` (see `spec_allows_loss`, judged from the replicas seen
   when the fault began, and `allow_unsynchronised_promotions`, from what the broker logged when
   it promoted: a mirror that came back during the fault may be promoted unsynchronised).
-- `Phase`: markers "load" (clients start), "heal" (every fault undone), "publish_end" (the
+- `Phase`: markers "load" (clients start; in a priority queue's workload the publishers alone,
+  and "consume" when the consumers subscribe, after a backlog has built), "heal" (every fault undone), "publish_end" (the
   publishers stopped), "drain1" (the consumers that ran through the faults drain what is left),
   "drain1_end" (they stop), "drain2" (a second, fresh consumer looks for anything the first
   drain did not get), "end".
@@ -51,6 +52,13 @@ The rules
 - stuck publishes = no ack and no nack by the end although the publisher's connection never
   broke after the publish: a bug.
 - phantom deliveries = ids nobody published: a bug.
+- priority order (a priority queue's workload: publishes that carry a priority) = a consumer
+  received message b before message a, both without `redelivered`, though a's priority is at
+  least b's and a was confirmed before b was published: the queue held a when b came, so a is
+  handed out first (FIFO within a priority, and no overtaking of a higher priority). And the
+  backlog (messages confirmed before the "consume" phase, when no consumer existed yet, so all
+  of them were queued at once) reaches each consumer highest priority first. Judged only where
+  a confirm proves the order (`priority_order`); a bug.
 - confirm stalls = the longest time a publisher had publishes outstanding and no confirm (nor
   nack) came, counting only the time when every node was up and linked and no fault was in
   force (`BrokerEvent`s from the node logs tell when the links were up, and when a queue ran a
@@ -92,6 +100,7 @@ class Publish:
     t_conf: float | None = None
     reason: str = ""  # the nack's reason
     queue: str = ""
+    priority: int | None = None  # a priority queue's workload: the message's priority
 
 
 @dataclass(slots=True)
@@ -310,6 +319,11 @@ class Verdict:
     confirm_stall_at: float | None = None
     confirm_stall_publisher: int | None = None
     confirm_stall_why: str = ""
+    # a priority queue's workload: deliveries judged for their order, and pairs out of order
+    # (consumer, the id delivered first, the id that should have come before it)
+    order_judged: int = 0
+    order_violations: int = 0
+    order_examples: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -327,7 +341,9 @@ class Verdict:
                 f"lost {self.lost:,} (allowed {allowed:,}) dup {self.duplicates:,} "
                 f"(unflagged {self.duplicates_unflagged:,}) stranded {self.stranded:,}"
                 f"{'+' + str(len(self.stranded_consumers)) + ' consumer(s)' if self.stranded_consumers else ''} "
-                f"stuck {self.stuck:,} | longest gap {gap}{_why(self.longest_gap_why)}, "
+                f"stuck {self.stuck:,}"
+                f"{f' order {self.order_violations:,} of {self.order_judged:,}' if self.order_judged else ''}"
+                f" | longest gap {gap}{_why(self.longest_gap_why)}, "
                 f"confirm stall {stall}{_why(self.confirm_stall_why)}, recovery "
                 f"{'-' if not rec else f'{max(rec):.2f} s'}")
 
@@ -699,6 +715,13 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
         recovery.append({"fault": k, "kind": f.kind, "target": f.target, "t": f.t,
                          "first_delivery_after_s": None if after is None else round(after, 4)})
 
+    order_judged, out_of_order = priority_order(pubs, deliveries, h.phase("consume"))
+    if out_of_order:
+        c, b, a = out_of_order[0]
+        reasons.append(f"{len(out_of_order)} deliveries out of priority order, e.g. consumer {c} got "
+                       f"id {b} before id {a}, which the queue held first with a priority at least "
+                       f"as high")
+
     for a in h.anomalies:
         reasons.append(f"anomaly: {a}")
 
@@ -715,7 +738,50 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
         phantom=phantom, longest_gap_s=None if gap is None else round(gap, 4),
         longest_gap_at=gap_at, recovery=recovery, anomalies=list(h.anomalies),
         longest_gap_why=gap_why, confirm_stall_s=None if stall is None else round(stall, 4),
-        confirm_stall_at=stall_at, confirm_stall_publisher=stall_by, confirm_stall_why=stall_why)
+        confirm_stall_at=stall_at, confirm_stall_publisher=stall_by, confirm_stall_why=stall_why,
+        order_judged=order_judged, order_violations=len(out_of_order),
+        order_examples=[list(x) for x in out_of_order[:sample]])
+
+
+def priority_order(pubs: dict[int, Publish], deliveries: list[Delivery],
+                   t_consume: float | None = None) -> tuple[int, list[tuple]]:
+    """The priority order rules (see the module docstring) over `deliveries` (in time order):
+    how many deliveries it judged, and each one out of order as (consumer, its id, the id of a
+    later delivery that should have come before it). Each consumer's unflagged deliveries are
+    walked from the last, keeping per priority the earliest confirm among those seen; then its
+    backlog (confirmed before `t_consume`) from the first, keeping the lowest priority seen."""
+    seqs: dict[int, list[tuple[Delivery, Publish]]] = {}
+    for d in deliveries:
+        p = pubs.get(d.id)
+        if not d.redelivered and p is not None and p.priority is not None:
+            seqs.setdefault(d.consumer, []).append((d, p))
+    judged = 0
+    bad: list[tuple] = []
+    for consumer, seq in seqs.items():
+        top = max(p.priority for _, p in seq)
+        earliest: list[tuple[float, int] | None] = [None] * (top + 1)  # (t_conf, id) per priority
+        for d, p in reversed(seq):
+            judged += 1
+            for level in range(p.priority, top + 1):
+                e = earliest[level]
+                if e is not None and e[0] < p.t_pub:
+                    bad.append((consumer, d.id, e[1]))
+                    break
+            if p.outcome == "ack" and p.t_conf is not None:
+                e = earliest[p.priority]
+                if e is None or p.t_conf < e[0]:
+                    earliest[p.priority] = (p.t_conf, d.id)
+        if t_consume is None:
+            continue
+        lowest: tuple[int, int] | None = None  # (priority, id) of the lowest backlog message so far
+        for d, p in seq:
+            if p.outcome != "ack" or p.t_conf is None or p.t_conf >= t_consume:
+                continue
+            if lowest is not None and p.priority > lowest[0]:
+                bad.append((consumer, lowest[1], d.id))
+            elif lowest is None or p.priority < lowest[0]:
+                lowest = (p.priority, d.id)
+    return judged, bad
 
 
 # --- plain data round trip (JSON lines, the simulation driver) ----------------------------------

@@ -8,7 +8,9 @@ This module owns how a chaos client behaves, which is how a user's client behave
   `window` unanswered, and publishes only while connected (from the moment the client is
   connected again, as most applications do: the client holds what is published while it re-opens
   its channels). A `careful` publisher waits until the client says it has recovered its channels
-  (`on_reconnect`), which keeps the client's recovery out of a test of the broker. It records a
+  (`on_reconnect`), which keeps the client's recovery out of a test of the broker. With
+  `priorities` N (a priority queue's workload) each message carries a priority 0..N drawn from
+  its number (`priority_of_number`), recorded with it. It records a
   `Publish` per message, its outcome from the confirm (a nack from the broker, or the client's own "connection lost"),
   and a `Disconnect` whenever its connection breaks or the broker closes its channel (then it
   opens a new channel: publishes of the closed one get no answer, and that is not "stuck").
@@ -37,6 +39,11 @@ from .checker import Delivery, Disconnect, History, Publish, Subscription
 ID_SHIFT = 40
 
 
+def priority_of_number(num: int, priorities: int) -> int:
+    """The priority a publisher gives its message number `num` (0..priorities, well mixed)."""
+    return (num * 2654435761 >> 13) % (priorities + 1)
+
+
 def rotate(nodes: list[str], first: str) -> list[str]:
     """The node list starting at `first` (kept in order after it)."""
     if first not in nodes:
@@ -58,8 +65,9 @@ class Publisher:
     def __init__(self, history: History, index: int, addresses: list[str], queue: str, *,
                  rate: float, window: int, size: int = 256, careful: bool = False,
                  user: str = "guest", password: str = "guest", clock=time.time, network=None,
-                 tick: float = 0.005):
+                 tick: float = 0.005, priorities: int = 0):
         self.h = history
+        self.priorities = priorities
         self.tick = tick  # how often it publishes what is due (the simulation takes bigger steps)
         self.index = index
         self.addresses = addresses
@@ -169,13 +177,24 @@ class Publisher:
                 continue
             node = conn.node
             try:
-                for _ in range(n):
-                    num = len(pubs)
-                    ch.publish_nowait(queue, (base_id | num).to_bytes(8, "big") + pad)
-                    pubs.append(Publish(base_id | num, self.index, node, clock(), queue=queue))
+                if self.priorities:
+                    self._publish_prioritised(ch, n, base_id, node)
+                else:
+                    for _ in range(n):
+                        num = len(pubs)
+                        ch.publish_nowait(queue, (base_id | num).to_bytes(8, "big") + pad)
+                        pubs.append(Publish(base_id | num, self.index, node, clock(), queue=queue))
             except AMQPError as exc:
                 self.errors.append(f"publish: {exc}")
             await trio.sleep(self.tick)
+
+    def _publish_prioritised(self, ch, n: int, base_id: int, node) -> None:
+        pubs, clock, queue, pad, top = self.pubs, self.clock, self.queue, self.pad, self.priorities
+        for _ in range(n):
+            num = len(pubs)
+            p = priority_of_number(num, top)
+            ch.publish_nowait(queue, (base_id | num).to_bytes(8, "big") + pad, {"priority": p})
+            pubs.append(Publish(base_id | num, self.index, node, clock(), queue=queue, priority=p))
 
     def records(self) -> list[Publish]:
         return self.pubs

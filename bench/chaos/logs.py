@@ -43,7 +43,8 @@ def _publish_lines(h: History, size: int):
         yield (f'{{"id":{p.id},"p":{p.publisher},"q":{json.dumps(p.queue)},"size":{size},'
                f'"t_pub":{_num(p.t_pub)},"t_conf":{_num(p.t_conf) if conf else "null"},'
                f'"conf":{json.dumps(conf)},"node":{json.dumps(p.node)},'
-               f'"reason":{json.dumps(p.reason) if p.reason else "null"}}}\n')
+               f'"reason":{json.dumps(p.reason) if p.reason else "null"}'
+               f'{"" if p.priority is None else f",{chr(34)}prio{chr(34)}:{p.priority}"}}}\n')
 
 
 def _deliver_lines(h: History):
@@ -122,7 +123,7 @@ def load_history(folder: Path) -> History:
             reason = d.get("reason") or ""
             outcome = d["conf"] if d["conf"] is not None else ("nack" if reason else None)
             h.publishes.append(Publish(d["id"], d["p"], d.get("node"), d["t_pub"], outcome,
-                                       d["t_conf"], reason, d["q"]))
+                                       d["t_conf"], reason, d["q"], d.get("prio")))
     with open(folder / "deliver.jsonl", encoding="utf-8") as f:
         for line in f:
             d = json.loads(line)

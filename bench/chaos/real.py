@@ -54,7 +54,7 @@ from .checker import (EVENT_FIELDS, BrokerEvent, Fault, History, Phase, Verdict,
                       spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
 from .faults import FaultRunner
-from .schedule import expected_mirrors, Schedule, generate
+from .schedule import PRIORITY_BACKLOG, expected_mirrors, Schedule, generate
 
 USER, PASSWORD = "chaos", "chaos-password"
 SECRET = "warren-chaos-secret"
@@ -752,21 +752,29 @@ class ScheduleRun(FaultRunner):
         self.step = "connecting the clients"
         rate = s.rate / max(1, len(s.publishers))
         async with trio.open_nursery() as clients:
-            for i, node in enumerate(s.consumers):
-                cons = Consumer(self.h, i, rotate(all_addrs, addrs[node]), s.queue, prefetch=s.prefetch,
-                                user=USER, password=PASSWORD, retries=s.retries)
-                self.consumers.append(cons)
-                with trio.fail_after(20):
-                    await clients.start(cons.run)
+            async def start_consumers():
+                for i, node in enumerate(s.consumers):
+                    cons = Consumer(self.h, i, rotate(all_addrs, addrs[node]), s.queue, prefetch=s.prefetch,
+                                    user=USER, password=PASSWORD, retries=s.retries)
+                    self.consumers.append(cons)
+                    with trio.fail_after(20):
+                        await clients.start(cons.run)
+
+            if not s.max_priority:
+                await start_consumers()
             for i, node in enumerate(s.publishers):
                 pub = Publisher(self.h, i, rotate(all_addrs, addrs[node]), s.queue, rate=rate,
                                 window=s.confirm_window, size=s.message_size, user=USER, password=PASSWORD,
-                                careful=self.opts.careful_publishers)
+                                careful=self.opts.careful_publishers, priorities=s.max_priority)
                 self.publishers.append(pub)
                 with trio.fail_after(20):
                     await clients.start(pub.run)
             self.t0 = time.time()
             self.h.phases.append(Phase(self.t0, "load"))
+            if s.max_priority:  # a backlog first, for the priorities to order
+                await trio.sleep(PRIORITY_BACKLOG)
+                self.h.phases.append(Phase(time.time(), "consume"))
+                await start_consumers()
             self.say(f"load running: {len(self.publishers)} publisher(s), {len(self.consumers)} consumer(s)")
             async with trio.open_nursery() as undo:
                 for a in s.actions:
@@ -1161,11 +1169,12 @@ def run_in_child(schedules: list[Schedule], opts: Options, folder: Path, run_id:
 
 
 def schedules_for(seed: int, count: int, kinds=None, faults=(1, 3), scale: float = 1.0,
-                  workload: str = "plain") -> list[Schedule]:
+                  workload: str = "plain", priorities: int = 0) -> list[Schedule]:
     out = [generate(seed + i, kinds, min_faults=faults[0], max_faults=faults[1], scale=scale)
            for i in range(count)]
     for s in out:
         s.workload = workload
+        s.max_priority = priorities
     return out
 
 

@@ -99,17 +99,22 @@ class Schedule:
     faults_range: list[int] = field(default_factory=lambda: [1, 3])  # how it was drawn (replay)
     scale: float = 1.0
     workload: str = "plain"  # or "retry" (WORKLOADS)
+    # 0 a plain queue; N a priority queue (x-max-priority N) whose messages carry priorities
+    # 0..N, judged for their order too (checker.py `priority_order`)
+    max_priority: int = 0
 
     # --- the workload: which queues, with which arguments, and how consumers treat messages ---
     def queues(self) -> list[tuple[str, dict]]:
         """The queues to declare, in order, with their arguments. "retry": the queue dead-letters
-        what its consumers reject to `queue.retry`, whose TTL sends it back (a retry loop)."""
+        what its consumers reject to `queue.retry`, whose TTL sends it back (a retry loop); a
+        priority workload's queue has its x-max-priority."""
+        main = {"x-max-priority": self.max_priority} if self.max_priority else {}
         if self.workload != "retry":
-            return [(self.queue, {})]
+            return [(self.queue, main)]
         retry = self.queue + ".retry"
         return [(retry, {"x-message-ttl": RETRY_TTL_MS, "x-dead-letter-exchange": "",
                          "x-dead-letter-routing-key": self.queue}),
-                (self.queue, {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": retry})]
+                (self.queue, {**main, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": retry})]
 
     @property
     def pattern(self) -> str:
@@ -135,6 +140,8 @@ class Schedule:
             cmd += f" --rate {self.rate}"
         if self.workload != "plain":
             cmd += f" --workload {self.workload}"
+        if self.max_priority:
+            cmd += f" --priorities {self.max_priority}"
         return cmd + " --replay"
 
     def simulation_command(self) -> str:
@@ -154,7 +161,8 @@ class Schedule:
         return [a.kind for a in self.actions]
 
     def describe(self) -> str:
-        lines = [f"seed {self.seed}: {self.nodes} nodes, queue {self.queue} led by {self.leader}, "
+        kind = f"priority queue (x-max-priority {self.max_priority}) " if self.max_priority else ""
+        lines = [f"seed {self.seed}: {self.nodes} nodes, {kind}queue {self.queue} led by {self.leader}, "
                  f"policy {json.dumps(self.policy)}",
                  f"  load {self.rate} msgs/s x {self.message_size} B for {self.load_for:g} s; "
                  f"publishers on {', '.join(self.publishers)} (confirms, window {self.confirm_window}); "
@@ -162,6 +170,11 @@ class Schedule:
         lines += ["  " + a.describe() for a in self.actions]
         lines.append(f"  t={self.load_for:5.2f}s heal, stop publishing, drain, drain again with a fresh consumer")
         return "\n".join(lines)
+
+
+# a priority queue's workload: how long the publishers run before the consumers subscribe, so
+# that a backlog is there for the priorities to order (the checker's "consume" phase)
+PRIORITY_BACKLOG = 0.5
 
 
 def expected_mirrors(policy: dict, names: list[str], leader: str | None) -> int:

@@ -8,6 +8,7 @@ instead of twenty, and a failure replays exactly:
 
     warren-bench dst --seeds 500 --procs 2        # seeds 1..500 (make dst SEEDS=500)
     warren-bench dst --seed 1234 --replay         # one schedule again, with its event trace
+    warren-bench dst --seeds 50 --priorities 4    # the workload on a priority queue (0..4)
 
 How the fault kinds map onto the simulation: kill (the host dies, its tasks are cancelled; it
 restarts from what it had saved), sigterm (stop_app, then the same), pause (its traffic is held
@@ -42,7 +43,7 @@ from .checker import (EVENT_FIELDS, BrokerEvent, Fault, History, Phase, Verdict,
                       spec_allows_loss)
 from .clients import Consumer, Publisher, rotate
 from .faults import FaultRunner
-from .schedule import expected_mirrors, KINDS, Action, Schedule, generate
+from .schedule import PRIORITY_BACKLOG, expected_mirrors, KINDS, Action, Schedule, generate
 
 SIM_KINDS = KINDS + ("drop", "delay", "client_drop")
 SIM_RATE = 150  # msgs/s over all publishers: what a simulated second costs real time
@@ -231,6 +232,8 @@ class SimResult:
             cmd += f" --rate {self.schedule.rate}"
         if self.schedule.workload != "plain":
             cmd += f" --workload {self.schedule.workload}"
+        if self.schedule.max_priority:
+            cmd += f" --priorities {self.schedule.max_priority}"
         lo, hi = self.schedule.faults_range
         if (lo, hi) != (1, 3):
             cmd += f" --faults {lo}-{hi}"
@@ -248,11 +251,12 @@ class SimResult:
 
 
 def sim_schedule(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
-                 rate: int | None = SIM_RATE, workload: str = "plain") -> Schedule:
+                 rate: int | None = SIM_RATE, workload: str = "plain", priorities: int = 0) -> Schedule:
     """The schedule of `seed` for the simulation: the real campaign's (`generate`) drawn from the
     real kinds in `kinds`, then some of its faults swapped for the simulation's own kinds. With
     no simulation-only kind drawn, it is exactly `warren-bench chaos`'s schedule of that seed
-    with the same kinds, scale and rate (`rate` None: the campaign's own)."""
+    with the same kinds, scale and rate (`rate` None: the campaign's own). `priorities` N: the
+    workload on a priority queue (x-max-priority N), the same schedule otherwise."""
     wanted = set(kinds or SIM_KINDS)
     kinds = [k for k in SIM_KINDS if k in wanted]
     base = [k for k in kinds if k in KINDS] or ["kill"]
@@ -274,6 +278,7 @@ def sim_schedule(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SC
                 s.actions[i] = Action(at=a.at, kind=k, target=target, duration=dur, params=params,
                                       seed=a.seed)
     s.rate = rate or s.rate
+    s.max_priority = priorities
     s.kinds = kinds if set(kinds) != set(SIM_KINDS) else []
     s.workload = workload
     return s
@@ -361,21 +366,29 @@ class SimRun(FaultRunner):
         addrs = [f"{n}:{CLIENT_PORT}" for n in self.names]
         rate = s.rate / max(1, len(s.publishers))
         async with trio.open_nursery() as clients:
-            for i, node in enumerate(s.consumers):
-                cons = Consumer(self.h, i, rotate(addrs, f"{node}:{CLIENT_PORT}"), s.queue,
-                                prefetch=s.prefetch, user=SIM_USER[0], password=SIM_USER[1],
-                                clock=self.clock, network=self.c.net.host(f"c{i}"), retries=s.retries)
-                self.consumers.append(cons)
-                await clients.start(cons.run)
+            async def start_consumers():
+                for i, node in enumerate(s.consumers):
+                    cons = Consumer(self.h, i, rotate(addrs, f"{node}:{CLIENT_PORT}"), s.queue,
+                                    prefetch=s.prefetch, user=SIM_USER[0], password=SIM_USER[1],
+                                    clock=self.clock, network=self.c.net.host(f"c{i}"), retries=s.retries)
+                    self.consumers.append(cons)
+                    await clients.start(cons.run)
+
+            if not s.max_priority:
+                await start_consumers()
             for i, node in enumerate(s.publishers):
                 pub = Publisher(self.h, i, rotate(addrs, f"{node}:{CLIENT_PORT}"), s.queue, rate=rate,
                                 window=s.confirm_window, size=s.message_size, careful=True,
                                 user=SIM_USER[0], password=SIM_USER[1], clock=self.clock,
-                                network=self.c.net.host(f"p{i}"), tick=0.025)
+                                network=self.c.net.host(f"p{i}"), tick=0.025, priorities=s.max_priority)
                 self.publishers.append(pub)
                 await clients.start(pub.run)
             t0 = self.clock()
             self.h.phases.append(Phase(t0, "load"))
+            if s.max_priority:  # a backlog first, for the priorities to order
+                await trio.sleep(PRIORITY_BACKLOG)
+                self.h.phases.append(Phase(self.clock(), "consume"))
+                await start_consumers()
             async with trio.open_nursery() as undo:
                 for a in s.actions:
                     await trio.sleep_until(t0 + a.at)
@@ -707,9 +720,9 @@ def promotions_in_trace(trace: list, queue: str) -> list[tuple[float, str, bool]
 
 
 def run_seed(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE, rate: int = SIM_RATE,
-             keep_trace: bool = False, say=None, workload: str = "plain") -> SimResult:
+             keep_trace: bool = False, say=None, workload: str = "plain", priorities: int = 0) -> SimResult:
     """One schedule on the simulation; deterministic for a given seed (and PYTHONHASHSEED)."""
-    s = sim_schedule(seed, kinds, faults, scale, rate, workload)
+    s = sim_schedule(seed, kinds, faults, scale, rate, workload, priorities)
     trace: list = []
     t0 = time.perf_counter()
     with traced(trace), deterministic(seed):
@@ -735,11 +748,11 @@ def _crash_reason(exc: BaseException) -> str:
 
 
 def _one(args) -> dict:
-    seed, kinds, faults, scale, rate, workload = args
+    seed, kinds, faults, scale, rate, workload, priorities = args
     try:
-        r = run_seed(seed, kinds, faults, scale, rate, workload=workload)
+        r = run_seed(seed, kinds, faults, scale, rate, workload=workload, priorities=priorities)
     except Exception as exc:  # a crash is a failed schedule like any other, reported with its seed
-        s = sim_schedule(seed, kinds, faults, scale, rate, workload)
+        s = sim_schedule(seed, kinds, faults, scale, rate, workload, priorities)
         crashed = SimResult(seed, s, None, "", 0.0)
         reason = _crash_reason(exc)
         return {"seed": seed, "ok": False, "line": f"seed {seed} [{','.join(s.fault_kinds())}] {reason}",
@@ -753,11 +766,13 @@ def _one(args) -> dict:
 
 
 def explore(first: int, count: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
-            rate: int = SIM_RATE, procs: int = 1, out=None, workload: str = "plain") -> list[dict]:
+            rate: int = SIM_RATE, procs: int = 1, out=None, workload: str = "plain",
+            priorities: int = 0) -> list[dict]:
     """Seeds first .. first+count-1 (in `procs` processes); prints a line per failed schedule
     with its replay command, then a summary with every schedule whose loss the spec allowed."""
     out = out or sys.stdout  # looked up now: a test may have replaced it
-    jobs = [(seed, kinds, faults, scale, rate, workload) for seed in range(first, first + count)]
+    jobs = [(seed, kinds, faults, scale, rate, workload, priorities)
+            for seed in range(first, first + count)]
     if procs > 1:
         import multiprocessing
         os.environ["PYTHONHASHSEED"] = "0"  # the workers' set orders agree with a replay's

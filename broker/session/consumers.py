@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from mirroring import exchanges as xmod
 from mirroring.access import READ
+from mirroring.queue import check_consume_arguments
 from wire import messages as m
 from wire.errors import NOT_ALLOWED, ProtocolError
 
-from .channels import Channel
+from .channels import Channel, as_channel_error
 
 
 class ConsumersPart:
@@ -34,9 +35,14 @@ class ConsumersPart:
         if tag in ch.consumers or any(op.tag == tag and op.owner[2] == ch.id
                                       for _, op in self.rpcs.values() if type(op) is m.QConsume):
             raise ProtocolError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        arguments = xmod.plain(msg.arguments)
+        try:
+            check_consume_arguments(qname, arguments)
+        except ProtocolError as exc:
+            raise as_channel_error(exc) from None
         ch.touched.add(qname)
         op = m.QConsume(qname, self._owner(ch), msg.rid, tag, msg.no_ack, ch.prefetch,
-                        msg.exclusive, xmod.plain(msg.arguments))
+                        msg.exclusive, arguments)
         self._request(qname, msg.rid, op)
 
     def on_cancel(self, msg):

@@ -3,28 +3,11 @@ there) conftest.py marks these cases xfail(strict=True): a case that starts to p
 until its line here is removed. A key is a test function's name (every parametrisation of it is
 expected to fail) or one parametrised case's full name, e.g. `test_x[string]`."""
 
-PRIORITIES = "queue priorities (x-max-priority is kept, not acted on)"
-SAC = "single active consumer"
-CONSUMER_PRIORITIES = "consumer priorities (x-priority on basic.consume)"
 REPLY_TO = "direct reply-to (amq.rabbitmq.reply-to)"
 ALTERNATE = "alternate exchanges (alternate-exchange is kept, not acted on)"
 E2E = "exchange-to-exchange bindings (exchange.bind closes the connection with 540)"
 
 GAPS: dict[str, str] = {
-    # priorities
-    "test_higher_priority_first_fifo_within_a_priority": PRIORITIES,
-    "test_priority_above_the_maximum_counts_as_the_maximum": PRIORITIES,
-    "test_priority_order_among_unacknowledged_and_requeued": PRIORITIES,
-    "test_bad_max_priority_refused": "RabbitMQ's checks of x-max-priority",
-    "test_mirrored_priority_queue_across_nodes": PRIORITIES,
-    # consumers
-    "test_single_active_consumer_only_the_first_receives": SAC,
-    "test_single_active_consumer_takeover_on_connection_close_gets_unacked": SAC,
-    "test_mirrored_single_active_consumer_takeover_across_nodes": SAC,
-    "test_bad_single_active_consumer_argument": "RabbitMQ's check of x-single-active-consumer",
-    "test_higher_priority_consumer_served_first_until_its_prefetch_is_full": CONSUMER_PRIORITIES,
-    "test_higher_priority_consumer_takes_everything_it_can": CONSUMER_PRIORITIES,
-    "test_bad_consumer_priority": "RabbitMQ's check of x-priority",
     # direct reply-to
     "test_rpc_round_trip_through_direct_reply_to": REPLY_TO,
     "test_reply_consumer_must_be_no_ack": REPLY_TO,
