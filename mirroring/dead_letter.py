@@ -193,13 +193,6 @@ class DeadLetterSide:
         for mid in eff.ids:
             unacked[mid] = (holder, None, have.get(mid))
 
-    def _oldest_ready(self) -> int | None:
-        """The lowest ready id (a priority queue's ready messages are not in id order)."""
-        ready = self.ready
-        if self.prioritised:
-            return ready.oldest()
-        return ready[0][0] if ready else None
-
     def _take_ready_upto(self, upto: int) -> list:
         """Remove and return the ready messages with ids up to `upto`, in id order."""
         ready = self.ready

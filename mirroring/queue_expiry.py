@@ -1,0 +1,149 @@
+"""The part of a queue's contents (mirroring/queue.py `QueueState`) that drops messages from
+the head: by TTL (the deadlines in `expiry`, in id order, only the head expiring as in
+RabbitMQ's classic queues) and by the length limits of x-overflow drop-head. A priority queue's
+ready messages are not in id order (mirroring/priority_store.py), so what is "up to an id" is
+asked of its store."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from operator import itemgetter
+from typing import TYPE_CHECKING
+
+from wire.messages import EDrop
+
+if TYPE_CHECKING:
+    from .queue import Limits
+
+NEVER = float("inf")  # the deadline of messages that have none, queued behind some that have one
+_msg_id = itemgetter(0)
+
+
+class ExpirySide:
+    """TTL expiry and drop-head of a `QueueState` (see the module docstring)."""
+
+    def _oldest_ready(self) -> int | None:
+        """The lowest ready id (a priority queue's ready messages are not in id order)."""
+        ready = self.ready
+        if self.prioritised:
+            return ready.oldest()
+        return ready[0][0] if ready else None
+
+    def _expired_upto(self, upto: int) -> bool:
+        """Every id up to `upto` has expired: the TTL bookkeeping moves on (True if it did)."""
+        advanced = False
+        exp = self.expiry
+        while exp and exp[0][0] <= upto:
+            exp.popleft()
+            advanced = True
+        if not exp:
+            self.mixed_deadlines = False
+        if upto > self.expired_upto:
+            self.expired_upto = upto
+            advanced = True
+        return advanced
+
+    def drop_upto(self, upto: int, expired: bool = False) -> int:
+        """Drop every ready message with an id up to `upto` (they sit at the head); with
+        `expired`, every id up to it has expired (TTL bookkeeping moves on)."""
+        advanced = self._expired_upto(upto) if expired else False
+        ready = self.ready
+        if self.prioritised:
+            oldest = ready.oldest()
+            if not (oldest is not None and oldest <= upto) and not advanced:
+                return 0
+            if self.effects is not None:
+                self.effects.append(EDrop(upto, expired))
+            n, size = ready.drop_upto(upto)
+            self.ready_bytes -= size
+            return n
+        if not (ready and ready[0][0] <= upto) and not advanced:
+            return 0
+        if self.effects is not None:
+            self.effects.append(EDrop(upto, expired))
+        n = 0
+        size = 0
+        popleft = ready.popleft
+        while ready and ready[0][0] <= upto:
+            size += len(popleft()[1])
+            n += 1
+        self.ready_bytes -= size
+        return n
+
+    def expired_by(self, now: float, inclusive: bool = True) -> int:
+        """The highest id expired at the head by `now` (with `inclusive`, also what expires
+        exactly now: a TTL of 0 means "delivered at once or never"); 0: none. As RabbitMQ's
+        classic queues, only the head expires: a message waits behind one whose deadline is
+        later (or that has none) while that one is in the queue."""
+        upto = self.expired_upto
+        exp = self.expiry
+        n = len(exp)
+        i = 0
+        while i < n and (exp[i][1] < now or (inclusive and exp[i][1] == now)):
+            upto = exp[i][0]
+            i += 1
+        if i == n or not self.mixed_deadlines:
+            return upto  # deadlines in id order: the first one not due stops the rest
+        # the entries whose messages are all gone hold nothing back: skip them
+        k = bisect_left(exp, self._oldest_held(), key=_msg_id)
+        while k < n and (exp[k][1] < now or (inclusive and exp[k][1] == now)):
+            upto = exp[k][0]
+            k += 1
+        return upto
+
+    def _oldest_held(self) -> int:
+        """The lowest id of a message in the queue (ready or unacknowledged), or `next_id`."""
+        low = self._oldest_ready()
+        if low is None:
+            low = self.next_id
+        if self._unacked:
+            low = min(low, min(self._unacked))
+        for run in self._runs:
+            if run[2][run[4]] < low:
+                low = run[2][run[4]]
+        return low
+
+    def expire(self, now: float, inclusive: bool = True) -> int:
+        """Drop the ready messages whose TTL ran out by `now` (see `expired_by`)."""
+        upto = self.expired_by(now, inclusive)
+        if upto == 0:
+            return 0
+        return self.drop_upto(upto, True)
+
+    def next_expiry(self) -> float | None:
+        """When the head's deadline is (None: it has none), or earlier."""
+        exp = self.expiry
+        if not exp:
+            return None
+        at = exp[0][1]
+        if self.mixed_deadlines:
+            k = bisect_left(exp, self._oldest_held(), key=_msg_id)
+            if k < len(exp):
+                at = min(at, exp[k][1])
+        return None if at == NEVER else at
+
+    def drop_over(self, limits: Limits) -> int:
+        """x-overflow drop-head: drop the oldest ready messages until the queue is within its
+        length limits."""
+        upto = self.over_limits(limits)
+        return self.drop_upto(upto) if upto else 0
+
+    def over_limits(self, limits: Limits) -> int:
+        """The last id of the oldest ready messages that must go for the queue to be within its
+        length limits (0: none); in a priority queue too the oldest by publish order whatever
+        their priority, where RabbitMQ drops from the head of its highest priority."""
+        ready = self.ready
+        max_len = limits.max_length if limits.max_length is not None else float("inf")
+        max_bytes = limits.max_bytes if limits.max_bytes is not None else float("inf")
+        if len(ready) <= max_len and self.ready_bytes <= max_bytes:
+            return 0
+        n = len(ready)
+        size = self.ready_bytes
+        upto = 0
+        for msg in (ready.by_id() if self.prioritised else ready):
+            if n <= max_len and size <= max_bytes:
+                break
+            upto = msg[0]
+            n -= 1
+            size -= len(msg[1])
+        return upto
