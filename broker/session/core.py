@@ -71,6 +71,9 @@ class DeclareQueue:
 class Session(ChannelsPart, PublishingPart, ConsumersPart):
     """One client connection's session core (see the module docstring)."""
 
+    channel_max = 2047  # channels open at once (the node's config, set by the driver)
+    max_tx_bytes = 64 << 20  # uncommitted publish bytes per transaction (likewise)
+
     def __init__(self, host: SessionHost, sid: int, peer: str, user: str, client_name: str, out):
         self.host = host
         self.sid = sid
