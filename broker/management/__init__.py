@@ -19,6 +19,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from ..log import clip
 from . import state
 from .events import Timeline
 from .rates import Rates
@@ -75,8 +76,20 @@ async def serve(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config.verify_mode = (ssl.CERT_REQUIRED if cfg.tls_fail_if_no_peer_cert
                               else ssl.CERT_OPTIONAL if cfg.tls_verify_peer else ssl.CERT_NONE)
     app = build_app(management)
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(functools.partial(hypercorn_serve, app, config))
-        port = int(binds[0].rpartition(":")[2])
-        node.log.info("management listening", http_port=port)
-        task_status.started(port)
+    port = None
+    while True:
+        try:
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(functools.partial(hypercorn_serve, app, config))
+                if port is None:
+                    port = int(binds[0].rpartition(":")[2])
+                    config.bind = [f"{_bind_host(node.config.host)}:{port}"]  # the same one again
+                    node.log.info("management listening", http_port=port)
+                    task_status.started(port)
+        except Exception as exc:  # noqa: BLE001
+            # hypercorn lets a request broken off in the middle escape at times (its error answer
+            # sent while another send is in flight: trio.BusyResourceError), which ends its
+            # server: the HTTP connections of the moment are dropped, the listener starts again,
+            # and the node carries on
+            node.stranger_log.warning("management HTTP server restarted", error=clip(repr(exc), 255))
+            await trio.sleep(0.1)
