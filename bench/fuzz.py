@@ -64,6 +64,7 @@ class Fuzz:
 
     def __init__(self, ports: dict, seed: int, inputs: int, concurrency: int):
         self.ports = ports
+        self.secret = SECRET.encode()  # the node's cluster secret (the peer port's logins)
         self.seed = seed
         self.inputs = inputs
         self.concurrency = concurrency
@@ -99,9 +100,8 @@ class Fuzz:
 
     async def one(self, kind: str, data: bytes, case: str) -> None:
         port_kind, login, _ = KINDS[kind]
-        try:
-            stream = await trio.open_tcp_stream("127.0.0.1", self.ports[port_kind])
-        except OSError:
+        stream = await self.connect(port_kind)
+        if stream is None:
             self.errors[kind] += 1
             return
         async with stream:
@@ -126,13 +126,22 @@ class Fuzz:
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass  # closed (reset) by the node: fine
 
+    async def connect(self, port_kind: str):
+        """A connection to the port; a few tries (a management listener may be starting again)."""
+        for _ in range(5):
+            try:
+                return await trio.open_tcp_stream("127.0.0.1", self.ports[port_kind])
+            except OSError:
+                await trio.sleep(0.2)
+        return None
+
     async def log_in(self, stream, login: str) -> None:
         if login == "amqp":
             await _amqp_login(stream)
         elif login == "client":
             await _native_login(stream)
         else:
-            await dial_handshake(FramedStream(stream), "fuzzer", SECRET.encode(), login)
+            await dial_handshake(FramedStream(stream), "fuzzer", self.secret, login)
 
     async def well_behaved(self) -> None:
         """Publish with confirms and consume, one message a round, until the inputs are all sent."""
@@ -195,9 +204,11 @@ async def _native_login(stream) -> None:
     await framed.receive(frozenset({"welcome"}))
 
 
-def _logged_failures(path: Path) -> int:
+def _logged(path: Path) -> tuple[int, int]:
+    """Lines logged as internal failures, and restarts of the management listener."""
     text = path.read_text(errors="replace")
-    return sum(text.count(s) for s in ("Traceback", "connection failed", "request failed"))
+    failures = sum(text.count(s) for s in ("Traceback", "connection failed", "request failed"))
+    return failures, text.count("management HTTP server restarted")
 
 
 def _delete_fuzz_queues(cluster: LocalCluster) -> int:
@@ -227,7 +238,7 @@ def run(inputs: int, seed: int, concurrency: int, out: Path | None) -> dict:
             deleted = _delete_fuzz_queues(cluster) if alive else 0
             time.sleep(2)
             after = proc_usage(pid) if alive else None
-            failures = _logged_failures(cluster.log_path("n1"))
+            failures, http_restarts = _logged(cluster.log_path("n1"))
             if out is not None:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(cluster.log_path("n1"), out.with_suffix(".n1.log"))
@@ -236,7 +247,7 @@ def run(inputs: int, seed: int, concurrency: int, out: Path | None) -> dict:
         "seed": seed, "concurrency": concurrency, "node_crashes": 0 if alive else 1,
         "hanging_connections": len(fuzz.hangs), "hangs": fuzz.hangs[:20],
         "answered_within_quiet": fuzz.answered, "login_errors_on_our_side": fuzz.errors,
-        "internal_failures_logged": failures, "fuzz_queues_deleted": deleted,
+        "internal_failures_logged": failures, "http_listener_restarts_logged": http_restarts, "fuzz_queues_deleted": deleted,
         "before": before, "after": after,
         "well_behaved": {"rounds": fuzz.rounds, "failures": fuzz.round_failures,
                          "slowest_round_s": round(fuzz.slowest_round, 3)},

@@ -15,7 +15,10 @@ from broker.amqp import codec
 from broker.client import AMQPConnectionError, ChannelClosedByBroker, ConnectionClosedByBroker
 from broker.client.aio import open_connection
 from broker.log import Throttled, clip
-from broker.simulation import CLIENT_PORT, sim_cluster, traced
+from broker.simulation import CLIENT_PORT, PEER_PORT, sim_cluster, traced
+from wire import messages as m
+from wire.frames import encode_frame
+from wire.schema import to_wire
 
 from test_amqp_sim import AMQP_PORT, SimAmqp
 
@@ -98,6 +101,22 @@ async def test_a_native_refused_login_is_answered_late(tmp_path, autojump_clock)
                 pass
         assert trio.current_time() - start >= 2.5
         assert f"login refused for user '{'x' * 64}... (5000 chars)'" in str(err.value)
+
+
+async def test_a_stranger_on_the_peer_port_is_logged_clipped_and_throttled(tmp_path, autojump_clock):
+    trace: list = []
+    with traced(trace):
+        async with sim_cluster(tmp_path, **ONE_NODE) as c:
+            for _ in range(3):
+                stream = await c.net.host("elsewhere").connect("n1", PEER_PORT)
+                await stream.send_all(encode_frame(to_wire(m.PeerAuth(m.PROTOCOL_VERSION, "n" * 5000, "peer",
+                                                                      b"x" * 32, b"y" * 16))))
+                await _closed_after(stream)
+    refused = [dict(fields) for _, event, fields in trace if event == "peer connection refused"]
+    assert len(refused) == 1  # the three at once: one line
+    reason = refused[0]["reason"]
+    assert len(reason) < 300 and reason.endswith('... (5057 chars)"') and "did not prove" not in reason
+    assert not any("n" * 300 in repr(fields) for _, _, fields in trace)
 
 
 # --- the handshake's time limit ----------------------------------------------------------------------
