@@ -67,6 +67,7 @@ class ClientConnection:
         config = node.config
         self.handshake_timeout = config.handshake_timeout
         self.login_refused = ""  # the refusal of this connection's login, once it is refused
+        self._answer_late = False  # a refused login's answer waits for login_failure_delay
         now = trio.current_time()
         self.started = now
         self.proto: ClientProtocol = self.make_protocol(now)
@@ -92,6 +93,7 @@ class ClientConnection:
             check_login(self.node.config, user, password, self.peer)
         except ProtocolError as exc:
             self.login_refused = exc.text
+            self._answer_late = True
             self.node.stranger_log.warning(f"{self.proto.NAME} login failed", peer=self.peer,
                                            user=clip(user), reason=exc.text)
             raise
@@ -244,7 +246,8 @@ class ClientConnection:
                     self.log.exception(f"{p.NAME} connection failed", peer=self.peer)
                     p.close(INTERNAL_ERROR, f"internal error: {exc!r}"[:200], trio.current_time())
                     events = []
-                if self.login_refused and self.session is None:
+                if self._answer_late:
+                    self._answer_late = False
                     await self._refused_login()
                 i, n = 0, len(events)
                 while i < n:  # in order; a run of publishes and acks as one batch of input
