@@ -422,6 +422,7 @@ def main(argv=None) -> None:
     fz.add_argument("--seed", type=int, default=1)
     fz.add_argument("--concurrency", type=int, default=8, help="connections at once per kind of input")
     fz.add_argument("--out", type=Path, default=Path("results/fuzz.json"))
+    fz.add_argument("--kinds", help="only these kinds of input, k1,k2 (default: all of bench/fuzz.py KINDS)")
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
     sub.add_parser("analyse", aliases=["analyze"], add_help=False,
@@ -444,8 +445,12 @@ def main(argv=None) -> None:
         print(json.dumps(run_memory_bench(args.messages, args.size, args.rounds, args.warmup)))
         return
     if args.command == "fuzz":
-        from bench.fuzz import run, verdict
-        result = run(args.inputs, args.seed, args.concurrency, args.out)
+        from bench.fuzz import KINDS, run, verdict
+        kinds = args.kinds.split(",") if args.kinds else list(KINDS)
+        unknown = sorted(set(kinds) - set(KINDS))
+        if unknown:
+            sys.exit(f"warren-bench fuzz: unknown kinds {unknown}; known: {', '.join(KINDS)}")
+        result = run(args.inputs, args.seed, args.concurrency, args.out, kinds)
         print(json.dumps(result, indent=2))
         sys.exit(0 if verdict(result) else 1)
     if args.command == "chaos":

@@ -62,8 +62,9 @@ def proc_usage(pid: int) -> dict:
 class Fuzz:
     """One campaign against one node (`ports`: kind of port -> number)."""
 
-    def __init__(self, ports: dict, seed: int, inputs: int, concurrency: int):
+    def __init__(self, ports: dict, seed: int, inputs: int, concurrency: int, kinds=tuple(KINDS)):
         self.ports = ports
+        self.kinds = list(kinds)
         self.secret = SECRET.encode()  # the node's cluster secret (the peer port's logins)
         self.seed = seed
         self.inputs = inputs
@@ -94,8 +95,8 @@ class Fuzz:
                 nursery.start_soon(self.sample, pid)
             await trio.sleep(1)  # the well-behaved client is going
             async with trio.open_nursery() as workers:
-                share = -(-self.inputs // len(KINDS))  # at least `inputs` in all
-                for i, kind in enumerate(KINDS):
+                share = -(-self.inputs // len(self.kinds))  # at least `inputs` in all
+                for i, kind in enumerate(self.kinds):
                     per = [share // self.concurrency + (1 if w < share % self.concurrency else 0)
                            for w in range(self.concurrency)]
                     for w, n in enumerate(per):
@@ -231,7 +232,7 @@ def _delete_fuzz_queues(cluster: LocalCluster) -> int:
     return len(names) - 1
 
 
-def run(inputs: int, seed: int, concurrency: int, out: Path | None) -> dict:
+def run(inputs: int, seed: int, concurrency: int, out: Path | None, kinds=tuple(KINDS)) -> dict:
     """Start a node, fuzz it, return (and write to `out`) the verdict."""
     with tempfile.TemporaryDirectory(prefix="warren-fuzz-") as tmp:
         cluster = LocalCluster(Path(tmp) / "home", 1, free_ports=True, secret=SECRET, http=True,
@@ -240,9 +241,12 @@ def run(inputs: int, seed: int, concurrency: int, out: Path | None) -> dict:
             pid = cluster.procs["n1"].pid
             ports = {"amqp": cluster.amqp_port("n1"), "client": cluster.client_port("n1"),
                      "peer": cluster.peer_port("n1"), "http": cluster.http_ports["n1"]}
+            # what the inputs publish stays bounded (their queues' growth is not the node's)
+            cluster.call("n1", "set_policy", {"name": "fuzz-bounded", "pattern": "^(?!wellbehaved-)",
+                                              "definition": json.dumps({"max-length": 100})})
             time.sleep(1)
             before = proc_usage(pid)
-            fuzz = Fuzz(ports, seed, inputs, concurrency)
+            fuzz = Fuzz(ports, seed, inputs, concurrency, kinds)
             started = time.monotonic()
             trio.run(fuzz.run, pid)
             seconds = time.monotonic() - started
@@ -256,7 +260,7 @@ def run(inputs: int, seed: int, concurrency: int, out: Path | None) -> dict:
                 shutil.copy(cluster.log_path("n1"), out.with_suffix(".n1.log"))
     result = {
         "inputs": sum(fuzz.sent.values()), "per_kind": fuzz.sent, "seconds": round(seconds, 1),
-        "seed": seed, "concurrency": concurrency, "node_crashes": 0 if alive else 1,
+        "seed": seed, "concurrency": concurrency, "kinds": list(kinds), "node_crashes": 0 if alive else 1,
         "hanging_connections": len(fuzz.hangs), "hangs": fuzz.hangs[:20],
         "answered_within_quiet": fuzz.answered, "login_errors_on_our_side": fuzz.errors,
         "internal_failures_logged": failures, "http_connections_failed_logged": http_restarts, "fuzz_queues_deleted": deleted,

@@ -366,11 +366,14 @@ class Handlers:
             await self.control("delete_queue", {"queue": name})
             return _no_content()
         body = await _body(request)  # PUT: declare
+        arguments = body.get("arguments") or {}
+        if not isinstance(arguments, dict):
+            raise bad_request("arguments must be a JSON object")
         existed = state.queue(md, name) is not None
         async with client_channel(self.m, credentials) as ch:
             await ch.queue_declare(name, durable=bool(body.get("durable", True)),
                                    auto_delete=bool(body.get("auto_delete", False)),
-                                   arguments=dict(body.get("arguments") or {}))
+                                   arguments=dict(arguments))
         return _no_content(204 if existed else 201)
 
     async def queue_contents(self, request: Request):

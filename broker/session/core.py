@@ -545,10 +545,13 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
         if self.closed:
             return
         self.closed = True
+        # every queue it published to too: a queue remembers each publishing session's last
+        # batch (to drop a resend after a failover) until it hears the session is gone
+        touched = {q for ch in self.channels.values() for q in ch.touched}
+        touched.update(self.routes)
         for qname in list(self.routes):
             self._drop_route(qname)
-        touched = {q for ch in self.channels.values() for q in ch.touched}
-        for qname in touched:
+        for qname in sorted(touched):
             self.host.to_leader(qname, m.QSessionGone(qname, self.me, self.sid))
         self._credit_may_be_back()
 
