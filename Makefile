@@ -128,6 +128,13 @@ bench: $(ANALYSIS_EXTRAS)
 	warren-bench run $(BENCH_SUITE) --target $(BENCH_TARGET) --out results
 	$(PYTHON) -m bench.analysis
 
+# random inputs over every port of one node (bench/fuzz.py), logged in and not, beside a
+# well-behaved client: FUZZ_INPUTS of them; the verdict (crashes, hangs, fds, RSS) in results/fuzz.json
+FUZZ_INPUTS ?= 100000
+.PHONY: fuzz
+fuzz: $(TEST_EXTRAS)
+	warren-bench fuzz --inputs $(FUZZ_INPUTS) --out results/fuzz.json
+
 # the chaos campaign (bench/chaos): CHAOS_SCHEDULES seeded fault schedules from CHAOS_SEED,
 # each judged by the total-queue checker; `make chaos-smoke` runs one short schedule per kind
 CHAOS_SCHEDULES ?= 200

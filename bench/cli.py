@@ -19,6 +19,12 @@ runs seeded fault schedules (bench/chaos) against fresh local clusters and print
 the checker's verdict and the one command that replays it; `--smoke` runs one short schedule
 per fault kind, `--check FOLDER` recomputes the verdict of a chaos folder from its logs.
 
+    warren-bench fuzz [--inputs 100000] [--seed 1] [--concurrency 8] [--out results/fuzz.json]
+
+starts one node and sends it random inputs (bench/fuzz.py) over every port, before and after
+logging in, while a well-behaved client publishes and consumes; prints the verdict (crashes,
+connections left hanging, file descriptors and RSS before and after, the client's rounds).
+
     warren-bench throughput [--seconds 10] [--size 1024] [--window 2000] [--prefetch 1000]
                             [--user U --password P] [--queue-prefix perf.]
 
@@ -437,6 +443,13 @@ def main(argv=None) -> None:
     d.add_argument("--replay", action="store_true",
                    help="run the schedule of --seed alone and say what happened, with its trace digest")
     d.add_argument("--trace", action="store_true", help="with --replay: print every event of the run")
+    fz = sub.add_parser("fuzz", help="random inputs over every port of one node, before and after "
+                                     "logging in, beside a well-behaved client: crashes, hangs, fds, memory")
+    fz.add_argument("--inputs", type=int, default=100_000)
+    fz.add_argument("--seed", type=int, default=1)
+    fz.add_argument("--concurrency", type=int, default=8, help="connections at once per kind of input")
+    fz.add_argument("--out", type=Path, default=Path("results/fuzz.json"))
+    fz.add_argument("--kinds", help="only these kinds of input, k1,k2 (default: all of bench/fuzz.py KINDS)")
     c = sub.add_parser("check", help="validate workload files and list their scenarios")
     c.add_argument("workloads", nargs="+", metavar="WORKLOAD")
     sub.add_parser("analyse", aliases=["analyze"], add_help=False,
@@ -458,6 +471,15 @@ def main(argv=None) -> None:
         from bench.memory_bench import run_memory_bench
         print(json.dumps(run_memory_bench(args.messages, args.size, args.rounds, args.warmup)))
         return
+    if args.command == "fuzz":
+        from bench.fuzz import KINDS, run, verdict
+        kinds = args.kinds.split(",") if args.kinds else list(KINDS)
+        unknown = sorted(set(kinds) - set(KINDS))
+        if unknown:
+            sys.exit(f"warren-bench fuzz: unknown kinds {unknown}; known: {', '.join(KINDS)}")
+        result = run(args.inputs, args.seed, args.concurrency, args.out, kinds)
+        print(json.dumps(result, indent=2))
+        sys.exit(0 if verdict(result) else 1)
     if args.command == "chaos":
         sys.exit(chaos(args))
     if args.command == "dst":

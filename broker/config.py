@@ -70,6 +70,12 @@ class NodeConfig:
     # Amazon MQ's managed HA policy (mirroring/policy.py): the cluster keeps the system policy
     # {"ha-mode": "all", "ha-sync-mode": "automatic"} and forces those keys into every policy
     managed_ha: bool = False
+    # abuse bounds (docs/operations.md, "Limits"): what one client, or a stranger, can hold
+    handshake_timeout: float = 10.0  # seconds a client connection has to log in (RabbitMQ's)
+    login_failure_delay: float = 1.0  # seconds before a refused login is answered
+    max_connections: int = 0  # client connections per node (AMQP and native); 0 = no limit
+    channel_max: int = 2047  # channels per connection (RabbitMQ's default)
+    max_tx_bytes: int = 64 << 20  # uncommitted publish bytes a transaction may hold
 
     @property
     def memory_watermark(self) -> Watermark:
@@ -96,6 +102,16 @@ class NodeConfig:
             raise ConfigError("queue_leader_locator must be 'client-local' or 'balanced'")
         if self.sched_policy not in ("batch", "other"):
             raise ConfigError(f"sched_policy must be 'batch' or 'other', not {self.sched_policy!r}")
+        if self.handshake_timeout <= 0:
+            raise ConfigError("handshake_timeout must be positive")
+        if self.login_failure_delay < 0:
+            raise ConfigError("login_failure_delay must be 0 or more seconds")
+        if self.max_connections < 0:
+            raise ConfigError("max_connections must be 0 (no limit) or a positive number")
+        if not 1 <= self.channel_max <= 65535:
+            raise ConfigError("channel_max must be between 1 and 65535")
+        if self.max_tx_bytes < 1:
+            raise ConfigError("max_tx_bytes must be a positive number of bytes")
         if self.mirroring_sync_batch_size < 1:
             raise ConfigError("mirroring_sync_batch_size must be at least 1")
         if self.mirroring_sync_max_throughput < 0:
@@ -146,6 +162,11 @@ _FIELDS = {
     "tls_fail_if_no_peer_cert": ("WARREN_TLS_FAIL_IF_NO_PEER_CERT", "bool"),
     "amqps_port": ("WARREN_AMQPS_PORT", int),
     "managed_ha": ("WARREN_MANAGED_HA", "bool"),
+    "handshake_timeout": ("WARREN_HANDSHAKE_TIMEOUT", float),
+    "login_failure_delay": ("WARREN_LOGIN_FAILURE_DELAY", float),
+    "max_connections": ("WARREN_MAX_CONNECTIONS", int),
+    "channel_max": ("WARREN_CHANNEL_MAX", int),
+    "max_tx_bytes": ("WARREN_MAX_TX_BYTES", int),
 }
 
 

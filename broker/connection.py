@@ -28,12 +28,12 @@ from mirroring.access import SALT_BYTES, check_password, hash_password
 from wire.errors import ACCESS_REFUSED, INTERNAL_ERROR, NOT_ALLOWED, ProtocolError
 
 from .framed import CORK, DirectWrites, Reader, direct_socket
+from .log import clip
 from .frontend import ChannelFailed, ClientProtocol, Closed, ConnectionFailed, LoggedIn
 from .memory import PublisherGate
 from .session import INLINE, SessionDriver
 
 READ_SIZE = 256 * 1024
-HANDSHAKE_TIMEOUT = 10.0
 CREDIT_HELD = ("warren credit flow: too many unconfirmed publishes on this connection (a mirror "
                "is behind)")
 
@@ -56,10 +56,11 @@ def check_login(md, config, user: str, password: str, peer: str) -> None:
     # an unknown user costs a hash too: the answer's time does not tell which users exist
     if not check_password(record.password_hash if record is not None else _NO_USER, password) \
             or record is None:
-        raise ProtocolError(ACCESS_REFUSED, f"login refused for user '{user}': wrong user name or password")
+        raise ProtocolError(ACCESS_REFUSED,
+                            f"login refused for user '{clip(user)}': wrong user name or password")
     if user in config.loopback_users and not is_loopback(peer, config.advertise_host):
         raise ProtocolError(ACCESS_REFUSED,
-                            f"user '{user}' can only connect via localhost (loopback_users)")
+                            f"user '{clip(user)}' can only connect via localhost (loopback_users)")
 
 
 def check_vhost_access(md, user: str, vhost: str) -> None:
@@ -77,6 +78,10 @@ class ClientConnection:
         self.stream = stream
         self.peer = peer
         self.log = node.log
+        config = node.config
+        self.handshake_timeout = config.handshake_timeout
+        self.login_refused = ""  # the refusal of this connection's login, once it is refused
+        self._answer_late = False  # a refused login's answer waits for login_failure_delay
         now = trio.current_time()
         self.started = now
         self.proto: ClientProtocol = self.make_protocol(now)
@@ -96,7 +101,16 @@ class ClientConnection:
         raise NotImplementedError
 
     def _authenticate(self, user: str, password: str) -> None:
-        check_login(self.node.md, self.node.config, user, password, self.peer)
+        """The login check; a refusal is logged (at most a line a second per node) and
+        answered only after `login_failure_delay` (the reader waits it out: `_refused_login`)."""
+        try:
+            check_login(self.node.md, self.node.config, user, password, self.peer)
+        except ProtocolError as exc:
+            self.login_refused = exc.text
+            self._answer_late = True
+            self.node.stranger_log.warning(f"{self.proto.NAME} login failed", peer=self.peer,
+                                           user=clip(user), reason=exc.text)
+            raise
 
     def _enter_vhost(self, user: str, vhost: str) -> None:
         check_vhost_access(self.node.md, user, vhost)
@@ -104,11 +118,27 @@ class ClientConnection:
     def _has_vhost(self, name: str) -> bool:
         return name in self.node.md.vhosts
 
+    def _check_connection_limit(self) -> None:
+        """max_connections: a connection past it is refused when it asks to open (RabbitMQ's
+        connection_max)."""
+        limit = self.node.config.max_connections
+        if limit and self.node.client_sockets > limit:
+            raise ProtocolError(NOT_ALLOWED, f"connection refused: node connection limit ({limit}) is reached")
+
+    async def _refused_login(self) -> None:
+        """A refused login is answered after login_failure_delay, in this connection's task
+        only (guessing passwords is slow; other connections carry on). The handshake's time
+        limit still holds meanwhile."""
+        delay = self.node.config.login_failure_delay
+        if delay > 0:
+            await trio.sleep(delay)
+
     # --- lifetime -------------------------------------------------------------------------------
     async def serve(self) -> None:
         node = self.node
         stop = self._stop
         writer_done = trio.Event()
+        node.client_sockets += 1
         try:
             with self.scope:
                 async with trio.open_nursery() as nursery:
@@ -123,6 +153,7 @@ class ClientConnection:
                         await writer_done.wait()
                     nursery.cancel_scope.cancel()
         finally:
+            node.client_sockets -= 1
             if self.gate is not None:
                 self.gate.close()
             session = self.session
@@ -236,6 +267,9 @@ class ClientConnection:
                     self.log.exception(f"{p.NAME} connection failed", peer=self.peer)
                     p.close(INTERNAL_ERROR, f"internal error: {exc!r}"[:200], trio.current_time())
                     events = []
+                if self._answer_late:
+                    self._answer_late = False
+                    await self._refused_login()
                 i, n = 0, len(events)
                 while i < n:  # in order; a run of publishes and acks as one batch of input
                     ev = events[i]
@@ -307,10 +341,14 @@ class ClientConnection:
             if session is not None:
                 session.core.fail_channel(ev.ch, ev.code, ev.text)
         elif t is ConnectionFailed:
-            self.log.warning(f"closing {self.proto.NAME} connection", peer=self.peer, code=ev.code,
-                             reason=ev.text, conn=session.core.conn_id if session else None)
+            if session is not None:
+                self.log.warning(f"closing {self.proto.NAME} connection", peer=self.peer, code=ev.code,
+                                 reason=clip(ev.text, 255), conn=session.core.conn_id)
+            elif not self.login_refused:  # before the login: a stranger's, throttled (a refused login was logged)
+                self.node.stranger_log.warning(f"{self.proto.NAME} handshake failed", peer=self.peer,
+                                               code=ev.code, reason=clip(ev.text, 255))
         elif t is Closed:
-            self.log.debug(f"{self.proto.NAME} connection closed", peer=self.peer, reason=ev.reason)
+            self.log.debug(f"{self.proto.NAME} connection closed", peer=self.peer, reason=clip(ev.reason, 255))
 
     async def _event(self, ev) -> None:
         session = self.session
@@ -339,7 +377,7 @@ class ClientConnection:
             self._timer_handshaking = p.handshaking
             deadline = p.next_deadline()
             if p.handshaking:
-                limit = self.started + HANDSHAKE_TIMEOUT
+                limit = self.started + self.handshake_timeout
                 deadline = limit if deadline is None else min(deadline, limit)
             elif deadline is None:
                 deadline = math.inf
@@ -347,8 +385,9 @@ class ClientConnection:
                 await trio.sleep_forever()
             self._timer_scope = None
             now = trio.current_time()
-            if p.handshaking and now - self.started >= HANDSHAKE_TIMEOUT:
-                self.log.info(f"{p.NAME} handshake timed out", peer=self.peer)
+            if p.handshaking and now - self.started >= self.handshake_timeout:
+                self.node.stranger_log.warning(f"{p.NAME} handshake timed out", peer=self.peer,
+                                               seconds=self.handshake_timeout)
                 self._stop.set()
                 return
             for ev in p.tick(now):

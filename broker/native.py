@@ -201,5 +201,6 @@ class NativeConnection(ClientConnection):
             max_frame=max_frame)
 
     def _can_open(self) -> str:
+        self._check_connection_limit()
         node = self.node
         return node.paused_reason() if node.cluster.paused else ""

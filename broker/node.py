@@ -128,6 +128,9 @@ class Node:
         # metadata change that names its queues is shown to these sessions only
         self.routing: dict[str, dict[int, Session]] = {}
         self.connections = Connections()
+        self.client_sockets = 0  # client connections open, logged in or not (max_connections)
+        # lines strangers can cause (refused logins and handshakes): at most one a second each
+        self.stranger_log = logmod.Throttled(self.log, trio.current_time)
         self._refused_links: dict[str, str] = {}  # node -> the refusal last logged (_note_refusal)
         self.app_running = False
         self.joining_seed: str | None = None  # first boot: the seed being joined, until it answers
@@ -465,7 +468,7 @@ class Node:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except ProtocolError as exc:  # e.g. the dialer dropped a duplicate link during set-up
-            self.log.debug("peer connection ended during set-up", peer=peer, reason=exc.text)
+            self.log.debug("peer connection ended during set-up", peer=peer, reason=logmod.clip(exc.text, 255))
         except trio.TooSlowError:
             self.log.debug("peer link set-up timed out", peer=peer)
         except Exception:  # a bug in handling one connection must not bring the node down
@@ -476,12 +479,12 @@ class Node:
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
                 auth = await accept_handshake(framed, self.name, self.config.secret, self.new_nonce())
-        except ProtocolError as exc:
-            self.log.warning("peer connection refused", peer=peer, reason=exc.text)
+        except ProtocolError as exc:  # a stranger's line: bounded and throttled
+            self.stranger_log.warning("peer connection refused", peer=peer, reason=logmod.clip(exc.text, 255))
             await _send_error(framed, exc)
             return
         except trio.TooSlowError:
-            self.log.warning("peer handshake timed out", peer=peer)
+            self.stranger_log.warning("peer handshake timed out", peer=peer)
             return
         if auth.role == "ctl":
             from .control import serve_ctl

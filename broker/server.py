@@ -122,6 +122,19 @@ def parse_args(argv=None) -> dict:
                    help="Amazon MQ's managed HA policy: a system policy mirrors every queue on "
                         "all nodes, and every policy gets ha-mode all, ha-sync-mode automatic "
                         "(WARREN_MANAGED_HA, TOML managed_ha)")
+    p.add_argument("--handshake-timeout", dest="handshake_timeout", type=float,
+                   help="seconds a client connection has to log in before it is closed "
+                        "(WARREN_HANDSHAKE_TIMEOUT, default 10)")
+    p.add_argument("--login-failure-delay", dest="login_failure_delay", type=float,
+                   help="seconds before a refused login is answered (WARREN_LOGIN_FAILURE_DELAY, default 1)")
+    p.add_argument("--max-connections", dest="max_connections", type=int,
+                   help="client connections per node, AMQP and native together "
+                        "(WARREN_MAX_CONNECTIONS, default 0: no limit)")
+    p.add_argument("--channel-max", dest="channel_max", type=int,
+                   help="channels per client connection (WARREN_CHANNEL_MAX, default 2047)")
+    p.add_argument("--max-tx-bytes", dest="max_tx_bytes", type=int,
+                   help="uncommitted publish bytes one transaction may hold "
+                        "(WARREN_MAX_TX_BYTES, default 67108864: 64 MiB)")
     p.add_argument("--config", help="TOML configuration file (WARREN_CONFIG_FILE)")
     return vars(p.parse_args(argv))
 

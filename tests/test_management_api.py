@@ -139,6 +139,8 @@ def test_overview_nodes_errors_and_auth(cluster):
         assert wrong.status_code == 405 and wrong.json()["error"] == "Method Not Allowed"
         bad = http.put("/api/queues/%2F/x", content=b"{not json")
         assert bad.status_code == 400 and bad.json()["error"] == "bad_request"
+        bad = http.put("/api/queues/%2F/x", json={"arguments": [[]]})  # found by make fuzz
+        assert (bad.status_code, bad.json()["reason"]) == (400, "arguments must be a JSON object")
     with api(c, "n1", auth=None) as anonymous:
         refused = anonymous.get("/api/overview")
         assert refused.status_code == 401 and refused.json() == {"error": "not_authorised",

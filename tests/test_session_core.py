@@ -458,3 +458,18 @@ def test_permissions_refuse_on_their_channel_only_and_a_change_is_seen_at_the_ne
     out.clear()
     s.handle(m.BasicGet(11, 1, "perf.q", False))
     assert not any(type(o) is m.Fail for o in out) and sent(host, m.QGet)
+
+
+def test_a_closed_session_tells_every_queue_it_published_to():
+    # a queue remembers each publishing session's last batch (to drop resends after a failover)
+    # until it hears the session is gone: a connection that only published must say so too, or
+    # every short-lived publisher leaves an entry behind in each queue it used
+    host, s, out = core_session()
+    host.add_queue("q", leader="n2", epoch=3)
+    host.add_queue("other", leader="n1", epoch=1)
+    s.handle(m.Publish(1, "q", [b"a"], None))
+    s.handle(m.Publish(1, "other", [b"b"], None))
+    s.close()
+    assert sorted((op.queue, op.node, op.sid) for op in sent(host, m.QSessionGone)) == [
+        ("other", "n1", 7), ("q", "n1", 7)]
+    assert s.routes == {}

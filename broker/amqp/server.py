@@ -19,10 +19,11 @@ class AmqpConnection(ClientConnection):
         return proto.AmqpProtocol(
             authenticate=lambda mechanism, user, password: self._authenticate(user, password),
             can_open=self._can_open, has_vhost=self._has_vhost, enter_vhost=self._enter_vhost,
-            node=node.name, cluster=node.cluster.md.cluster_name,
+            node=node.name, cluster=node.cluster.md.cluster_name, channel_max=node.config.channel_max,
             max_message=max(4096, node.config.max_frame - 65536), now=now)
 
     def _can_open(self) -> str:
+        self._check_connection_limit()
         node = self.node
         if not node.app_running:
             return f"node {node.name} is not running (its app is stopped)"

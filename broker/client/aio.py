@@ -851,6 +851,10 @@ class Connection:
                     channels.pop(msg.ch, None)
                     for c in ch.consumers.values():
                         c._cancelled(f"channel closed: {msg.text}")
+                    # requests sent on it before the news came are not answered (the node reads
+                    # nothing on a channel it closed): they fail with it
+                    for rid in [r for r, entry in self._pending.items() if entry[2] is ch]:
+                        self._resolve(rid, "err", err)
                 self._resolve(msg.rid, "err", err)
             elif t is m.Cancelled:
                 ch = channels.get(msg.ch)

@@ -1,6 +1,7 @@
 """The management HTTP API, Prometheus metrics and web UI of a node (`--http-port`).
 
-Served from the node's own trio process by hypercorn's trio worker, with a Starlette app
+Served from the node's own trio process: the node's listener hands each connection to hypercorn's
+trio server for one connection (what escapes it ends that connection only), with a Starlette app
 (app.py): RabbitMQ's management API paths and shapes (any node answers for the whole cluster),
 `GET /metrics` (metrics.py), and the web UI's static files (ui/) at `/`. The server lives as long
 as the process, like the peer port: while the app is stopped it still answers, with every node
@@ -13,12 +14,15 @@ read only through state.py.
 
 from __future__ import annotations
 
-import functools
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import wrap_app
 
+from ..log import clip
 from . import state
 from .events import Timeline
 from .rates import Rates
@@ -54,10 +58,6 @@ class Management:
             self.timeline.sync_seen(name, st.get("sync"), st["node"])
 
 
-def _bind_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
 async def serve(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Listen on the node's http_port (0: any free one) until cancelled; reports the port."""
     from .app import build_app
@@ -65,19 +65,31 @@ async def serve(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     management.timeline.resync(state.metadata(node))
     node.management = management
     config = HypercornConfig()
-    config.bind = [f"{_bind_host(node.config.host)}:{node.config.http_port}"]
     config.accesslog = None
     config.errorlog = None  # the app logs its own failures through the node's log
-    config.graceful_timeout = 0.5
     cfg = node.config
     if cfg.tls_cert:  # HTTPS, with the client ports' certificate rules
         import ssl
         config.certfile, config.keyfile, config.ca_certs = cfg.tls_cert, cfg.tls_key or cfg.tls_cert, cfg.tls_ca
         config.verify_mode = (ssl.CERT_REQUIRED if cfg.tls_fail_if_no_peer_cert
                               else ssl.CERT_OPTIONAL if cfg.tls_verify_peer else ssl.CERT_NONE)
-    app = build_app(management)
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(functools.partial(hypercorn_serve, app, config))
-        port = int(binds[0].rpartition(":")[2])
-        node.log.info("management listening", http_port=port)
-        task_status.started(port)
+    app = wrap_app(build_app(management), config.wsgi_max_body_size, None)
+    context = WorkerContext(None)
+
+    async def one_connection(stream) -> None:
+        """hypercorn's server for one connection. What escapes it (a request broken off at
+        times makes hypercorn send its error answer while another send is in flight:
+        trio.BusyResourceError) ends this connection only, not the listener and the node."""
+        try:
+            await TCPServer(app, config, context, ConnectionState({}), stream)
+        except Exception as exc:  # noqa: BLE001
+            node.stranger_log.warning("management connection ended by an error", error=clip(repr(exc), 255))
+
+    listeners = await trio.open_tcp_listeners(cfg.http_port, host=cfg.host)
+    port = listeners[0].socket.getsockname()[1]
+    ssl_context = config.create_ssl_context()
+    if ssl_context is not None:
+        listeners = [trio.SSLListener(one, ssl_context, https_compatible=True) for one in listeners]
+    node.log.info("management listening", http_port=port)
+    task_status.started(port)
+    await trio.serve_listeners(one_connection, listeners)

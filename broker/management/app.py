@@ -26,7 +26,7 @@ from urllib.parse import unquote
 import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -35,6 +35,7 @@ from wire.errors import ACCESS_REFUSED, NOT_FOUND, ProtocolError
 
 from .. import control
 from ..client.errors import AMQPConnectionError, ChannelClosedByBroker, ConnectionClosedByBroker
+from ..log import clip
 from ..native import check_login
 from . import state
 from .metrics import render_metrics
@@ -424,11 +425,14 @@ class Handlers:
             await self.control("delete_queue", {"queue": name, "vhost": vhost})
             return _no_content()
         body = await _body(request)  # PUT: declare
+        arguments = body.get("arguments") or {}
+        if not isinstance(arguments, dict):
+            raise bad_request("arguments must be a JSON object")
         existed = state.queue(md, key) is not None
         async with client_channel(self.m, credentials, vhost) as ch:
             await ch.queue_declare(name, durable=bool(body.get("durable", True)),
                                    auto_delete=bool(body.get("auto_delete", False)),
-                                   arguments=dict(body.get("arguments") or {}))
+                                   arguments=dict(arguments))
         return _no_content(204 if existed else 201)
 
     async def queue_contents(self, request: Request):
@@ -855,7 +859,14 @@ def build_app(management):
                             status_code=exc.status_code)
 
     async def internal_error(request: Request, exc: Exception):
-        log.exception("management request failed", path=request.url.path, method=request.method)
+        path, method = clip(request.url.path, 255), clip(request.method)  # a stranger's strings
+        if isinstance(exc, (ClientDisconnect, trio.BrokenResourceError, trio.BusyResourceError,
+                            trio.ClosedResourceError)):
+            # the client went while its answer was on its way (hypercorn answers a request the
+            # client broke off itself, beside the app's answer): no failure of the node's
+            log.debug("management client went away", path=path, method=method)
+            return Response(status_code=500)
+        log.exception("management request failed", path=path, method=method)
         return JSONResponse({"error": "internal_error", "reason": repr(exc)}, status_code=500)
 
     app = Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error,

@@ -24,7 +24,7 @@ from itertools import repeat
 from operator import itemgetter
 
 from wire import messages as m
-from wire.errors import COMMAND_INVALID, NOT_IMPLEMENTED, PRECONDITION_FAILED, ProtocolError
+from wire.errors import COMMAND_INVALID, NOT_ALLOWED, NOT_IMPLEMENTED, PRECONDITION_FAILED, ProtocolError
 
 # what a command's handler returns when the client closed the connection
 CLOSE = "close"
@@ -48,7 +48,7 @@ class Channel:
     consumers, its transaction, and its replies waiting for their turn."""
 
     __slots__ = ("id", "prefetch", "confirm", "next_seq", "next_tag", "_tags", "tag_runs", "consumers",
-                 "touched", "tx", "tx_pending", "inflight", "commit_rid", "tx_failed",
+                 "touched", "tx", "tx_pending", "tx_bytes", "inflight", "commit_rid", "tx_failed",
                  "order", "held", "active", "paused", "last_queue")
 
     def __init__(self, ch: int):
@@ -64,6 +64,7 @@ class Channel:
         self.touched: set[str] = set()  # queues holding consumers or deliveries of this channel
         self.tx = False  # transaction mode: publishes and acks wait in tx_pending for tx.commit
         self.tx_pending: list = []
+        self.tx_bytes = 0  # the bodies' bytes in tx_pending (bounded by the session's max_tx_bytes)
         self.inflight = 0  # messages of this channel not yet accepted by every mirror
         self.commit_rid = 0  # a tx.commit waiting for them
         self.tx_failed = ""
@@ -213,6 +214,9 @@ class ChannelsPart:
     def on_channel_open(self, msg):
         if msg.ch in self.channels or msg.ch <= 0:
             raise ProtocolError(COMMAND_INVALID, f"channel {msg.ch} is already open or invalid")
+        if len(self.channels) >= self.channel_max:  # RabbitMQ's refusal, a connection error
+            raise ProtocolError(NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has "
+                                             f"reached the negotiated channel_max ({self.channel_max})")
         self.closed_channels.discard(msg.ch)
         self.channels[msg.ch] = Channel(msg.ch)
         self.out(m.Reply(msg.rid, None))

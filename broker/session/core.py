@@ -78,6 +78,8 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
     """One client connection's session core (see the module docstring)."""
 
     listed = True  # among the node's connections (not its dead-letter publisher's session)
+    channel_max = 2047  # channels open at once (the node's config, set by the driver)
+    max_tx_bytes = 64 << 20  # uncommitted publish bytes per transaction (likewise)
 
     def __init__(self, host: SessionHost, sid: int, peer: str, user: str, client_name: str, out,
                  vhost: str = DEFAULT_VHOST):
@@ -597,10 +599,13 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
         if self.closed:
             return
         self.closed = True
+        # every queue it published to too: a queue remembers each publishing session's last
+        # batch (to drop a resend after a failover) until it hears the session is gone
+        touched = {q for ch in self.channels.values() for q in ch.touched}
+        touched.update(self.routes)
         for qname in list(self.routes):
             self._drop_route(qname)
-        touched = {q for ch in self.channels.values() for q in ch.touched}
-        for qname in touched:
+        for qname in sorted(touched):
             self.host.to_leader(qname, m.QSessionGone(qname, self.me, self.sid))
         self._credit_may_be_back()
 

@@ -35,6 +35,9 @@ class SessionDriver:
         host = NodeHost(node)
         sid = node.new_session_id()
         core = Session(host, sid, peer, user, client_name, out, vhost)
+        config = node.config
+        core.channel_max = config.channel_max
+        core.max_tx_bytes = config.max_tx_bytes
         node.sessions[sid] = core
         return cls(host, core)
 

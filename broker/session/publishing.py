@@ -101,6 +101,7 @@ class PublishingPart:
         if not ch.tx:
             raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
         pending, ch.tx_pending = ch.tx_pending, []
+        ch.tx_bytes = 0
         ch.tx = False
         try:
             for op in pending:
@@ -112,6 +113,18 @@ class PublishingPart:
             ch.commit_rid = msg.rid
         else:
             self._commit_done(ch, msg.rid)
+
+    def _hold_in_tx(self, ch: Channel, msg) -> None:
+        """A publish batch waits in the transaction for tx.commit, within max_tx_bytes: past it
+        the channel is closed (406) and the transaction is gone with it."""
+        size = ch.tx_bytes + sum(map(len, msg.bodies))
+        if size > self.max_tx_bytes:
+            raise ChannelError(PRECONDITION_FAILED,
+                               f"transaction on channel {ch.id} would hold {size} bytes of "
+                               f"uncommitted publishes, more than max_tx_bytes ({self.max_tx_bytes}): "
+                               "commit or roll back sooner")
+        ch.tx_bytes = size
+        ch.tx_pending.append(msg)
 
     def _commit_done(self, ch: Channel, rid: int) -> None:
         ch.commit_rid = 0
@@ -126,6 +139,7 @@ class PublishingPart:
         if not ch.tx:
             raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
         ch.tx_pending.clear()
+        ch.tx_bytes = 0
         self._reply(ch.id, msg.rid, None)
 
 
@@ -136,7 +150,7 @@ class PublishingPart:
         self.publisher = True
         ch = self._ch(msg.ch)
         if ch.tx:
-            ch.tx_pending.append(msg)
+            self._hold_in_tx(ch, msg)
             return None
         n = len(msg.bodies)
         if not n:
