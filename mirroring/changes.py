@@ -22,7 +22,7 @@ import msgspec
 
 from wire.errors import COMMAND_INVALID, SYNTAX_ERROR, ProtocolError
 
-from .records import Binding, DeleteRequester, Exchange, Policy, QueueDef, QueueUpdate
+from .records import Binding, DeleteRequester, Exchange, ExchangeBinding, Policy, QueueDef, QueueUpdate
 
 
 class Change(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
@@ -97,6 +97,18 @@ class BindingRemove(Change, tag="binding.remove"):
     names_its_queues = True
     exchange: str
     binding: Binding
+
+
+class ExchangeBindingAdd(Change, tag="exchange_binding.add"):
+    """exchange.bind: `binding.destination` takes what `source` routes with a matching key."""
+    source: str
+    binding: ExchangeBinding
+
+
+class ExchangeBindingRemove(Change, tag="exchange_binding.remove"):
+    """exchange.unbind (a binding that is not there is no error, as in RabbitMQ)."""
+    source: str
+    binding: ExchangeBinding
 
 
 class NodeDown(Change, tag="node.down"):

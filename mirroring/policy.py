@@ -9,7 +9,8 @@ this file; the broker only carries the answers out):
   looked for in a fixed order: the definition as a whole, unrecognised keys, then `ha-mode`,
   `ha-params`, the keys that need `ha-mode`, `queue-master-locator`, then the queue limits
   (`max-length`, `max-length-bytes`, `message-ttl`, `expires`, `overflow`: what the broker
-  carries out is mirroring/queue.py `limits_from`'s) and `queue-mode` (accepted, no effect).
+  carries out is mirroring/queue.py `limits_from`'s), `queue-mode` (accepted, no effect) and
+  the exchanges' `alternate-exchange` (a name; mirroring/exchanges.py routes by it).
 * `queue-master-locator` "min-masters" (RabbitMQ's older name) is stored as "balanced".
 * A queue's policy is the record whose pattern `re.search`es its name, whose apply_to is
   "queues" or "all", with the highest priority. Ties between equal priorities go to the policy
@@ -77,7 +78,7 @@ OVERFLOW_VALUES = ("drop-head", "reject-publish")
 QUEUE_MODES = ("default", "lazy")
 
 KEYS = frozenset({"ha-mode", *NEEDS_HA_MODE, "queue-master-locator", *LIMIT_KEYS, "overflow",
-                  "queue-mode"})
+                  "queue-mode", "alternate-exchange"})
 
 
 def _show(value) -> str:
@@ -185,6 +186,11 @@ def parse_definition(definition: str | dict) -> dict:
     if "queue-mode" in definition:
         _one_of("queue-mode", definition["queue-mode"], QUEUE_MODES)
         out["queue-mode"] = definition["queue-mode"]
+    if "alternate-exchange" in definition:  # an exchange's key (mirroring/exchanges.py)
+        ae = definition["alternate-exchange"]
+        if not isinstance(ae, str):
+            raise PolicyError(f"'alternate-exchange' must be an exchange name, got {_show(ae)}")
+        out["alternate-exchange"] = ae
     return out
 
 
@@ -210,11 +216,13 @@ def _check_fields(name, pattern, priority, apply_to) -> None:
     _one_of("apply-to", apply_to, APPLY_TO)
 
 
-def effective_policy(policies: dict[str, Policy], queue_name: str) -> Policy | None:
-    """The policy record that applies to a queue, or None (see the module rules for ties)."""
+def effective_policy(policies: dict[str, Policy], queue_name: str,
+                     kind: str = "queues") -> Policy | None:
+    """The policy record that applies to a queue (to an exchange, with `kind` "exchanges"), or
+    None (see the module rules for ties)."""
     best = None
     for record in policies.values():
-        if record.apply_to not in ("queues", "all"):
+        if record.apply_to not in (kind, "all"):
             continue
         if re.search(record.pattern, queue_name) is None:
             continue

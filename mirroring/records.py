@@ -85,6 +85,14 @@ class Binding(Record, array_like=True):
     arguments: dict
 
 
+class ExchangeBinding(Record, array_like=True):
+    """An exchange bound to an exchange (`exchange.bind`): messages the source (the exchange it
+    is filed under) routes with a matching key go on to `destination`."""
+    destination: str
+    key: str
+    arguments: dict
+
+
 class Policy(Record):
     """A validated policy (mirroring/policy.py `make_policy` builds them; `make_operator_policy`
     builds operator policies). `set_by`: "user"; "managed-ha" for the managed HA's system policy;
@@ -121,3 +129,4 @@ class Snapshot(Record):
     times_down: dict[str, int]
     operator_policies: dict[str, Policy] = {}
     managed_ha: bool = False
+    exchange_bindings: dict[str, list[ExchangeBinding]] = {}

@@ -145,6 +145,8 @@ class FakeHost:
         self.routing: dict[str, dict] = {}
         self.inputs = 0  # batches of input opened and closed
         self.proposed: list = []
+        self.sessions: dict[tuple, Session] = {}  # (node, sid) -> a session direct replies reach
+        self.replies: list = []  # direct replies sent to another node
 
     def add_queue(self, name, leader="n1", epoch=1, **more):
         self.queues[name] = {"leader": leader, "epoch": epoch, **more}
@@ -172,6 +174,18 @@ class FakeHost:
 
     def bound(self, exchange, binding):
         return binding in self.bindings.get(exchange, ())
+
+    def exchange_bound(self, source, binding):
+        return binding in self.bindings.get(source, ())
+
+    def routes_by_headers(self, exchange):
+        return False
+
+    def direct_reply(self, node, sid, ev):
+        session = self.sessions.get((node, sid))
+        if session is None:
+            return node in self.links and bool(self.replies.append((node, sid, ev)) or True)
+        return session.take_reply(ev)
 
     def route(self, exchange, key, headers=None):
         if not exchange:
@@ -418,3 +432,79 @@ async def test_the_driver_carries_out_actions_and_waits_for_credit_without_polli
         s.queue_events([m.EvAccepted("q", 1)])
     assert released == [True]
     assert await driver.handle(m.ConnectionClose(9))
+
+
+# --- direct reply-to and exchange bindings ---------------------------------------------------
+
+def _amqp_item(exchange, key, **props):
+    from pamqp import commands
+    return [exchange, key, commands.Basic.Properties(**props).marshal()]
+
+
+def test_direct_reply_to_round_trip_between_two_sessions():
+    from broker.session.replyto import REPLY_TO
+    from wire import props as propsmod
+    host, client, cout = core_session()
+    _, server, sout = core_session(host)
+    server.sid = 8
+    host.sessions[("n1", 7)] = client
+    host.add_queue("rpc")
+    client.handle(m.BasicConsume(3, 1, REPLY_TO, "", True, False, {}))
+    (ok,) = cout
+    tag = ok.value
+    cout.clear()
+    client.handle_now(m.PublishTo(1, "", "rpc", False, [b"req"],
+                                  [_amqp_item("", "rpc", reply_to=REPLY_TO, correlation_id="c")], True))
+    (pub,) = sent(host, m.QPublish)
+    reply_to = propsmod.decode_raw(pub.props[0][2]).reply_to
+    assert reply_to.startswith(REPLY_TO + ".") and propsmod.decode_raw(pub.props[0][2]).correlation_id == "c"
+    server.handle(m.ConfirmSelect(2, 1))
+    sout.clear()
+    server.handle_now(m.PublishTo(1, "", reply_to, True, [b"resp"], None))
+    assert sout == [m.Confirm(1, [[1, 1]], [], "")]  # delivered at once: nothing returned
+    (deliver,) = cout
+    assert (deliver.consumer_tag, deliver.first_tag, deliver.bodies) == (tag, 1, [b"resp"])
+    assert deliver.props[0][:2] == ["", reply_to]  # delivered with the name it was sent to
+    # the consumer cancelled: the next reply to that name is unroutable
+    client.handle(m.BasicCancel(4, 1, tag))
+    sout.clear()
+    server.handle_now(m.PublishTo(1, "", reply_to, True, [b"late"], None))
+    assert [type(o) for o in sout] == [m.Returned, m.Confirm]
+
+
+def test_direct_reply_to_refusals():
+    from broker.session.replyto import REPLY_TO
+    host, s, out = core_session()
+    s.handle(m.BasicConsume(3, 1, REPLY_TO, "", False, False, {}))
+    assert out[-1].code == 406 and out[-1].text == "reply consumer cannot acknowledge"
+    s.handle(m.ChannelOpen(4, 2))
+    host.add_queue("rpc")
+    s.handle_now(m.PublishTo(2, "", "rpc", False, [b"req"], [_amqp_item("", "rpc", reply_to=REPLY_TO)], True))
+    assert out[-1].code == 406 and out[-1].text == "fast reply consumer does not exist"
+    assert not sent(host, m.QPublish)
+
+
+def test_a_reply_for_another_node_goes_there_and_a_bad_name_is_unroutable():
+    from broker.session.replyto import encode_token
+    host, s, out = core_session()
+    name = encode_token("n2", 5, 3, "k")
+    s.handle_now(m.PublishTo(1, "", name, True, [b"r"], None))
+    ((node, sid, ev),) = host.replies
+    assert (node, sid, ev.ch, ev.key, ev.bodies) == ("n2", 5, 3, "k", [b"r"]) and not out
+    s.handle_now(m.PublishTo(1, "", "amq.rabbitmq.reply-to.@@", True, [b"r"], None))
+    assert [type(o) for o in out] == [m.Returned]
+
+
+def test_exchange_bind_proposes_once_and_checks_both_exchanges():
+    from mirroring.changes import ExchangeBindingAdd, ExchangeBindingRemove
+    from mirroring.records import ExchangeBinding
+    host, s, out = core_session()
+    host.exchanges["up"] = {"type": "topic", "internal": False}
+    action = s.handle(m.ExchangeBind(3, 1, "amq.direct", "up", "a.*", {}))
+    assert action.change == ExchangeBindingAdd("up", ExchangeBinding("amq.direct", "a.*", {}))
+    host.bindings["up"] = [ExchangeBinding("amq.direct", "a.*", {})]
+    assert s.handle(m.ExchangeBind(4, 1, "amq.direct", "up", "a.*", {})) is None  # there already
+    action = s.handle(m.ExchangeUnbind(5, 1, "amq.direct", "up", "a.*", {}))
+    assert type(action.change) is ExchangeBindingRemove
+    s.handle(m.ExchangeBind(6, 1, "nope", "up", "", {}))
+    assert out[-1].code == 404 and out[-1].text == "no exchange 'nope' in vhost '/'"

@@ -265,6 +265,7 @@ class PublishTo(Message, tag="publish.to"):
     mandatory: bool
     bodies: list[bytes]
     props: list | None
+    reply: bool = False  # they ask for direct reply-to (reply_to "amq.rabbitmq.reply-to")
 
 
 @register
@@ -316,6 +317,28 @@ class QueueUnbind(Message, tag="queue.unbind"):
     ch: int
     queue: str
     exchange: str
+    routing_key: str
+    arguments: dict
+
+
+@register
+class ExchangeBind(Message, tag="exchange.bind"):
+    """Bind exchange `destination` to exchange `source` (messages `source` routes with a
+    matching key go on to `destination`)."""
+    rid: int
+    ch: int
+    destination: str
+    source: str
+    routing_key: str
+    arguments: dict
+
+
+@register
+class ExchangeUnbind(Message, tag="exchange.unbind"):
+    rid: int
+    ch: int
+    destination: str
+    source: str
     routing_key: str
     arguments: dict
 
@@ -765,8 +788,18 @@ class EvCancelled(Event, tag="cancelled"):
     reason: str
 
 
+class EvDirectReply(Event, tag="direct_reply"):
+    """Replies published to a direct reply-to name (`amq.rabbitmq.reply-to.<token>`), for the
+    reply consumer of channel `ch` if its `key` is still the channel's."""
+    ch: int
+    key: str
+    routing_key: str
+    bodies: list[bytes]
+    props: list | None
+
+
 AnyEvent = EvDeliver | EvAccepted | EvReply | EvFail | EvConsumeOk | EvGetOk | EvCancelled | \
-    EvRejected
+    EvRejected | EvDirectReply
 
 
 @register

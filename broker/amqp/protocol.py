@@ -37,6 +37,7 @@ from ..frontend import ChannelFailed, Closed, ConnectionFailed, LoggedIn
 from . import codec
 from .connection_level import (SERVER_CHANNEL_MAX, SERVER_FRAME_MAX, SERVER_HEARTBEAT,
                                ConnectionPart, State)
+from ..session.replyto import REPLY_TO
 from .output import OutputPart
 
 BATCH_BYTES = 1 << 20  # publishes gathered into one session command, at most (or one message:
@@ -50,7 +51,7 @@ _PUBLISH_PREFIX = codec.PUBLISH.to_bytes(4, "big")
 
 class _Channel:
     __slots__ = ("id", "closing", "close_sent", "method", "size", "raw", "parts", "got",
-                 "consumers", "last_queue", "low", "ooo", "confirming")
+                 "consumers", "last_queue", "low", "ooo", "confirming", "reply")
 
     def __init__(self, ch: int):
         self.id = ch
@@ -66,6 +67,7 @@ class _Channel:
         self.low = 1  # the lowest publish sequence number not confirmed yet
         self.ooo: set[int] = set()  # confirmed above `low`
         self.confirming = False
+        self.reply = False  # the content being read asks for direct reply-to
 
 
 class AmqpProtocol(ConnectionPart, OutputPart):
@@ -346,9 +348,14 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         elif t is C.Exchange.Delete:
             self._command(m.ExchangeDelete(self._rid(ch, "exchange.delete", method.nowait, idx), ch,
                                            method.exchange, bool(method.if_unused)))
-        elif t is C.Exchange.Bind or t is C.Exchange.Unbind:
-            raise ProtocolError(NOT_IMPLEMENTED, "exchange-to-exchange bindings (exchange.bind, "
-                                                 "exchange.unbind) are not supported by warren")
+        elif t is C.Exchange.Bind:
+            self._command(m.ExchangeBind(self._rid(ch, "exchange.bind", method.nowait, idx), ch,
+                                         method.destination, method.source, method.routing_key,
+                                         _table(method.arguments)))
+        elif t is C.Exchange.Unbind:
+            self._command(m.ExchangeUnbind(self._rid(ch, "exchange.unbind", method.nowait, idx), ch,
+                                           method.destination, method.source, method.routing_key,
+                                           _table(method.arguments)))
         elif t is C.Queue.Declare:
             self._command(m.QueueDeclare(
                 self._rid(ch, "queue.declare", method.nowait, idx), ch, method.queue,
@@ -385,8 +392,10 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         if class_id != 60:
             raise ProtocolError(UNEXPECTED_FRAME, f"content header for class {class_id} on channel "
                                                   f"{c.id}, expected class 60 (basic)")
-        if not self._check_content(c, raw, size):
+        ok = self._check_content(c, raw, size)
+        if not ok:
             return
+        c.reply = ok == _DIRECT_REPLY
         c.size = size
         c.raw = raw
         if size == 0:
@@ -426,14 +435,15 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         if immediate:
             raise ProtocolError(NOT_IMPLEMENTED, "immediate=true")
         raw = buf[h + 19:hstop]
-        if not self._check_content(c, raw, size):
-            return nxt
-        self._add_publish(c.id, exchange, key, mandatory, body, raw)
+        ok = self._check_content(c, raw, size)
+        if ok:
+            self._add_publish(c.id, exchange, key, mandatory, body, raw, ok == _DIRECT_REPLY)
         return nxt
 
-    def _check_content(self, c: _Channel, raw: bytes, size: int) -> bool:
+    def _check_content(self, c: _Channel, raw: bytes, size: int):
         """The property bytes decode (pamqp, once per distinct value), user_id is the user's,
-        the body is not too large; False when the channel failed."""
+        the body is not too large; False when the channel failed, `_DIRECT_REPLY` when the
+        message asks for direct reply-to, True otherwise."""
         seen = self._props_seen
         if raw in seen:
             user_id = seen[raw]
@@ -443,9 +453,15 @@ class AmqpProtocol(ConnectionPart, OutputPart):
             except ValueError as exc:
                 raise ProtocolError(SYNTAX_ERROR, f"{exc} on channel {c.id}") from None
             user_id = props.user_id
+            if props.reply_to == REPLY_TO:
+                user_id = _DirectReply(user_id)
             if len(seen) >= codec.CACHE_LIMIT:
                 seen.clear()
             seen[raw] = user_id
+        ok = True
+        if user_id is not None and type(user_id) is _DirectReply:
+            ok = _DIRECT_REPLY
+            user_id = user_id.user_id
         if user_id is not None and user_id != self.user:
             self._fail_channel(c, PRECONDITION_FAILED, f"user_id property set to '{user_id}' but "
                                                        f"authenticated user was '{self.user}'")
@@ -454,7 +470,7 @@ class AmqpProtocol(ConnectionPart, OutputPart):
             self._fail_channel(c, PRECONDITION_FAILED, f"message size {size} is larger than "
                                                        f"configured max size {self.max_message}")
             return False
-        return True
+        return ok
 
     def _complete(self, c: _Channel) -> None:
         exchange, key, mandatory = c.method
@@ -464,20 +480,22 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         c.method = None
         c.size = -1
         c.parts = []
-        self._add_publish(c.id, exchange, key, mandatory, body, raw)
+        self._add_publish(c.id, exchange, key, mandatory, body, raw, c.reply)
 
     def _add_publish(self, ch: int, exchange: str, key: str, mandatory: bool, body: bytes,
-                     raw: bytes) -> None:
-        """One whole message into the batch of publishes going to the session."""
+                     raw: bytes, reply: bool = False) -> None:
+        """One whole message into the batch of publishes going to the session (those asking
+        for direct reply-to in batches of their own)."""
         item = None if (raw == propsmod.NO_PROPS and not exchange) else [exchange, key, raw]
+        kind = "reply" if reply else "pub"
         b = self._batch
         if b is not None and (b[0] != ch or b[1] != exchange or b[2] != key or b[3] != mandatory
                               or b[6] + len(body) > BATCH_BYTES or len(b[4]) >= BATCH_MSGS
-                              or b[7] != "pub"):
+                              or b[7] != kind):
             self._flush_batch()
             b = None
         if b is None:
-            self._batch = [ch, exchange, key, mandatory, [body], [item], len(body), "pub"]
+            self._batch = [ch, exchange, key, mandatory, [body], [item], len(body), kind]
         else:
             b[4].append(body)
             b[5].append(item)
@@ -507,6 +525,8 @@ class AmqpProtocol(ConnectionPart, OutputPart):
             if all(p is None for p in props):
                 props = None
             self._events.append(m.PublishTo(b[0], b[1], b[2], b[3], b[4], props))
+        elif kind == "reply":
+            self._events.append(m.PublishTo(b[0], b[1], b[2], b[3], b[4], b[5], True))
         elif kind == "ack":
             self._events.append(m.Ack(b[0], b[4], b[6]))
         else:
@@ -523,6 +543,18 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         c.method = None
         c.closing = True
         self._events.append(ChannelFailed(c.id, code, text))
+
+class _DirectReply:
+    """The cached verdict on property bytes whose reply_to is `amq.rabbitmq.reply-to` (with
+    their user_id): only such messages pay for the check."""
+    __slots__ = ("user_id",)
+
+    def __init__(self, user_id):
+        self.user_id = user_id
+
+
+_DIRECT_REPLY = 2  # `_check_content`: the message asks for direct reply-to
+
 
 def _table(value) -> dict:
     return value if isinstance(value, dict) else {}

@@ -29,8 +29,9 @@ from collections import deque
 from functools import partial
 
 from mirroring import exchanges as xmod
-from mirroring.changes import BindingAdd, BindingRemove, Change, ExchangeDeclare, ExchangeDelete
-from mirroring.records import Binding
+from mirroring.changes import (BindingAdd, BindingRemove, Change, ExchangeBindingAdd,
+                               ExchangeBindingRemove, ExchangeDeclare, ExchangeDelete)
+from mirroring.records import Binding, ExchangeBinding
 from wire import messages as m
 from wire.errors import NOT_FOUND, RESOURCE_LOCKED, ProtocolError
 
@@ -38,6 +39,7 @@ from .channels import Channel, ChannelError, ChannelsPart, as_channel_error
 from .consumers import ConsumersPart
 from .host import SessionHost
 from .publishing import Batch, PublishingPart
+from .replyto import ReplyToPart
 
 # client commands handled without awaiting anything (Session.handle_now): a front end runs a
 # read's run of them as one batch of input (Router.begin_input)
@@ -68,7 +70,7 @@ class DeclareQueue:
         self.then = then
 
 
-class Session(ChannelsPart, PublishingPart, ConsumersPart):
+class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
     """One client connection's session core (see the module docstring)."""
 
     def __init__(self, host: SessionHost, sid: int, peer: str, user: str, client_name: str, out):
@@ -125,6 +127,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
             m.ExchangeDeclare: self.on_exchange_declare,
             m.ExchangeDelete: self.on_exchange_delete, m.QueueBind: self.on_queue_bind,
             m.QueueUnbind: self.on_queue_unbind, m.BasicRecover: self.on_recover,
+            m.ExchangeBind: self.on_exchange_bind, m.ExchangeUnbind: self.on_exchange_unbind,
             m.ChannelFlow: self.on_flow,
         }
 
@@ -311,6 +314,33 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
 
     def on_queue_unbind(self, msg):
         return self._binding(msg, BindingRemove)
+
+    def _exchange_binding(self, msg, kind: type[ExchangeBindingAdd | ExchangeBindingRemove]):
+        ch = self._ch(msg.ch)
+        host = self.host
+        for name in (msg.destination, msg.source):
+            try:
+                xmod.check_bindable(name)
+            except ProtocolError as exc:
+                raise as_channel_error(exc) from None
+            if host.exchange(name) is None:
+                raise ChannelError(NOT_FOUND, f"no {xmod.describe(name)}")
+        args = xmod.plain(msg.arguments)
+        try:
+            xmod.check_binding_arguments(host.exchange_kind(host.exchange(msg.source))[0], args)
+        except ProtocolError as exc:
+            raise as_channel_error(exc) from None
+        binding = ExchangeBinding(msg.destination, msg.routing_key, args)
+        if (kind is ExchangeBindingAdd) != host.exchange_bound(msg.source, binding):
+            return self._change(ch, msg.rid, kind(msg.source, binding))
+        self._reply(ch.id, msg.rid, None)
+        return None
+
+    def on_exchange_bind(self, msg):
+        return self._exchange_binding(msg, ExchangeBindingAdd)
+
+    def on_exchange_unbind(self, msg):
+        return self._exchange_binding(msg, ExchangeBindingRemove)
 
     # --- routing to the queue's leader, and resends ------------------------------------------
     def _send(self, qname: str, op) -> None:
@@ -505,6 +535,8 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
                 self._cancelled(ev)
             elif t is m.EvRejected:
                 self._rejected(ev)
+            elif t is m.EvDirectReply:
+                self.take_reply(ev)
 
     def queue_lost(self, qname: str, reason: str) -> None:
         """The queue is gone or unavailable: cancel our consumers, nack what is in flight, fail

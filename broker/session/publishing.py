@@ -31,6 +31,7 @@ from wire import props as propsmod
 from wire.errors import ACCESS_REFUSED, COMMAND_INVALID, NO_ROUTE, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
 
 from .channels import Channel, ChannelError, as_channel_error
+from .replyto import PREFIX as REPLY_PREFIX
 
 WINDOW_MSGS = 20_000
 WINDOW_BYTES = 32 << 20
@@ -149,8 +150,12 @@ class PublishingPart:
         if ch is None:
             return
         qname = msg.queue
-        queues = [qname] if self.host.queue(qname) is not None else []
-        self._publish(ch, queues, msg.bodies, msg.props, "", qname, False)
+        if self.host.queue(qname) is not None:
+            self._publish(ch, [qname], msg.bodies, msg.props, "", qname, False)
+        elif qname.startswith(REPLY_PREFIX):
+            self._send_reply(ch, qname, msg.bodies, msg.props, False)
+        else:
+            self._publish(ch, [], msg.bodies, msg.props, "", qname, False)
 
     def on_publish_to(self, msg):
         ch = self._publishing_channel(msg)
@@ -158,6 +163,8 @@ class PublishingPart:
             return
         n = len(msg.bodies)
         props = msg.props
+        if msg.reply:
+            props = self._ask_for_reply(ch, props)
         host = self.host
         ex = msg.exchange
         if ex:
@@ -167,7 +174,7 @@ class PublishingPart:
             kind, internal = host.exchange_kind(xdef)
             if internal:
                 raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal {xmod.describe(ex)}")
-            if kind == "headers":
+            if kind == "headers" or host.routes_by_headers(ex):
                 # each message routes by its own headers: publish runs of equal routes
                 route_of = host.route
                 start = 0
@@ -188,6 +195,9 @@ class PublishingPart:
             queues = host.route(ex, msg.routing_key)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
+        if not queues and not ex and msg.routing_key.startswith(REPLY_PREFIX):
+            self._send_reply(ch, msg.routing_key, msg.bodies, props, msg.mandatory)
+            return
         self._publish(ch, queues, msg.bodies, props, ex, msg.routing_key, msg.mandatory)
 
     def _publish(self, ch: Channel, queues: list, bodies: list, props, exchange: str,

@@ -8,9 +8,6 @@ PER_MESSAGE_TTL = "per-message TTL (the expiration property is carried, not appl
 PRIORITIES = "queue priorities (x-max-priority is kept, not acted on)"
 SAC = "single active consumer"
 CONSUMER_PRIORITIES = "consumer priorities (x-priority on basic.consume)"
-REPLY_TO = "direct reply-to (amq.rabbitmq.reply-to)"
-ALTERNATE = "alternate exchanges (alternate-exchange is kept, not acted on)"
-E2E = "exchange-to-exchange bindings (exchange.bind closes the connection with 540)"
 
 GAPS: dict[str, str] = {
     # dead-lettering
@@ -54,22 +51,6 @@ GAPS: dict[str, str] = {
     "test_higher_priority_consumer_served_first_until_its_prefetch_is_full": CONSUMER_PRIORITIES,
     "test_higher_priority_consumer_takes_everything_it_can": CONSUMER_PRIORITIES,
     "test_bad_consumer_priority": "RabbitMQ's check of x-priority",
-    # direct reply-to
-    "test_rpc_round_trip_through_direct_reply_to": REPLY_TO,
-    "test_reply_consumer_must_be_no_ack": REPLY_TO,
-    "test_request_with_reply_to_needs_a_reply_consumer": REPLY_TO,
-    "test_reply_to_a_gone_client_is_unroutable": REPLY_TO,
-    "test_aio_pika_rpc_client_with_direct_reply_to": REPLY_TO,
-    # exchanges
-    "test_alternate_exchange_argument_takes_unroutable_messages": ALTERNATE,
-    "test_alternate_exchange_policy_key": ALTERNATE,
-    "test_alternate_exchange_argument_beats_policy": ALTERNATE,
-    "test_exchange_to_exchange_binding_routes": E2E,
-    "test_exchange_unbind_stops_routing": E2E,
-    "test_exchange_binding_cycle_delivers_once": E2E,
-    "test_exchange_bind_to_a_missing_exchange": E2E,
-    "test_exchange_unbind_of_a_missing_binding_is_ok": E2E,
-    "test_internal_exchange_routes_what_an_exchange_binding_gives_it": E2E,
     # clustering
     "test_queue_declared_through_one_node_is_routable_through_another_at_once":
         "a queue declared through one node is briefly unknown to the others: a publish through "
