@@ -501,6 +501,8 @@ async def node_rpc(node, name: str, args: dict):
                  "prefetch_count": c.prefetch, "exclusive": c.exclusive, "arguments": c.arguments}
                 for qname, qp in node.router.replicas.items() if qp.role == "leader"
                 for c in qp.replica.q.consumers.values()]
+    if name == "queue_known":
+        return await node.cluster.queue_known(args["queue"])
     if name == "admit":
         return await node.cluster.admit(args["name"], args["peer"], args["client"])
     if name in ("sync_queue", "cancel_sync_queue", "sync_status", "purge"):

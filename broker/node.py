@@ -562,6 +562,7 @@ class Node:
         if result["created"]:
             if msg.exclusive:
                 session.exclusive_queues.add(name)
+            await self.cluster.seen_everywhere(name)  # routable through every node from now on
             self.log.info("queue declared", queue=name, leader=result["leader"],
                           durable=qdef.durable, exclusive=qdef.exclusive)
             return [name, 0, 0]

@@ -51,10 +51,6 @@ GAPS: dict[str, str] = {
     "test_higher_priority_consumer_served_first_until_its_prefetch_is_full": CONSUMER_PRIORITIES,
     "test_higher_priority_consumer_takes_everything_it_can": CONSUMER_PRIORITIES,
     "test_bad_consumer_priority": "RabbitMQ's check of x-priority",
-    # clustering
-    "test_queue_declared_through_one_node_is_routable_through_another_at_once":
-        "a queue declared through one node is briefly unknown to the others: a publish through "
-        "another node right after declare-ok can be unroutable (returned, or dropped without mandatory)",
     # policy keys
     "test_bad_overflow_argument":
         "RabbitMQ's text for a bad x-overflow (warren says {unacceptable_value,'nope'} and names its values)",
