@@ -224,10 +224,11 @@ class Metadata:
     def _binding_gone(self, exchange: str) -> None:
         """A binding with `exchange` as its source went: an auto-delete exchange left with none
         goes too."""
-        if self.bindings.get(exchange) or self.exchange_bindings.get(exchange):
+        for table in (self.bindings, self.exchange_bindings):
+            if not table.get(exchange, True):
+                del table[exchange]  # no empty list: an exchange listed here routes by its graph
+        if exchange in self.bindings or exchange in self.exchange_bindings:
             return
-        self.bindings.pop(exchange, None)
-        self.exchange_bindings.pop(exchange, None)
         x = self.exchanges.get(exchange)
         if x is not None and x.auto_delete and exchange not in xmod.BUILTIN:
             del self.exchanges[exchange]
