@@ -187,6 +187,9 @@ class FakeHost:
             return node in self.links and bool(self.replies.append((node, sid, ev)) or True)
         return session.take_reply(ev)
 
+    def to_session(self, node, sid, events):
+        self.replies.append((node, sid, *events))
+
     def route(self, exchange, key, headers=None):
         if not exchange:
             return [key] if key in self.queues else []
@@ -250,7 +253,7 @@ def sent(host, t):
 def test_the_nodes_host_answers_everything_the_protocol_declares():
     from types import SimpleNamespace as NS
     router = NS(to_leader=print, link_full=print, mirror_bodies=print, begin_input=print,
-                end_input=print, wait_link_room=print)
+                end_input=print, wait_link_room=print, to_session=print)
     node = NS(name="n1", log=_Log(), queue_down_reason=print, router=router, leaving=False,
               cluster=NS(md=None, links={}), routing={})
     host = NodeHost(node)
@@ -508,3 +511,32 @@ def test_exchange_bind_proposes_once_and_checks_both_exchanges():
     assert type(action.change) is ExchangeBindingRemove
     s.handle(m.ExchangeBind(6, 1, "nope", "up", "", {}))
     assert out[-1].code == 404 and out[-1].text == "no exchange 'nope' in vhost '/'"
+
+
+def test_a_confirmed_reply_to_another_node_waits_for_its_outcome():
+    """Replies to a channel on another node, published in confirm mode or mandatory, are
+    confirmed (or returned) when that node says whether its consumer took them; nacked when
+    the link breaks first."""
+    from broker.session.replyto import encode_token
+    host, s, out = core_session()
+    s.handle(m.ConfirmSelect(2, 1))
+    out.clear()
+    name = encode_token("n2", 5, 3, "k")
+    s.handle_now(m.PublishTo(1, "", name, True, [b"a"], None))
+    s.handle_now(m.PublishTo(1, "", name, True, [b"b"], None))
+    s.handle_now(m.PublishTo(1, "", name, False, [b"c"], None))
+    (_, _, first), (_, _, second), (_, _, third) = host.replies
+    assert first.sender == ("n1", 7) and first.rid and second.rid and not out
+    s.queue_events([m.EvReplyTaken(first.rid, True)])
+    assert out == [m.Confirm(1, [[1, 1]], [], "")]
+    out.clear()
+    s.queue_events([m.EvReplyTaken(second.rid, False)])
+    assert [type(o) for o in out] == [m.Returned, m.Confirm] and out[1].acks == [[2, 2]]
+    out.clear()
+    host.links.discard("n2")
+    s.route_changed("n2")
+    assert len(out) == 1 and out[0].nacks == [[3, 3]] and "link to node n2 broke" in out[0].reason
+    # a taker on the other node answers its publisher
+    _, taker, _ = core_session(host)
+    taker.queue_events([m.EvDirectReply(1, "nope", name, [b"x"], None, 9, ("n1", 7))])
+    assert host.replies[-1] == ("n1", 7, m.EvReplyTaken(9, False))

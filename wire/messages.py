@@ -790,16 +790,26 @@ class EvCancelled(Event, tag="cancelled"):
 
 class EvDirectReply(Event, tag="direct_reply"):
     """Replies published to a direct reply-to name (`amq.rabbitmq.reply-to.<token>`), for the
-    reply consumer of channel `ch` if its `key` is still the channel's."""
+    reply consumer of channel `ch` if its `key` is still the channel's. `rid` (not 0): the
+    publishing session, `sender` (node, session), waits for `EvReplyTaken` to confirm them or
+    return them."""
     ch: int
     key: str
     routing_key: str
     bodies: list[bytes]
     props: list | None
+    rid: int = 0
+    sender: tuple[str, int] | None = None
+
+
+class EvReplyTaken(Event, tag="reply_taken"):
+    """The answer to an `EvDirectReply` with a rid: `taken` false, there was no such consumer."""
+    rid: int
+    taken: bool
 
 
 AnyEvent = EvDeliver | EvAccepted | EvReply | EvFail | EvConsumeOk | EvGetOk | EvCancelled | \
-    EvRejected | EvDirectReply
+    EvRejected | EvDirectReply | EvReplyTaken
 
 
 @register

@@ -103,6 +103,9 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
         self._ahead: dict[str, int] = {}
         self._held_settles: dict[str, list] = {}
         self.rpcs: dict[int, tuple[str, object]] = {}  # rid -> (queue, op): unanswered requests
+        # direct replies sent to another node whose outcome is awaited (session/replyto.py)
+        self._replies_out: dict[int, tuple] = {}
+        self._reply_rids = 0
         self.closed = False
         # a publishing connection (it has published): held by the front end during a memory
         # alarm (broker/memory.py PublisherGate); one that only consumes is never held
@@ -423,6 +426,8 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
         sent while it was down were dropped; the leader dropped our consumers)."""
         host = self.host
         if not host.linked(node):
+            if self._replies_out:
+                self._replies_lost(node)
             # down: nothing can be sent; the resend comes with the link. A queue the log
             # already counts unavailable (its node recorded down before this link broke) fails
             # now: no change of the metadata will come to say so.
@@ -536,7 +541,9 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
             elif t is m.EvRejected:
                 self._rejected(ev)
             elif t is m.EvDirectReply:
-                self.take_reply(ev)
+                self._reply_in(ev)
+            elif t is m.EvReplyTaken:
+                self._reply_outcome(ev.rid, ev.taken)
 
     def queue_lost(self, qname: str, reason: str) -> None:
         """The queue is gone or unavailable: cancel our consumers, nack what is in flight, fail

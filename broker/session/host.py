@@ -64,6 +64,7 @@ class SessionHost(Protocol):
 
     # --- direct reply-to ---
     def direct_reply(self, node: str, sid: int, ev: m.EvDirectReply) -> bool: ...  # sent (False: nobody)
+    def to_session(self, node: str, sid: int, events: list) -> None: ...  # events for a session
 
 
 class NodeHost:
@@ -84,6 +85,7 @@ class NodeHost:
         self.begin_input = router.begin_input
         self.end_input = router.end_input
         self.wait_link_room = router.wait_link_room
+        self.to_session = router.to_session
 
     # --- what the driver awaits (off the hot path: looked up on the node at each call) ---
     async def propose(self, change: Change):

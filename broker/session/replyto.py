@@ -12,8 +12,12 @@ to that channel, on whichever node its connection is.
   same channel number.
 * A reply to a channel of this node is delivered at once, and is unroutable (returned when
   mandatory) if that channel has no such consumer any more. A reply to another node goes over
-  the peer link (`EvDirectReply`); it is unroutable only if there is no link. As in RabbitMQ,
-  replies are not queued anywhere: one whose consumer went meanwhile is dropped.
+  the peer link (`EvDirectReply`); with no link it is unroutable. When the publisher must hear
+  the outcome (its channel confirms, or the publish is mandatory) the other node answers
+  (`EvReplyTaken`) and the confirm, or the return, waits for that answer, so a reply to a
+  client that is gone is unroutable wherever that client was, as in RabbitMQ; if the link
+  breaks first the publish is nacked (it may or may not have been delivered). Otherwise
+  nothing waits. As in RabbitMQ, replies are not queued anywhere.
 
 `ReplyToPart` is one part of the session core (broker/session/core.py `Session`).
 """
@@ -25,7 +29,7 @@ import secrets
 
 from wire import messages as m
 from wire import props as propsmod
-from wire.errors import PRECONDITION_FAILED
+from wire.errors import NO_ROUTE, PRECONDITION_FAILED
 
 from .channels import Channel, ChannelError
 
@@ -72,18 +76,58 @@ class ReplyToPart:
     def _send_reply(self, ch: Channel, routing_key: str, bodies: list, props, mandatory: bool) -> None:
         """A publish to a reply-to name through the default exchange: to its channel now."""
         dest = decode_token(routing_key)
+        if dest is None:
+            self._publish(ch, [], bodies, props, "", routing_key, mandatory)  # unroutable
+            return
+        node, sid, to_ch, key = dest
         # the name it was sent to is the routing key it is delivered with
         props = [["", routing_key, propsmod.NO_PROPS] if item is None else item
                  for item in (props or [None] * len(bodies))]
-        if dest is not None and self.host.direct_reply(
-                dest[0], dest[1], m.EvDirectReply(dest[2], dest[3], routing_key, bodies, props)):
-            n = len(bodies)
-            if ch.confirm:
-                first = ch.next_seq
-                ch.next_seq = first + n
-                self._put(ch.id, 0, m.Confirm(ch.id, [[first, first + n - 1]], [], ""))
+        ev = m.EvDirectReply(to_ch, key, routing_key, bodies, props)
+        if node != self.me and (ch.confirm or mandatory):
+            self._reply_rids += 1
+            ev.rid, ev.sender = self._reply_rids, (self.me, self.sid)
+        if not self.host.direct_reply(node, sid, ev):
+            self._publish(ch, [], bodies, props, "", routing_key, mandatory)  # unroutable
             return
-        self._publish(ch, [], bodies, props, "", routing_key, mandatory)  # unroutable
+        n = len(bodies)
+        first = 0
+        if ch.confirm:
+            first = ch.next_seq
+            ch.next_seq = first + n
+        if ev.rid:  # the outcome comes from the other node
+            self._replies_out[ev.rid] = (ch.id, first, n, ev, mandatory, node)
+        elif first:
+            self._put(ch.id, 0, m.Confirm(ch.id, [[first, first + n - 1]], [], ""))
+
+    def _reply_in(self, ev: m.EvDirectReply) -> None:
+        """Replies from another node's publisher; it may wait for the outcome."""
+        taken = self.take_reply(ev)
+        if ev.rid and ev.sender is not None:
+            self.host.to_session(ev.sender[0], ev.sender[1], [m.EvReplyTaken(ev.rid, taken)])
+
+    def _reply_outcome(self, rid: int, taken: bool, reason: str = "") -> None:
+        """The outcome of replies sent to another node: confirmed, returned first when no one
+        took them and they were mandatory; nacked with `reason` when it is unknown."""
+        out = self._replies_out.pop(rid, None)
+        if out is None:
+            return
+        ch_id, first, n, ev, mandatory, _ = out
+        if ch_id not in self.channels:
+            return
+        if not taken and not reason and mandatory:
+            self._put(ch_id, 0, m.Returned(ch_id, NO_ROUTE, "NO_ROUTE", "", ev.routing_key,
+                                           ev.bodies, ev.props))
+        if first:
+            done = [[first, first + n - 1]]
+            self._put(ch_id, 0, m.Confirm(ch_id, [] if reason else done, done if reason else [],
+                                          reason))
+
+    def _replies_lost(self, node: str) -> None:
+        """The link to `node` broke: replies sent there whose outcome never came are nacked."""
+        for rid in [r for r, out in self._replies_out.items() if out[5] == node]:
+            self._reply_outcome(rid, False, f"the link to node {node} broke before the reply "
+                                            "was known to be delivered")
 
     def take_reply(self, ev: m.EvDirectReply) -> bool:
         """Replies for one of our channels: delivered to its reply consumer; False when the
