@@ -15,6 +15,7 @@ from wire.errors import (COMMAND_INVALID, CONNECTION_FORCED, NOT_ALLOWED, NOT_FO
 
 from mirroring.changes import (MemberRemove, OperatorPolicyClear, OperatorPolicySet, PolicyClear,
                                PolicySet, QueueDelete)
+from mirroring.exchanges import binding_rows
 from mirroring.maintenance import replicas, sync_critical_queues, unsynchronised_queues
 from mirroring.policy import (effective_definition, effective_policy, make_operator_policy,
                              make_policy)
@@ -373,13 +374,9 @@ async def cmd_list_bindings(node, args):
     each queue (its routing key the queue's name), then the declared ones, by source."""
     _require_running(node)
     md = node.md
-    rows = [{"source_name": "", "source_kind": "exchange", "destination_name": q,
-             "destination_kind": "queue", "routing_key": q, "arguments": {}} for q in sorted(md.queues)]
-    for x, binds in sorted(md.bindings.items()):
-        for b in sorted(binds, key=lambda b: (b.queue, b.key)):
-            rows.append({"source_name": x, "source_kind": "exchange", "destination_name": b.queue,
-                         "destination_kind": "queue", "routing_key": b.key, "arguments": b.arguments})
-    return rows
+    return [{"source_name": src, "source_kind": "exchange", "destination_name": dest,
+             "destination_kind": kind, "routing_key": key, "arguments": args}
+            for src, dest, kind, key, args in binding_rows(md.queues, md.bindings, md.exchange_bindings)]
 
 
 async def _leader_rpc(node, rpc: str, queue: str):

@@ -427,6 +427,19 @@ def _unique(items: list) -> list:
     return out
 
 
+def binding_rows(queues, bindings: dict, exchange_bindings: dict) -> list[tuple]:
+    """Every binding as (source, destination, "queue" or "exchange", key, arguments), as
+    RabbitMQ lists them: the default exchange's implicit one to each queue first, then the
+    declared ones by source, a source's bindings to exchanges after those to queues."""
+    rows = [("", q, "queue", q, {}) for q in sorted(queues)]
+    for x in sorted(set(bindings) | set(exchange_bindings)):
+        for b in sorted(bindings.get(x, ()), key=lambda b: (b.queue, b.key)):
+            rows.append((x, b.queue, "queue", b.key, dict(b.arguments)))
+        for e in sorted(exchange_bindings.get(x, ()), key=lambda e: (e.destination, e.key)):
+            rows.append((x, e.destination, "exchange", e.key, dict(e.arguments)))
+    return rows
+
+
 def alternate_exchanges(exchanges: dict[str, Exchange], policies: dict) -> dict[str, str]:
     """exchange -> its alternate exchange, for those that have one: the `alternate-exchange`
     argument, or else the key of the exchange's policy (RabbitMQ's precedence)."""

@@ -353,3 +353,12 @@ def test_a_graph_reaching_a_headers_exchange_routes_message_by_message():
     assert md.routes.by_headers == {"front"}
     assert md.routes.route("front", "", lambda: {"h": 1}) == ["q1"]
     assert md.routes.route("front", "", lambda: {"h": 2}) == []
+
+
+def test_binding_rows_list_exchange_bindings_after_a_sources_queue_bindings():
+    md = _graph_md()
+    rows = xmod.binding_rows(md.queues, md.bindings, md.exchange_bindings)
+    assert rows[:3] == [("", q, "queue", q, {}) for q in ("q1", "q2", "q3")]
+    assert rows[3:] == [("a", "q2", "queue", "", {}), ("a", "b", "exchange", "", {}),
+                        ("b", "q2", "queue", "", {}), ("b", "a", "exchange", "", {}),
+                        ("down", "q1", "queue", "a.b", {}), ("up", "down", "exchange", "a.*", {})]

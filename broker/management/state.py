@@ -17,6 +17,7 @@ import msgspec
 import trio
 
 from mirroring.changes import NodeDown, NodeUp, PolicyClear, PolicySet
+from mirroring.exchanges import binding_rows
 from mirroring.maintenance import sync_critical_queues
 from mirroring.policy import effective_policy
 from mirroring.records import QueueDef
@@ -156,13 +157,10 @@ def exchange(md, name: str) -> dict | None:
 
 
 def bindings(md) -> list[tuple]:
-    """(source, queue, routing key, arguments) of every binding: the default exchange's implicit
-    one to each queue first, then the declared ones by source."""
-    rows = [("", q, q, {}) for q in sorted(md.queues)]
-    for x, binds in sorted(md.bindings.items()):
-        for b in sorted(binds, key=lambda b: (b.queue, b.key)):
-            rows.append((x, b.queue, b.key, dict(b.arguments)))
-    return rows
+    """(source, destination, its type "queue" or "exchange", routing key, arguments) of every
+    binding: the default exchange's implicit one to each queue first, then the declared ones by
+    source, a source's bindings to exchanges after those to queues."""
+    return binding_rows(md.queues, md.bindings, md.exchange_bindings)
 
 
 def route(md, exchange_name: str, routing_key: str, headers=None) -> list[str]:
