@@ -287,9 +287,9 @@ def test_mixed_mandatory_batches_in_one_run_return_only_the_mandatory_messages()
     host, s, out = core_session()
     s.handle(m.ConfirmSelect(2, 1))
     assert out.pop() == m.Reply(2, None)
-    run = [m.PublishTo(1, "amq.direct", "nowhere", False, [b"a"], None),
-           m.PublishTo(1, "amq.direct", "nowhere", True, [b"b", b"c"], None),
-           m.PublishTo(1, "amq.direct", "nowhere", False, [b"d"], None)]
+    run = [m.PublishTo(1, "amq.direct", "nowhere", False, [b"a"], None, False),
+           m.PublishTo(1, "amq.direct", "nowhere", True, [b"b", b"c"], None, False),
+           m.PublishTo(1, "amq.direct", "nowhere", False, [b"d"], None, False)]
     assert s.handle_run(run, 0) == 3
     assert [o.bodies if type(o) is m.Returned else o.acks for o in out] == \
         [[[1, 1]], [b"b", b"c"], [[2, 3]], [[4, 4]]]
@@ -463,7 +463,7 @@ def test_direct_reply_to_round_trip_between_two_sessions():
     assert reply_to.startswith(REPLY_TO + ".") and propsmod.decode_raw(pub.props[0][2]).correlation_id == "c"
     server.handle(m.ConfirmSelect(2, 1))
     sout.clear()
-    server.handle_now(m.PublishTo(1, "", reply_to, True, [b"resp"], None))
+    server.handle_now(m.PublishTo(1, "", reply_to, True, [b"resp"], None, False))
     assert sout == [m.Confirm(1, [[1, 1]], [], "")]  # delivered at once: nothing returned
     (deliver,) = cout
     assert (deliver.consumer_tag, deliver.first_tag, deliver.bodies) == (tag, 1, [b"resp"])
@@ -471,7 +471,7 @@ def test_direct_reply_to_round_trip_between_two_sessions():
     # the consumer cancelled: the next reply to that name is unroutable
     client.handle(m.BasicCancel(4, 1, tag))
     sout.clear()
-    server.handle_now(m.PublishTo(1, "", reply_to, True, [b"late"], None))
+    server.handle_now(m.PublishTo(1, "", reply_to, True, [b"late"], None, False))
     assert [type(o) for o in sout] == [m.Returned, m.Confirm]
 
 
@@ -491,10 +491,10 @@ def test_a_reply_for_another_node_goes_there_and_a_bad_name_is_unroutable():
     from broker.session.replyto import encode_token
     host, s, out = core_session()
     name = encode_token("n2", 5, 3, "k")
-    s.handle_now(m.PublishTo(1, "", name, True, [b"r"], None))
+    s.handle_now(m.PublishTo(1, "", name, True, [b"r"], None, False))
     ((node, sid, ev),) = host.replies
     assert (node, sid, ev.ch, ev.key, ev.bodies) == ("n2", 5, 3, "k", [b"r"]) and not out
-    s.handle_now(m.PublishTo(1, "", "amq.rabbitmq.reply-to.@@", True, [b"r"], None))
+    s.handle_now(m.PublishTo(1, "", "amq.rabbitmq.reply-to.@@", True, [b"r"], None, False))
     assert [type(o) for o in out] == [m.Returned]
 
 
@@ -522,9 +522,9 @@ def test_a_confirmed_reply_to_another_node_waits_for_its_outcome():
     s.handle(m.ConfirmSelect(2, 1))
     out.clear()
     name = encode_token("n2", 5, 3, "k")
-    s.handle_now(m.PublishTo(1, "", name, True, [b"a"], None))
-    s.handle_now(m.PublishTo(1, "", name, True, [b"b"], None))
-    s.handle_now(m.PublishTo(1, "", name, False, [b"c"], None))
+    s.handle_now(m.PublishTo(1, "", name, True, [b"a"], None, False))
+    s.handle_now(m.PublishTo(1, "", name, True, [b"b"], None, False))
+    s.handle_now(m.PublishTo(1, "", name, False, [b"c"], None, False))
     (_, _, first), (_, _, second), (_, _, third) = host.replies
     assert first.sender == ("n1", 7) and first.rid and second.rid and not out
     s.queue_events([m.EvReplyTaken(first.rid, True)])

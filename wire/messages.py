@@ -265,7 +265,7 @@ class PublishTo(Message, tag="publish.to"):
     mandatory: bool
     bodies: list[bytes]
     props: list | None
-    reply: bool = False  # they ask for direct reply-to (reply_to "amq.rabbitmq.reply-to")
+    reply: bool  # they ask for direct reply-to (reply_to "amq.rabbitmq.reply-to")
 
 
 @register

@@ -524,7 +524,7 @@ class AmqpProtocol(ConnectionPart, OutputPart):
             props = b[5]
             if all(p is None for p in props):
                 props = None
-            self._events.append(m.PublishTo(b[0], b[1], b[2], b[3], b[4], props))
+            self._events.append(m.PublishTo(b[0], b[1], b[2], b[3], b[4], props, False))
         elif kind == "reply":
             self._events.append(m.PublishTo(b[0], b[1], b[2], b[3], b[4], b[5], True))
         elif kind == "ack":
