@@ -350,7 +350,12 @@ class Routes:
         x = self.exchanges.get(exchange)
         if x is None:
             raise not_found(exchange)
-        return self._own(exchange, x.type, routing_key, headers)
+        kind = x.type
+        if kind == "direct":  # the common case, without a call more
+            compiled = self._compiled.get(exchange)
+            if compiled is not None:
+                return compiled.get(routing_key, [])
+        return self._own(exchange, kind, routing_key, headers)
 
     def _own(self, exchange: str, kind: str, routing_key: str, headers) -> list[str]:
         """The queues the exchange's own bindings match."""
