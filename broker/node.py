@@ -50,6 +50,7 @@ from .native import NativeConnection
 from .peers import HANDSHAKE_TIMEOUT, accept_handshake
 from .router import Router
 from .session import ChannelError, Session
+from .session.replyto import REPLY_TO, reply_queue_exists
 
 SHUTDOWN_HANDOVER_TIMEOUT = 5.0
 
@@ -520,6 +521,10 @@ class Node:
         """Declare through the log; returns [name, 0, 0] for a new queue, or None when it
         existed (the session then asks its leader for the counts)."""
         name = msg.queue
+        if name.startswith(REPLY_TO):  # direct reply-to's names: they exist or not, as they are
+            if not reply_queue_exists(name, self.name, self.sessions, self.cluster.links.__contains__):
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '/'")
+            return [name, 0, 1]  # no message, its one consumer
         if name.startswith("amq.") and not msg.passive:
             raise ChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
         if not name:

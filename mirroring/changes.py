@@ -101,12 +101,14 @@ class BindingRemove(Change, tag="binding.remove"):
 
 class ExchangeBindingAdd(Change, tag="exchange_binding.add"):
     """exchange.bind: `binding.destination` takes what `source` routes with a matching key."""
+    names_its_queues = True  # it names none: no queue's replicas change
     source: str
     binding: ExchangeBinding
 
 
 class ExchangeBindingRemove(Change, tag="exchange_binding.remove"):
     """exchange.unbind (a binding that is not there is no error, as in RabbitMQ)."""
+    names_its_queues = True
     source: str
     binding: ExchangeBinding
 

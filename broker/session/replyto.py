@@ -10,6 +10,9 @@ to that channel, on whichever node its connection is.
   becomes `amq.rabbitmq.reply-to.<token>`, the token naming the node, the session, the channel
   and a key drawn when the consumer started, so a reply cannot reach a later consumer on the
   same channel number.
+* A queue.declare of the pseudo-queue, or of a reply-to name, is passive whatever it asks, as in
+  RabbitMQ: declare-ok with no message and one consumer, or 404 for a name whose consumer is
+  gone (`reply_queue_exists`).
 * A reply to a channel of this node is delivered at once, and is unroutable (returned when
   mandatory) if that channel has no such consumer any more. A reply to another node goes over
   the peer link (`EvDirectReply`); with no link it is unroutable. When the publisher must hear
@@ -50,6 +53,23 @@ def decode_token(name: str) -> tuple[str, int, int, str] | None:
         return node, int(sid), int(ch), key
     except ValueError:  # bad base64, bad UTF-8, wrong number of parts, not numbers
         return None
+
+
+def reply_queue_exists(name: str, me: str, sessions: dict, linked) -> bool:
+    """A queue.declare of the pseudo-queue or of a reply-to name (any declare of one is passive,
+    as in RabbitMQ): the pseudo-queue always exists; a name of one of this node's channels while
+    its reply consumer is there; a name of another node's channel while that node is linked."""
+    if name == REPLY_TO:
+        return True
+    dest = decode_token(name) if name.startswith(PREFIX) else None
+    if dest is None:
+        return False
+    node, sid, ch, key = dest
+    if node != me:
+        return linked(node)
+    session = sessions.get(sid)
+    channel = session.channels.get(ch) if session is not None else None
+    return channel is not None and channel.reply_tag is not None and channel.reply_key == key
 
 
 class ReplyToPart:

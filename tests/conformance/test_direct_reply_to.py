@@ -182,3 +182,22 @@ def test_pika_tutorial_rpc_client_and_server_on_different_nodes(mirrored, names)
         client.connection.close()
     server.join(5)
     assert not server.is_alive()
+
+
+def test_declaring_reply_to_names_is_passive(broker, names):
+    """A queue.declare of the pseudo-queue answers it exists with its one consumer; of a reply-to
+    name whose client is gone, 404."""
+    client = connect(broker.url)
+    cch = client.channel()
+    cch.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True)
+    with channel(broker.url) as ch:
+        ok = ch.queue_declare(REPLY_TO).method
+        assert (ok.queue, ok.message_count, ok.consumer_count) == (REPLY_TO, 0, 1)
+        ch.queue_declare(names + "rpc")
+        publish(cch, "", names + "rpc", "req", reply_to=REPLY_TO)
+        _, props, _ = get(ch, names + "rpc")
+        assert ch.queue_declare(props.reply_to, passive=True).method.consumer_count == 1
+        client.close()
+        ch.connection.sleep(0.2)
+        with channel_closed(404, f"NOT_FOUND - no queue '{props.reply_to}' in vhost '/'"):
+            ch.queue_declare(props.reply_to, passive=True)
