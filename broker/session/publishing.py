@@ -7,6 +7,10 @@ transactions, and the credit window.
   number and confirmed once *every* queue, with all its mirrors, has it; it is nacked if any
   refuses it (its node is down, it is lost, or x-overflow reject-publish). A `mandatory` message
   no queue takes comes back (`Returned`) before its confirm, as RabbitMQ does.
+* A publish through the default exchange to a direct reply-to name (`amq.rabbitmq.reply-to.`
+  and a token) that is no queue's goes straight to the requesting channel
+  (broker/session/replyto.py); one whose reply_to asks for direct reply-to has it rewritten
+  first. Neither costs a plain publish anything but a flag's test.
 * Publishes stay *in flight*, bodies and all, until the queue's leader says every mirror has
   them (`EvAccepted`); then confirm-mode channels get their confirms and transactions their
   commit-ok. That set is the credit window: past WINDOW_MSGS messages or WINDOW_BYTES bytes
