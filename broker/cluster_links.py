@@ -28,6 +28,9 @@ RAFT_MESSAGES = (m.RaftVote, m.RaftVoteReply, m.RaftAppend, m.RaftAppendReply, m
 LEADER_MESSAGES = (m.RaftAppend, m.RaftSnapshot)
 
 
+SEEN_WAIT = 2.0  # seconds a declare waits, at most, for the running nodes to apply it
+
+
 class NodeStopped(Exception):
     """The node a request went to went away before answering."""
 
@@ -251,6 +254,34 @@ class PeerLinks:
         if not reply.ok:
             raise ProtocolError(reply.code, reply.error)
         return reply.value
+
+    async def seen_everywhere(self, queue: str) -> None:
+        """Wait until every node the metadata records running, this one included, that this
+        node has a link to has applied the declaration of `queue` (SEEN_WAIT at most: a node
+        that does not answer by then is left behind, as before). A declare-ok given after this
+        means a publish through any of them routes to the queue: without it, a node the log's
+        leader had not told yet dropped it as unroutable."""
+        nodes = [n for n in self.md.up if n == self.name or n in self.links]
+
+        async def ask(node: str) -> None:
+            try:
+                await self.call_node(node, "queue_known", {"queue": queue})
+            except (ProtocolError, NodeStopped):
+                pass  # gone, or no longer answering: nothing to wait for
+
+        with trio.move_on_after(SEEN_WAIT):
+            async with trio.open_nursery() as nursery:
+                for node in nodes:
+                    nursery.start_soon(ask, node)
+
+    async def queue_known(self, queue: str) -> bool:
+        """Answer `seen_everywhere`: once this node's metadata has the queue (False when it
+        did not come within SEEN_WAIT)."""
+        with trio.move_on_after(SEEN_WAIT):
+            while queue not in self.md.queues:
+                await self.wait_changed()
+            return True
+        return False
 
     async def _serve_rpc(self, link: PeerLink, msg: m.NodeRpc) -> None:
         try:

@@ -15,6 +15,7 @@ from wire.errors import (COMMAND_INVALID, CONNECTION_FORCED, NOT_ALLOWED, NOT_FO
 
 from mirroring.changes import (MemberRemove, OperatorPolicyClear, OperatorPolicySet, PolicyClear,
                                PolicySet, QueueDelete, VHostAdd, VHostDelete)
+from mirroring.exchanges import named_binding_rows
 from mirroring.metadata import policy_not_found
 from mirroring.maintenance import replicas, sync_critical_queues, unsynchronised_queues
 from mirroring.policy import (effective_definition, effective_policy, make_operator_policy,
@@ -424,18 +425,10 @@ async def cmd_list_bindings(node, args):
     _require_running(node)
     vhost = _vhost(node, args)
     md = node.md
-    names = sorted(q.name for q in md.queues.values() if q.vhost == vhost)
-    rows = [{"source_name": "", "source_kind": "exchange", "destination_name": q,
-             "destination_kind": "queue", "routing_key": q, "arguments": {}} for q in names]
-    for x, binds in sorted(md.bindings.items()):
-        xv, xname = split_key(x)
-        if xv != vhost:
-            continue
-        for b in sorted(binds, key=lambda b: (b.queue, b.key)):
-            rows.append({"source_name": xname, "source_kind": "exchange",
-                         "destination_name": split_key(b.queue)[1], "destination_kind": "queue",
-                         "routing_key": b.key, "arguments": b.arguments})
-    return rows
+    return [{"source_name": src, "source_kind": "exchange", "destination_name": dest,
+             "destination_kind": kind, "routing_key": key, "arguments": args}
+            for _, src, dest, kind, key, args in named_binding_rows(md.queues, md.bindings,
+                                                                     md.exchange_bindings, vhost)]
 
 
 async def _leader_rpc(node, rpc: str, args: dict):
@@ -564,6 +557,8 @@ async def node_rpc(node, name: str, args: dict):
                  "prefetch_count": c.prefetch, "exclusive": c.exclusive, "arguments": c.arguments}
                 for qname, qp in node.router.replicas.items() if qp.role == "leader"
                 for c in qp.replica.q.consumers.values()]
+    if name == "queue_known":
+        return await node.cluster.queue_known(args["queue"])
     if name == "admit":
         return await node.cluster.admit(args["name"], args["peer"], args["client"])
     if name in ("sync_queue", "cancel_sync_queue", "sync_status", "purge"):

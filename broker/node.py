@@ -52,6 +52,7 @@ from .native import NativeConnection
 from .peers import HANDSHAKE_TIMEOUT, accept_handshake
 from .router import Router
 from .session import ChannelError, Session
+from .session.replyto import REPLY_TO, reply_queue_exists
 
 SHUTDOWN_HANDOVER_TIMEOUT = 5.0
 
@@ -554,6 +555,10 @@ class Node:
         queue, or None when it existed (the session then asks its leader for the counts)."""
         name = msg.queue
         vhost = session.vhost
+        if name.startswith(REPLY_TO):  # direct reply-to's names: they exist or not, as they are
+            if not reply_queue_exists(name, self.name, self.sessions, self.cluster.links.__contains__):
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
+            return [name, 0, 1]  # no message, its one consumer
         if name.startswith("amq.") and not msg.passive:
             raise ChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
         if not name:
@@ -601,6 +606,7 @@ class Node:
         if result["created"]:
             if msg.exclusive:
                 session.exclusive_queues.add(key)
+            await self.cluster.seen_everywhere(key)  # routable through every node from now on
             self.log.info("queue declared", queue=key, leader=result["leader"],
                           durable=qdef.durable, exclusive=qdef.exclusive)
             return [name, 0, 0]

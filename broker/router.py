@@ -439,6 +439,9 @@ class Router:
             if type(ev) is m.EvDeliver and (ev.queue, ev.ch) not in told:
                 told.add((ev.queue, ev.ch))
                 self.to_leader(ev.queue, m.QOwnerGone(ev.queue, (self.name, sid, ev.ch)))
+            elif type(ev) is m.EvDirectReply and ev.rid and ev.sender is not None:
+                # direct replies whose publisher waits to hear that nobody took them
+                self.to_session(ev.sender[0], ev.sender[1], [m.EvReplyTaken(ev.rid, False)])
 
     def link_down(self, node: str) -> None:
         for qp in self.replicas.values():

@@ -25,8 +25,8 @@ import msgspec
 
 from wire.errors import COMMAND_INVALID, SYNTAX_ERROR, ProtocolError
 
-from .records import (Binding, DeleteRequester, Exchange, Permission, Policy, QueueDef, QueueUpdate,
-                      User, VHost)
+from .records import (Binding, DeleteRequester, Exchange, ExchangeBinding, Permission, Policy,
+                      QueueDef, QueueUpdate, User, VHost)
 
 
 class Change(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
@@ -114,6 +114,20 @@ class BindingRemove(Change, tag="binding.remove"):
     names_its_queues = True
     exchange: str
     binding: Binding
+
+
+class ExchangeBindingAdd(Change, tag="exchange_binding.add"):
+    """exchange.bind: `binding.destination` takes what `source` routes with a matching key."""
+    names_its_queues = True  # it names none: no queue's replicas change
+    source: str
+    binding: ExchangeBinding
+
+
+class ExchangeBindingRemove(Change, tag="exchange_binding.remove"):
+    """exchange.unbind (a binding that is not there is no error, as in RabbitMQ)."""
+    names_its_queues = True
+    source: str
+    binding: ExchangeBinding
 
 
 class NodeDown(Change, tag="node.down"):

@@ -15,6 +15,10 @@ The metadata (mirroring/metadata.py) keeps the definitions; this module owns wha
 * `Routes` compiles the bindings of one metadata version into lookup structures (a dict for
   direct, a word trie for topic) and caches topic results, so routing a message costs a dict
   lookup in the common case.
+* Exchange-to-exchange bindings (`exchange.bind`) and alternate exchanges (`alternate-exchange`,
+  argument or policy key) make a graph of exchanges, routed as RabbitMQ does (`Routes`); the
+  `internal` flag refuses publishes to an exchange, which still routes what reaches it through
+  an exchange binding.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import decimal
 
 from wire.errors import ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
 
+from .policy import effective_policy
 from .records import DEFAULT_VHOST, Binding, Exchange, in_vhost, qualify, split_key
 
 TYPES = ("direct", "fanout", "topic", "headers")
@@ -271,38 +276,73 @@ def check_binding_arguments(kind: str, arguments: dict) -> None:
 
 # --- routing -----------------------------------------------------------------------------------
 
+def _compile(binds, kind: str):
+    """The lookup structure of one exchange's bindings, `binds` (destination, key, arguments)
+    triples: a dict by key (direct), a list (fanout), a word trie (topic), or (destination,
+    arguments) pairs (headers)."""
+    if kind == "direct":
+        table: dict[str, list] = {}
+        for dest, key, _ in binds:
+            lst = table.setdefault(key, [])
+            if dest not in lst:
+                lst.append(dest)
+        return table
+    if kind == "fanout":
+        out: list = []
+        for dest, _, _ in binds:
+            if dest not in out:
+                out.append(dest)
+        return out
+    if kind == "topic":
+        trie = TopicTrie()
+        for dest, key, _ in binds:
+            trie.add(key, dest)
+        return trie
+    return [(dest, args) for dest, _, args in binds]
+
+
 class Routes:
-    """The routing structures of one metadata version (build a new one when it changes)."""
+    """The routing structures of one metadata version (build a new one when it changes).
+
+    An exchange that is the source of exchange bindings, or has an alternate exchange (its
+    `alternate-exchange` argument, or else its policy's key, as RabbitMQ), routes through the
+    graph (`_through`): each exchange reached adds the queues its bindings match and passes the
+    message on to the exchanges its exchange bindings match; one whose bindings match nothing at
+    all passes it to its alternate exchange. Each exchange is visited once (cycles end there) and
+    each queue is reached once. Every other exchange routes by its own bindings alone, as
+    before: the graph costs only where it exists."""
 
     def __init__(self, exchanges: dict[str, Exchange], bindings: dict[str, list[Binding]],
-                 queues: dict):
+                 queues: dict, exchange_bindings: dict | None = None,
+                 policies: dict | None = None):
         self.exchanges = exchanges
         self.bindings = bindings
         self.queues = queues
+        self.exchange_bindings = exchange_bindings or {}
         self._compiled: dict[str, object] = {}
+        self._compiled_x: dict[str, object] = {}  # the same over exchange bindings
         self._topic_cache: dict[str, dict] = {}
+        self.alternates = alternate_exchanges(exchanges, policies or {})
+        # the exchanges that route through the graph
+        self.graph = frozenset(self.exchange_bindings) | frozenset(self.alternates)
+        # exchanges whose messages route one by one, by their own headers: headers exchanges,
+        # and those whose graph reaches one
+        self.by_headers = frozenset(x for x in self.graph if any(
+            self.exchanges[r].type == "headers" for r in self._reachable(x)))
 
-    def _compile(self, name: str, kind: str):
-        binds = self.bindings.get(name, ())
-        if kind == "direct":
-            table: dict[str, list] = {}
-            for b in binds:
-                lst = table.setdefault(b.key, [])
-                if b.queue not in lst:
-                    lst.append(b.queue)
-            return table
-        if kind == "fanout":
-            out: list = []
-            for b in binds:
-                if b.queue not in out:
-                    out.append(b.queue)
-            return out
-        if kind == "topic":
-            trie = TopicTrie()
-            for b in binds:
-                trie.add(b.key, b.queue)
-            return trie
-        return [(b.queue, b.arguments) for b in binds]
+    def _reachable(self, start: str) -> set[str]:
+        seen = {start}
+        todo = [start]
+        while todo:
+            name = todo.pop()
+            nxt = [b.destination for b in self.exchange_bindings.get(name, ())]
+            if name in self.alternates:
+                nxt.append(self.alternates[name])
+            for d in nxt:
+                if d not in seen and d in self.exchanges:
+                    seen.add(d)
+                    todo.append(d)
+        return seen
 
     def route(self, exchange: str, routing_key: str, headers=None) -> list[str]:
         """The queues a message reaches (each once, in binding order). `headers` is the
@@ -310,13 +350,26 @@ class Routes:
         exchanges). Raises NOT_FOUND for a missing exchange."""
         if exchange == "":
             return [routing_key] if routing_key in self.queues else []
+        if exchange in self.graph:
+            return self._through(exchange, routing_key, headers)
         x = self.exchanges.get(exchange)
         if x is None:
             raise not_found(exchange)
         kind = x.type
+        if kind == "direct":  # the common case, without a call more
+            compiled = self._compiled.get(exchange)
+            if compiled is not None:
+                hit = compiled.get(routing_key)
+                if hit is not None or x.name:
+                    return hit or []
+        return self._own(x, exchange, kind, routing_key, headers)
+
+    def _own(self, x: Exchange, exchange: str, kind: str, routing_key: str, headers) -> list[str]:
+        """The queues the exchange's own bindings match."""
         compiled = self._compiled.get(exchange)
         if compiled is None:
-            compiled = self._compiled[exchange] = self._compile(exchange, kind)
+            compiled = self._compiled[exchange] = _compile(
+                [(b.queue, b.key, b.arguments) for b in self.bindings.get(exchange, ())], kind)
         if kind == "direct":
             hit = compiled.get(routing_key)
             if hit is not None:
@@ -331,18 +384,105 @@ class Routes:
             cache = self._topic_cache.setdefault(exchange, {})
             hit = cache.get(routing_key)
             if hit is None:
-                hit = []
-                for q in compiled.match(routing_key):
-                    if q not in hit:
-                        hit.append(q)
+                hit = _unique(compiled.match(routing_key))
                 if len(cache) >= TOPIC_CACHE:
                     cache.clear()
                 cache[routing_key] = hit
             return hit
         if callable(headers):
             headers = headers()
-        out: list = []
-        for queue, args in compiled:
-            if queue not in out and headers_match(args, headers):
-                out.append(queue)
+        return _unique([dest for dest, args in compiled if headers_match(args, headers)])
+
+    def _next(self, exchange: str, kind: str, routing_key: str, headers) -> list[str]:
+        """The exchanges the exchange's exchange bindings match."""
+        compiled = self._compiled_x.get(exchange)
+        if compiled is None:
+            compiled = self._compiled_x[exchange] = _compile(
+                [(b.destination, b.key, b.arguments)
+                 for b in self.exchange_bindings.get(exchange, ())], kind)
+        if kind == "direct":
+            return compiled.get(routing_key, [])
+        if kind == "fanout":
+            return compiled
+        if kind == "topic":
+            return compiled.match(routing_key)
+        return [dest for dest, args in compiled if headers_match(args, headers)]
+
+    def _through(self, exchange: str, routing_key: str, headers) -> list[str]:
+        if exchange not in self.exchanges:
+            raise not_found(exchange)
+        if callable(headers):
+            headers = headers()
+        out: list[str] = []
+        reached: set[str] = set()
+        seen = {exchange}
+        todo = [exchange]
+        while todo:
+            name = todo.pop(0)
+            x = self.exchanges.get(name)
+            if x is None:
+                continue  # a missing alternate exchange: nothing more this way
+            queues = self._own(x, name, x.type, routing_key, headers)
+            nxt = self._next(name, x.type, routing_key, headers) if name in self.exchange_bindings else []
+            if not queues and not nxt and name in self.alternates:
+                nxt = [self.alternates[name]]
+            for q in queues:
+                if q not in reached:
+                    reached.add(q)
+                    out.append(q)
+            for d in nxt:
+                if d not in seen:
+                    seen.add(d)
+                    todo.append(d)
         return out
+
+
+def _unique(items: list) -> list:
+    out: list = []
+    for i in items:
+        if i not in out:
+            out.append(i)
+    return out
+
+
+def binding_rows(queues, bindings: dict, exchange_bindings: dict) -> list[tuple]:
+    """Every binding as (source, destination, "queue" or "exchange", key, arguments), as
+    RabbitMQ lists them: the default exchange's implicit one to each queue first, then the
+    declared ones by source, a source's bindings to exchanges after those to queues."""
+    rows = [("", q, "queue", q, {}) for q in sorted(queues)]
+    for x in sorted(set(bindings) | set(exchange_bindings)):
+        for b in sorted(bindings.get(x, ()), key=lambda b: (b.queue, b.key)):
+            rows.append((x, b.queue, "queue", b.key, dict(b.arguments)))
+        for e in sorted(exchange_bindings.get(x, ()), key=lambda e: (e.destination, e.key)):
+            rows.append((x, e.destination, "exchange", e.key, dict(e.arguments)))
+    return rows
+
+
+def named_binding_rows(queues, bindings: dict, exchange_bindings: dict,
+                       vhost: str | None = None) -> list[tuple]:
+    """`binding_rows` by name, as listings show them: (vhost, source, destination, its type,
+    routing key, arguments), of `vhost` only when one is given."""
+    rows = []
+    for src, dest, kind, key, args in binding_rows(queues, bindings, exchange_bindings):
+        dv, dname = split_key(dest)
+        if vhost is None or dv == vhost:
+            rows.append((dv, split_key(src)[1] if src else "", dname, kind, key if src else dname, args))
+    return rows
+
+
+def alternate_exchanges(exchanges: dict[str, Exchange], policies: dict) -> dict[str, str]:
+    """exchange -> its alternate exchange, for those that have one: the `alternate-exchange`
+    argument, or else the key of the exchange's policy (RabbitMQ's precedence)."""
+    out = {}
+    with_key = {n: p for n, p in policies.items() if "alternate-exchange" in p.definition}
+    for key, x in exchanges.items():
+        ae = x.arguments.get("alternate-exchange")
+        if ae is None and with_key:
+            p = effective_policy(policies, x.name, x.vhost, "exchanges")
+            if p is not None:
+                ae = p.definition.get("alternate-exchange")
+        if isinstance(ae, bytes):
+            ae = ae.decode(errors="replace")
+        if isinstance(ae, str) and x.name:
+            out[key] = qualify(x.vhost, ae)  # a name of the exchange's own vhost
+    return out

@@ -40,8 +40,9 @@ from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, Protoco
 
 from . import changes as c
 from . import exchanges as xmod
-from .records import (DEFAULT_VHOST, VHOST_SEP, Binding, Exchange, Member, Permission, Policy,
-                      QueueDef, QueueUpdate, Snapshot, User, VHost, in_vhost, split_key)
+from .records import (DEFAULT_VHOST, VHOST_SEP, Binding, Exchange, ExchangeBinding, Member,
+                      Permission, Policy, QueueDef, QueueUpdate, Snapshot, User, VHost, in_vhost,
+                      split_key)
 
 
 class MetaError(ProtocolError):
@@ -68,6 +69,8 @@ class Metadata:
         # exchange, in binding order: mirroring/exchanges.py routes them)
         self.exchanges: dict[str, Exchange] = xmod.builtin_exchanges()
         self.bindings: dict[str, list[Binding]] = {}
+        # exchange-to-exchange bindings by source exchange, in binding order
+        self.exchange_bindings: dict[str, list[ExchangeBinding]] = {}
         self._routes: xmod.Routes | None = None
         self.policies: dict[str, Policy] = {}
         self.operator_policies: dict[str, Policy] = {}  # RabbitMQ's operator policies
@@ -91,7 +94,8 @@ class Metadata:
                         dict(self.exchanges), {x: list(b) for x, b in self.bindings.items()},
                         dict(self.policies), dict(self.down), dict(self.up), dict(self.times_down),
                         dict(self.operator_policies), self.managed_ha, dict(self.vhosts),
-                        dict(self.users), list(self.permissions.values()))
+                        dict(self.users), list(self.permissions.values()),
+                        {x: list(b) for x, b in self.exchange_bindings.items()})
 
     @classmethod
     def from_snapshot(cls, snap) -> Metadata:
@@ -121,6 +125,7 @@ class Metadata:
         md.queues = dict(src.queues)
         md.exchanges = exchanges
         md.bindings = {x: list(b) for x, b in src.bindings.items()}
+        md.exchange_bindings = {x: list(b) for x, b in src.exchange_bindings.items()}
         md.policies = dict(src.policies)
         md.down = dict(src.down)
         md.up = dict(src.up)
@@ -143,7 +148,8 @@ class Metadata:
         """The routing structures of this version (rebuilt lazily after every change)."""
         r = self._routes
         if r is None:
-            r = self._routes = xmod.Routes(self.exchanges, self.bindings, self.queues)
+            r = self._routes = xmod.Routes(self.exchanges, self.bindings, self.queues,
+                                           self.exchange_bindings, self.policies)
         return r
 
     # --- changes ---------------------------------------------------------------------------
@@ -267,9 +273,13 @@ class Metadata:
             self.touched.add(queue)
 
     def _binding_gone(self, exchange: str) -> None:
-        if self.bindings.get(exchange):
+        """A binding with `exchange` as its source went: an auto-delete exchange left with none
+        goes too."""
+        for table in (self.bindings, self.exchange_bindings):
+            if not table.get(exchange, True):
+                del table[exchange]  # no empty list: an exchange listed here routes by its graph
+        if exchange in self.bindings or exchange in self.exchange_bindings:
             return
-        self.bindings.pop(exchange, None)
         x = self.exchanges.get(exchange)
         if x is not None and x.auto_delete and x.name not in xmod.BUILTIN:
             del self.exchanges[exchange]
@@ -291,10 +301,17 @@ class Metadata:
         if name not in self.exchanges:
             return False
         xmod.check_deletable(name)
-        if change.if_unused and self.bindings.get(name):
+        if change.if_unused and (self.bindings.get(name) or self.exchange_bindings.get(name)):
             raise MetaError(PRECONDITION_FAILED, f"{xmod.describe(name)} in use")
         del self.exchanges[name]
         self.bindings.pop(name, None)
+        self.exchange_bindings.pop(name, None)
+        # the exchange bindings it was the destination of go with it
+        for source in [x for x, binds in self.exchange_bindings.items()
+                       if any(b.destination == name for b in binds)]:
+            self.exchange_bindings[source] = [b for b in self.exchange_bindings[source]
+                                              if b.destination != name]
+            self._binding_gone(source)
         return True
 
     def _check_binding(self, exchange: str, queue: str) -> None:
@@ -319,6 +336,29 @@ class Metadata:
             return False
         binds.remove(change.binding)
         self._binding_gone(change.exchange)
+        return True
+
+    def _check_exchange_binding(self, source: str, destination: str) -> None:
+        for name in (destination, source):  # RabbitMQ names the destination first
+            xmod.check_bindable(name)
+            if name not in self.exchanges:
+                raise xmod.not_found(name)
+
+    def _exchange_binding_add(self, change: c.ExchangeBindingAdd):
+        self._check_exchange_binding(change.source, change.binding.destination)
+        binds = self.exchange_bindings.setdefault(change.source, [])
+        if change.binding in binds:
+            return False
+        binds.append(change.binding)
+        return True
+
+    def _exchange_binding_remove(self, change: c.ExchangeBindingRemove):
+        self._check_exchange_binding(change.source, change.binding.destination)
+        binds = self.exchange_bindings.get(change.source, [])
+        if change.binding not in binds:
+            return False
+        binds.remove(change.binding)
+        self._binding_gone(change.source)
         return True
 
     # --- placements ----------------------------------------------------------------------------
@@ -452,6 +492,8 @@ _APPLY: dict[type[c.Change], Callable[[Metadata, c.Change], object]] = {
     c.ExchangeDelete: Metadata._exchange_delete,
     c.BindingAdd: Metadata._binding_add,
     c.BindingRemove: Metadata._binding_remove,
+    c.ExchangeBindingAdd: Metadata._exchange_binding_add,
+    c.ExchangeBindingRemove: Metadata._exchange_binding_remove,
     c.QueuesUpdate: Metadata._queues_update,
     c.NodeDown: Metadata._node_down,
     c.NodeUp: Metadata._node_up,

@@ -9,8 +9,9 @@ this file; the broker only carries the answers out):
   looked for in a fixed order: the definition as a whole, unrecognised keys, then `ha-mode`,
   `ha-params`, the keys that need `ha-mode`, `queue-master-locator`, then the queue limits
   (`max-length`, `max-length-bytes`, `message-ttl`, `expires`, `overflow`, `dead-letter-exchange`,
-  `dead-letter-routing-key`: what the broker
-  carries out is mirroring/queue.py `limits_from`'s) and `queue-mode` (accepted, no effect).
+  `dead-letter-routing-key`: what the broker carries out is mirroring/queue.py `limits_from`'s),
+  `queue-mode` (accepted, no effect) and the exchanges' `alternate-exchange` (a name;
+  mirroring/exchanges.py routes by it).
 * `queue-master-locator` "min-masters" (RabbitMQ's older name) is stored as "balanced".
 * A queue's policy is the record whose pattern `re.search`es its name, whose apply_to is
   "queues" or "all", with the highest priority. Ties between equal priorities go to the policy
@@ -82,7 +83,7 @@ DEAD_LETTER_KEYS = ("dead-letter-exchange", "dead-letter-routing-key")
 QUEUE_MODES = ("default", "lazy")
 
 KEYS = frozenset({"ha-mode", *NEEDS_HA_MODE, "queue-master-locator", *LIMIT_KEYS, "overflow",
-                  "queue-mode", *DEAD_LETTER_KEYS})
+                  "queue-mode", *DEAD_LETTER_KEYS, "alternate-exchange"})
 
 
 def _show(value) -> str:
@@ -195,6 +196,11 @@ def parse_definition(definition: str | dict) -> dict:
     if "queue-mode" in definition:
         _one_of("queue-mode", definition["queue-mode"], QUEUE_MODES)
         out["queue-mode"] = definition["queue-mode"]
+    if "alternate-exchange" in definition:  # an exchange's key (mirroring/exchanges.py)
+        ae = definition["alternate-exchange"]
+        if not isinstance(ae, str):
+            raise PolicyError(f"'alternate-exchange' must be an exchange name, got {_show(ae)}")
+        out["alternate-exchange"] = ae
     return out
 
 
@@ -221,12 +227,13 @@ def _check_fields(name, pattern, priority, apply_to) -> None:
 
 
 def effective_policy(policies: dict[str, Policy], queue_name: str,
-                     vhost: str = DEFAULT_VHOST) -> Policy | None:
-    """The policy record that applies to queue `queue_name` of `vhost`, or None (see the module
-    rules for ties). Only the policies of the queue's own vhost apply."""
+                     vhost: str = DEFAULT_VHOST, kind: str = "queues") -> Policy | None:
+    """The policy record that applies to queue `queue_name` of `vhost` (to an exchange, with
+    `kind` "exchanges"), or None (see the module rules for ties). Only the policies of the
+    resource's own vhost apply."""
     best = None
     for record in policies.values():
-        if record.vhost != vhost or record.apply_to not in ("queues", "all"):
+        if record.vhost != vhost or record.apply_to not in (kind, "all"):
             continue
         if re.search(record.pattern, queue_name) is None:
             continue

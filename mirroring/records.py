@@ -136,6 +136,14 @@ class Binding(Record, array_like=True):
     arguments: dict
 
 
+class ExchangeBinding(Record, array_like=True):
+    """An exchange bound to an exchange (`exchange.bind`): messages the source (the exchange it
+    is filed under) routes with a matching key go on to `destination`."""
+    destination: str
+    key: str
+    arguments: dict
+
+
 class Policy(Record):
     """A validated policy (mirroring/policy.py `make_policy` builds them; `make_operator_policy`
     builds operator policies). `set_by`: "user"; "managed-ha" for the managed HA's system policy;
@@ -198,3 +206,4 @@ class Snapshot(Record):
     vhosts: dict[str, VHost] = {}
     users: dict[str, User] = {}
     permissions: list[Permission] = []
+    exchange_bindings: dict[str, list[ExchangeBinding]] = {}

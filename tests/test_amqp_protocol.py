@@ -270,6 +270,21 @@ def test_a_mandatory_flag_is_kept_in_a_read_that_mixes_it_with_plain_publishes()
         assert one.mandatory is same and one.bodies == [b"m"] * 4
 
 
+def test_publishes_asking_for_direct_reply_to_travel_in_batches_of_their_own():
+    """A message whose reply_to is amq.rabbitmq.reply-to is flagged for the session (which
+    rewrites it); it splits a run of plain publishes, its neighbours stay unflagged."""
+    c = Client()
+    c.open()
+    c.channel(1)
+    ask = C.Basic.Properties(reply_to="amq.rabbitmq.reply-to", correlation_id="1")
+    other = C.Basic.Properties(reply_to="my-queue")
+    data = b"".join(f(C.Basic.Publish(0, "", "rpc"), 1) + content(1, b"%d" % i, p)
+                    for i, p in enumerate([other, ask, ask, None]))
+    events = c.send(data)
+    assert [(e.reply, len(e.bodies)) for e in events] == [(False, 1), (True, 2), (False, 1)]
+    assert events[1].props[0][2] == ask.marshal()  # as published: the session rewrites it
+
+
 def test_acks_batch_and_multiple_zero_means_everything():
     c = Client()
     c.open()
@@ -406,7 +421,6 @@ def test_unsupported_methods():
     for method, code, text in (
         (C.Basic.Publish(0, "", "q", False, True), 540, "immediate=true"),
         (C.Basic.Qos(10, 0, False), 540, "prefetch_size!=0 (10)"),
-        (C.Exchange.Bind(0, "a", "b", "k"), 540, "exchange-to-exchange bindings"),
     ):
         c = Client()
         c.open()
@@ -414,6 +428,17 @@ def test_unsupported_methods():
         c.send(f(method, 1))
         (_, close), = c.said()
         assert close.reply_code == code and text in close.reply_text
+
+
+def test_exchange_bind_and_unbind_become_session_commands():
+    c = Client()
+    c.open()
+    c.channel()
+    (bind,) = c.send(f(C.Exchange.Bind(0, "down", "up", "k", False, {"x": 1}), 1))
+    assert (type(bind), bind.destination, bind.source, bind.routing_key, bind.arguments) == \
+        (m.ExchangeBind, "down", "up", "k", {"x": 1})
+    (unbind,) = c.send(f(C.Exchange.Unbind(0, "down", "up", "k"), 1))
+    assert type(unbind) is m.ExchangeUnbind and unbind.source == "up"
 
 
 def _flat(events) -> list:

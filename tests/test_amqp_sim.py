@@ -208,3 +208,49 @@ async def test_a_client_that_never_finishes_the_handshake_is_dropped_after_ten_s
                 pass
         assert 10 <= trio.current_time() - t0 <= 11
 
+
+
+def _publish_frames(ch: int, exchange: str, key: str, body: bytes, mandatory=False, **props) -> bytes:
+    return (frame.marshal(C.Basic.Publish(0, exchange, key, mandatory), ch)
+            + frame.marshal(header.ContentHeader(0, len(body), C.Basic.Properties(**props)), ch)
+            + frame.marshal(pbody.ContentBody(body), ch))
+
+
+async def test_direct_reply_to_crosses_to_the_requesting_nodes_channel(tmp_path, autojump_clock):
+    """An RPC client on n1 consumes amq.rabbitmq.reply-to; the server on n2 takes the request
+    and publishes its reply to the rewritten reply_to; it reaches the client's channel over the
+    peer link, delivered with the name it was sent to. Once the client's connection is gone, a
+    mandatory reply to that name comes back to the server."""
+    async with sim_cluster(tmp_path) as c:
+        client, _ = await SimAmqp.connect(c, "n1")
+        server, _ = await SimAmqp.connect(c, "n2")
+        for conn in (client, server):
+            await conn.method(1, C.Channel.Open())
+            await conn.expect(C.Channel.OpenOk)
+        await server.method(1, C.Queue.Declare(0, "rpc"))
+        await server.expect(C.Queue.DeclareOk)
+        await client.method(1, C.Basic.Consume(0, "amq.rabbitmq.reply-to", "", False, True))
+        await client.expect(C.Basic.ConsumeOk)
+        await client.send(_publish_frames(1, "", "rpc", b"2+2", reply_to="amq.rabbitmq.reply-to",
+                                          correlation_id="c-1"))
+        for _ in range(50):
+            await server.method(1, C.Basic.Get(0, "rpc", True))
+            got = await server.next()
+            if isinstance(got, C.Basic.GetOk):
+                break
+            await trio.sleep(0.05)
+        props = (await server.next()).properties
+        await server.next()  # the body
+        assert props.reply_to.startswith("amq.rabbitmq.reply-to.") and props.correlation_id == "c-1"
+        await server.send(_publish_frames(1, "", props.reply_to, b"4", correlation_id="c-1"))
+        deliver = await client.expect(C.Basic.Deliver)
+        assert (deliver.exchange, deliver.routing_key) == ("", props.reply_to)
+        assert (await client.next()).properties.correlation_id == "c-1"
+        assert (await client.next()).value == b"4"
+        await client.stream.aclose()
+        await server.method(1, C.Confirm.Select())
+        await server.expect(C.Confirm.SelectOk)
+        await trio.sleep(1)  # the client's session is gone on n1
+        await server.send(_publish_frames(1, "", props.reply_to, b"late", mandatory=True))
+        returned = await server.expect(C.Basic.Return)
+        assert returned.reply_code == 312 and returned.routing_key == props.reply_to

@@ -240,3 +240,125 @@ def test_plain_argument_values():
     assert xmod.plain({"a": decimal.Decimal("1.50"), "b": bytearray(b"x"),
                        "c": [datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)]}) == \
         {"a": "1.50", "b": b"x", "c": [1577836800]}
+
+
+# --- exchange-to-exchange bindings and alternate exchanges -------------------------------------
+
+def _graph_md():
+    from mirroring.changes import ExchangeBindingAdd
+    from mirroring.records import ExchangeBinding
+    md = _md()
+    for name, kind in (("up", "topic"), ("down", "direct"), ("a", "fanout"), ("b", "fanout")):
+        md.apply(ExchangeDeclare(xmod.make_exchange(name, kind)))
+    md.apply(BindingAdd("down", Binding("q1", "a.b", {})))
+    md.apply(ExchangeBindingAdd("up", ExchangeBinding("down", "a.*", {})))
+    md.apply(ExchangeBindingAdd("a", ExchangeBinding("b", "", {})))
+    md.apply(ExchangeBindingAdd("b", ExchangeBinding("a", "", {})))  # a cycle
+    md.apply(BindingAdd("b", Binding("q2", "", {})))
+    md.apply(BindingAdd("a", Binding("q2", "", {})))
+    return md
+
+
+def test_exchange_bindings_route_through_chains_and_cycles_once():
+    md = _graph_md()
+    assert md.routes.route("up", "a.b") == ["q1"]  # a.* then a.b
+    assert md.routes.route("up", "a.c") == []  # a.* but not a.b
+    assert md.routes.route("up", "b.b") == []
+    assert md.routes.route("a", "") == ["q2"]  # bound to both ends of the cycle: once
+    assert md.routes.route("down", "a.b") == ["q1"]  # a plain exchange routes as before
+    assert md.routes.graph == {"up", "a", "b"}
+
+
+def test_exchange_bindings_are_idempotent_and_go_with_either_exchange():
+    from mirroring.changes import ExchangeBindingAdd, ExchangeBindingRemove
+    from mirroring.records import ExchangeBinding
+    md = _graph_md()
+    b = ExchangeBinding("down", "a.*", {})
+    assert md.apply(ExchangeBindingAdd("up", b)) is False
+    assert md.apply(ExchangeBindingRemove("up", b)) is True
+    assert md.apply(ExchangeBindingRemove("up", b)) is False
+    assert md.routes.route("up", "a.b") == []
+    for missing in ("nope", "up"):
+        ends = {"source": "up", "destination": "down"}
+        ends["source" if missing == "nope" else "destination"] = "nope"
+        with pytest.raises(ProtocolError) as e:
+            md.apply(ExchangeBindingAdd(ends["source"], ExchangeBinding(ends["destination"], "", {})))
+        assert e.value.code == NOT_FOUND and e.value.text == "no exchange 'nope' in vhost '/'"
+    with pytest.raises(ProtocolError) as e:
+        md.apply(ExchangeDelete("a", True))  # if-unused: it is the source of an exchange binding
+    assert e.value.code == PRECONDITION_FAILED
+    md.apply(ExchangeDelete("b", False))  # its bindings both ways go with it
+    assert md.exchange_bindings == {} and md.routes.route("a", "") == ["q2"]
+
+
+def test_an_auto_delete_exchange_goes_with_its_last_exchange_binding():
+    from mirroring.changes import ExchangeBindingAdd, ExchangeBindingRemove
+    from mirroring.records import ExchangeBinding
+    md = _md()
+    md.apply(ExchangeDeclare(xmod.make_exchange("ad", "fanout", auto_delete=True)))
+    md.apply(ExchangeBindingAdd("ad", ExchangeBinding("amq.fanout", "", {})))
+    md.apply(ExchangeBindingRemove("ad", ExchangeBinding("amq.fanout", "", {})))
+    assert "ad" not in md.exchanges
+
+
+def test_snapshots_carry_exchange_bindings():
+    md = _graph_md()
+    copy = Metadata.from_snapshot(msgspec.msgpack.decode(msgspec.msgpack.encode(md.snapshot())))
+    assert copy.exchange_bindings == md.exchange_bindings and copy.digest() == md.digest()
+    assert copy.routes.route("up", "a.b") == ["q1"]
+    assert md.copy().exchange_bindings == md.exchange_bindings
+
+
+def test_alternate_exchange_takes_what_matches_nothing_argument_before_policy():
+    from mirroring.changes import PolicySet
+    from mirroring.policy import make_policy
+    md = _md()
+    md.apply(ExchangeDeclare(xmod.make_exchange("ae", "fanout")))
+    md.apply(ExchangeDeclare(xmod.make_exchange("ae2", "fanout")))
+    md.apply(ExchangeDeclare(xmod.make_exchange("main", "direct", arguments={"alternate-exchange": "ae"})))
+    md.apply(ExchangeDeclare(xmod.make_exchange("other", "direct")))
+    md.apply(BindingAdd("main", Binding("q1", "k", {})))
+    md.apply(BindingAdd("ae", Binding("q2", "", {})))
+    md.apply(BindingAdd("ae2", Binding("q3", "", {})))
+    assert md.routes.route("main", "k") == ["q1"]
+    assert md.routes.route("main", "x") == ["q2"]
+    assert md.routes.route("other", "x") == []
+    md.apply(PolicySet(make_policy("p", "^(main|other)$", {"alternate-exchange": "ae2"},
+                                   apply_to="exchanges")))
+    assert md.routes.route("main", "x") == ["q2"]  # the argument wins
+    assert md.routes.route("other", "x") == ["q3"]  # the policy's key fills in
+    md.apply(PolicySet(make_policy("p", "^(main|other)$", {"alternate-exchange": "ae2"},
+                                   apply_to="queues")))
+    assert md.routes.route("other", "x") == []  # a policy for queues only says nothing of it
+
+
+def test_alternate_exchanges_chain_stop_at_a_cycle_and_a_missing_one():
+    md = _md()
+    md.apply(ExchangeDeclare(xmod.make_exchange("x1", "direct", arguments={"alternate-exchange": "x2"})))
+    md.apply(ExchangeDeclare(xmod.make_exchange("x2", "direct", arguments={"alternate-exchange": "x1"})))
+    md.apply(ExchangeDeclare(xmod.make_exchange("x3", "direct", arguments={"alternate-exchange": "gone"})))
+    assert md.routes.route("x1", "k") == []  # round the cycle once, then unroutable
+    md.apply(BindingAdd("x2", Binding("q1", "k", {})))
+    assert md.routes.route("x1", "k") == ["q1"] and md.routes.route("x1", "z") == []
+    assert md.routes.route("x3", "k") == []
+
+
+def test_a_graph_reaching_a_headers_exchange_routes_message_by_message():
+    from mirroring.changes import ExchangeBindingAdd
+    from mirroring.records import ExchangeBinding
+    md = _md()
+    md.apply(ExchangeDeclare(xmod.make_exchange("front", "fanout")))
+    md.apply(ExchangeBindingAdd("front", ExchangeBinding("amq.headers", "", {})))
+    md.apply(BindingAdd("amq.headers", Binding("q1", "", {"h": 1})))
+    assert md.routes.by_headers == {"front"}
+    assert md.routes.route("front", "", lambda: {"h": 1}) == ["q1"]
+    assert md.routes.route("front", "", lambda: {"h": 2}) == []
+
+
+def test_binding_rows_list_exchange_bindings_after_a_sources_queue_bindings():
+    md = _graph_md()
+    rows = xmod.binding_rows(md.queues, md.bindings, md.exchange_bindings)
+    assert rows[:3] == [("", q, "queue", q, {}) for q in ("q1", "q2", "q3")]
+    assert rows[3:] == [("a", "q2", "queue", "", {}), ("a", "b", "exchange", "", {}),
+                        ("b", "q2", "queue", "", {}), ("b", "a", "exchange", "", {}),
+                        ("down", "q1", "queue", "a.b", {}), ("up", "down", "exchange", "a.*", {})]

@@ -169,6 +169,8 @@ ALL_KINDS = [
     QueuesUpdate((QueueUpdate("q", Placement("n1", ("n2",), ("n2",), 3)), QueueUpdate("r", None))),
     c.ExchangeDeclare(c.Exchange("x", "topic", True, False, False, {"alternate-exchange": "y"})),
     c.ExchangeDelete("x", True), c.BindingAdd("x", c.Binding("q", "a.#", {})),
+    c.ExchangeBindingAdd("x", c.ExchangeBinding("y", "a.*", {})),
+    c.ExchangeBindingRemove("x", c.ExchangeBinding("y", "a.*", {"x-match": "all"})),
     c.BindingRemove("x", c.Binding("q", "a.#", {"x-match": "any"})),
     NodeDown("n1", 7, "shutdown", (QueueUpdate("q", None),)), NodeUp("n1", 8),
     PolicySet(make_policy("ha", ".*", {"ha-mode": "exactly", "ha-params": 2})),

@@ -64,7 +64,7 @@ def test_every_key_accepted_together():
          "ha-promote-on-shutdown": "always", "queue-master-locator": "client-local",
          "max-length": 1000, "max-length-bytes": 1 << 20, "message-ttl": 60000, "expires": 1800000,
          "overflow": "reject-publish", "queue-mode": "lazy", "dead-letter-exchange": "dlx",
-         "dead-letter-routing-key": "retry"}
+         "dead-letter-routing-key": "retry", "alternate-exchange": "ae"}
     assert parse_definition(d) == d
     assert set(d) == KEYS
 
@@ -727,3 +727,8 @@ def test_placement_does_not_touch_its_inputs(case):
     before = (list(mirrors), list(members), set(running), dict(load) if load else load)
     place_mirrors(ha, leader, mirrors, members, running, load)
     assert (mirrors, members, running, load) == before
+
+
+def test_alternate_exchange_key_is_an_exchange_name():
+    with pytest.raises(PolicyError, match="'alternate-exchange' must be an exchange name, got 5"):
+        parse_definition({"alternate-exchange": 5})

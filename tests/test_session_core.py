@@ -149,6 +149,8 @@ class FakeHost:
         # the user's permissions in "/" (None: none), and their version (bump it to change them)
         self.permission = Permission("guest", "/", ".*", ".*", ".*")
         self.access_version = 0
+        self.sessions: dict[tuple, Session] = {}  # (node, sid) -> a session direct replies reach
+        self.replies: list = []  # direct replies sent to another node
 
     def add_queue(self, name, leader="n1", epoch=1, **more):
         self.queues[name] = {"leader": leader, "epoch": epoch, **more}
@@ -176,6 +178,21 @@ class FakeHost:
 
     def bound(self, exchange, binding):
         return binding in self.bindings.get(exchange, ())
+
+    def exchange_bound(self, source, binding):
+        return binding in self.bindings.get(source, ())
+
+    def routes_by_headers(self, exchange):
+        return False
+
+    def direct_reply(self, node, sid, ev):
+        session = self.sessions.get((node, sid))
+        if session is None:
+            return node in self.links and bool(self.replies.append((node, sid, ev)) or True)
+        return session.take_reply(ev)
+
+    def to_session(self, node, sid, events):
+        self.replies.append((node, sid, *events))
 
     def route(self, exchange, key, headers=None):
         if not exchange:
@@ -243,7 +260,7 @@ def sent(host, t):
 def test_the_nodes_host_answers_everything_the_protocol_declares():
     from types import SimpleNamespace as NS
     router = NS(to_leader=print, link_full=print, mirror_bodies=print, begin_input=print,
-                end_input=print, wait_link_room=print)
+                end_input=print, wait_link_room=print, to_session=print)
     node = NS(name="n1", log=_Log(), queue_down_reason=print, router=router, leaving=False,
               cluster=NS(md=NS(access_version=0), links={}), routing={})
     host = NodeHost(node)
@@ -277,9 +294,9 @@ def test_mixed_mandatory_batches_in_one_run_return_only_the_mandatory_messages()
     host, s, out = core_session()
     s.handle(m.ConfirmSelect(2, 1))
     assert out.pop() == m.Reply(2, None)
-    run = [m.PublishTo(1, "amq.direct", "nowhere", False, [b"a"], None, None),
-           m.PublishTo(1, "amq.direct", "nowhere", True, [b"b", b"c"], None, None),
-           m.PublishTo(1, "amq.direct", "nowhere", False, [b"d"], None, None)]
+    run = [m.PublishTo(1, "amq.direct", "nowhere", False, [b"a"], None, None, False),
+           m.PublishTo(1, "amq.direct", "nowhere", True, [b"b", b"c"], None, None, False),
+           m.PublishTo(1, "amq.direct", "nowhere", False, [b"d"], None, None, False)]
     assert s.handle_run(run, 0) == 3
     assert [o.bodies if type(o) is m.Returned else o.acks for o in out] == \
         [[[1, 1]], [b"b", b"c"], [[2, 3]], [[4, 4]]]
@@ -437,7 +454,7 @@ def test_permissions_refuse_on_their_channel_only_and_a_change_is_seen_at_the_ne
     refusals = [
         (m.QueueBind(3, 1, "other", "amq.direct", "k", {}), "queue 'other'"),  # write on the queue
         (m.QueueBind(4, 1, "perf.q", "amq.topic", "k", {}), "exchange 'amq.topic'"),  # read on it
-        (m.PublishTo(1, "amq.direct", "k", False, [b"x"], None, None), "exchange 'amq.direct'"),
+        (m.PublishTo(1, "amq.direct", "k", False, [b"x"], None, None, None), "exchange 'amq.direct'"),
         (m.Publish(1, "perf.q", [b"x"], None), "exchange 'amq.default'"),
         (m.BasicGet(5, 1, "perf.q", False), "queue 'perf.q'"),
         (m.ExchangeDelete(6, 1, "perf.x", False), None),  # allowed: configure ^perf\.
@@ -473,3 +490,106 @@ def test_a_closed_session_tells_every_queue_it_published_to():
     assert sorted((op.queue, op.node, op.sid) for op in sent(host, m.QSessionGone)) == [
         ("other", "n1", 7), ("q", "n1", 7)]
     assert s.routes == {}
+# --- direct reply-to and exchange bindings ---------------------------------------------------
+
+def _amqp_item(exchange, key, **props):
+    from pamqp import commands
+    return [exchange, key, commands.Basic.Properties(**props).marshal()]
+
+
+def test_direct_reply_to_round_trip_between_two_sessions():
+    from broker.session.replyto import REPLY_TO
+    from wire import props as propsmod
+    host, client, cout = core_session()
+    _, server, sout = core_session(host)
+    server.sid = 8
+    host.sessions[("n1", 7)] = client
+    host.add_queue("rpc")
+    client.handle(m.BasicConsume(3, 1, REPLY_TO, "", True, False, {}))
+    (ok,) = cout
+    tag = ok.value
+    cout.clear()
+    client.handle_now(m.PublishTo(1, "", "rpc", False, [b"req"],
+                                  [_amqp_item("", "rpc", reply_to=REPLY_TO, correlation_id="c")], None, True))
+    (pub,) = sent(host, m.QPublish)
+    reply_to = propsmod.decode_raw(pub.props[0][2]).reply_to
+    assert reply_to.startswith(REPLY_TO + ".") and propsmod.decode_raw(pub.props[0][2]).correlation_id == "c"
+    server.handle(m.ConfirmSelect(2, 1))
+    sout.clear()
+    server.handle_now(m.PublishTo(1, "", reply_to, True, [b"resp"], None, None, False))
+    assert sout == [m.Confirm(1, [[1, 1]], [], "")]  # delivered at once: nothing returned
+    (deliver,) = cout
+    assert (deliver.consumer_tag, deliver.first_tag, deliver.bodies) == (tag, 1, [b"resp"])
+    assert deliver.props[0][:2] == ["", reply_to]  # delivered with the name it was sent to
+    # the consumer cancelled: the next reply to that name is unroutable
+    client.handle(m.BasicCancel(4, 1, tag))
+    sout.clear()
+    server.handle_now(m.PublishTo(1, "", reply_to, True, [b"late"], None, None, False))
+    assert [type(o) for o in sout] == [m.Returned, m.Confirm]
+
+
+def test_direct_reply_to_refusals():
+    from broker.session.replyto import REPLY_TO
+    host, s, out = core_session()
+    s.handle(m.BasicConsume(3, 1, REPLY_TO, "", False, False, {}))
+    assert out[-1].code == 406 and out[-1].text == "reply consumer cannot acknowledge"
+    s.handle(m.ChannelOpen(4, 2))
+    host.add_queue("rpc")
+    s.handle_now(m.PublishTo(2, "", "rpc", False, [b"req"], [_amqp_item("", "rpc", reply_to=REPLY_TO)], None, True))
+    assert out[-1].code == 406 and out[-1].text == "fast reply consumer does not exist"
+    assert not sent(host, m.QPublish)
+
+
+def test_a_reply_for_another_node_goes_there_and_a_bad_name_is_unroutable():
+    from broker.session.replyto import encode_token
+    host, s, out = core_session()
+    name = encode_token("n2", 5, 3, "k")
+    s.handle_now(m.PublishTo(1, "", name, True, [b"r"], None, None, False))
+    ((node, sid, ev),) = host.replies
+    assert (node, sid, ev.ch, ev.key, ev.bodies) == ("n2", 5, 3, "k", [b"r"]) and not out
+    s.handle_now(m.PublishTo(1, "", "amq.rabbitmq.reply-to.@@", True, [b"r"], None, None, False))
+    assert [type(o) for o in out] == [m.Returned]
+
+
+def test_exchange_bind_proposes_once_and_checks_both_exchanges():
+    from mirroring.changes import ExchangeBindingAdd, ExchangeBindingRemove
+    from mirroring.records import ExchangeBinding
+    host, s, out = core_session()
+    host.exchanges["up"] = {"type": "topic", "internal": False}
+    action = s.handle(m.ExchangeBind(3, 1, "amq.direct", "up", "a.*", {}))
+    assert action.change == ExchangeBindingAdd("up", ExchangeBinding("amq.direct", "a.*", {}))
+    host.bindings["up"] = [ExchangeBinding("amq.direct", "a.*", {})]
+    assert s.handle(m.ExchangeBind(4, 1, "amq.direct", "up", "a.*", {})) is None  # there already
+    action = s.handle(m.ExchangeUnbind(5, 1, "amq.direct", "up", "a.*", {}))
+    assert type(action.change) is ExchangeBindingRemove
+    s.handle(m.ExchangeBind(6, 1, "nope", "up", "", {}))
+    assert out[-1].code == 404 and out[-1].text == "no exchange 'nope' in vhost '/'"
+
+
+def test_a_confirmed_reply_to_another_node_waits_for_its_outcome():
+    """Replies to a channel on another node, published in confirm mode or mandatory, are
+    confirmed (or returned) when that node says whether its consumer took them; nacked when
+    the link breaks first."""
+    from broker.session.replyto import encode_token
+    host, s, out = core_session()
+    s.handle(m.ConfirmSelect(2, 1))
+    out.clear()
+    name = encode_token("n2", 5, 3, "k")
+    s.handle_now(m.PublishTo(1, "", name, True, [b"a"], None, None, False))
+    s.handle_now(m.PublishTo(1, "", name, True, [b"b"], None, None, False))
+    s.handle_now(m.PublishTo(1, "", name, False, [b"c"], None, None, False))
+    (_, _, first), (_, _, second), (_, _, third) = host.replies
+    assert first.sender == ("n1", 7) and first.rid and second.rid and not out
+    s.queue_events([m.EvReplyTaken(first.rid, True)])
+    assert out == [m.Confirm(1, [[1, 1]], [], "")]
+    out.clear()
+    s.queue_events([m.EvReplyTaken(second.rid, False)])
+    assert [type(o) for o in out] == [m.Returned, m.Confirm] and out[1].acks == [[2, 2]]
+    out.clear()
+    host.links.discard("n2")
+    s.route_changed("n2")
+    assert len(out) == 1 and out[0].nacks == [[3, 3]] and "link to node n2 broke" in out[0].reason
+    # a taker on the other node answers its publisher
+    _, taker, _ = core_session(host)
+    taker.queue_events([m.EvDirectReply(1, "nope", name, [b"x"], None, 9, ("n1", 7))])
+    assert host.replies[-1] == ("n1", 7, m.EvReplyTaken(9, False))

@@ -639,3 +639,28 @@ async def test_a_declare_on_a_quiet_cluster_is_answered_in_a_few_network_trips(t
             await ch.queue_declare("quick")
             took = trio.current_time() - t
         assert took < heartbeat / 4, f"a declare took {took:.3f} s (heartbeat {heartbeat:.3f} s)"
+
+
+async def test_a_queue_is_routable_through_every_node_once_its_declare_is_answered(tmp_path, autojump_clock):
+    """A node the log's leader reaches late (its links are slow) still knows a queue by the time
+    the declare through another node is answered: a publish through it right after routes to
+    the queue, where it was dropped as unroutable while that node had not applied the
+    declaration yet."""
+    async with sim_cluster(tmp_path) as c:
+        leader = c.nodes["n1"].cluster.leader
+        late, via = [n for n in c.names if n != leader][:2]
+        for other in c.names:
+            if other != late:
+                c.net.delay(late, other, 0.3)
+        async with c.connect(via) as cv, c.connect(late) as cl:
+            chv, chl = await cv.channel(), await cl.channel()
+            await chl.confirm_delivery()
+            for i in range(3):
+                await chv.queue_declare(f"q{i}")
+                assert f"q{i}" in c.nodes[late].md.queues
+                chl.publish_nowait(f"q{i}", b"x")
+                assert await chl.wait_for_confirms(timeout=10)
+            for i in range(3):
+                qdef = c.nodes[via].md.queues[f"q{i}"]
+                state = c.nodes[qdef.leader].router.replicas[f"q{i}"].replica.q
+                assert state.stats()["messages"] == 1, f"q{i}"

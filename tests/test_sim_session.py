@@ -84,7 +84,7 @@ async def test_fanout_to_queues_led_from_two_nodes_confirms_once_both_have_it(tm
         # timeout, or n2 would be out of step with the log and hold its confirms (raft.py)
         c.net.delay("n1", "n2", 0.6)
         start = trio.current_time()
-        await p1.s.handle(m.PublishTo(1, "fx", "ignored", False, [b"a", b"b", b"c"], None, None))
+        await p1.s.handle(m.PublishTo(1, "fx", "ignored", False, [b"a", b"b", b"c"], None, None, False))
         await p1.until(lambda: p1.of(m.Confirm))
         assert trio.current_time() - start >= 1.2  # there and back over the slow link
         assert confirmed(p1) == ({1, 2, 3}, set())
@@ -105,7 +105,7 @@ async def test_a_message_some_queue_refuses_is_nacked(tmp_path, autojump_clock):
         await p.do(m.QueueBind, "all", "fx", "", {})
         await p.do(m.QueueBind, "small", "fx", "", {})
         await p.do(m.ConfirmSelect)
-        await p.s.handle(m.PublishTo(1, "fx", "", False, [b"1", b"2", b"3"], None, None))
+        await p.s.handle(m.PublishTo(1, "fx", "", False, [b"1", b"2", b"3"], None, None, False))
         await p.until(lambda: len(set().union(*confirmed(p))) == 3)
         assert confirmed(p) == ({1}, {2, 3})
         assert any("x-overflow reject-publish" in x.reason for x in p.of(m.Confirm) if x.nacks)
@@ -118,8 +118,8 @@ async def test_mandatory_unroutable_comes_back_before_its_confirm(tmp_path, auto
         p = Probe(c.nodes["n2"])
         await p.setup()
         await p.do(m.ConfirmSelect)
-        await p.s.handle(m.PublishTo(1, "amq.direct", "nobody", True, [b"x"], [["amq.direct", "nobody", b"\x00\x00"]], None))
-        await p.s.handle(m.PublishTo(1, "amq.direct", "nobody", False, [b"y"], None, None))
+        await p.s.handle(m.PublishTo(1, "amq.direct", "nobody", True, [b"x"], [["amq.direct", "nobody", b"\x00\x00"]], None, False))
+        await p.s.handle(m.PublishTo(1, "amq.direct", "nobody", False, [b"y"], None, None, False))
         kinds = [type(x) for x in p.out[-3:]]
         assert kinds == [m.Returned, m.Confirm, m.Confirm]
         ret = p.of(m.Returned)[0]
@@ -134,12 +134,12 @@ async def test_missing_and_internal_exchanges_close_the_channel(tmp_path, autoju
     async with sim_cluster(tmp_path) as c:
         p = Probe(c.nodes["n1"])
         await p.setup()
-        await p.s.handle(m.PublishTo(1, "nope", "k", False, [b"x"], None, None))
+        await p.s.handle(m.PublishTo(1, "nope", "k", False, [b"x"], None, None, False))
         fail = p.of(m.Fail)[-1]
         assert (fail.ch, fail.code, fail.text) == (1, 404, "no exchange 'nope' in vhost '/'")
         await p.setup(2)
         await p.do(m.ExchangeDeclare, "inner", "topic", False, False, False, True, {}, ch=2)
-        await p.s.handle(m.PublishTo(2, "inner", "k", False, [b"x"], None, None))
+        await p.s.handle(m.PublishTo(2, "inner", "k", False, [b"x"], None, None, False))
         fail = p.of(m.Fail)[-1]
         assert (fail.ch, fail.code) == (2, 403)
         assert fail.text == "cannot publish to internal exchange 'inner' in vhost '/'"
@@ -229,7 +229,7 @@ async def test_headers_exchange_routes_each_message_by_its_headers(tmp_path, aut
         await p.do(m.QueueBind, "red", "amq.headers", "", {"x-match": "all", "colour": "red"})
         await p.do(m.QueueBind, "any", "amq.headers", "", {"x-match": "any", "colour": "red", "size": 1})
         await p.s.handle(m.PublishTo(1, "amq.headers", "", False, [b"a", b"b", b"c"],
-                                     [{"headers": {"colour": "red"}}, {"headers": {"size": 1}}, None], None))
+                                     [{"headers": {"colour": "red"}}, {"headers": {"size": 1}}, None], None, None))
         await trio.sleep(0.5)
         r = await p.do(m.QueueDeclare, "red", True, True, False, False, {})
         assert r.value[1] == 1

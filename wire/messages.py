@@ -268,6 +268,7 @@ class PublishTo(Message, tag="publish.to"):
     bodies: list[bytes]
     props: list | None
     ttl: int | None  # the messages' `expiration` property, in ms (AMQP: one per batch)
+    reply: bool  # they ask for direct reply-to (reply_to "amq.rabbitmq.reply-to")
 
 
 @register
@@ -319,6 +320,28 @@ class QueueUnbind(Message, tag="queue.unbind"):
     ch: int
     queue: str
     exchange: str
+    routing_key: str
+    arguments: dict
+
+
+@register
+class ExchangeBind(Message, tag="exchange.bind"):
+    """Bind exchange `destination` to exchange `source` (messages `source` routes with a
+    matching key go on to `destination`)."""
+    rid: int
+    ch: int
+    destination: str
+    source: str
+    routing_key: str
+    arguments: dict
+
+
+@register
+class ExchangeUnbind(Message, tag="exchange.unbind"):
+    rid: int
+    ch: int
+    destination: str
+    source: str
     routing_key: str
     arguments: dict
 
@@ -799,8 +822,28 @@ class EvCancelled(Event, tag="cancelled"):
     reason: str
 
 
+class EvDirectReply(Event, tag="direct_reply"):
+    """Replies published to a direct reply-to name (`amq.rabbitmq.reply-to.<token>`), for the
+    reply consumer of channel `ch` if its `key` is still the channel's. `rid` (not 0): the
+    publishing session, `sender` (node, session), waits for `EvReplyTaken` to confirm them or
+    return them."""
+    ch: int
+    key: str
+    routing_key: str
+    bodies: list[bytes]
+    props: list | None
+    rid: int = 0
+    sender: tuple[str, int] | None = None
+
+
+class EvReplyTaken(Event, tag="reply_taken"):
+    """The answer to an `EvDirectReply` with a rid: `taken` false, there was no such consumer."""
+    rid: int
+    taken: bool
+
+
 AnyEvent = EvDeliver | EvAccepted | EvReply | EvFail | EvConsumeOk | EvGetOk | EvCancelled | \
-    EvRejected
+    EvRejected | EvDirectReply | EvReplyTaken
 
 
 @register

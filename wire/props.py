@@ -123,6 +123,37 @@ def dict_to_raw(d: dict | None) -> bytes:
     return commands.Basic.Properties(**good).marshal()
 
 
+def with_reply_to(item, reply_to: str):
+    """A props item whose reply_to is `reply_to` (direct reply-to's rewrite). AMQP property
+    bytes are changed in place of that one field, so every other property and header keeps
+    the type it was published with."""
+    if item is None:
+        return {"reply_to": reply_to}
+    if isinstance(item, dict):
+        return {**item, "reply_to": reply_to}
+    raw = item[2]
+    flags = raw[0] << 8 | raw[1]
+    pos = 2
+    # the fields before reply_to (bits 15..10): two short strings, a table, two octets and
+    # a short string
+    for bit, size in ((15, 1), (14, 1), (13, 4), (12, 0), (11, 0), (10, 1)):
+        if flags & (1 << bit):
+            if size == 0:
+                pos += 1
+            else:
+                n = int.from_bytes(raw[pos:pos + size], "big")
+                pos += size + n
+    new = reply_to.encode()[:255]
+    field = bytes([len(new)]) + new
+    if flags & (1 << 9):
+        end = pos + 1 + raw[pos]
+        raw = raw[:pos] + field + raw[end:]
+    else:
+        flags |= 1 << 9
+        raw = bytes([flags >> 8, flags & 0xFF]) + raw[2:pos] + field + raw[pos:]
+    return [item[0], item[1], raw]
+
+
 def to_native(item):
     """A props item as warren's client reads it."""
     if item is None or isinstance(item, dict):

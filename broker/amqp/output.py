@@ -155,6 +155,8 @@ _REPLIES = {
     "tx.rollback": lambda v: commands.Tx.RollbackOk(),
     "exchange.declare": lambda v: commands.Exchange.DeclareOk(),
     "exchange.delete": lambda v: commands.Exchange.DeleteOk(),
+    "exchange.bind": lambda v: commands.Exchange.BindOk(),
+    "exchange.unbind": lambda v: commands.Exchange.UnbindOk(),
     "queue.bind": lambda v: commands.Queue.BindOk(),
     "queue.unbind": lambda v: commands.Queue.UnbindOk(),
     "queue.purge": lambda v: commands.Queue.PurgeOk(v or 0),

@@ -37,6 +37,7 @@ from ..frontend import ChannelFailed, Closed, ConnectionFailed, LoggedIn
 from . import codec
 from .connection_level import (SERVER_CHANNEL_MAX, SERVER_FRAME_MAX, SERVER_HEARTBEAT,
                                ConnectionPart, State)
+from ..session.replyto import REPLY_TO
 from .output import OutputPart
 
 BATCH_BYTES = 1 << 20  # publishes gathered into one session command, at most (or one message:
@@ -50,7 +51,7 @@ _PUBLISH_PREFIX = codec.PUBLISH.to_bytes(4, "big")
 
 class _Channel:
     __slots__ = ("id", "closing", "close_sent", "method", "size", "raw", "parts", "got",
-                 "consumers", "last_queue", "low", "ooo", "confirming", "ttl")
+                 "consumers", "last_queue", "low", "ooo", "confirming", "ttl", "reply")
 
     def __init__(self, ch: int):
         self.id = ch
@@ -67,6 +68,7 @@ class _Channel:
         self.low = 1  # the lowest publish sequence number not confirmed yet
         self.ooo: set[int] = set()  # confirmed above `low`
         self.confirming = False
+        self.reply = False  # the content being read asks for direct reply-to
 
 
 class AmqpProtocol(ConnectionPart, OutputPart):
@@ -355,9 +357,14 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         elif t is C.Exchange.Delete:
             self._command(m.ExchangeDelete(self._rid(ch, "exchange.delete", method.nowait, idx), ch,
                                            method.exchange, bool(method.if_unused)))
-        elif t is C.Exchange.Bind or t is C.Exchange.Unbind:
-            raise ProtocolError(NOT_IMPLEMENTED, "exchange-to-exchange bindings (exchange.bind, "
-                                                 "exchange.unbind) are not supported by warren")
+        elif t is C.Exchange.Bind:
+            self._command(m.ExchangeBind(self._rid(ch, "exchange.bind", method.nowait, idx), ch,
+                                         method.destination, method.source, method.routing_key,
+                                         _table(method.arguments)))
+        elif t is C.Exchange.Unbind:
+            self._command(m.ExchangeUnbind(self._rid(ch, "exchange.unbind", method.nowait, idx), ch,
+                                           method.destination, method.source, method.routing_key,
+                                           _table(method.arguments)))
         elif t is C.Queue.Declare:
             self._command(m.QueueDeclare(
                 self._rid(ch, "queue.declare", method.nowait, idx), ch, method.queue,
@@ -437,15 +444,16 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         raw = buf[h + 19:hstop]
         if not self._check_content(c, raw, size):
             return nxt
-        self._add_publish(c.id, exchange, key, mandatory, body, raw, c.ttl)
+        self._add_publish(c.id, exchange, key, mandatory, body, raw, c.ttl, c.reply)
         return nxt
 
     def _check_content(self, c: _Channel, raw: bytes, size: int) -> bool:
         """The property bytes decode (pamqp, once per distinct value), user_id is the user's,
-        the body is not too large; False when the channel failed."""
+        the body is not too large; False when the channel failed. Sets the channel's `ttl` and
+        `reply` (the message asks for direct reply-to) from the cached reading."""
         seen = self._props_seen
         if raw in seen:
-            user_id, ttl = seen[raw]
+            user_id, ttl, reply = seen[raw]
         else:
             try:
                 props = propsmod.decode_raw(raw)
@@ -458,10 +466,12 @@ class AmqpProtocol(ConnectionPart, OutputPart):
                 if type(ttl) is str:  # not cached: the channel fails
                     self._fail_channel(c, PRECONDITION_FAILED, ttl)
                     return False
+            reply = props.reply_to == REPLY_TO
             if len(seen) >= codec.CACHE_LIMIT:
                 seen.clear()
-            seen[raw] = (user_id, ttl)
+            seen[raw] = (user_id, ttl, reply)
         c.ttl = ttl
+        c.reply = reply
         if user_id is not None and user_id != self.user:
             self._fail_channel(c, PRECONDITION_FAILED, f"user_id property set to '{user_id}' but "
                                                        f"authenticated user was '{self.user}'")
@@ -480,26 +490,28 @@ class AmqpProtocol(ConnectionPart, OutputPart):
         c.method = None
         c.size = -1
         c.parts = []
-        self._add_publish(c.id, exchange, key, mandatory, body, raw, c.ttl)
+        self._add_publish(c.id, exchange, key, mandatory, body, raw, c.ttl, c.reply)
 
     def _add_publish(self, ch: int, exchange: str, key: str, mandatory: bool, body: bytes,
-                     raw: bytes, ttl: int | None) -> None:
-        """One whole message into the batch of publishes going to the session."""
+                     raw: bytes, ttl: int | None, reply: bool) -> None:
+        """One whole message into the batch of publishes going to the session (those asking
+        for direct reply-to in batches of their own)."""
         item = None if (raw == propsmod.NO_PROPS and not exchange) else [exchange, key, raw]
+        kind = "reply" if reply else "pub"
         if ttl is not None:
             # a message with an expiration goes alone: a batch carries one TTL to its queues
             self._flush_batch()
-            self._batch = [ch, exchange, key, mandatory, [body], [item], len(body), "pub", ttl]
+            self._batch = [ch, exchange, key, mandatory, [body], [item], len(body), kind, ttl]
             self._flush_batch()
             return
         b = self._batch
         if b is not None and (b[0] != ch or b[1] != exchange or b[2] != key or b[3] != mandatory
                               or b[6] + len(body) > BATCH_BYTES or len(b[4]) >= BATCH_MSGS
-                              or b[7] != "pub"):
+                              or b[7] != kind):
             self._flush_batch()
             b = None
         if b is None:
-            self._batch = [ch, exchange, key, mandatory, [body], [item], len(body), "pub", None]
+            self._batch = [ch, exchange, key, mandatory, [body], [item], len(body), kind, None]
         else:
             b[4].append(body)
             b[5].append(item)
@@ -528,7 +540,9 @@ class AmqpProtocol(ConnectionPart, OutputPart):
             props = b[5]
             if all(p is None for p in props):
                 props = None
-            self._events.append(m.PublishTo(b[0], b[1], b[2], b[3], b[4], props, b[8]))
+            self._events.append(m.PublishTo(b[0], b[1], b[2], b[3], b[4], props, b[8], False))
+        elif kind == "reply":
+            self._events.append(m.PublishTo(b[0], b[1], b[2], b[3], b[4], b[5], b[8], True))
         elif kind == "ack":
             self._events.append(m.Ack(b[0], b[4], b[6]))
         else:

@@ -564,11 +564,11 @@ class Handlers:
         md = state.metadata(self.node)
         if only is not None and state.queue(md, state.key(vhost, only)) is None:
             raise not_found()
-        return _json([{"source": src, "vhost": v, "destination": q, "destination_type": "queue",
+        return _json([{"source": src, "vhost": v, "destination": dest, "destination_type": kind,
                        "routing_key": key, "arguments": args,
                        "properties_key": key or "~"}
-                      for v, src, q, key, args in state.bindings(md, vhost)
-                      if only is None or q == only])
+                      for v, src, dest, kind, key, args in state.bindings(md, vhost)
+                      if only is None or (kind == "queue" and dest == only)])
 
     # --- policies ----------------------------------------------------------------------------
     async def policies(self, request: Request):

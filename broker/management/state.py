@@ -17,6 +17,7 @@ import msgspec
 import trio
 
 from mirroring.changes import NodeDown, NodeUp, PolicyClear, PolicySet
+from mirroring.exchanges import named_binding_rows
 from mirroring.maintenance import sync_critical_queues
 from mirroring.policy import effective_policy
 from mirroring.records import DEFAULT_VHOST, QueueDef, qualify, split_key
@@ -193,17 +194,11 @@ def exchange(md, key_: str) -> dict | None:
 
 
 def bindings(md, vhost: str | None = None) -> list[tuple]:
-    """(vhost, source, queue, routing key, arguments) of every binding (of `vhost` only, when
-    given): the default exchange's implicit one to each queue first, then the declared ones by
-    source."""
-    rows = [(q.vhost, "", q.name, q.name, {}) for q in queues(md, vhost)]
-    for x, binds in sorted(md.bindings.items()):
-        xv, xname = split_key(x)
-        if vhost is not None and xv != vhost:
-            continue
-        for b in sorted(binds, key=lambda b: (b.queue, b.key)):
-            rows.append((xv, xname, split_key(b.queue)[1], b.key, dict(b.arguments)))
-    return rows
+    """(vhost, source, destination, its type "queue" or "exchange", routing key, arguments) of
+    every binding (of `vhost` only, when given), by name: the default exchange's implicit one to
+    each queue first, then the declared ones by source, a source's bindings to exchanges after
+    those to queues."""
+    return named_binding_rows(md.queues, md.bindings, md.exchange_bindings, vhost)
 
 
 def route(md, exchange_key: str, routing_key: str, headers=None) -> list[str]:

@@ -49,7 +49,7 @@ class Channel:
 
     __slots__ = ("id", "prefetch", "confirm", "next_seq", "next_tag", "_tags", "tag_runs", "consumers",
                  "touched", "tx", "tx_pending", "tx_bytes", "inflight", "commit_rid", "tx_failed",
-                 "order", "held", "active", "paused", "last_queue")
+                 "order", "held", "active", "paused", "last_queue", "reply_tag", "reply_key")
 
     def __init__(self, ch: int):
         self.id = ch
@@ -73,6 +73,8 @@ class Channel:
         self.active = True  # channel.flow
         self.paused: list = []  # deliveries held while the flow is off
         self.last_queue: str | None = None  # the queue an empty name stands for (AMQP)
+        self.reply_tag: str | None = None  # its direct reply-to consumer (session/replyto.py)
+        self.reply_key = ""
 
     @property
     def tags(self) -> dict[int, tuple]:

@@ -21,6 +21,7 @@ from wire import messages as m
 from wire.errors import NOT_ALLOWED, ProtocolError
 
 from .channels import Channel, as_channel_error
+from .replyto import REPLY_TO
 
 
 class ConsumersPart:
@@ -28,6 +29,9 @@ class ConsumersPart:
 
     def on_consume(self, msg):
         ch = self._ch(msg.ch)
+        if msg.queue == REPLY_TO:
+            self._reply_consume(ch, msg)
+            return
         qname = self._queue_name(ch, msg.queue)
         self.check_access(READ, "queue", qname)
         self._queue(qname)  # the channel errors for a missing, locked or unavailable queue
@@ -49,6 +53,8 @@ class ConsumersPart:
         ch = self._ch(msg.ch)
         reg = ch.consumers.pop(msg.consumer_tag, None)
         if reg is None:
+            if ch.reply_tag == msg.consumer_tag:
+                ch.reply_tag = None
             self._reply(ch.id, msg.rid, msg.consumer_tag)
             return
         qdef = self.host.queue(reg.queue)

@@ -32,8 +32,10 @@ from functools import partial
 
 from mirroring import exchanges as xmod
 from mirroring.access import CONFIGURE, READ, WRITE, refused
-from mirroring.changes import BindingAdd, BindingRemove, Change, ExchangeDeclare, ExchangeDelete
-from mirroring.records import DEFAULT_VHOST, VHOST_SEP, Binding, in_vhost, qualify, split_key
+from mirroring.changes import (BindingAdd, BindingRemove, Change, ExchangeBindingAdd,
+                               ExchangeBindingRemove, ExchangeDeclare, ExchangeDelete)
+from mirroring.records import (DEFAULT_VHOST, VHOST_SEP, Binding, ExchangeBinding, in_vhost,
+                               qualify, split_key)
 from wire import messages as m
 from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, ProtocolError
 
@@ -41,6 +43,7 @@ from .channels import Channel, ChannelError, ChannelsPart, as_channel_error
 from .consumers import ConsumersPart
 from .host import SessionHost
 from .publishing import Batch, PublishingPart
+from .replyto import ReplyToPart
 
 # client commands handled without awaiting anything (Session.handle_now): a front end runs a
 # read's run of them as one batch of input (Router.begin_input)
@@ -74,7 +77,7 @@ class DeclareQueue:
 KEY_CACHE = 4096  # names a session outside the default vhost remembers the keys of
 
 
-class Session(ChannelsPart, PublishingPart, ConsumersPart):
+class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
     """One client connection's session core (see the module docstring)."""
 
     listed = True  # among the node's connections (not its dead-letter publisher's session)
@@ -121,6 +124,9 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
         self._ahead: dict[str, int] = {}
         self._held_settles: dict[str, list] = {}
         self.rpcs: dict[int, tuple[str, object]] = {}  # rid -> (queue, op): unanswered requests
+        # direct replies sent to another node whose outcome is awaited (session/replyto.py)
+        self._replies_out: dict[int, tuple] = {}
+        self._reply_rids = 0
         self.closed = False
         # a publishing connection (it has published): held by the front end during a memory
         # alarm (broker/memory.py PublisherGate); one that only consumes is never held
@@ -145,6 +151,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
             m.ExchangeDeclare: self.on_exchange_declare,
             m.ExchangeDelete: self.on_exchange_delete, m.QueueBind: self.on_queue_bind,
             m.QueueUnbind: self.on_queue_unbind, m.BasicRecover: self.on_recover,
+            m.ExchangeBind: self.on_exchange_bind, m.ExchangeUnbind: self.on_exchange_unbind,
             m.ChannelFlow: self.on_flow,
         }
 
@@ -369,6 +376,33 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
     def on_queue_unbind(self, msg):
         return self._binding(msg, BindingRemove)
 
+    def _exchange_binding(self, msg, kind: type[ExchangeBindingAdd | ExchangeBindingRemove]):
+        ch = self._ch(msg.ch)
+        host = self.host
+        for name in (msg.destination, msg.source):
+            try:
+                xmod.check_bindable(name)
+            except ProtocolError as exc:
+                raise as_channel_error(exc) from None
+            if host.exchange(name) is None:
+                raise ChannelError(NOT_FOUND, f"no {xmod.describe(name)}")
+        args = xmod.plain(msg.arguments)
+        try:
+            xmod.check_binding_arguments(host.exchange_kind(host.exchange(msg.source))[0], args)
+        except ProtocolError as exc:
+            raise as_channel_error(exc) from None
+        binding = ExchangeBinding(msg.destination, msg.routing_key, args)
+        if (kind is ExchangeBindingAdd) != host.exchange_bound(msg.source, binding):
+            return self._change(ch, msg.rid, kind(msg.source, binding))
+        self._reply(ch.id, msg.rid, None)
+        return None
+
+    def on_exchange_bind(self, msg):
+        return self._exchange_binding(msg, ExchangeBindingAdd)
+
+    def on_exchange_unbind(self, msg):
+        return self._exchange_binding(msg, ExchangeBindingRemove)
+
     # --- routing to the queue's leader, and resends ------------------------------------------
     def _send(self, qname: str, op) -> None:
         """Send to the queue's leader now (or leave it for the resend when the route is back)."""
@@ -450,6 +484,8 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
         sent while it was down were dropped; the leader dropped our consumers)."""
         host = self.host
         if not host.linked(node):
+            if self._replies_out:
+                self._replies_lost(node)
             # down: nothing can be sent; the resend comes with the link. A queue the log
             # already counts unavailable (its node recorded down before this link broke) fails
             # now: no change of the metadata will come to say so.
@@ -562,6 +598,10 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
                 self._cancelled(ev)
             elif t is m.EvRejected:
                 self._rejected(ev)
+            elif t is m.EvDirectReply:
+                self._reply_in(ev)
+            elif t is m.EvReplyTaken:
+                self._reply_outcome(ev.rid, ev.taken)
 
     def queue_lost(self, qname: str, reason: str) -> None:
         """The queue is gone or unavailable: cancel our consumers, nack what is in flight, fail

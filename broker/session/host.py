@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from mirroring.access import Access
 from mirroring.changes import Change
-from mirroring.records import Binding, Exchange, QueueDef
+from mirroring.records import Binding, Exchange, ExchangeBinding, QueueDef
 from wire import messages as m
 
 
@@ -47,7 +47,9 @@ class SessionHost(Protocol):
     def exchange(self, name: str) -> Any | None: ...
     def exchange_kind(self, xdef: Any) -> tuple[str, bool]: ...  # (its type, internal)
     def bound(self, exchange: str, binding: Binding) -> bool: ...  # the binding is there
+    def exchange_bound(self, source: str, binding: ExchangeBinding) -> bool: ...
     def route(self, exchange: str, key: str, headers=None) -> list[str]: ...  # the queues it reaches
+    def routes_by_headers(self, exchange: str) -> bool: ...  # its graph reaches a headers exchange
     def linked(self, node: str) -> bool: ...  # this node has a link to `node` now
     def access(self, user: str, vhost: str) -> Access: ...  # the user's compiled permissions there
 
@@ -64,6 +66,10 @@ class SessionHost(Protocol):
     # --- the node's index of sessions by the queues they route to ---
     def track_route(self, qname: str, session) -> None: ...
     def untrack_route(self, qname: str, sid: int) -> None: ...
+
+    # --- direct reply-to ---
+    def direct_reply(self, node: str, sid: int, ev: m.EvDirectReply) -> bool: ...  # sent (False: nobody)
+    def to_session(self, node: str, sid: int, events: list) -> None: ...  # events for a session
 
 
 class NodeHost:
@@ -84,6 +90,7 @@ class NodeHost:
         self.begin_input = router.begin_input
         self.end_input = router.end_input
         self.wait_link_room = router.wait_link_room
+        self.to_session = router.to_session
 
     # --- what the driver awaits (off the hot path: looked up on the node at each call) ---
     async def propose(self, change: Change):
@@ -118,9 +125,26 @@ class NodeHost:
     def bound(self, exchange: str, binding: Binding) -> bool:
         return binding in self._cluster.md.bindings.get(exchange, ())
 
+    def exchange_bound(self, source: str, binding: ExchangeBinding) -> bool:
+        return binding in self._cluster.md.exchange_bindings.get(source, ())
+
     def route(self, exchange: str, key: str, headers=None) -> list[str]:
         routes = self._cluster.md.routes
         return routes.route(exchange, key) if headers is None else routes.route(exchange, key, headers)
+
+    def routes_by_headers(self, exchange: str) -> bool:
+        return exchange in self._cluster.md.routes.by_headers
+
+    def direct_reply(self, node: str, sid: int, ev: m.EvDirectReply) -> bool:
+        """Replies for a channel of session `sid` on `node`: taken by it now when it is ours
+        (False when it has no such consumer), else sent over the link (False: no link)."""
+        if node == self.name:
+            session = self._node.sessions.get(sid)
+            return session is not None and session.take_reply(ev)
+        if node not in self._cluster.links:
+            return False
+        self._node.router.to_session(node, sid, [ev])
+        return True
 
     def linked(self, node: str) -> bool:
         return node in self._cluster.links

@@ -7,6 +7,10 @@ transactions, and the credit window.
   number and confirmed once *every* queue, with all its mirrors, has it; it is nacked if any
   refuses it (its node is down, it is lost, or x-overflow reject-publish). A `mandatory` message
   no queue takes comes back (`Returned`) before its confirm, as RabbitMQ does.
+* A publish through the default exchange to a direct reply-to name (`amq.rabbitmq.reply-to.`
+  and a token) that is no queue's goes straight to the requesting channel
+  (broker/session/replyto.py); one whose reply_to asks for direct reply-to has it rewritten
+  first. Neither costs a plain publish anything but a flag's test.
 * Publishes stay *in flight*, bodies and all, until the queue's leader says every mirror has
   them (`EvAccepted`); then confirm-mode channels get their confirms and transactions their
   commit-ok. That set is the credit window: past WINDOW_MSGS messages or WINDOW_BYTES bytes
@@ -32,6 +36,7 @@ from wire import props as propsmod
 from wire.errors import ACCESS_REFUSED, COMMAND_INVALID, NO_ROUTE, NOT_FOUND, PRECONDITION_FAILED, ProtocolError
 
 from .channels import Channel, ChannelError, as_channel_error
+from .replyto import PREFIX as REPLY_PREFIX
 
 WINDOW_MSGS = 20_000
 WINDOW_BYTES = 32 << 20
@@ -168,8 +173,12 @@ class PublishingPart:
         if ch is None:
             return
         qname = self.key(msg.queue) if self._prefix else msg.queue
-        queues = [qname] if self.host.queue(qname) is not None else []
-        self._publish(ch, queues, msg.bodies, msg.props, "", msg.queue, False)
+        if self.host.queue(qname) is not None:
+            self._publish(ch, [qname], msg.bodies, msg.props, "", msg.queue, False)
+        elif msg.queue.startswith(REPLY_PREFIX):
+            self._send_reply(ch, msg.queue, msg.bodies, msg.props, False)
+        else:
+            self._publish(ch, [], msg.bodies, msg.props, "", msg.queue, False)
 
     def on_publish_to(self, msg):
         acc = self._access
@@ -180,13 +189,19 @@ class PublishingPart:
             return
         n = len(msg.bodies)
         props = msg.props
+        if msg.reply:
+            props = self._ask_for_reply(ch, props)
         host = self.host
         ex = msg.exchange
         if self._prefix:  # outside the default vhost: the exchange's key, or the queue's
             if not ex:
                 qname = self.key(msg.routing_key)
+                if host.queue(qname) is None and msg.routing_key.startswith(REPLY_PREFIX):
+                    self._send_reply(ch, msg.routing_key, msg.bodies, props, msg.mandatory)
+                    return
                 queues = [qname] if host.queue(qname) is not None else []
-                self._publish(ch, queues, msg.bodies, props, ex, msg.routing_key, msg.mandatory)
+                self._publish(ch, queues, msg.bodies, props, ex, msg.routing_key, msg.mandatory,
+                              False, msg.ttl)
                 return
             xkey = self.key(ex)
         else:
@@ -198,7 +213,7 @@ class PublishingPart:
             kind, internal = host.exchange_kind(xdef)
             if internal:
                 raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal {xmod.describe(xkey)}")
-            if kind == "headers":
+            if kind == "headers" or host.routes_by_headers(xkey):
                 # each message routes by its own headers: publish runs of equal routes
                 route_of = host.route
                 start = 0
@@ -219,6 +234,9 @@ class PublishingPart:
             queues = host.route(xkey, msg.routing_key)
         except ProtocolError as exc:
             raise as_channel_error(exc) from None
+        if not queues and not ex and msg.routing_key.startswith(REPLY_PREFIX):
+            self._send_reply(ch, msg.routing_key, msg.bodies, props, msg.mandatory)
+            return
         self._publish(ch, queues, msg.bodies, props, ex, msg.routing_key, msg.mandatory, False, msg.ttl)
 
     def publish_routed(self, ch_id: int, queues: list, bodies: list, props, exchange: str,
