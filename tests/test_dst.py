@@ -113,6 +113,19 @@ def test_regression_seeds():
     assert not bad, bad
 
 
+@pytest.mark.parametrize("seed", [654, 1432])
+def test_a_confirm_stall_that_began_in_a_partition_is_excused_past_the_heal(seed):
+    """Seeds whose publisher's confirms waited, from within a partition, until the queue's
+    leader gave up on the mirror that missed batches (net_ticktime after its last word, which
+    came just after the heal): the checker excused the partition but judged the seconds after
+    it as a stall in a healthy cluster."""
+    from bench.chaos.sim import SIM_STALL_LIMIT, run_seed
+    r = run_seed(seed)
+    assert r.verdict.ok, r.line()
+    assert r.verdict.confirm_stall_s is not None and r.verdict.confirm_stall_s < SIM_STALL_LIMIT, r.line()
+    assert "asking to drop the mirror" in r.verdict.confirm_stall_why, r.line()
+
+
 def test_schedules_cross_between_the_simulation_and_real_processes():
     """A real campaign's schedule runs on the simulation (`warren-bench dst --from-chaos`) and a
     simulated one without simulation-only faults on real processes (`warren-bench chaos`): the
