@@ -60,11 +60,12 @@ demo: $(RUNTIME)
 # docker-compose and debootstrap with apt and start dockerd as root; it stops the dockerd it
 # started when it ends. The files run on TEST_WORKERS parallel workers (pytest-xdist), each file
 # whole on one worker, in its order (the README's blocks build on each other; a module's cluster
-# is started once). Most process tests wait on nodes more than they compute, so one worker more
-# than two cores pays.
+# is started once). The workers take the longest files first (tests/conftest.py), not the files
+# with the most tests. Most process tests wait on nodes more than they compute, so one worker
+# more than two cores pays.
 TEST_WORKERS ?= 3
 test: $(TEST_EXTRAS) $(ANALYSIS_EXTRAS)
-	$(PYTHON) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(PYTHON) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The loop to run while working: the unit, property and simulation tests, without the ones that
 # start processes, need a Docker engine or run Spark (markers process, docker, spark), on

@@ -416,6 +416,25 @@ def test_a_confirm_stall_is_excused_while_a_fault_is_in_force_or_a_node_is_not_l
     assert check(h, recovery_grace=8.0).ok
 
 
+def test_a_confirm_stall_just_after_a_fault_is_excused_for_one_ticktime_and_no_longer():
+    """A mirror that missed batches during a partition holds confirms until its leader gives up
+    on it, `stall_grace` (net_ticktime) after the last word from it, which may come just after
+    the heal: that much after the fault is excused, what lasts longer is judged."""
+    faults = [Fault(1.0, "partition", "n2", t_end=3.0)]
+    for seconds, grace, ok, left in ((4.5, 3.0, True, None), (8.0, 3.0, False, 3.5), (4.5, 0.0, False, 3.0)):
+        pubs, dels = stalled(seconds)  # from 1.5 (during the partition) to 1.5 + seconds
+        h = history(pubs, dels, end=20.0, faults=faults)
+        h.broker_events = linked_at(0.0)
+        v = check(h, stall_limit=2.0, stall_grace=grace)
+        assert v.ok is ok and v.confirm_stall_s == left, (seconds, grace, v.reasons)
+    # with no fault, a grace changes nothing: a stall in a healthy cluster is caught
+    pubs, dels = stalled(2.5)
+    h = history(pubs, dels, end=20.0)
+    h.broker_events = linked_at(0.0)
+    v = check(h, stall_limit=2.0, stall_grace=3.0)
+    assert not v.ok and v.confirm_stall_s == 2.5 and "no fault in force" in v.reasons[0], v.reasons
+
+
 def test_links_up_and_down_from_the_node_logs():
     ev = linked_at(1.0)
     assert unlinked_spans(ev, end=10.0) == [(1.0, 1.0)]  # whole from the last link up

@@ -63,7 +63,9 @@ The rules
   nack) came, counting only the time when every node was up and linked and no fault was in
   force (`BrokerEvent`s from the node logs tell when the links were up, and when a queue ran a
   blocking sync, which the spec lets hold every operation; a history without them excuses each
-  fault until `recovery_grace` after it ended). One longer than `stall_limit`
+  fault until `recovery_grace` after it ended; with them, each fault that was undone and each
+  link down until `stall_grace`, the cluster's net_ticktime, after it ended). One longer than
+  `stall_limit`
   (STALL_LIMIT) is a bug: a healthy cluster confirms within a round trip to every mirror.
 - measures (not judged): the longest time without a delivery while published messages waited
   (published, not yet delivered), and for every fault the time from it to the first delivery
@@ -542,7 +544,7 @@ def explain(h: History, a: float, b: float, unlinked: list[tuple[float, float]] 
 
 
 def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.0,
-          stall_limit: float = STALL_LIMIT, sample: int = 20) -> Verdict:
+          stall_limit: float = STALL_LIMIT, stall_grace: float = 0.0, sample: int = 20) -> Verdict:
     """Judge one history (see the module's docstring for the rules)."""
     reasons: list[str] = []
     end = h.end
@@ -692,7 +694,15 @@ def check(h: History, *, stranded_after: float = 5.0, recovery_grace: float = 5.
     if unlinked is None:
         holes = excused  # no node logs: each fault until recovery_grace after it ended
     else:
-        holes = _merge([(f.t, f.t_end if f.t_end is not None else f.t) for f in h.faults] + unlinked
+        # A fault that was undone, or a link that was down, can hold confirms a while longer:
+        # a mirror that missed batches meanwhile acknowledges nothing, and its leader gives up
+        # on it only when the mirror has been silent `stall_grace` (net_ticktime) seconds, which
+        # may be counted from an acknowledgement that came just after the fault ended. So the
+        # first `stall_grace` seconds after each are excused too, whether the stall began during
+        # the fault or just after it (a publisher that had nothing outstanding meanwhile); any
+        # longer stall, and any stall further from a fault, is still judged against the limit.
+        holes = _merge([(f.t, f.t_end + stall_grace if f.t_end is not None else f.t) for f in h.faults]
+                       + [(x, y + stall_grace if y > x else y) for x, y in unlinked]
                        + blocking_syncs(h.broker_events, end))
     hole_starts = [a for a, _ in holes]
     stall, stall_at, stall_by = None, None, None

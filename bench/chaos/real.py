@@ -1016,7 +1016,7 @@ def broker_events_in_logs(paths) -> list[BrokerEvent]:
 
 def _checker_options(opts: Options) -> dict:
     return {"stranded_after": opts.stranded_after,
-            "recovery_grace": max(5.0, 2 * opts.net_ticktime + 3.0)}
+            "recovery_grace": max(5.0, 2 * opts.net_ticktime + 3.0), "stall_grace": opts.net_ticktime}
 
 
 def run_one(schedule: Schedule, opts: Options, ns, skip_reason, folder: Path, run_id: str) -> Verdict:

@@ -733,7 +733,7 @@ def run_seed(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
         history.meta["notes"].append(f"loss allowed from the promotion: {why}")
     history.broker_events = broker_events_in_trace(trace)
     verdict = check(history, stranded_after=5.0, recovery_grace=2 * SIM_TICKTIME + 3.0,
-                    stall_limit=SIM_STALL_LIMIT)
+                    stall_limit=SIM_STALL_LIMIT, stall_grace=SIM_TICKTIME)
     return SimResult(seed, s, verdict, trace_digest(trace), time.perf_counter() - t0,
                      trace if keep_trace else [])
 
