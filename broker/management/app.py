@@ -376,8 +376,10 @@ class Handlers:
 
     async def vhost(self, request: Request):
         """GET, PUT (create, or change its description and tracing flag) or DELETE (with
-        everything in it) a vhost; the changes need the administrator tag, as RabbitMQ's."""
-        self.auth(request, "administrator" if request.method != "GET" else "management")
+        everything in it) a vhost; the changes need the administrator tag, as RabbitMQ's. As
+        RabbitMQ's management plugin, a PUT that creates the vhost gives the user who sent it
+        full permissions (".*" to configure, write and read) in it."""
+        user, _ = self.auth(request, "administrator" if request.method != "GET" else "management")
         name = _name(request)
         md = state.metadata(self.node)
         if request.method == "GET":
@@ -394,7 +396,12 @@ class Handlers:
         existed = state.has_vhost(md, name)
         await self.control("add_vhost", {"name": name, "description": str(body.get("description", "")),
                                          "tracing": bool(body.get("tracing", False))})
-        return _no_content(204 if existed else 201)
+        if existed:
+            return _no_content(204)
+        if user in state.metadata(self.node).users:
+            await self.control("set_permissions", {"vhost": name, "user": user, "configure": ".*",
+                                                   "write": ".*", "read": ".*"})
+        return _no_content(201)
 
     async def whoami(self, request: Request):
         user, _ = self.auth(request)
