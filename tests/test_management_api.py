@@ -264,6 +264,13 @@ def test_vhosts_through_the_api(cluster):
         assert [p["name"] for p in http.get("/api/policies/tenant").json()] == ["vh-ha"]
         assert all(p["vhost"] == "/" for p in http.get("/api/policies/%2F").json())
         assert [q["name"] for q in http.get("/api/queues/tenant").json()] == ["vh.q"]
+        # what the web UI reads: both queues, each named by name and vhost (its cards' keys)
+        view = http.get("/api/warren/cluster", params={"filter": "vh.q"}).json()
+        assert [(x["vhost"], x["name"]) for x in view["queues"]] == [("/", "vh.q"), ("tenant", "vh.q")]
+        events = http.get("/api/warren/events", params={"queue": "vh.q", "vhost": "tenant"}).json()
+        assert [e["text"] for e in events if e["kind"] == "queue_declared"] == [
+            "queue vh.q (vhost tenant) declared, leader on n2"]
+        assert all((e["queue"], e["vhost"]) == ("vh.q", "tenant") for e in events)
         assert http.get("/api/exchanges/tenant/amq.topic").json()["vhost"] == "tenant"
         assert http.get("/api/queues/nowhere").status_code == 404
         assert http.delete("/api/vhosts/tenant").status_code == 204

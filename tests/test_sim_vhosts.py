@@ -204,3 +204,26 @@ async def test_a_queue_of_another_vhost_dead_letters_within_its_vhost(tmp_path, 
                 assert (death["queue"], death["reason"], death["exchange"]) == (source, "rejected", "")
             for queue in ("dlq", "via-x"):
                 assert await ch_root.basic_get(queue, auto_ack=True) is None
+
+
+async def test_maintenance_status_names_a_queue_by_name_and_vhost_and_reads_keys_back(
+        tmp_path, autojump_clock):
+    """What a rolling restart reads shows a queue of v as RabbitMQ names it (name and vhost
+    columns, "q (vhost v)" in its lines), and the mirror counts it sends back are by key."""
+    from broker.rolling import waiting_line
+    async with sim_cluster(tmp_path) as c:
+        ctl = ctl_via(c)
+        await add_vhost(c, ctl)
+        await ctl("n1", "set_policy", vhost="v", name="ha", pattern=".*",
+                  definition='{"ha-mode":"all"}')
+        async with c.connect("n1", vhost="v") as tenant:
+            await (await tenant.channel()).queue_declare("q", durable=True)
+        await c.wait_for(lambda: all(len(n.md.queues[VQ].synced) == 2 for n in c.nodes.values()),
+                         10, "v's q mirrored")
+        st = await ctl("n2", "maintenance_status", least_mirrors={VQ: 3})
+        [row] = st["queues"]
+        assert (row["name"], row["vhost"], row["mirrored"]) == ("q", "v", True)
+        assert st["waiting"] == [{"name": "q", "vhost": "v", "why": "2 mirror(s) of 3 placed"}]
+        assert waiting_line(st, st["waiting"]) == \
+            "1 queue(s): q (vhost v) (2 mirror(s) of 3 placed; 0 messages)"
+        assert (await ctl("n2", "maintenance_status", least_mirrors={VQ: 2}))["waiting"] == []

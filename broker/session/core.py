@@ -33,7 +33,7 @@ from functools import partial
 from mirroring import exchanges as xmod
 from mirroring.access import CONFIGURE, READ, WRITE, refused
 from mirroring.changes import BindingAdd, BindingRemove, Change, ExchangeDeclare, ExchangeDelete
-from mirroring.records import DEFAULT_VHOST, VHOST_SEP, Binding, in_vhost, qualify, split_key
+from mirroring.records import DEFAULT_VHOST, VHOST_SEP, Binding, in_vhost, named, qualify, split_key
 from wire import messages as m
 from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, ProtocolError
 
@@ -480,7 +480,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart):
             ops += self._held_settles.pop(qname, ())
         if not ops:
             return
-        self.log.info("resending to the queue's leader", queue=qname, leader=route[0],
+        self.log.info("resending to the queue's leader", **named(qname), leader=route[0],
                       epoch=epoch, operations=len(ops))
         to_leader = self.host.to_leader
         for op in ops:
