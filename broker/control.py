@@ -473,7 +473,8 @@ async def cmd_maintenance_status(node, args):
     """What a rolling restart watches: the members' peer addresses, the running nodes, and per
     queue its replicas (from the metadata) with its leader's sync figures (the one running now,
     the last one ended). `waiting`: the queues a rolling restart waits for, given the mirror
-    counts (`least_mirrors`) they had before its node went down."""
+    counts (`least_mirrors`, by queue key: records.qualify) they had before its node went down.
+    A queue is named by its name and vhost, as RabbitMQ lists them."""
     _require_running(node)
     md = node.md
     reports: dict = {}
@@ -482,13 +483,16 @@ async def cmd_maintenance_status(node, args):
     queues = []
     for q in replicas(md):
         report = reports.get(q.name, {})
-        queues.append({"name": q.name, "leader": q.leader, "mirrors": list(q.mirrors),
+        vhost, name = split_key(q.name)
+        queues.append({"name": name, "vhost": vhost, "leader": q.leader, "mirrors": list(q.mirrors),
                        "synced": list(q.synced), "mirrored": q.mirrored, "sync_mode": q.sync_mode,
                        "messages": report.get("messages", 0), "sync": report.get("sync"),
                        "last_sync": report.get("last_sync")})
     return {"node": node.name, "members": {n: list(rec.peer) for n, rec in md.members.items()},
             "running_nodes": sorted(node.running), "queues": queues,
-            "waiting": unsynchronised_queues(md, node.running, args.get("least_mirrors"))}
+            "waiting": [{"name": name, "vhost": vhost, "why": why} for (vhost, name), why in
+                        ((split_key(k), why) for k, why in
+                         unsynchronised_queues(md, node.running, args.get("least_mirrors")).items())]}
 
 
 COMMANDS = {

@@ -31,7 +31,7 @@ from mirroring.access import CONFIGURE
 from mirroring.exchanges import plain
 from mirroring import changes as c
 from mirroring.metadata import MetaError
-from mirroring.records import VHOST_SEP, QueueDef
+from mirroring.records import VHOST_SEP, QueueDef, named
 from mirroring.queue import SID_RUN_MASK
 from mirroring.queue import check_arguments as check_queue_arguments
 from mirroring.replica import LEADING
@@ -607,7 +607,7 @@ class Node:
             if msg.exclusive:
                 session.exclusive_queues.add(key)
             await self.cluster.seen_everywhere(key)  # routable through every node from now on
-            self.log.info("queue declared", queue=key, leader=result["leader"],
+            self.log.info("queue declared", **named(key), leader=result["leader"],
                           durable=qdef.durable, exclusive=qdef.exclusive)
             return [name, 0, 0]
         return None

@@ -51,6 +51,7 @@ import trio
 
 from mirroring import replica as rp
 from mirroring.dead_letter import DeadLetter
+from mirroring.records import named
 from wire.messages import RRep, RRepOk
 
 from .framed import CORK
@@ -98,7 +99,7 @@ class QueueProcess:
         self._in_round = False  # a round runs (catch_up must not start another inside it)
         self._round_watch: trio.Event | None = None  # set at the end of the next round
         self.scope = trio.CancelScope()
-        self.log = host.log.bind(queue=self.name)
+        self.log = host.log.bind(**named(self.name))
         # the newest Assign delivered: an older one still in the inbox is superseded (the
         # replica acts on what the metadata says now, not on a state it has already left);
         # None once a Stop is delivered, which supersedes them all

@@ -20,6 +20,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from mirroring.records import qualify, shown
+
 POLL_SECONDS = 0.2
 PRINT_EVERY = 1.0
 
@@ -99,8 +101,8 @@ class RollingRestart:
                 f"them (warrenctl sync_queue) or pass --force")
         if critical:
             self.say(f"--force: stopping {name} although it is sync-critical for {', '.join(critical)}")
-        least = {q["name"]: len(q["mirrors"]) for q in st["queues"] if q["mirrored"]}
-        syncs_before = {q["name"]: q["last_sync"] for q in st["queues"]}
+        least = {queue_key(q): len(q["mirrors"]) for q in st["queues"] if q["mirrored"]}
+        syncs_before = {queue_label(q): q["last_sync"] for q in st["queues"]}
         report = NodeReport(name)
         self.say(f"Restarting node {name} ({len(running)} running) ...")
         started = time.time()
@@ -117,13 +119,14 @@ class RollingRestart:
         done = time.time()
         report.synced_after_s, report.window = done - up, (started, done)
         for q in final["queues"]:
+            label = queue_label(q)
             last = q["last_sync"]
-            if last == syncs_before.get(q["name"]) or (last or {}).get("mode") != "blocking":
+            if last == syncs_before.get(label) or (last or {}).get("mode") != "blocking":
                 last = None
-            syncs = blocking_syncs(seen.get(q["name"], []), last)
+            syncs = blocking_syncs(seen.get(label, []), last)
             if syncs:
-                report.blocking_syncs[q["name"]] = syncs
-                report.queues_blocked.append(q["name"])
+                report.blocking_syncs[label] = syncs
+                report.queues_blocked.append(label)
                 report.blocked_s = max(report.blocked_s, sum(syncs))
         self.say(f"  {name}: every mirrored queue synchronised {report.synced_after_s:.2f} s after "
                  f"its start; longest blocking sync {report.blocked_s:.2f} s "
@@ -150,7 +153,8 @@ class RollingRestart:
         while True:
             st = self.status(avoid=name, least_mirrors=least)
             note_blocking_syncs(st, seen)
-            waiting = st["waiting"] if name in st["running_nodes"] else {"": f"{name} not running yet"}
+            waiting = (st["waiting"] if name in st["running_nodes"]
+                       else [{"name": None, "why": f"{name} not running yet"}])
             if not waiting:
                 return st
             if time.monotonic() - printed >= PRINT_EVERY:
@@ -169,7 +173,7 @@ def note_blocking_syncs(st: dict, seen: dict) -> None:
         sync = q.get("sync")
         if not sync or q["sync_mode"] == "background":
             continue
-        spans = seen.setdefault(q["name"], [])
+        spans = seen.setdefault(queue_label(q), [])
         if spans and sync["elapsed"] >= spans[-1]:
             spans[-1] = sync["elapsed"]
         else:
@@ -186,15 +190,27 @@ def blocking_syncs(spans: list[float], last: dict | None) -> list[float]:
     return spans[:-1] + [max(spans[-1:] + final)]
 
 
-def waiting_line(st: dict, waiting: dict) -> str:
+def queue_key(q: dict) -> str:
+    """The key of a queue of maintenance_status (records.qualify): what the node reads back."""
+    return qualify(q["vhost"], q["name"])
+
+
+def queue_label(q: dict) -> str:
+    """A queue of maintenance_status as a report shows it: its name, with its vhost outside /."""
+    return shown(queue_key(q))
+
+
+def waiting_line(st: dict, waiting: list) -> str:
     """What a wait is for: each queue with why, messages left to sync and the sync's rate."""
-    by_name = {q["name"]: q for q in st["queues"]}
+    by_label = {queue_label(q): q for q in st["queues"]}
     parts = []
-    for qname, why in sorted(waiting.items()):
-        q = by_name.get(qname)
-        if q is None:
+    for w in sorted(waiting, key=lambda w: (w.get("vhost", ""), w["name"] or "")):
+        why = w["why"]
+        if w["name"] is None:
             parts.append(why)
             continue
+        qname = queue_label(w)
+        q = by_label[qname]
         sync = q.get("sync")
         if sync:
             left = sync["total_messages"] - sync["messages"]

@@ -35,7 +35,7 @@ import trio
 
 from mirroring import replica as rp
 from mirroring import changes as c
-from mirroring.records import QueueDef, in_vhost
+from mirroring.records import QueueDef, in_vhost, named
 from mirroring.policy import effective_definition, effective_policy, ha_settings
 from mirroring.queue import limits_from
 from wire import messages as m
@@ -474,7 +474,7 @@ class Router:
             except (ProtocolError, trio.TooSlowError) as exc:
                 self.to_session(node, session, [m.EvFail(rid, channel, INTERNAL_ERROR, str(exc))])
                 return
-            self.log.info("queue deleted", queue=qname)
+            self.log.info("queue deleted", **named(qname))
         self.node.spawn(go)
 
     def dead_letter(self, qname: str, d) -> None:
@@ -486,7 +486,7 @@ class Router:
                 await self.cluster.propose(c.QueueDelete(qname, self.name))
             except (ProtocolError, trio.TooSlowError):
                 return
-            self.log.info("auto-delete queue deleted after its last consumer left", queue=qname)
+            self.log.info("auto-delete queue deleted after its last consumer left", **named(qname))
         self.node.spawn(go)
 
     async def ask(self, qname: str, fn):

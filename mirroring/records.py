@@ -43,6 +43,13 @@ def shown(key: str) -> str:
     return name if vhost == DEFAULT_VHOST else f"{name} (vhost {vhost})"
 
 
+def named(key: str) -> dict:
+    """{"queue": name, "vhost": vhost} of a queue's key: the fields that name it in a structured
+    log line or an event, as RabbitMQ names a queue by both."""
+    vhost, name = split_key(key)
+    return {"queue": name, "vhost": vhost}
+
+
 def in_vhost(what: str, key: str) -> str:
     """"queue 'q' in vhost 'v'" for a key (RabbitMQ's way of naming a resource)."""
     vhost, name = split_key(key)

@@ -66,12 +66,46 @@ def test_blocked_time_counts_every_blocking_sync_seen_and_the_last_one_whole():
 
     seen: dict = {}
     for elapsed in (0.5, 2.0, 0.3):  # a sync seen at 0.5 s and 2 s, then a new one
-        note_blocking_syncs({"queues": [{"name": "q", "sync_mode": "automatic",
+        note_blocking_syncs({"queues": [{"name": "q", "vhost": "/", "sync_mode": "automatic",
                                          "sync": {"elapsed": elapsed}},
-                                        {"name": "b", "sync_mode": "background",
+                                        {"name": "q", "vhost": "v", "sync_mode": "automatic",
+                                         "sync": {"elapsed": 1.0}},
+                                        {"name": "b", "vhost": "/", "sync_mode": "background",
                                          "sync": {"elapsed": 9.0}}]}, seen)
-    assert seen == {"q": [2.0, 0.3]}
+    assert seen == {"q": [2.0, 0.3], "q (vhost v)": [1.0]}
     assert blocking_syncs(seen["q"], {"elapsed": 0.8}) == [2.0, 0.8]
     assert blocking_syncs(seen["q"], None) == [2.0, 0.3]
     assert blocking_syncs([], {"elapsed": 0.4}) == [0.4]
     assert blocking_syncs([], None) == []
+
+
+def test_a_rolling_restart_names_a_queue_with_its_vhost_and_sends_its_key_back(monkeypatch):
+    """The report and the lines say "q (vhost v)"; the mirror counts the node reads back are by
+    the queue's key (records.qualify)."""
+    from broker import rolling
+
+    monkeypatch.setattr(rolling, "POLL_SECONDS", 0)
+    sent = []
+    sync = {"elapsed": 1.5, "total_messages": 10, "messages": 4, "rate_msgs": 6.0}
+
+    def call(where, command, payload, timeout):
+        if command == "node_is_mirror_sync_critical":
+            return {"queues": []}
+        if command != "maintenance_status":
+            return None  # stop_app, start_app
+        sent.append(payload.get("least_mirrors"))
+        waiting = len(sent) == 3  # the first look after start_app: still syncing
+        row = {"name": "q", "vhost": "v", "leader": "n1", "mirrors": ["n2", "n3"],
+               "synced": ["n2"] if waiting else ["n2", "n3"], "mirrored": True,
+               "sync_mode": "automatic", "messages": 10, "sync": sync if waiting else None,
+               "last_sync": None}
+        return {"members": {n: [n, 25672] for n in ("n1", "n2", "n3")},
+                "running_nodes": ["n1", "n2", "n3"], "queues": [row],
+                "waiting": [{"name": "q", "vhost": "v", "why": "unsynchronised on n3"}] if waiting else []}
+
+    said: list[str] = []
+    [report] = rolling.RollingRestart(call, "n1", say=said.append).run(["n3"])
+    assert sent[2:] == [{"v\x00q": 2}, {"v\x00q": 2}]
+    assert "  waiting for 1 queue(s): q (vhost v) (syncing for 1.5 s: 6 of 10 messages left to " \
+           "send, 6 msgs/s)" in said
+    assert (report.queues_blocked, report.blocking_syncs) == (["q (vhost v)"], {"q (vhost v)": [1.5]})

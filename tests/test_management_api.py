@@ -245,8 +245,9 @@ def test_vhosts_through_the_api(cluster):
         assert http.put("/api/vhosts/tenant", json={"description": "a tenant"}).status_code == 204
         assert {"name": "tenant", "description": "a tenant", "tracing": False} in \
             http.get("/api/vhosts").json()
-        assert http.put("/api/permissions/tenant/guest", json={
-            "configure": ".*", "write": ".*", "read": ".*"}).status_code in (201, 204)
+        # as RabbitMQ's management plugin: the creating user gets full permissions in it
+        assert http.get("/api/permissions/tenant/guest").json() == {
+            "user": "guest", "vhost": "tenant", "configure": ".*", "write": ".*", "read": ".*"}
         for vhost in ("%2F", "tenant"):
             assert http.put(f"/api/queues/{vhost}/vh.q", json={"durable": True}).status_code == 201
         routed = http.post("/api/exchanges/tenant/amq.default/publish",
@@ -263,6 +264,13 @@ def test_vhosts_through_the_api(cluster):
         assert [p["name"] for p in http.get("/api/policies/tenant").json()] == ["vh-ha"]
         assert all(p["vhost"] == "/" for p in http.get("/api/policies/%2F").json())
         assert [q["name"] for q in http.get("/api/queues/tenant").json()] == ["vh.q"]
+        # what the web UI reads: both queues, each named by name and vhost (its cards' keys)
+        view = http.get("/api/warren/cluster", params={"filter": "vh.q"}).json()
+        assert [(x["vhost"], x["name"]) for x in view["queues"]] == [("/", "vh.q"), ("tenant", "vh.q")]
+        events = http.get("/api/warren/events", params={"queue": "vh.q", "vhost": "tenant"}).json()
+        assert [e["text"] for e in events if e["kind"] == "queue_declared"] == [
+            "queue vh.q (vhost tenant) declared, leader on n2"]
+        assert all((e["queue"], e["vhost"]) == ("vh.q", "tenant") for e in events)
         assert http.get("/api/exchanges/tenant/amq.topic").json()["vhost"] == "tenant"
         assert http.get("/api/queues/nowhere").status_code == 404
         assert http.delete("/api/vhosts/tenant").status_code == 204

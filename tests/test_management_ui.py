@@ -5,7 +5,8 @@ the page fills its bar; kill -9 of the leader's node shows the node down, the sy
 mirror promoted and the timeline with the delivery gap; a new mirror's sync moves its bar and is
 cancelled; a purge waits for its confirmation. Each step saves a screenshot under the test's
 temporary folder (screens/); WARREN_UI_SCREENSHOT=PATH also copies the one that shows the most
-(a sync's bar after a promotion, with the timeline and live rates) to PATH."""
+(a sync's bar after a promotion, with the timeline and live rates) to PATH. The same queue name
+in another vhost is another card, which names its vhost and whose delete is its own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -88,7 +90,7 @@ def test_the_page_drives_and_shows_mirroring(request, tmp_path_factory, tmp_path
         page.screenshot(path=str(path), full_page=True)
         return path
 
-    with running_cluster(request, tmp_path_factory, 3, net_ticktime=4, http=True,
+    with running_cluster(request, tmp_path_factory, 3, net_ticktime=8, http=True,
                          server_args=["--mirroring-sync-max-throughput", str(SYNC_LIMIT)]) as c:
         publish(c, "n1", "ha.ui", 1500)
         publish(c, "n2", "scratch", 3)
@@ -201,3 +203,31 @@ def test_the_page_drives_and_shows_mirroring(request, tmp_path_factory, tmp_path
                 browser.close()
     if os.environ.get("WARREN_UI_SCREENSHOT"):
         shutil.copy(ui_shot, os.environ["WARREN_UI_SCREENSHOT"])
+
+
+def test_the_same_queue_name_in_another_vhost_is_another_card(request, tmp_path_factory):
+    with running_cluster(request, tmp_path_factory, 1, http=True) as c:
+        publish(c, "n1", "q", 3)
+        with playwright_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(30_000)
+                page.goto(f"http://127.0.0.1:{c.http_ports['n1']}/")
+                page.locator('[data-queue="q"]').wait_for()
+                with httpx.Client(base_url=f"http://127.0.0.1:{c.http_ports['n1']}",
+                                  auth=("guest", "guest")) as http:
+                    assert http.put("/api/vhosts/tenant", json={}).status_code == 201
+                    assert http.put("/api/queues/tenant/q", json={"durable": True}).status_code == 201
+                tenant = page.locator('[data-queue="q"][data-vhost="tenant"]')
+                tenant.wait_for()
+                assert tenant.locator(".vhost").inner_text() == "vhost tenant"
+                assert "queue q (vhost tenant) declared" in tenant.locator(".queue-events").inner_text()
+                root = page.locator('[data-queue="q"][data-vhost="/"]')
+                assert root.locator(".vhost").count() == 0
+                tenant.locator(".act-delete").click()
+                page.click("#confirm-yes")
+                tenant.wait_for(state="detached")
+                assert root.locator(".depth").inner_text() == "3"  # the delete was the tenant's
+            finally:
+                browser.close()

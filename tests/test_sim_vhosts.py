@@ -5,11 +5,14 @@ holds on every node (across a change of the log's leader) and closes the connect
 from __future__ import annotations
 
 import pytest
+import trio
 
 from broker.client.errors import AMQPError, ConnectionClosedByBroker
 from broker.control import ctl_call
+from broker.session import SessionDriver
 from broker.simulation import PEER_PORT, SIM_USER, sim_cluster
 from mirroring.records import qualify
+from wire import messages as m
 from wire.errors import ProtocolError
 
 pytestmark = pytest.mark.timeout(30)
@@ -146,3 +149,81 @@ def test_warrenctl_sends_the_p_vhost_and_names_it_in_headers(capsys):
         "name": "v", "description": "tenant", "tracing": False}
     assert request("set_policy", "-p", "v", "ha", ".*", "{}")[0]["vhost"] == "v"
     assert 'for vhost "v"' in capsys.readouterr().err
+
+
+async def bound_exchange(node, vhost, exchange, queue, key):
+    """A direct `exchange` in `vhost` with `queue` bound to it by `key` (a session on `node`:
+    the native client declares no exchanges)."""
+    out: list = []
+    s = SessionDriver.open(node, f"{node.name}:40009", "guest", "setup", out.append, vhost)
+    steps = [m.ChannelOpen(1, 1), m.ExchangeDeclare(2, 1, exchange, "direct", False, True, False,
+                                                    False, {}),
+             m.QueueBind(3, 1, queue, exchange, key, {})]
+    for step in steps:
+        await s.handle(step)
+        with trio.fail_after(5):
+            while not any(type(x) in (m.Reply, m.Fail) and x.rid == step.rid for x in out):
+                await trio.sleep(0.01)
+    assert not [x for x in out if type(x) is m.Fail], out
+
+
+async def test_a_queue_of_another_vhost_dead_letters_within_its_vhost(tmp_path, autojump_clock):
+    """`x-dead-letter-exchange: ""` names v's default exchange (a rejected message lands in v's
+    dlq, not in /'s), and a named dead-letter exchange is v's; x-death names the queue without
+    its vhost."""
+    async with sim_cluster(tmp_path) as c:
+        ctl = ctl_via(c)
+        await add_vhost(c, ctl)
+        async with c.connect("n1") as root, c.connect("n2", vhost="v") as tenant:
+            ch_root, ch = await root.channel(), await tenant.channel()
+            await ch_root.queue_declare("dlq", durable=True)  # /'s: must stay empty
+            await ch_root.queue_declare("via-x", durable=True)
+            for name in ("dlq", "via-x"):
+                await ch.queue_declare(name, durable=True)
+            for vhost in ("v", "/"):  # a dlx in each: v's queue must use v's
+                await bound_exchange(c.nodes["n1"], vhost, "dlx", "via-x", "dead")
+            await ch.queue_declare("work", durable=True, arguments={
+                "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+            await ch.queue_declare("work-x", durable=True, arguments={
+                "x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead"})
+            await ch.confirm_delivery()
+            for queue in ("work", "work-x"):
+                await ch.basic_publish("", queue, b"job " + queue.encode())
+                got = await ch.basic_get(queue)
+                ch.basic_reject(got.delivery_tag, requeue=False)
+            for queue, source in (("dlq", "work"), ("via-x", "work-x")):
+                await c.wait_for(lambda q=queue: c.nodes["n2"].md.queues.get(qualify("v", q))
+                                 is not None, 5, "declared")
+                dead = None
+                with trio.move_on_after(5):
+                    while dead is None:
+                        dead = await ch.basic_get(queue, auto_ack=True)
+                        await trio.sleep(0.05)
+                assert dead is not None and dead.body == b"job " + source.encode()
+                [death] = dead.properties["headers"]["x-death"]
+                assert (death["queue"], death["reason"], death["exchange"]) == (source, "rejected", "")
+            for queue in ("dlq", "via-x"):
+                assert await ch_root.basic_get(queue, auto_ack=True) is None
+
+
+async def test_maintenance_status_names_a_queue_by_name_and_vhost_and_reads_keys_back(
+        tmp_path, autojump_clock):
+    """What a rolling restart reads shows a queue of v as RabbitMQ names it (name and vhost
+    columns, "q (vhost v)" in its lines), and the mirror counts it sends back are by key."""
+    from broker.rolling import waiting_line
+    async with sim_cluster(tmp_path) as c:
+        ctl = ctl_via(c)
+        await add_vhost(c, ctl)
+        await ctl("n1", "set_policy", vhost="v", name="ha", pattern=".*",
+                  definition='{"ha-mode":"all"}')
+        async with c.connect("n1", vhost="v") as tenant:
+            await (await tenant.channel()).queue_declare("q", durable=True)
+        await c.wait_for(lambda: all(len(n.md.queues[VQ].synced) == 2 for n in c.nodes.values()),
+                         10, "v's q mirrored")
+        st = await ctl("n2", "maintenance_status", least_mirrors={VQ: 3})
+        [row] = st["queues"]
+        assert (row["name"], row["vhost"], row["mirrored"]) == ("q", "v", True)
+        assert st["waiting"] == [{"name": "q", "vhost": "v", "why": "2 mirror(s) of 3 placed"}]
+        assert waiting_line(st, st["waiting"]) == \
+            "1 queue(s): q (vhost v) (2 mirror(s) of 3 placed; 0 messages)"
+        assert (await ctl("n2", "maintenance_status", least_mirrors={VQ: 2}))["waiting"] == []

@@ -376,8 +376,10 @@ class Handlers:
 
     async def vhost(self, request: Request):
         """GET, PUT (create, or change its description and tracing flag) or DELETE (with
-        everything in it) a vhost; the changes need the administrator tag, as RabbitMQ's."""
-        self.auth(request, "administrator" if request.method != "GET" else "management")
+        everything in it) a vhost; the changes need the administrator tag, as RabbitMQ's. As
+        RabbitMQ's management plugin, a PUT that creates the vhost gives the user who sent it
+        full permissions (".*" to configure, write and read) in it."""
+        user, _ = self.auth(request, "administrator" if request.method != "GET" else "management")
         name = _name(request)
         md = state.metadata(self.node)
         if request.method == "GET":
@@ -394,7 +396,12 @@ class Handlers:
         existed = state.has_vhost(md, name)
         await self.control("add_vhost", {"name": name, "description": str(body.get("description", "")),
                                          "tracing": bool(body.get("tracing", False))})
-        return _no_content(204 if existed else 201)
+        if existed:
+            return _no_content(204)
+        if user in state.metadata(self.node).users:
+            await self.control("set_permissions", {"vhost": name, "user": user, "configure": ".*",
+                                                   "write": ".*", "read": ".*"})
+        return _no_content(201)
 
     async def whoami(self, request: Request):
         user, _ = self.auth(request)
@@ -694,9 +701,9 @@ class Handlers:
 
     # --- warren's own: the web UI's view ------------------------------------------------------
     async def cluster_view(self, request: Request):
-        """The nodes, the first `limit` queues of the default vhost (by name) whose name holds
-        `filter`, its policies, and the timeline's events after `after`: what the page draws
-        each second."""
+        """The nodes, the first `limit` queues (of every vhost, by vhost and name) whose name
+        holds `filter`, the default vhost's policies, and the timeline's events after `after`:
+        what the page draws each second. A queue's row names it by `name` and `vhost`."""
         self.auth(request)
         try:
             after = int(request.query_params.get("after", "0"))
@@ -708,8 +715,9 @@ class Handlers:
             raise bad_request("limit must be an integer") from None
         contains = request.query_params.get("filter", "")
         md = state.metadata(self.node)
-        names = state.queue_names(md, VHOST)
-        matching = [n for n in sorted(names) if contains in n]
+        names = state.queue_names(md)
+        matching = sorted((k for k in names if contains in state.vhost_and_name(k)[1]),
+                          key=state.vhost_and_name)
         _, queues = await all_queues(self.m, matching[:max(0, limit)])
         node = self.node
         return _json({"node": node.name, "cluster_name": state.cluster_name(md),
@@ -721,13 +729,15 @@ class Handlers:
                       "events": self.m.timeline.since(after)})
 
     async def events(self, request: Request):
+        """The timeline's events after `after`, of the queue `queue` (in `vhost`, when given)."""
         self.auth(request)
         queue = request.query_params.get("queue")
         try:
             after = int(request.query_params.get("after", "0"))
         except ValueError:
             raise bad_request("after must be an integer") from None
-        return _json(self.m.timeline.since(after, queue, limit=1000))
+        return _json(self.m.timeline.since(after, queue, limit=1000,
+                                           vhost=request.query_params.get("vhost")))
 
     # --- metrics and the UI's files -------------------------------------------------------------
     async def metrics(self, request: Request):

@@ -9,6 +9,9 @@ old leader's node broke (`link_down`) to the moment it applied the promotion, th
 which nobody could serve the queue. Batch syncs are not in the metadata: their start and end
 are recorded when the API sees them (`sync_seen`), or starts them.
 
+An event names its queue as RabbitMQ does, by `queue` (its name) and `vhost`; its text names
+it with its vhost outside "/" (records.shown).
+
 Cost: a change that names its queues compares those; any other change (a node's run, a policy:
 rare) compares every queue's placement, a tuple comparison each.
 """
@@ -41,8 +44,10 @@ class Timeline:
     # --- feeding -------------------------------------------------------------------------------
     def add(self, kind: str, text: str, queue: str | None = None, node: str | None = None,
             **extra) -> dict:
-        event = {"id": next(self._ids), "at": time.time(), "kind": kind, "queue": queue,
-                 "node": node, "text": text, **extra}
+        """An event; `queue` is the key of the queue it is about (records.qualify)."""
+        vhost, name = state.vhost_and_name(queue) if queue is not None else (None, None)
+        event = {"id": next(self._ids), "at": time.time(), "kind": kind, "queue": name,
+                 "vhost": vhost, "node": node, "text": text, **extra}
         self.events.append(event)
         return event
 
@@ -81,13 +86,13 @@ class Timeline:
         if now is None:
             del self._placement[name]
             self._syncing.discard(name)
-            self.add("queue_deleted", f"queue {name} deleted", queue=name)
+            self.add("queue_deleted", f"queue {state.shown(name)} deleted", queue=name)
             return
         self._placement[name] = now
         leader, mirrors, synced = now
         if before is None:
-            self.add("queue_declared", f"queue {name} declared, leader on {leader}", queue=name,
-                     node=leader)
+            self.add("queue_declared", f"queue {state.shown(name)} declared, leader on {leader}",
+                     queue=name, node=leader)
             before = (leader, (), ())
         old_leader, old_mirrors, old_synced = before
         if leader != old_leader:
@@ -119,6 +124,9 @@ class Timeline:
             self.add("sync_finished", "sync finished", queue=name, node=leader)
 
     # --- reading -------------------------------------------------------------------------------
-    def since(self, after: int = 0, queue: str | None = None, limit: int = 200) -> list[dict]:
-        out = [e for e in self.events if e["id"] > after and (queue is None or e["queue"] == queue)]
+    def since(self, after: int = 0, queue: str | None = None, limit: int = 200,
+              vhost: str | None = None) -> list[dict]:
+        """The events after `after`; of the queues named `queue` (of `vhost`, when given)."""
+        out = [e for e in self.events if e["id"] > after
+               and (queue is None or e["queue"] == queue) and (vhost is None or e["vhost"] == vhost)]
         return out[-limit:]

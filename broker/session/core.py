@@ -35,7 +35,7 @@ from mirroring.access import CONFIGURE, READ, WRITE, refused
 from mirroring.changes import (BindingAdd, BindingRemove, Change, ExchangeBindingAdd,
                                ExchangeBindingRemove, ExchangeDeclare, ExchangeDelete)
 from mirroring.records import (DEFAULT_VHOST, VHOST_SEP, Binding, ExchangeBinding, in_vhost,
-                               qualify, split_key)
+                               named, qualify, split_key)
 from wire import messages as m
 from wire.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, ProtocolError
 
@@ -516,7 +516,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
             ops += self._held_settles.pop(qname, ())
         if not ops:
             return
-        self.log.info("resending to the queue's leader", queue=qname, leader=route[0],
+        self.log.info("resending to the queue's leader", **named(qname), leader=route[0],
                       epoch=epoch, operations=len(ops))
         to_leader = self.host.to_leader
         for op in ops:

@@ -13,8 +13,11 @@ const EVENTS_KEPT = 500;
 let credentials = sessionStorage.getItem("warren-auth") || btoa("guest:guest");
 let lastEvent = 0;
 let events = [];
-const history = {}; // queue -> [[time, publish, deliver, ack], ...]
-const cards = {}; // queue -> its card's elements
+const history = {}; // queue key -> [[time, publish, deliver, ack], ...]
+const cards = {}; // queue key -> its card's elements
+// a queue's key: its name in the default vhost, vhost NUL name in another (the same queue name
+// in two vhosts is two queues, two cards)
+const queueKey = (x) => x.vhost === "/" ? x.name : x.vhost + "\u0000" + x.name;
 let view = null;
 let timer = null;
 let polling = false; // a request is on its way
@@ -161,37 +164,42 @@ function renderQueues(v, sampled) {
   $("queue-count").textContent = `${v.queue_count} queues` + (filter ? `, ${v.matching} matching` : "") +
     (v.matching > shown.length ? `; the first ${shown.length} shown (filter to see others)` : "");
   const now = Date.now() / 1000;
-  const names = new Set(shown.map((x) => x.name));
-  for (const name of Object.keys(cards)) {
-    if (!names.has(name)) { cards[name].root.remove(); delete cards[name]; }
+  const keys = new Set(shown.map(queueKey));
+  for (const key of Object.keys(cards)) {
+    if (!keys.has(key)) { cards[key].root.remove(); delete cards[key]; }
   }
   const running = new Set(v.nodes.filter((n) => n.running).map((n) => n.name));
   const members = v.nodes.map((n) => n.name);
   let previous = null;
   for (const x of shown) {
-    const card = cards[x.name] || makeCard(x.name);
+    const key = queueKey(x);
+    const card = cards[key] || makeCard(x.vhost, x.name);
     const where = previous ? previous.nextSibling : $("queues").firstChild;
     if (card.root !== where) $("queues").insertBefore(card.root, where);
     previous = card.root;
     const ms = x.message_stats;
-    const h = history[x.name] || (history[x.name] = []);
+    const h = history[key] || (history[key] = []);
     if (sampled) {
       h.push([now, ms.publish_details.rate, ms.deliver_get_details.rate, ms.ack_details.rate]);
       if (h.length > HISTORY_POINTS) h.splice(0, h.length - HISTORY_POINTS);
     }
     updateCard(card, x, members, running, h);
   }
-  for (const name of Object.keys(history)) {
-    if (!names.has(name)) delete history[name];
+  for (const key of Object.keys(history)) {
+    if (!keys.has(key)) delete history[key];
   }
 }
 
-function makeCard(name) {
+function makeCard(vhost, name) {
   const root = document.createElement("div");
   root.className = "queue";
   root.dataset.queue = name;
+  root.dataset.vhost = vhost;
+  const where = vhost === "/" ? "" : ` <span class="vhost muted">vhost ${esc(vhost)}</span>`;
+  const path = `/api/queues/${q(vhost)}/${q(name)}`;
+  const called = vhost === "/" ? name : `${name} (vhost ${vhost})`;
   root.innerHTML = `
-    <div class="queue-head"><h3>${esc(name)}</h3><span class="policy muted"></span><span class="state"></span></div>
+    <div class="queue-head"><h3>${esc(name)}${where}</h3><span class="policy muted"></span><span class="state"></span></div>
     <div class="queue-body">
       <div>
         <div class="placement"></div>
@@ -225,20 +233,20 @@ function makeCard(name) {
     poll();
   };
   root.querySelector(".act-sync").onclick = () => act("sync", () =>
-    api("POST", `/api/queues/%2F/${q(name)}/actions`, {action: "sync"}));
+    api("POST", `${path}/actions`, {action: "sync"}));
   root.querySelector(".act-cancel-sync").onclick = () => act("cancel sync", () =>
-    api("POST", `/api/queues/%2F/${q(name)}/actions`, {action: "cancel_sync"}));
+    api("POST", `${path}/actions`, {action: "cancel_sync"}));
   root.querySelector(".act-purge").onclick = async () => {
-    if (await confirmStep(`Purge queue ${name}? Its ready messages are dropped.`)) {
-      act("purge", () => api("DELETE", `/api/queues/%2F/${q(name)}/contents`));
+    if (await confirmStep(`Purge queue ${called}? Its ready messages are dropped.`)) {
+      act("purge", () => api("DELETE", `${path}/contents`));
     }
   };
   root.querySelector(".act-delete").onclick = async () => {
-    if (await confirmStep(`Delete queue ${name} and every message in it?`)) {
-      act("delete", () => api("DELETE", `/api/queues/%2F/${q(name)}`));
+    if (await confirmStep(`Delete queue ${called} and every message in it?`)) {
+      act("delete", () => api("DELETE", path));
     }
   };
-  cards[name] = card;
+  cards[queueKey({vhost, name})] = card;
   return card;
 }
 
@@ -276,7 +284,7 @@ function updateCard(card, x, members, running, h) {
       `${(p.rate_bytes / 1e6).toFixed(2)} MB/s · ${Math.round(p.rate_msgs)} msg/s · ETA ${p.eta.toFixed(1)} s`;
   }
   drawChart(card.chart, card["chart-max"], h);
-  renderEvents(card["queue-events"], events.filter((e) => e.queue === x.name).slice(-30));
+  renderEvents(card["queue-events"], events.filter((e) => e.queue === x.name && e.vhost === x.vhost).slice(-30));
 }
 
 function drawChart(svg, label, h) {
