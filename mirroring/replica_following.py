@@ -28,7 +28,7 @@ class Following:
         self._to(S.MIRROR)
         self._send(msg.leader, m.RMirrorReady(self.name, msg.epoch, self.me, f.start_id,
                                               f.synced_upto, how == "resumed", msg.seq))
-        self._log("mirror following leader", leader=msg.leader, epoch=msg.epoch, how=how)
+        self._log("mirror following leader", leader=msg.leader, epoch=msg.epoch, how=how, pid=self.pid)
 
     def _on_rep(self, msg: m.RRep, now: float) -> None:
         ok = self.follow.accepts(msg.epoch, msg.seq)

@@ -272,7 +272,7 @@ def test_a_promotion_logged_unsynchronised_allows_the_loss_the_fault_began_witho
         "2026-11-23T19:19:01.000000Z [info     ] Mirrored queue 'other' in vhost '/': Promoting "
         "mirror <n1.4.0> to leader epoch=2 node=n1 old_leader=n2 queue=other synchronised=False\n")
     promotions = promotions_in_logs([log, tmp_path / "absent.log"], "chaos.q")
-    assert [(node, synced) for _, node, synced in promotions] == [("n1", True), ("n1", False)]
+    assert [p[1:] for p in promotions] == [("n1", True, "<n1.2.0>"), ("n1", False, "<n1.3.0>")]
     t = promotions[1][0]
     pubs = [pub(i, t - 5 + i * 0.01) for i in range(10)]  # confirmed before the freeze ended
     lost = check(history(pubs, [], faults=[Fault(t - 4, "pause", "n2", t_end=t + 4)], end=t + 20))
@@ -298,6 +298,49 @@ def test_a_promotion_logged_unsynchronised_allows_the_loss_the_fault_began_witho
     assert not said and v.lost == 10
     said, v = judged([Fault(t - 100, "pause", "n2", t_end=t - 60)], {})
     assert not said
+
+
+def test_an_unsynchronised_promotion_after_the_fault_ended_allows_what_the_mirror_lacked():
+    """dst seed 1008 (priorities 9, faults 2-4) at the prio branch's tip: n3, the queue's only
+    replica, woke from a pause (ended at 11.86), took 30 publishes and confirmed them at 12.24
+    with no mirror; the log added an empty mirror on n2 and, n3's stale links closing, counted
+    n3 down and promoted n2 unsynchronised at 12.24, before it ever started. The spec lets an
+    unsynchronised promotion lose what existed before the mirror was added; what reached a
+    mirror that was following (published after it started empty) stays a bug, and so does a
+    confirm after the promotion."""
+    end, t = 11.86, 12.24
+    promos = [(t, "n2", False, "<n2.2.0>")]
+    pause = [Fault(8.95, "pause", "n3", t_end=end)]
+    late = [pub(i, 12.05 + i * 0.005, t_conf=t) for i in range(30)]  # after the pause, before t
+    v = check(history(late, [], faults=pause, end=t + 10))
+    assert v.lost == 30 and not v.ok
+    policy = policy_timeline([(float("-inf"), {"ha-promote-on-shutdown": "always"})])
+
+    def judged(pubs, promotions=promos, events=()):
+        faults = [Fault(8.95, "pause", "n3", t_end=end)]
+        said = allow_unsynchronised_promotions(faults, promotions, policy, events)
+        return said, check(history(pubs, [], faults=faults, end=t + 10))
+
+    said, v = judged(late)
+    assert said and v.ok and list(v.lost_allowed.values()) == [30]
+    # a confirm after the promotion: the promoted mirror had taken over, nothing excuses it
+    said, v = judged(late + [pub(30, 12.1, t_conf=t + 0.1)])
+    assert v.lost == 1 and v.lost_ids == [30]
+    # the promoted replica started empty at 12.1 (after an earlier run of its node began):
+    # what was published after that reached it before its confirm, and is a bug
+    started = [BrokerEvent(1.0, "n2", "app started"),
+               BrokerEvent(1.5, "n2", "mirror following leader", {"how": "started empty", "pid": "<n2.2.0>"}),
+               BrokerEvent(5.0, "n2", "app started"),
+               BrokerEvent(12.1, "n2", "mirror following leader", {"how": "started empty", "pid": "<n2.2.0>"}),
+               BrokerEvent(12.2, "n2", "mirror following leader", {"how": "resumed", "pid": "<n2.2.0>"})]
+    said, v = judged(late, events=started)
+    assert v.lost == sum(1 for p in late if p.t_pub > 12.1) > 0
+    # a start of the same replica id in an earlier run of the node does not count
+    said, v = judged(late, events=started[:3])
+    assert v.ok and v.lost == 0
+    # a promotion the broker logged without its replica's id keeps to the fault's end
+    said, v = judged(late, promotions=[(t, "n2", False)])
+    assert said and v.lost == 30
 
 
 def test_history_round_trips_through_json():

@@ -921,8 +921,8 @@ class ScheduleRun(FaultRunner):
         except OSError:
             pass
 
-    def promotions(self) -> list[tuple[float, str, bool]]:
-        """(time, node, synchronised) of each promotion of the queue's mirrors, from the node logs."""
+    def promotions(self) -> list[tuple[float, str, bool, str]]:
+        """(time, node, synchronised, pid) of each promotion of the queue's mirrors, from the node logs."""
         return promotions_in_logs([self.c.log_path(n) for n in self.names], self.s.queue)
 
     def keep_logs(self, folder: Path) -> None:
@@ -951,11 +951,11 @@ def replay_of(s: Schedule, opts: Options) -> str:
     return cmd.replace(" --replay", "".join(" " + e for e in extra) + " --replay")
 
 
-_PROMOTION = re.compile(r"^(\S+) .*: Promoting mirror .* synchronised=(True|False)")
+_PROMOTION = re.compile(r"^(\S+) .*: Promoting mirror (\S+) .* synchronised=(True|False)")
 
 
-def promotions_in_logs(paths, queue: str) -> list[tuple[float, str, bool]]:
-    """(unix time, node, synchronised) of each promotion of `queue`'s mirrors in node logs."""
+def promotions_in_logs(paths, queue: str) -> list[tuple[float, str, bool, str]]:
+    """(unix time, node, synchronised, pid) of each promotion of `queue`'s mirrors in node logs."""
     needle = f"Mirrored queue '{queue}' in vhost '/': Promoting mirror"
     out = []
     for path in paths:
@@ -969,7 +969,7 @@ def promotions_in_logs(paths, queue: str) -> list[tuple[float, str, bool]]:
                 match = _PROMOTION.match(line)
                 if match:
                     t = datetime.fromisoformat(match[1].replace("Z", "+00:00")).timestamp()
-                    out.append((t, node, match[2] == "True"))
+                    out.append((t, node, match[3] == "True", match[2]))
     return sorted(out)
 
 
@@ -1031,10 +1031,10 @@ def run_one(schedule: Schedule, opts: Options, ns, skip_reason, folder: Path, ru
         run.cleanup()
         raise
     run.stop_cluster()
-    for why in allow_unsynchronised_promotions(history.faults, run.promotions(),
-                                               policy_timeline(run.policies)):
-        run.notes.append(f"loss allowed from the promotion: {why}")
     history.broker_events = broker_events_in_logs([run.c.log_path(n) for n in run.names])
+    for why in allow_unsynchronised_promotions(history.faults, run.promotions(),
+                                               policy_timeline(run.policies), history.broker_events):
+        run.notes.append(f"loss allowed from the promotion: {why}")
     verdict = check(history, **_checker_options(opts))
     sdir = folder / f"chaos-{schedule.seed}" / "warren"
     logs.write(sdir, run_id=run_id, scenario=f"chaos-{schedule.seed}", schedule=schedule.as_dict(),

@@ -708,14 +708,15 @@ def broker_events_in_trace(trace: list) -> list[BrokerEvent]:
     return out
 
 
-def promotions_in_trace(trace: list, queue: str) -> list[tuple[float, str, bool]]:
-    """(time, node, synchronised) of each promotion of `queue`'s mirrors in a run's trace."""
+def promotions_in_trace(trace: list, queue: str) -> list[tuple[float, str, bool, str]]:
+    """(time, node, synchronised, pid) of each promotion of `queue`'s mirrors in a run's trace."""
     needle = f"Mirrored queue '{queue}' in vhost '/': Promoting mirror"
     out = []
     for t, name, fields in trace:
         if needle in name:
             f = dict(fields)
-            out.append((t, f.get("node", "'?'").strip("'"), f.get("synchronised") == "True"))
+            out.append((t, f.get("node", "'?'").strip("'"), f.get("synchronised") == "True",
+                        name[len(needle):].split()[0]))
     return out
 
 
@@ -728,10 +729,10 @@ def run_seed(seed: int, kinds=None, faults=(1, 3), scale: float = DEFAULT_SCALE,
     with traced(trace), deterministic(seed):
         history = trio.run(_scenario, s, say, clock=trio.testing.MockClock(autojump_threshold=0))
     policies = history.meta.pop("policies")
-    for why in allow_unsynchronised_promotions(history.faults, promotions_in_trace(trace, s.queue),
-                                               policy_timeline(policies)):
-        history.meta["notes"].append(f"loss allowed from the promotion: {why}")
     history.broker_events = broker_events_in_trace(trace)
+    for why in allow_unsynchronised_promotions(history.faults, promotions_in_trace(trace, s.queue),
+                                               policy_timeline(policies), history.broker_events):
+        history.meta["notes"].append(f"loss allowed from the promotion: {why}")
     verdict = check(history, stranded_after=5.0, recovery_grace=2 * SIM_TICKTIME + 3.0,
                     stall_limit=SIM_STALL_LIMIT, stall_grace=SIM_TICKTIME)
     return SimResult(seed, s, verdict, trace_digest(trace), time.perf_counter() - t0,
