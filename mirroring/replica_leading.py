@@ -51,7 +51,7 @@ class Leading:
         track = self.rep.mirrors.get(msg.node)
         if msg.epoch != self.epoch or track is None or msg.since != track.since:
             return  # an answer to an earlier start of this mirror
-        self.rep.mirror_state(msg.node, msg.start_id, msg.synced_upto)
+        self.rep.mirror_state(msg.node, msg.start_id, msg.synced_upto, now)
         how = "resumed" if msg.resumed else "started empty"
         self._log(f"{self.qlog}: mirror on node {msg.node} {how}", start_id=msg.start_id)
         self._synced_check_at = 0.0

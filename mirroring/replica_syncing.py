@@ -156,7 +156,7 @@ class Syncing:
         for node in job.acks:
             self._send(node, m.RSyncEnd(self.name, self.epoch, completed))
             if completed:
-                self.rep.mirror_state(node, 0, 0)
+                self.rep.mirror_state(node, 0, 0, now)
         status = "completed" if completed else ("cancelled" if cancelled else "stopped")
         self.last_sync = {**p.progress(now), "status": status, "reason": job.why,
                           "mode": "blocking" if job.blocking else "background"}

@@ -118,10 +118,14 @@ class LeaderReplication:
             merge_accepted(out, pending.popleft()[1])
         return out
 
-    def mirror_state(self, node: str, start_id: int, synced_upto: int = 0) -> None:
-        """The mirror told us what it holds (after its start, a resume or a completed sync)."""
+    def mirror_state(self, node: str, start_id: int, synced_upto: int = 0, now: float = 0.0) -> None:
+        """The mirror told us what it holds (after its start, a resume or a completed sync): it
+        is progress, so its silence is counted from `now` (a blocking sync of minutes leaves the
+        mirror's last acknowledgement far behind, and batches sent during it are acknowledged
+        only after it: counted from before, the mirror would be dropped as stalled at once)."""
         track = self.mirrors.get(node)
         if track is not None:
+            track.progress_at = now
             track.start_id = start_id
             track.synced_upto = synced_upto
             track.ready = True

@@ -223,9 +223,10 @@ async def _aio_pika_failover(cluster, total: int, window: int):
     deadline = time.monotonic() + 30
     while not confirmed <= set(consumed) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
+    moved = pub_conn._node  # connections the publisher lost (each moves it to the next node)
     await pub_conn.close()
     await consumer_conn.close()
-    return confirmed, consumed, killed_at, retries, redelivered
+    return confirmed, consumed, killed_at, retries + moved, redelivered
 
 
 def test_aio_pika_connect_robust_over_the_nodes_loses_no_confirmed_message(cluster):
@@ -236,6 +237,7 @@ def test_aio_pika_connect_robust_over_the_nodes_loses_no_confirmed_message(clust
     assert len(confirmed) == 3000
     missing = confirmed - set(consumed)
     assert not missing, f"{len(missing)} confirmed messages never arrived, e.g. {sorted(missing)[:10]}"
+    # a lost publish raised, or the robust connection moved on while its publishes waited
     assert retries > 0, "the publisher never saw its node go (was n1 killed under load?)"
     row = queue_row(cluster, "n2", "ha.orders")
     assert row["leader"] in ("n2", "n3")

@@ -134,3 +134,16 @@ def test_natural_sync_and_resume_rules():
     assert f.can_resume(3, 17, 50, 60)  # unless the new leader holds them all (a full sync)
     assert f.accepts(3, 18) is True and f.accepts(3, 17) is False and f.accepts(3, 19) is None
     assert f.accepts(2, 18) is False
+
+
+def test_a_mirror_that_just_finished_a_long_sync_is_not_stalled():
+    """A blocking sync of a minute: the batches sent meanwhile are acknowledged after it, so the
+    mirror's silence counts from the sync's end, not from its last acknowledgement before."""
+    rep = LeaderReplication()
+    rep.add("n2", 1, now=0.0)
+    rep.mirror_state("n2", 0, 0, now=0.0)
+    rep.record({("a", 1): 1})  # a batch it owes an acknowledgement for
+    assert rep.stalled(now=61.0, after=4.0) == ["n2"]
+    rep.mirror_state("n2", 0, 0, now=60.0)  # the sync completed at 60 s
+    assert rep.stalled(now=61.0, after=4.0) == []
+    assert rep.stalled(now=64.5, after=4.0) == ["n2"]  # and silence after it still counts
