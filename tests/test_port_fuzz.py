@@ -1,5 +1,6 @@
 """Fuzzing a real node's peer port and management HTTP port with hypothesis (the AMQP and client
-ports have theirs: test_amqp_fuzz.py, test_native_fuzz.py). The inputs are `warren-bench
+ports have theirs: test_amqp_fuzz.py, test_native_fuzz.py; here the client port only as far as
+`warren-bench fuzz` must still log in and draw its inputs there). The inputs are `warren-bench
 fuzz`'s (bench/fuzz_inputs.py), drawn from hypothesis' random: on the peer port before the
 cluster secret is proven and after (as warrenctl, and as a node the cluster does not list); on
 the HTTP port without credentials and with them. Whatever comes, the node closes the
@@ -73,6 +74,13 @@ def test_the_peer_port_survives_anything(ports, bystander, kind, r):
 @SETTINGS.__class__(SETTINGS, max_examples=10)  # some answers end only at hypercorn's 5 s keep-alive
 @given(st.sampled_from(["http", "http-auth"]), st.randoms(use_true_random=False))
 def test_the_http_port_survives_anything(ports, bystander, kind, r):
+    data = fuzz.KINDS[kind][2](r)
+    check(send_one(ports, kind, data), kind, bystander)
+
+
+@SETTINGS.__class__(SETTINGS, max_examples=10)
+@given(st.sampled_from(["client", "client-open"]), st.randoms(use_true_random=False))
+def test_the_bench_logs_in_on_the_client_port(ports, bystander, kind, r):
     data = fuzz.KINDS[kind][2](r)
     check(send_one(ports, kind, data), kind, bystander)
 
