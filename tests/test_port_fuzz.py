@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import broker.client as client
 from bench import fuzz
 from broker.client import BlockingConnection
+from broker.localcluster import ControlError
 
 from cluster_procs import SECRET, running_cluster
 
@@ -83,6 +84,13 @@ def test_the_http_port_survives_anything(ports, bystander, kind, r):
 def test_the_bench_logs_in_on_the_client_port(ports, bystander, kind, r):
     data = fuzz.KINDS[kind][2](r)
     check(send_one(ports, kind, data), kind, bystander)
+
+
+@pytest.mark.parametrize("command", ["delete_queue", "purge_queue", "sync_queue", "sync_status"])
+@pytest.mark.parametrize("queue", [5, None, True, 0.5])
+def test_a_control_command_refuses_a_queue_that_is_not_a_name(cluster, command, queue):
+    with pytest.raises(ControlError, match="bad arguments.*'queue' must be a string"):
+        cluster.call("n1", command, {"queue": queue})
 
 
 def test_nothing_went_wrong_inside_the_node(cluster, bystander):
