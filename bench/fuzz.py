@@ -213,7 +213,7 @@ async def _native_login(stream) -> None:
     from wire import messages as m
     framed = FramedStream(stream)
     await framed.receive(frozenset({"hello"}))
-    await framed.send_now(m.ClientAuth(m.PROTOCOL_VERSION, "guest", "guest", "fuzzer"))
+    await framed.send_now(m.ClientAuth(m.PROTOCOL_VERSION, "guest", "guest", "fuzzer", "/"))
     await framed.receive(frozenset({"welcome"}))
 
 

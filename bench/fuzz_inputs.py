@@ -198,7 +198,8 @@ def native_before_login(r: random.Random) -> bytes:
     if r.random() < 0.5:
         user = r.choice(["guest", "nobody", "u" * r.randrange(5000)])
         auth = m.ClientAuth(r.choice([m.PROTOCOL_VERSION, m.PROTOCOL_VERSION, 0, 99]), user,
-                            r.choice(["guest", "wrong"]), r.choice(NAMES))
+                            r.choice(["guest", "wrong"]), r.choice(NAMES),
+                            r.choice(["/", "/", "nope", ""]))
         first = msgpack_frame(["client.auth", *[getattr(auth, f) for f in auth.__struct_fields__]])
     else:
         first = native_message(r, NATIVE_KINDS + ["client.auth", "hello"])

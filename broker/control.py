@@ -238,6 +238,14 @@ def _vhost(node, args) -> str:
     return vhost
 
 
+def _queue_key(node, args) -> str:
+    """The key of the queue a command names (its `queue`, in its -p vhost)."""
+    name = args["queue"]
+    if not isinstance(name, str):
+        raise TypeError(f"'queue' must be a string, not {type(name).__name__}")
+    return qualify(_vhost(node, args), name)
+
+
 async def cmd_add_vhost(node, args):
     _require_running(node)
     await node.cluster.propose(VHostAdd(VHost(args["name"], args.get("description", ""),
@@ -347,7 +355,7 @@ async def cmd_list_consumers(node, args):
 
 async def cmd_delete_queue(node, args):
     _require_running(node)
-    key = qualify(_vhost(node, args), args["queue"])
+    key = _queue_key(node, args)
     if key not in node.md.queues:
         raise ProtocolError(NOT_FOUND, f"no {in_vhost('queue', key)}")
     await node.cluster.propose(QueueDelete(key))
@@ -436,7 +444,7 @@ async def _leader_rpc(node, rpc: str, args: dict):
     leader's node goes before it answers (the metadata has not recorded it down yet), the
     command is refused with that reason."""
     _require_running(node)
-    queue = qualify(_vhost(node, args), args["queue"])
+    queue = _queue_key(node, args)
     qdef = node.md.queues.get(queue)
     if qdef is None:
         raise ProtocolError(NOT_FOUND, f"no {in_vhost('queue', queue)}")

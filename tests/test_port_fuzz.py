@@ -1,5 +1,6 @@
 """Fuzzing a real node's peer port and management HTTP port with hypothesis (the AMQP and client
-ports have theirs: test_amqp_fuzz.py, test_native_fuzz.py). The inputs are `warren-bench
+ports have theirs: test_amqp_fuzz.py, test_native_fuzz.py; here the client port only as far as
+`warren-bench fuzz` must still log in and draw its inputs there). The inputs are `warren-bench
 fuzz`'s (bench/fuzz_inputs.py), drawn from hypothesis' random: on the peer port before the
 cluster secret is proven and after (as warrenctl, and as a node the cluster does not list); on
 the HTTP port without credentials and with them. Whatever comes, the node closes the
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 import broker.client as client
 from bench import fuzz
 from broker.client import BlockingConnection
+from broker.localcluster import ControlError
 
 from cluster_procs import SECRET, running_cluster
 
@@ -75,6 +77,20 @@ def test_the_peer_port_survives_anything(ports, bystander, kind, r):
 def test_the_http_port_survives_anything(ports, bystander, kind, r):
     data = fuzz.KINDS[kind][2](r)
     check(send_one(ports, kind, data), kind, bystander)
+
+
+@SETTINGS.__class__(SETTINGS, max_examples=10)
+@given(st.sampled_from(["client", "client-open"]), st.randoms(use_true_random=False))
+def test_the_bench_logs_in_on_the_client_port(ports, bystander, kind, r):
+    data = fuzz.KINDS[kind][2](r)
+    check(send_one(ports, kind, data), kind, bystander)
+
+
+@pytest.mark.parametrize("command", ["delete_queue", "purge_queue", "sync_queue", "sync_status"])
+@pytest.mark.parametrize("queue", [5, None, True, 0.5])
+def test_a_control_command_refuses_a_queue_that_is_not_a_name(cluster, command, queue):
+    with pytest.raises(ControlError, match="bad arguments.*'queue' must be a string"):
+        cluster.call("n1", command, {"queue": queue})
 
 
 def test_nothing_went_wrong_inside_the_node(cluster, bystander):
