@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from operator import itemgetter
-from typing import TYPE_CHECKING
 
 from wire.messages import EDrop
-
-if TYPE_CHECKING:
-    from .queue import Limits
 
 NEVER = float("inf")  # the deadline of messages that have none, queued behind some that have one
 _msg_id = itemgetter(0)
@@ -122,13 +118,13 @@ class ExpirySide:
                 at = min(at, exp[k][1])
         return None if at == NEVER else at
 
-    def drop_over(self, limits: Limits) -> int:
+    def drop_over(self, limits) -> int:
         """x-overflow drop-head: drop the oldest ready messages until the queue is within its
-        length limits."""
+        length limits (`limits`: mirroring/queue.py `Limits`)."""
         upto = self.over_limits(limits)
         return self.drop_upto(upto) if upto else 0
 
-    def over_limits(self, limits: Limits) -> int:
+    def over_limits(self, limits) -> int:
         """The last id of the oldest ready messages that must go for the queue to be within its
         length limits (0: none); in a priority queue too the oldest by publish order whatever
         their priority, where RabbitMQ drops from the head of its highest priority."""

@@ -476,7 +476,7 @@ async def test_timeline_follows_the_metadata_as_it_is_applied():
 
 def test_json_answers_hold_what_json_cannot():
     """Queue arguments and message headers may hold bytes (AMQP's field tables): shown as text."""
-    from broker.management.app import ApiJSON
+    from broker.management.responses import ApiJSON
     assert ApiJSON({"headers": {"h": b"v\xff"}, "ids": (1, 2)}).body == '{"headers":{"h":"v\ufffd"},"ids":[1,2]}'.encode()
 
 

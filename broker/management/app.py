@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import time
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -39,6 +38,7 @@ from ..log import clip
 from ..native import check_login
 from . import state
 from .metrics import render_metrics
+from .responses import ApiError, _body, _json, _no_content, bad_request, from_protocol_error, not_found
 from .users import UserRoutes
 
 VHOST = state.VHOST
@@ -52,24 +52,6 @@ UI_FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript
 # what a user without the tag a path needs is told (RabbitMQ's reasons)
 NOT_AUTHORISED = {"management": "Not management user", "administrator": "Not administrator user",
                   "monitoring": "Not monitor user", "policymaker": "Not policymaker user"}
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, error: str, reason: str):
-        super().__init__(reason)
-        self.status, self.error, self.reason = status, error, reason
-
-
-def not_found(reason: str = "Not Found") -> ApiError:
-    return ApiError(404, "Object Not Found", reason)
-
-
-def bad_request(reason: str) -> ApiError:
-    return ApiError(400, "bad_request", reason)
-
-
-def from_protocol_error(exc: ProtocolError) -> ApiError:
-    return not_found(exc.text) if exc.code == NOT_FOUND else bad_request(exc.text)
 
 
 # --- authentication --------------------------------------------------------------------------------
@@ -261,43 +243,6 @@ async def client_channel(management, credentials: tuple[str, str], vhost: str = 
 
 
 # --- handlers ----------------------------------------------------------------------------------------
-
-def _plain(value):
-    """What JSON cannot hold as it is (bytes in queue arguments or message headers, a
-    Decimal, a timestamp) as text."""
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    return str(value)
-
-
-class ApiJSON(JSONResponse):
-    def render(self, content) -> bytes:
-        return json.dumps(content, default=_plain, ensure_ascii=False, allow_nan=False,
-                          separators=(",", ":")).encode("utf-8")
-
-
-def _json(value, status: int = 200) -> JSONResponse:
-    return ApiJSON(value, status_code=status)
-
-
-def _no_content(status: int = 204) -> Response:
-    return Response(status_code=status)
-
-
-async def _body(request: Request) -> dict:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the body is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise bad_request("the body must be a JSON object")
-    return value
-
 
 class Handlers:
     def __init__(self, management):

@@ -20,7 +20,7 @@ from mirroring.changes import NodeDown, NodeUp, PolicyClear, PolicySet
 from mirroring.exchanges import named_binding_rows
 from mirroring.maintenance import sync_critical_queues
 from mirroring.policy import effective_policy
-from mirroring.records import DEFAULT_VHOST, QueueDef, qualify, shown, split_key
+from mirroring.records import DEFAULT_VHOST, QueueDef, qualify, shown, split_key  # noqa: F401 (shown: events.py)
 from mirroring.replica import LEADING
 
 from ..cluster import NodeStopped

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from wire.errors import ProtocolError
 
 from .. import access_control as ac
-from . import app as api  # app.py imports this module: its names are read at call time
+from . import responses
 from . import state
 
 HASHING = "rabbit_password_hashing_sha256"
@@ -25,12 +25,12 @@ def user_json(user) -> dict:
 
 
 class UserRoutes:
-    """The handlers, over app.py's `Handlers` (its auth) and its errors and JSON helpers."""
+    """The handlers, over app.py's `Handlers` (its auth), answering with responses.py's errors
+    and JSON."""
 
     def __init__(self, handlers):
         self.h = handlers
         self.node = handlers.node
-        self.app = api
 
     def _admin(self, request: Request) -> None:
         self.h.auth(request, "administrator")
@@ -42,12 +42,12 @@ class UserRoutes:
         try:
             return await fn(self.node, *args)
         except ProtocolError as exc:
-            raise self.app.from_protocol_error(exc) from None
+            raise responses.from_protocol_error(exc) from None
 
     async def users(self, request: Request):
         self._admin(request)
         md = state.metadata(self.node)
-        return self.app._json([user_json(u) for u in sorted(md.users.values(), key=lambda u: u.name)])
+        return responses._json([user_json(u) for u in sorted(md.users.values(), key=lambda u: u.name)])
 
     async def user(self, request: Request):
         self._admin(request)
@@ -55,55 +55,55 @@ class UserRoutes:
         md = state.metadata(self.node)
         if request.method == "GET":
             if name not in md.users:
-                raise self.app.not_found()
-            return self.app._json(user_json(md.users[name]))
+                raise responses.not_found()
+            return responses._json(user_json(md.users[name]))
         if request.method == "DELETE":
             if name not in md.users:
-                raise self.app.not_found()
+                raise responses.not_found()
             await self._call(ac.cmd_delete_user, {"name": name})
-            return self.app._no_content()
-        body = await self.app._body(request)
+            return responses._no_content()
+        body = await responses._body(request)
         created = await self._call(ac.put_user, name, body.get("password"),
                                    body.get("password_hash"), body.get("tags", ""))
-        return self.app._no_content(201 if created else 204)
+        return responses._no_content(201 if created else 204)
 
     async def user_permissions(self, request: Request):
         self._admin(request)
         name = self._param(request, "name")
         if name not in state.metadata(self.node).users:
-            raise self.app.not_found()
-        return self.app._json(await self._call(ac.cmd_list_user_permissions, {"user": name}))
+            raise responses.not_found()
+        return responses._json(await self._call(ac.cmd_list_user_permissions, {"user": name}))
 
     async def permissions(self, request: Request):
         self._admin(request)
         vhost = self._param(request, "vhost") if "vhost" in request.path_params else None
         if vhost is not None and vhost not in state.metadata(self.node).vhosts:
-            raise self.app.not_found()
-        return self.app._json(await self._call(ac.cmd_list_permissions, {"vhost": vhost}))
+            raise responses.not_found()
+        return responses._json(await self._call(ac.cmd_list_permissions, {"vhost": vhost}))
 
     async def permission(self, request: Request):
         self._admin(request)
         vhost, user = self._param(request, "vhost"), self._param(request, "user")
         md = state.metadata(self.node)
         if vhost not in md.vhosts or user not in md.users:
-            raise self.app.not_found()
+            raise responses.not_found()
         existing = md.permissions.get((vhost, user))
         if request.method == "GET":
             if existing is None:
-                raise self.app.not_found()
-            return self.app._json(ac.permission_row(existing))
+                raise responses.not_found()
+            return responses._json(ac.permission_row(existing))
         if request.method == "DELETE":
             if existing is None:
-                raise self.app.not_found()
+                raise responses.not_found()
             await self._call(ac.cmd_clear_permissions, {"vhost": vhost, "user": user})
-            return self.app._no_content()
-        body = await self.app._body(request)
+            return responses._no_content()
+        body = await responses._body(request)
         missing = [k for k in ("configure", "write", "read") if not isinstance(body.get(k), str)]
         if missing:
-            raise self.app.bad_request(f"the body needs {', '.join(missing)} (regular expressions)")
+            raise responses.bad_request(f"the body needs {', '.join(missing)} (regular expressions)")
         await self._call(ac.cmd_set_permissions, {"vhost": vhost, "user": user,
                                                   **{k: body[k] for k in ("configure", "write", "read")}})
-        return self.app._no_content(204 if existing is not None else 201)
+        return responses._no_content(204 if existing is not None else 201)
 
     def routes(self, route) -> list:
         return [
