@@ -551,27 +551,7 @@ class QueueState(MirrorSide, DeadLetterSide, ExpirySide):
         elif any(map(_consumer_priority, active)):
             size = self._share_by_priority(active, out)
         else:
-            credits = [c.credit() for c in active]
-            lists = [[] for _ in active]
-            n_active = len(active)
-            i = 0
-            size = 0
-            while ready and budget and size < MAX_DISPATCH_BYTES:
-                for _ in range(n_active):
-                    if credits[i] > 0:
-                        break
-                    i = (i + 1) % n_active
-                else:
-                    break  # nobody has credit left
-                m = ready.popleft()
-                lists[i].append(m)
-                size += len(m[1])
-                credits[i] -= 1
-                budget -= 1
-                i = (i + 1) % n_active
-            for c, lst in zip(active, lists):
-                if lst:
-                    out[(c.owner, c.tag)] = lst
+            _, size = self._share_round_robin(active, out, budget, 0)
         result = []
         rounds = []
         for key, batch in out.items():
@@ -593,34 +573,41 @@ class QueueState(MirrorSide, DeadLetterSide, ExpirySide):
         """Consumer priorities (x-priority on basic.consume): the consumers of the highest
         priority with credit are served round-robin, those of a lower priority only once every
         one above has no credit left. Fills `out` as dispatch does; returns the body bytes."""
-        ready = self.ready
         budget = MAX_DISPATCH
         size = 0
         for level in sorted({c.priority for c in active}, reverse=True):
             group = [c for c in active if c.priority == level]
-            credits = [c.credit() for c in group]
-            lists = [[] for _ in group]
-            n = len(group)
-            i = 0
-            while ready and budget and size < MAX_DISPATCH_BYTES:
-                for _ in range(n):
-                    if credits[i] > 0:
-                        break
-                    i = (i + 1) % n
-                else:
-                    break  # this priority has no credit left
-                m = ready.popleft()
-                lists[i].append(m)
-                size += len(m[1])
-                credits[i] -= 1
-                budget -= 1
-                i = (i + 1) % n
-            for c, lst in zip(group, lists):
-                if lst:
-                    out[(c.owner, c.tag)] = lst
-            if not ready or not budget or size >= MAX_DISPATCH_BYTES:
+            budget, size = self._share_round_robin(group, out, budget, size)
+            if not self.ready or not budget or size >= MAX_DISPATCH_BYTES:
                 break
         return size
+
+    def _share_round_robin(self, group: list, out: dict, budget: int, size: int) -> tuple[int, int]:
+        """Hand ready messages to `group` in turn, each up to its credit, while the dispatch's
+        message `budget` and byte cap (`size` so far) allow. Fills `out`; returns what is left
+        of the budget and the bytes taken so far."""
+        ready = self.ready
+        credits = [c.credit() for c in group]
+        lists = [[] for _ in group]
+        n = len(group)
+        i = 0
+        while ready and budget and size < MAX_DISPATCH_BYTES:
+            for _ in range(n):
+                if credits[i] > 0:
+                    break
+                i = (i + 1) % n
+            else:
+                break  # nobody in the group has credit left
+            m = ready.popleft()
+            lists[i].append(m)
+            size += len(m[1])
+            credits[i] -= 1
+            budget -= 1
+            i = (i + 1) % n
+        for c, lst in zip(group, lists):
+            if lst:
+                out[(c.owner, c.tag)] = lst
+        return budget, size
 
     def _rotate(self) -> None:
         """The consumer served first goes to the back, for fairness across dispatches (a mirror
