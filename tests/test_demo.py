@@ -75,7 +75,8 @@ def test_the_demo_tells_the_same_story_three_times_in_a_row(tmp_path):
     """`python -m broker.localcluster demo` (what `make demo` runs), three times in a clone: each
     run starts from a state of its own (var/demo, wiped: the first phase's queue is not mirrored
     by a policy an earlier run left), tells the same story with nothing lost, publishes its first
-    10,000 messages at no less than half the first run's rate (no stall after a restart), and
+    10,000 messages at no less than a fifth of the first run's rate (no stall after a restart: the
+    stall this catches cost a factor of 300; the suite's other workers move a run by 2-3x), and
     leaves $WARREN_HOME, the home of `make cluster`, as it was."""
     user_home = tmp_path / "var" / "warren"
     user_home.mkdir(parents=True)
@@ -96,7 +97,7 @@ def test_the_demo_tells_the_same_story_three_times_in_a_row(tmp_path):
             f"run {run}: the first phase's queue has a policy or mirrors:\n{output}"
         assert "demo.failover is now led by" in output
         assert _story(output) == first, f"run {run} tells another story:\n{output}"
-        assert _first_rate(output) >= _first_rate(outputs[0]) / 2, \
+        assert _first_rate(output) >= _first_rate(outputs[0]) / 5, \
             f"run {run}'s first phase: {_first_rate(output):,.0f} msgs/s, the first run's " \
             f"{_first_rate(outputs[0]):,.0f}"
     assert sorted(p.name for p in user_home.iterdir()) == ["kept"]
