@@ -300,8 +300,35 @@ class Node:
     async def _hand_over_on_shutdown(self) -> None:
         """Let mirrors catch up with our leaders (and the log record which are synchronised),
         hand the metadata log's leadership over, then have the shutdown recorded, promoting
-        mirrors as ha-promote-on-shutdown allows."""
+        mirrors as ha-promote-on-shutdown allows.
+
+        All of it needs a majority of the members: it stops as soon as fewer of them are
+        linked to us, since no commit can reach us then, and waiting out the timeouts would
+        only hold the stop (a whole cluster stopped at once: its last nodes lose their links
+        one by one as the others exit). Links come and go as the cluster's news."""
         cluster = self.cluster
+        cut_off = False
+
+        def majority_linked() -> bool:
+            members = self.md.members
+            return 2 * len(cluster.running & set(members)) > len(members)
+
+        async with trio.open_nursery() as nursery:
+            async def watch_links() -> None:
+                nonlocal cut_off
+                while majority_linked():
+                    await cluster.wait_changed()
+                cut_off = True
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_links)
+            await self._hand_over(cluster)
+            nursery.cancel_scope.cancel()
+        if cut_off:
+            self.log.warning("could not hand queues over before stopping: no majority of the members "
+                             "is linked to this node", running=sorted(cluster.running))
+
+    async def _hand_over(self, cluster) -> None:
         if not cluster.links:
             return
         with trio.move_on_after(1.0):

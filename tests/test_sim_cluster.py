@@ -664,3 +664,26 @@ async def test_a_queue_is_routable_through_every_node_once_its_declare_is_answer
                 qdef = c.nodes[via].md.queues[f"q{i}"]
                 state = c.nodes[qdef.leader].router.replicas[f"q{i}"].replica.q
                 assert state.stats()["messages"] == 1, f"q{i}"
+
+
+async def test_the_last_nodes_of_a_cluster_stopped_at_once_do_not_wait_for_a_majority(tmp_path, autojump_clock):
+    """n1 is killed, then n2 and n3 stop together (the end of `make demo`, `make stop`): the one
+    left last has no majority to record its going, and stops at once instead of waiting out
+    the hand-over's timeout (it waited 5 s, every node's last stop in a whole-cluster stop)."""
+    from broker.node import SHUTDOWN_HANDOVER_TIMEOUT
+    async with sim_cluster(tmp_path) as c:
+        c.kill("n1")
+        await c.wait_for(lambda: all(c.nodes[n].running == {"n2", "n3"} for n in ("n2", "n3")),
+                         3 * TICKTIME, "n2 and n3 without n1")
+        took = {}
+
+        async def stop(name):
+            start = trio.current_time()
+            await c.nodes[name].stop_app()
+            took[name] = trio.current_time() - start
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop, "n2")
+            nursery.start_soon(stop, "n3")
+        assert max(took.values()) < SHUTDOWN_HANDOVER_TIMEOUT / 2, took
+        assert not any(c.nodes[n].app_running for n in ("n2", "n3"))
