@@ -34,7 +34,7 @@ _share_the_ports()
 # worker is left running one of them alone once the short files are done. The other files
 # follow in their usual order, and every file keeps its own tests' order.
 SLOW_FILES_FIRST = (
-    "test_docker_cluster.py", "test_dst.py", "test_analysis.py", "test_demo.py",
+    "test_docker_cluster.py", "test_dst.py", "test_analysis.py", "test_dst_regressions.py", "test_demo.py",
     "test_bench_runner.py", "test_process_faults.py", "test_chaos_smoke.py",
     "test_localcluster.py", "test_process_rolling.py", "test_process_mirroring.py",
     "test_process_cluster.py", "test_sim_restart_stall.py", "test_process_operator_policy.py",

@@ -110,30 +110,6 @@ def test_a_crashed_simulation_is_a_failed_schedule_with_its_seed(monkeypatch, ca
     assert "warren-bench dst --seed 3 --replay" in out, out
 
 
-@pytest.mark.timeout(600)  # CPU-bound, like the test above
-def test_regression_seeds():
-    """Schedules that once found a bug (bench/chaos/sim.py REGRESSIONS) stay fixed."""
-    from bench.chaos.sim import REGRESSIONS, regression_run
-    runs = {name: regression_run(value) for name, value in REGRESSIONS.items()}
-    bad = {name: r.line() for name, r in runs.items() if not r.verdict.ok}
-    assert not bad, bad
-
-
-@pytest.mark.parametrize("seed", [654, 1432])
-def test_a_confirm_stall_that_began_in_a_partition_is_excused_past_the_heal(seed):
-    """Seeds whose publisher's confirms waited, from within a partition, until the queue's
-    leader gave up on the mirror that missed batches (net_ticktime after its last word, which
-    came just after the heal): the checker excused the partition but judged the seconds after
-    it as a stall in a healthy cluster. Whether a seed still draws that stall depends on the
-    code it runs (a change anywhere moves a simulated run); the rule itself is
-    tests/test_checker.py's `test_a_confirm_stall_just_after_a_fault_is_excused...`."""
-    from bench.chaos.sim import SIM_STALL_LIMIT, run_seed
-    r = run_seed(seed)
-    assert r.verdict.ok, r.line()
-    stall = r.verdict.confirm_stall_s
-    assert stall is None or stall < SIM_STALL_LIMIT, r.line()
-
-
 def test_schedules_cross_between_the_simulation_and_real_processes():
     """A real campaign's schedule runs on the simulation (`warren-bench dst --from-chaos`) and a
     simulated one without simulation-only faults on real processes (`warren-bench chaos`): the

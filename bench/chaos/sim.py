@@ -55,7 +55,7 @@ SIM_STALL_LIMIT = 2.0
 DEFAULT_SCALE = 0.4  # shorter faults and gaps than the real campaign's: a schedule in ~0.25 s
 POLICY = "chaos-ha"
 
-# bugs found by the explorer, kept as named regression seeds (run by tests/test_dst.py); each
+# bugs found by the explorer, kept as named regression seeds (run by tests/test_dst_regressions.py); each
 # failed without its fix when found (a seed's schedule depends on schedule.py and on this driver:
 # since the driver change of fef11dd, 9550 and 2281 no longer reach their bugs, which
 # tests/test_sim_lent_bodies.py now stages directly)
