@@ -214,6 +214,12 @@ def test_queue_lifecycle_publish_get_and_listings(cluster):
         again = other.post("/api/queues/%2F/api.q/get", json={"count": 1, "ackmode": "ack_requeue_false",
                                                                "encoding": "auto"}).json()
         assert again[0]["redelivered"] is True  # it was requeued
+        for bad in ('{"count": 1, "truncate": Infinity}', '{"count": -Infinity}', '{"count": NaN}',
+                    '{"count": "x"}'):
+            answer = other.post("/api/queues/%2F/api.q/get", content=bad,
+                                headers={"content-type": "application/json"})
+            assert (answer.status_code, answer.json()["reason"]) == \
+                (400, "count and truncate must be integers"), (bad, answer.text)
         assert other.get("/api/queues/%2F/api.q").json()["messages"] == 0
         assert any(q["name"] == "api.q" for q in other.get("/api/queues/%2F").json())
         assert any(x["name"] == "amq.direct" for x in other.get("/api/exchanges").json())

@@ -429,7 +429,7 @@ class Handlers:
         try:
             count = int(body.get("count", 1))
             truncate = int(body["truncate"]) if body.get("truncate") is not None else None
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's Infinity
             raise bad_request("count and truncate must be integers") from None
         if state.queue(state.metadata(self.node), state.key(vhost, name)) is None:
             raise not_found()
