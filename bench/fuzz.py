@@ -7,10 +7,11 @@ the cluster secret on the peer port; basic auth on the HTTP port), the input's b
 wait for an answer, then the end of our sending. The node must close the connection within
 `CLOSE_WITHIN` seconds of that (no input may leave a connection hanging), keep running, and
 keep serving the well-behaved client. Reported: inputs sent per kind, node crashes (the
-process gone), connections left hanging, lines logged as internal failures, the node's
-file descriptors and resident memory (/proc/PID) before the inputs and after them (once the
-queues the inputs made are deleted), and the well-behaved client's rounds, failures and
-slowest round.
+process gone), connections left hanging, lines logged as internal failures, the node's file
+descriptors and resident memory (/proc/PID) before the inputs, every SAMPLE_EVERY seconds during
+them, and after them (once the queues the inputs made are deleted and the node's connections
+have ended), the memory blocks its interpreter holds live before and after, and the
+well-behaved client's rounds, failures and slowest round.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ from . import fuzz_inputs as inp
 SECRET = "fuzz-secret"
 QUIET = 0.05  # seconds to wait for an answer before our side stops sending
 CLOSE_WITHIN = 15.0  # seconds the node has to close a connection once we stopped sending
+SAMPLE_EVERY = 10  # seconds between two looks at the node's fds and RSS during the inputs
+# After the inputs, the node's last connections may still be ending: the HTTP server keeps a
+# connection's task until its keep-alive timer runs out (5 s), after our side saw it closed.
+# "after" is measured once the node's fds are back to where they were before the inputs (and
+# SETTLE seconds more), or after SETTLE_AT_MOST seconds.
+SETTLE, SETTLE_AT_MOST = 10.0, 60.0
 KINDS = {  # kind -> (port, the login it needs, the input)
     "amqp": ("amqp", None, inp.amqp_before_login),
     "amqp-open": ("amqp", "amqp", inp.amqp_after_login),
@@ -80,11 +87,12 @@ class Fuzz:
         self.samples: list = []  # proc_usage every 30 s during the run
 
     async def sample(self, pid: int) -> None:
-        """The node's fds and RSS every 30 s while the inputs go (growth or a plateau)."""
+        """The node's fds and RSS every SAMPLE_EVERY seconds while the inputs go (growth or a
+        plateau), with the inputs sent so far."""
         ticks = 0
         while not self.done:
-            if ticks % 30 == 0:
-                self.samples.append(proc_usage(pid))
+            if ticks % SAMPLE_EVERY == 0:
+                self.samples.append(proc_usage(pid) | {"inputs": sum(self.sent.values())})
             ticks += 1
             await trio.sleep(1)
 
@@ -232,6 +240,22 @@ def _delete_fuzz_queues(cluster: LocalCluster) -> int:
     return len(names) - 1
 
 
+def _python_blocks(cluster: LocalCluster) -> dict:
+    """The memory blocks the node's interpreter holds live (`warrenctl status`): unlike the
+    resident set, this does not count what the allocators keep once a burst is freed."""
+    return {"python_blocks": cluster.call("n1", "status", {})["memory_python_blocks"]}
+
+
+def _settle(pid: int, fds: int) -> float:
+    """Wait until the node holds no more fds than `fds` (its connections from the inputs are
+    gone), then SETTLE seconds; returns the seconds waited."""
+    start = time.monotonic()
+    while proc_usage(pid)["fds"] > fds and time.monotonic() - start < SETTLE_AT_MOST:
+        time.sleep(0.5)
+    time.sleep(SETTLE)
+    return round(time.monotonic() - start, 1)
+
+
 def run(inputs: int, seed: int, concurrency: int, out: Path | None, kinds=tuple(KINDS)) -> dict:
     """Start a node, fuzz it, return (and write to `out`) the verdict."""
     with tempfile.TemporaryDirectory(prefix="warren-fuzz-") as tmp:
@@ -245,15 +269,15 @@ def run(inputs: int, seed: int, concurrency: int, out: Path | None, kinds=tuple(
             cluster.call("n1", "set_policy", {"name": "fuzz-bounded", "pattern": "^(?!wellbehaved-)",
                                               "definition": json.dumps({"max-length": 100})})
             time.sleep(1)
-            before = proc_usage(pid)
+            before = proc_usage(pid) | _python_blocks(cluster)
             fuzz = Fuzz(ports, seed, inputs, concurrency, kinds)
             started = time.monotonic()
             trio.run(fuzz.run, pid)
             seconds = time.monotonic() - started
             alive = cluster.alive("n1")
             deleted = _delete_fuzz_queues(cluster) if alive else 0
-            time.sleep(2)
-            after = proc_usage(pid) if alive else None
+            settled = _settle(pid, before["fds"]) if alive else None
+            after = proc_usage(pid) | _python_blocks(cluster) if alive else None
             failures, http_restarts = _logged(cluster.log_path("n1"))
             if out is not None:
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -264,7 +288,7 @@ def run(inputs: int, seed: int, concurrency: int, out: Path | None, kinds=tuple(
         "hanging_connections": len(fuzz.hangs), "hangs": fuzz.hangs[:20],
         "answered_within_quiet": fuzz.answered, "login_errors_on_our_side": fuzz.errors,
         "internal_failures_logged": failures, "http_connections_failed_logged": http_restarts, "fuzz_queues_deleted": deleted,
-        "before": before, "after": after, "during": fuzz.samples,
+        "before": before, "after": after, "settled_s": settled, "during": fuzz.samples,
         "well_behaved": {"rounds": fuzz.rounds, "failures": fuzz.round_failures,
                          "slowest_round_s": round(fuzz.slowest_round, 3)},
         "machine": f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}",

@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import sys
 from pathlib import Path
 
 import trio
@@ -186,7 +187,10 @@ class NodeMemory:
         return {"memory_used": self.alarm.used, "memory_limit": self.alarm.limit,
                 "memory_high_watermark": str(self.watermark), "memory_total": self.total,
                 "memory_alarm": self.alarm.on, "alarms": self.alarms.nodes,
-                "publishers_blocked": self.blocked}
+                "publishers_blocked": self.blocked,
+                # what the interpreter holds live (objects and buffers), as opposed to the
+                # resident set, which also counts what the allocators keep after a burst
+                "memory_python_blocks": sys.getallocatedblocks()}
 
     # --- the monitor ---------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -44,6 +44,7 @@ async def fill_hold_drain(c) -> dict:
     c.ctl_ok("n1", "set_vm_memory_high_watermark", "absolute", str(mark))
     status = c.ctl_json("n1", "status")
     assert status["memory_limit"] == mark and status["memory_alarm"] is False
+    assert status["memory_python_blocks"] > 10_000  # the interpreter's live blocks, not the RSS
     seen = {"confirmed": 0}
     out: dict = {"mark": mark}
     async with open_connection([addr], client_name="publisher") as pub:
