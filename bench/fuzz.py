@@ -240,6 +240,30 @@ def _delete_fuzz_queues(cluster: LocalCluster) -> int:
     return len(names) - 1
 
 
+def _connections_of(pid: int, ports: dict) -> list[dict]:
+    """The node's TCP connections (not its listeners), from /proc: the kind of port each came
+    in on, and its state."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    kind_of = {port: kind for kind, port in ports.items()}
+    states = {"01": "established", "06": "time_wait", "07": "close", "08": "close_wait", "09": "last_ack",
+              "0A": "listen", "04": "fin_wait1", "05": "fin_wait2"}
+    out = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        if f[9] in inodes and f[3] != "0A":
+            local, remote = int(f[1].split(":")[1], 16), int(f[2].split(":")[1], 16)
+            out.append({"port": kind_of.get(local, local), "remote_port": kind_of.get(remote, remote),
+                        "state": states.get(f[3], f[3]), "recv_q": int(f[4].split(":")[1], 16)})
+    return out
+
+
 def _python_blocks(cluster: LocalCluster) -> dict:
     """The memory blocks the node's interpreter holds live (`warrenctl status`): unlike the
     resident set, this does not count what the allocators keep once a burst is freed."""
@@ -278,6 +302,8 @@ def run(inputs: int, seed: int, concurrency: int, out: Path | None, kinds=tuple(
             deleted = _delete_fuzz_queues(cluster) if alive else 0
             settled = _settle(pid, before["fds"]) if alive else None
             after = proc_usage(pid) | _python_blocks(cluster) if alive else None
+            # what still holds an fd the inputs opened: the port of each connection left
+            still_open = _connections_of(pid, ports) if alive and after["fds"] > before["fds"] else []
             failures, http_restarts = _logged(cluster.log_path("n1"))
             if out is not None:
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -288,7 +314,8 @@ def run(inputs: int, seed: int, concurrency: int, out: Path | None, kinds=tuple(
         "hanging_connections": len(fuzz.hangs), "hangs": fuzz.hangs[:20],
         "answered_within_quiet": fuzz.answered, "login_errors_on_our_side": fuzz.errors,
         "internal_failures_logged": failures, "http_connections_failed_logged": http_restarts, "fuzz_queues_deleted": deleted,
-        "before": before, "after": after, "settled_s": settled, "during": fuzz.samples,
+        "before": before, "after": after, "settled_s": settled, "connections_open_after": still_open[:20],
+        "during": fuzz.samples,
         "well_behaved": {"rounds": fuzz.rounds, "failures": fuzz.round_failures,
                          "slowest_round_s": round(fuzz.slowest_round, 3)},
         "machine": f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}",
@@ -300,8 +327,9 @@ def run(inputs: int, seed: int, concurrency: int, out: Path | None, kinds=tuple(
 
 
 def verdict(result: dict) -> bool:
-    """The campaign passed: no crash, no hang, nothing logged as an internal failure, and the
-    well-behaved client never failed."""
+    """The campaign passed: no crash, no hang, the node's fds back to where they were, nothing
+    logged as an internal failure, and the well-behaved client never failed."""
     return (result["node_crashes"] == 0 and result["hanging_connections"] == 0
+            and result["after"]["fds"] <= result["before"]["fds"]
             and result["internal_failures_logged"] == 0 and not result["well_behaved"]["failures"]
             and result["well_behaved"]["rounds"] > 0)

@@ -29,7 +29,7 @@ from wire.errors import ACCESS_REFUSED, INTERNAL_ERROR, NOT_ALLOWED, ProtocolErr
 
 from .framed import CORK, DirectWrites, Reader, direct_socket
 from .log import clip
-from .frontend import ChannelFailed, ClientProtocol, Closed, ConnectionFailed, LoggedIn
+from .frontend import ENDED, ChannelFailed, ClientProtocol, Closed, ConnectionFailed, LoggedIn
 from .memory import PublisherGate
 from .session import INLINE, SessionDriver
 
@@ -170,6 +170,11 @@ class ClientConnection:
                     await self.stream.aclose()
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     pass
+            # the protocol holds methods of this driver (its callbacks) and the driver holds
+            # the protocol: left whole, every ended connection's objects and buffers would wait
+            # for the interpreter's rare full collection (tens of MB under a flood of them)
+            self.proto = ENDED
+            self.session = self.gate = None  # (they hold methods of this driver too)
 
     def force_close(self, code: int, text: str) -> None:
         """Close this connection from the server's side (pause_minority, stop_app): the client

@@ -80,4 +80,48 @@ class ClientProtocol(Protocol):
     def client_closed(self, now: float) -> None: ...  # the session ended on the client's close
 
 
-__all__ = ["ChannelFailed", "ClientProtocol", "Closed", "ConnectionFailed", "LoggedIn"]
+class EndedProtocol:
+    """What a driver holds in place of its protocol once the connection has ended and its
+    socket is closed (broker/connection.py `serve`): closed, with nothing more to say. Dropping
+    the real protocol breaks the cycle it makes with its driver (it holds the driver's methods
+    as callbacks), so an ended connection is freed at once, not at the next full collection."""
+
+    NAME = SESSION_PROTOCOL = DEFAULT_CLIENT_NAME = "ended"
+    handshaking = opened = has_output = False
+    closed = True
+    state = None
+
+    def receive_data(self, data: bytes, now: float) -> list:
+        return []
+
+    def receive_eof(self, now: float) -> list:
+        return []
+
+    def take_output(self, now: float) -> list | None:
+        return None
+
+    def next_deadline(self) -> float | None:
+        return None
+
+    def tick(self, now: float) -> list:
+        return []
+
+    def send_output(self, msg) -> None:
+        pass
+
+    def send_blocked(self, blocked: bool, reason: str = "", source: str = "credit") -> None:
+        pass
+
+    def hold_reading(self, held: bool, now: float) -> None:
+        pass
+
+    def close(self, code: int, text: str, now: float) -> None:
+        pass
+
+    def client_closed(self, now: float) -> None:
+        pass
+
+
+ENDED = EndedProtocol()
+
+__all__ = ["ENDED", "ChannelFailed", "ClientProtocol", "Closed", "ConnectionFailed", "EndedProtocol", "LoggedIn"]

@@ -80,10 +80,16 @@ async def serve(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """hypercorn's server for one connection. What escapes it (a request broken off at
         times makes hypercorn send its error answer while another send is in flight:
         trio.BusyResourceError) ends this connection only, not the listener and the node."""
+        server = TCPServer(app, config, context, ConnectionState({}), stream)
         try:
-            await TCPServer(app, config, context, ConnectionState({}), stream)
+            await server
         except Exception as exc:  # noqa: BLE001
             node.stranger_log.warning("management connection ended by an error", error=clip(repr(exc), 255))
+        finally:
+            # the server and its protocol refer to each other (the protocol sends through a
+            # method of the server): left whole, every connection's objects and buffers would
+            # wait for the interpreter's rare full collection, tens of MB under a flood of them
+            vars(server).clear()
 
     listeners = await trio.open_tcp_listeners(cfg.http_port, host=cfg.host)
     port = listeners[0].socket.getsockname()[1]
