@@ -61,9 +61,9 @@ demo: $(RUNTIME)
 # started when it ends. The files run on TEST_WORKERS parallel workers (pytest-xdist), each file
 # whole on one worker, in its order (the README's blocks build on each other; a module's cluster
 # is started once). The workers take the longest files first (tests/conftest.py), not the files
-# with the most tests. Most process tests wait on nodes more than they compute, so one worker
-# more than two cores pays.
-TEST_WORKERS ?= 3
+# with the most tests. Most process tests wait on nodes more than they compute: on 2 cores,
+# 4 workers keep both busy.
+TEST_WORKERS ?= 4
 test: $(TEST_EXTRAS) $(ANALYSIS_EXTRAS)
 	$(PYTHON) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
