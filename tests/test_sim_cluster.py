@@ -687,3 +687,20 @@ async def test_the_last_nodes_of_a_cluster_stopped_at_once_do_not_wait_for_a_maj
             nursery.start_soon(stop, "n3")
         assert max(took.values()) < SHUTDOWN_HANDOVER_TIMEOUT / 2, took
         assert not any(c.nodes[n].app_running for n in ("n2", "n3"))
+
+
+async def test_a_client_connection_given_up_by_its_caller_closes_its_socket(tmp_path, autojump_clock):
+    """A caller that cancels the block its connection lives in (a timeout around it, a request
+    whose client went away: the management API's own connections to the client port) still
+    has the socket closed, so the node ends its side at once: it stayed open, half-closed,
+    until the client's objects were collected (seen as fds held by `make fuzz`'s node)."""
+    async with sim_cluster(tmp_path) as c:
+        node = c.nodes["n1"]
+        before = node.client_sockets
+        with trio.CancelScope() as scope:
+            async with c.client("c1", ["n1"], reconnect=False) as conn:
+                await conn.channel()
+                assert node.client_sockets == before + 1
+                scope.cancel()
+                await trio.sleep(1)
+        await c.wait_for(lambda: node.client_sockets == before, 5, "the node to see the socket closed")

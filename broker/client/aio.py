@@ -702,9 +702,10 @@ class Connection:
                 error = exc
             else:
                 error = self._loss
+            finally:  # cancelled too (the caller gave up on the connection): the socket closes
+                with trio.CancelScope(shield=True):
+                    await self._stream.aclose()
             self.connected = trio.Event()
-            with trio.CancelScope(shield=True):
-                await self._stream.aclose()
             if self.closing:
                 for rid in list(self._pending):
                     self._resolve(rid, "err", ConnectionLost("connection closed"))
