@@ -669,7 +669,7 @@ async def test_a_queue_is_routable_through_every_node_once_its_declare_is_answer
 async def test_the_last_nodes_of_a_cluster_stopped_at_once_do_not_wait_for_a_majority(tmp_path, autojump_clock):
     """n1 is killed, then n2 and n3 stop together (the end of `make demo`, `make stop`): the one
     left last has no majority to record its going, and stops at once instead of waiting out
-    the hand-over's timeout (it waited 5 s, every node's last stop in a whole-cluster stop)."""
+    the hand-over's timeout (5 s, which every whole-cluster shutdown used to pay)."""
     from broker.node import SHUTDOWN_HANDOVER_TIMEOUT
     async with sim_cluster(tmp_path) as c:
         c.kill("n1")
