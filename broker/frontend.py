@@ -84,7 +84,9 @@ class EndedProtocol:
     """What a driver holds in place of its protocol once the connection has ended and its
     socket is closed (broker/connection.py `serve`): closed, with nothing more to say. Dropping
     the real protocol breaks the cycle it makes with its driver (it holds the driver's methods
-    as callbacks), so an ended connection is freed at once, not at the next full collection."""
+    as callbacks), so the protocol, its buffers and decoders are freed at once rather than at
+    the interpreter's next full collection. (The driver itself may still sit in a cycle with
+    its session's objects until then.)"""
 
     NAME = SESSION_PROTOCOL = DEFAULT_CLIENT_NAME = "ended"
     handshaking = opened = has_output = False
