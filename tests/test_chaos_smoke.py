@@ -28,6 +28,8 @@ import pytest
 
 from bench.chaos.checker import check
 from bench.chaos.logs import load_history
+from bench.chaos.real import Options
+from bench.chaos.real import _checker_options as checker_options
 from bench.chaos.schedule import KINDS
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
@@ -103,7 +105,8 @@ def test_smoke_schedule(smoke, kind):
     assert detail["t_end"] is not None
     for name in ("scenario.json", "publish.jsonl", "deliver.jsonl", "intervals.jsonl", "history.json"):
         assert (folder / name).stat().st_size > 0, name
-    again = check(load_history(folder), stranded_after=5.0, recovery_grace=9.0).as_dict()
+    # judged again with the campaign's own options (the smoke runs with the defaults)
+    again = check(load_history(folder), **checker_options(Options())).as_dict()
     for key in ("ok", "published", "confirmed", "delivered", "lost", "duplicates_unflagged", "stranded", "stuck"):
         assert again[key] == v[key], (key, again[key], v[key])
     # the broker
