@@ -585,8 +585,15 @@ class SimNetwork:
         ]
 
     def _prune(self) -> None:
-        # A connection is forgotten once neither end can be read any more.
-        self._conns = [c for c in self._conns if not all(e._finished for e in c.ends)]
+        # A connection is forgotten once neither end can be read any more (and lets go of its
+        # ends, which refer back to it, so both are freed without waiting for a collection).
+        kept = []
+        for c in self._conns:
+            if all(e._finished for e in c.ends):
+                c.ends = []
+            else:
+                kept.append(c)
+        self._conns = kept
 
     def _delay_between(self, a: str, b: str) -> float:
         return self._delays.get(frozenset((a, b)), 0.0)

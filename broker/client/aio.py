@@ -571,6 +571,7 @@ class Connection:
                 except AMQPConnectionError:
                     pass
         self._nursery.cancel_scope.cancel()
+        self._forget_channels()
 
     def flush(self) -> None:
         """Send what `publish_nowait` and `basic_ack` queued, now, from the calling task, if the
@@ -709,10 +710,21 @@ class Connection:
             if self.closing:
                 for rid in list(self._pending):
                     self._resolve(rid, "err", ConnectionLost("connection closed"))
+                self._forget_channels()
                 return
             self._lost(error)
             if not self.reconnect:
+                self._forget_channels()
                 raise error if isinstance(error, AMQPConnectionError) else ConnectionLost(str(error))
+
+    def _forget_channels(self) -> None:
+        """The connection is over: each channel refers back to it, so the connection lets go
+        of them, and both are freed as soon as the caller lets go (not at the interpreter's
+        rare full collection: the node's management API opens one per request), and each
+        channel of its consumers (which refer back to their channel) likewise."""
+        for ch in self.channels.values():
+            ch.consumers.clear()
+        self.channels.clear()
 
     def _lost(self, error) -> None:
         """The connection went away: fail requests, report unconfirmed publishes, keep tags monotonic."""

@@ -83,6 +83,8 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
     listed = True  # among the node's connections (not its dead-letter publisher's session)
     channel_max = 2047  # channels open at once (the node's config, set by the driver)
     max_tx_bytes = 64 << 20  # uncommitted publish bytes per transaction (likewise)
+    _NOW: dict  # command type -> its handler, for `INLINE` commands (filled below the class)
+    _HANDLERS: dict  # command type -> its handler, for the others (likewise)
 
     def __init__(self, host: SessionHost, sid: int, peer: str, user: str, client_name: str, out,
                  vhost: str = DEFAULT_VHOST):
@@ -133,27 +135,6 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
         self.publisher = False
         self.full_links: list[str] = []  # queues a publish went to whose leader's link is full
         self.log = host.log.bind(conn=self.conn_id)
-        # the hot path, handled without awaiting anything: a front end may run these inside a
-        # batch of input (Router.begin_input), whose replicas' rounds run at its end
-        self._now = {
-            m.Publish: self.on_publish, m.PublishTo: self.on_publish_to,
-            m.Ack: self.on_ack, m.Nack: self.on_nack,
-        }
-        self._handlers = {
-            m.ChannelOpen: self.on_channel_open, m.ChannelClose: self.on_channel_close,
-            m.QueueDeclare: self.on_queue_declare, m.QueueDelete: self.on_queue_delete,
-            m.QueuePurge: self.on_queue_purge, m.BasicQos: self.on_qos,
-            m.ConfirmSelect: self.on_confirm_select, m.BasicConsume: self.on_consume,
-            m.BasicCancel: self.on_cancel, m.BasicGet: self.on_get,
-            m.ConnectionClose: self.on_connection_close,
-            m.TxSelect: self.on_tx_select, m.TxCommit: self.on_tx_commit,
-            m.TxRollback: self.on_tx_rollback,
-            m.ExchangeDeclare: self.on_exchange_declare,
-            m.ExchangeDelete: self.on_exchange_delete, m.QueueBind: self.on_queue_bind,
-            m.QueueUnbind: self.on_queue_unbind, m.BasicRecover: self.on_recover,
-            m.ExchangeBind: self.on_exchange_bind, m.ExchangeUnbind: self.on_exchange_unbind,
-            m.ChannelFlow: self.on_flow,
-        }
 
     # --- commands from the client ----------------------------------------------------------
     def handle(self, msg):
@@ -173,7 +154,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
             if ch is not None:
                 ch.order.append(rid)  # its reply leaves after the replies to earlier requests
         try:
-            return self._handlers[type(msg)](msg)
+            return self._HANDLERS[type(msg)](self, msg)
         except ChannelError as exc:
             self._close_channel(ch_id, rid, exc)
             return None
@@ -189,7 +170,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
         if ch_id in self.closed_channels:
             return  # frames in flight for a channel the server closed
         try:
-            self._now[type(msg)](msg)
+            self._NOW[type(msg)](self, msg)
         except ChannelError as exc:
             self._close_channel(ch_id, 0, exc)
 
@@ -648,6 +629,32 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
         for qname in sorted(touched):
             self.host.to_leader(qname, m.QSessionGone(qname, self.me, self.sid))
         self._credit_may_be_back()
+
+
+# The commands' handlers by type, as functions of the class taking the session: bound methods
+# kept by each session would make it a reference cycle of its own, left for the interpreter's
+# rare full collection when its connection ends.
+# The hot path, handled without awaiting anything: a front end may run these inside a batch of
+# input (Router.begin_input), whose replicas' rounds run at its end.
+Session._NOW = {
+    m.Publish: Session.on_publish, m.PublishTo: Session.on_publish_to,
+    m.Ack: Session.on_ack, m.Nack: Session.on_nack,
+}
+Session._HANDLERS = {
+    m.ChannelOpen: Session.on_channel_open, m.ChannelClose: Session.on_channel_close,
+    m.QueueDeclare: Session.on_queue_declare, m.QueueDelete: Session.on_queue_delete,
+    m.QueuePurge: Session.on_queue_purge, m.BasicQos: Session.on_qos,
+    m.ConfirmSelect: Session.on_confirm_select, m.BasicConsume: Session.on_consume,
+    m.BasicCancel: Session.on_cancel, m.BasicGet: Session.on_get,
+    m.ConnectionClose: Session.on_connection_close,
+    m.TxSelect: Session.on_tx_select, m.TxCommit: Session.on_tx_commit,
+    m.TxRollback: Session.on_tx_rollback,
+    m.ExchangeDeclare: Session.on_exchange_declare,
+    m.ExchangeDelete: Session.on_exchange_delete, m.QueueBind: Session.on_queue_bind,
+    m.QueueUnbind: Session.on_queue_unbind, m.BasicRecover: Session.on_recover,
+    m.ExchangeBind: Session.on_exchange_bind, m.ExchangeUnbind: Session.on_exchange_unbind,
+    m.ChannelFlow: Session.on_flow,
+}
 
 
 def _deleted(qname: str) -> str:

@@ -110,7 +110,7 @@ class PublishingPart:
         ch.tx = False
         try:
             for op in pending:
-                self._now[type(op)](op)
+                self._NOW[type(op)](self, op)
         finally:
             ch.tx = True
         # the driver waits for room on a full link after this (`full_links`), before reading on
