@@ -131,6 +131,11 @@ async def cmd_status(node, args):
             "paused": node.cluster.paused, **node.memory.status()}
 
 
+async def cmd_force_gc(node, args):
+    from .memory import full_collection
+    return full_collection()
+
+
 async def cmd_set_vm_memory_high_watermark(node, args):
     """A new high watermark for this node until it restarts (rabbitmqctl's command of that
     name): a fraction of memory, or an absolute size."""
@@ -514,7 +519,7 @@ COMMANDS = {
     "set_operator_policy": cmd_set_operator_policy,
     "clear_operator_policy": cmd_clear_operator_policy,
     "list_operator_policies": cmd_list_operator_policies,
-    "status": cmd_status, "set_vm_memory_high_watermark": cmd_set_vm_memory_high_watermark,
+    "status": cmd_status, "force_gc": cmd_force_gc, "set_vm_memory_high_watermark": cmd_set_vm_memory_high_watermark,
     "cluster_status": cmd_cluster_status, "stop": cmd_stop,
     "stop_app": cmd_stop_app,
     "start_app": cmd_start_app, "join_cluster": cmd_join_cluster, "reset": cmd_reset,

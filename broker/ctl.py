@@ -129,6 +129,7 @@ COMMAND_HELP = {
     "start_app": "start the node's app again",
     "set_vm_memory_high_watermark": "[absolute] VALUE: the memory alarm's mark until restart",
     "node_is_mirror_sync_critical": "fail if the node holds a queue's only synced replica",
+    "force_gc": "a full garbage collection in the node now, and what it freed",
     # cluster
     "cluster_status": "cluster name, members and running nodes",
     "await_online_nodes": "wait until COUNT nodes run (up to --timeout)",
@@ -189,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=COMMAND_HELP[name], description=description)
 
     for name in ("status", "await_startup", "stop", "stop_app", "start_app", "cluster_status", "reset",
-                 "node_is_mirror_sync_critical"):
+                 "node_is_mirror_sync_critical", "force_gc"):
         command(name)
     _rolling_restart_options(command("rolling_restart"))
     w = command("set_vm_memory_high_watermark")

@@ -27,14 +27,18 @@ Theory of operation:
   percent of its CPU). The gate tells its client through the front end's `tell(blocked,
   reason)` (warren's protocol: `Blocked`/`Unblocked` frames; AMQP: connection.blocked/unblocked).
   A connection that only consumes and acks is never held.
+* `full_collection` is `warrenctl force_gc`: the interpreter's full collection on demand (the
+  node's own thresholds run one rarely), to tell the node's state from garbage awaiting it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import sys
+import time
 from pathlib import Path
 
 import trio
@@ -330,3 +334,17 @@ class PublisherGate:
 
     def close(self) -> None:
         self.memory.remove_hook(self._on_change)
+
+
+def full_collection() -> dict:
+    """`warrenctl force_gc` (rabbitmqctl's command of that name): a full pass of the
+    interpreter's cyclic collector now, and what it freed. The node runs one rarely on its own
+    (broker/server.py `tune_gc`): what an ended connection leaves in a reference cycle waits
+    for it, so the live blocks after this call are the node's state, not its garbage."""
+    before = sys.getallocatedblocks()
+    started = time.perf_counter()
+    collected = gc.collect()
+    return {"collected_objects": collected, "python_blocks_before": before,
+            "python_blocks_after": sys.getallocatedblocks(),
+            "seconds": round(time.perf_counter() - started, 4)}
+

@@ -45,6 +45,8 @@ async def fill_hold_drain(c) -> dict:
     status = c.ctl_json("n1", "status")
     assert status["memory_limit"] == mark and status["memory_alarm"] is False
     assert status["memory_python_blocks"] > 10_000  # the interpreter's live blocks, not the RSS
+    collected = c.ctl_json("n1", "force_gc")  # through warrenctl, as an operator asks for it
+    assert collected["python_blocks_after"] > 10_000 and 0 <= collected["seconds"] < 1, collected
     seen = {"confirmed": 0}
     out: dict = {"mark": mark}
     async with open_connection([addr], client_name="publisher") as pub:
