@@ -378,7 +378,7 @@ def run(m: Mutant) -> tuple[bool, str]:
     """Apply `m` to a copy of the tree and run its tests; True if they caught it."""
     with tempfile.TemporaryDirectory(prefix=f"warren-mutant-{m.name}-") as tmp:
         tree = Path(tmp) / "tree"
-        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", "var", "results", "__pycache__",
+        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".cache", ".venv", "var", "results", "__pycache__",
                                                                   ".hypothesis", "*.egg-info"))
         target = tree / m.file
         text = target.read_text()

@@ -146,7 +146,7 @@ def _copy_tree(dest: Path) -> None:
                 shutil.copy2(src, dest / name)
     else:  # not a git checkout
         shutil.copytree(REPO, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
-            ".git", "var", "results", "__pycache__", "*.egg-info", "wheels", ".pytest_cache"))
+            ".git", ".cache", "var", "results", "__pycache__", "*.egg-info", "wheels", ".pytest_cache"))
 
 
 def _docker_answers() -> bool:
