@@ -196,8 +196,11 @@ def _patterns(base: str, name: str) -> str:
 
 # --- the Spark session -------------------------------------------------------------------------
 
-def spark_session(master: str = "local[*]", app_name: str = "warren-bench-analysis"):
-    """A quiet session: no UI, no progress bar, log level ERROR, loopback address for local runs."""
+def spark_session(master: str = "local[*]", app_name: str = "warren-bench-analysis",
+                  java_options: str = ""):
+    """A quiet session: no UI, no progress bar, log level ERROR, loopback address for local runs.
+    `java_options` go to the driver's JVM (the tests' tiny inputs run with the quick compiler
+    only: the optimising one costs more CPU than it saves there)."""
     local = master.startswith("local")
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -210,7 +213,9 @@ def spark_session(master: str = "local[*]", app_name: str = "warren-bench-analys
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.session.timeZone", "UTC"))
     if log4j.exists():  # errors only, and no "Setting default log level" banner
-        b = b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
+        java_options = f"-Dlog4j2.configurationFile={log4j.as_uri()} {java_options}".strip()
+    if java_options:
+        b = b.config("spark.driver.extraJavaOptions", java_options)
     if local:
         cores = os.cpu_count() or 2
         m = re.match(r"local\[(\d+)", master)
