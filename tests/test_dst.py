@@ -68,15 +68,15 @@ def test_a_chaos_schedule_replays_exactly_on_the_simulation():
     assert a.verdict.line() == b.verdict.line()
 
 
-# Seeds 1-60 draw every fault kind of the simulation at least once (cancel_sync first at 26,
-# policy at 43), and the test checks it still does; a wider sweep is `make dst`. About 30 s of
+# Seeds 1-43 draw every fault kind of the simulation at least once (cancel_sync first at 26,
+# policy at 43), and the test checks it still does; a wider sweep is `make dst`. About 20 s of
 # CPU (0.4 s a schedule); the timeout only guards a hang
-SWEEP = range(1, 61)
+SWEEP = range(1, 44)
 
 
 @pytest.mark.process  # two worker processes
 @pytest.mark.timeout(600)
-def test_sixty_schedules_of_every_fault_kind_lose_nothing_confirmed(capsys):
+def test_schedules_of_every_fault_kind_lose_nothing_confirmed(capsys):
     """Seeded schedules of every fault kind, judged by the same checker as the real-process
     campaign: no confirmed message lost where the spec does not allow it, no repeat without the
     redelivered flag, no stranded message or consumer, no stuck publisher. A failure prints
