@@ -273,10 +273,12 @@ def _python_blocks(cluster: LocalCluster) -> dict:
     """The memory blocks the node's interpreter holds (`warrenctl status`), and what is left of
     them after a full collection (`warrenctl force_gc`): the node's state without the garbage
     that waits for its collector. Unlike the resident set, neither counts what the allocators
-    keep once a burst is freed."""
+    keep once a burst is freed; the resident set after that collection and a trim is the
+    floor of what they keep."""
     held = cluster.call("n1", "status", {})["memory_python_blocks"]
-    return {"python_blocks": held,
-            "python_blocks_live": cluster.call("n1", "force_gc", {})["python_blocks_after"]}
+    collected = cluster.call("n1", "force_gc", {})
+    return {"python_blocks": held, "python_blocks_live": collected["python_blocks_after"],
+            "rss_bytes_collected": collected["rss_after"]}
 
 
 def _settle(pid: int, fds: int) -> float:

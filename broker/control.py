@@ -133,7 +133,7 @@ async def cmd_status(node, args):
 
 async def cmd_force_gc(node, args):
     from .memory import full_collection
-    return full_collection()
+    return full_collection(node.memory.probe)
 
 
 async def cmd_set_vm_memory_high_watermark(node, args):

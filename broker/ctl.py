@@ -129,7 +129,7 @@ COMMAND_HELP = {
     "start_app": "start the node's app again",
     "set_vm_memory_high_watermark": "[absolute] VALUE: the memory alarm's mark until restart",
     "node_is_mirror_sync_critical": "fail if the node holds a queue's only synced replica",
-    "force_gc": "a full garbage collection in the node now, and what it freed",
+    "force_gc": "a full garbage collection in the node now, a trim, and what they freed",
     # cluster
     "cluster_status": "cluster name, members and running nodes",
     "await_online_nodes": "wait until COUNT nodes run (up to --timeout)",

@@ -28,7 +28,8 @@ Theory of operation:
   reason)` (warren's protocol: `Blocked`/`Unblocked` frames; AMQP: connection.blocked/unblocked).
   A connection that only consumes and acks is never held.
 * `full_collection` is `warrenctl force_gc`: the interpreter's full collection on demand (the
-  node's own thresholds run one rarely), to tell the node's state from garbage awaiting it.
+  node's own thresholds run one rarely), then a trim, to tell the node's state from garbage
+  awaiting a collection and from memory the allocators keep.
 """
 
 from __future__ import annotations
@@ -336,15 +337,19 @@ class PublisherGate:
         self.memory.remove_hook(self._on_change)
 
 
-def full_collection() -> dict:
+def full_collection(probe) -> dict:
     """`warrenctl force_gc` (rabbitmqctl's command of that name): a full pass of the
-    interpreter's cyclic collector now, and what it freed. The node runs one rarely on its own
+    interpreter's cyclic collector now, then the C allocator asked to give back what it keeps
+    free (`probe.trim`), and what that freed. The node runs a full collection rarely on its own
     (broker/server.py `tune_gc`): what an ended connection leaves in a reference cycle waits
     for it, so the live blocks after this call are the node's state, not its garbage."""
-    before = sys.getallocatedblocks()
+    available = probe is not None and probe.available
+    blocks, rss = sys.getallocatedblocks(), probe.used() if available else None
     started = time.perf_counter()
     collected = gc.collect()
-    return {"collected_objects": collected, "python_blocks_before": before,
+    if available:
+        probe.trim()
+    return {"collected_objects": collected, "python_blocks_before": blocks,
             "python_blocks_after": sys.getallocatedblocks(),
+            "rss_before": rss, "rss_after": probe.used() if available else None,
             "seconds": round(time.perf_counter() - started, 4)}
-

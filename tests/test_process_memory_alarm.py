@@ -47,6 +47,7 @@ async def fill_hold_drain(c) -> dict:
     assert status["memory_python_blocks"] > 10_000  # the interpreter's live blocks, not the RSS
     collected = c.ctl_json("n1", "force_gc")  # through warrenctl, as an operator asks for it
     assert collected["python_blocks_after"] > 10_000 and 0 <= collected["seconds"] < 1, collected
+    assert 0 < collected["rss_after"] <= collected["rss_before"], collected
     seen = {"confirmed": 0}
     out: dict = {"mark": mark}
     async with open_connection([addr], client_name="publisher") as pub:
