@@ -170,6 +170,9 @@ def test_the_page_drives_and_shows_mirroring(request, tmp_path_factory, tmp_path
                 # the new mirror (exactly 2: on the third node) syncs from the page; cancelled
                 other = next(n for n in ("n2", "n3") if n != first_mirror)
                 queue.locator(f'[data-replica="{other}"][data-role="mirror"]').wait_for()
+                # the bar kept no progress from the first sync (its hidden bar once said 99%
+                # until the new sync's first poll, and this test waited to see it pass that)
+                assert progress(page, "ha.ui") == 0
                 queue.locator(".act-sync").click()
                 page.wait_for_function(
                     "() => Number(document.querySelector('[data-queue=\"ha.ui\"] .sync-bar')"

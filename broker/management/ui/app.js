@@ -276,7 +276,10 @@ function updateCard(card, x, members, running, h) {
     ack <b class="rate-ack">${ms.ack_details.rate}</b>/s`;
   const p = x.sync_progress;
   card.sync.hidden = !p;
-  if (p) {
+  if (!p) {  // no sync now: the bar forgets the last one's progress (the next starts from 0)
+    card["sync-bar"].style.width = "0%";
+    card["sync-bar"].dataset.progress = "0";
+  } else {
     const pct = p.total_messages ? Math.min(100, 100 * p.messages / p.total_messages) : 100;
     card["sync-bar"].style.width = pct.toFixed(1) + "%";
     card["sync-bar"].dataset.progress = pct.toFixed(1);
