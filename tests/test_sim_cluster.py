@@ -724,3 +724,29 @@ async def test_force_gc_runs_a_full_collection_and_says_what_it_freed(tmp_path, 
         assert freed["collected_objects"] >= 5000, freed
         assert freed["python_blocks_after"] < freed["python_blocks_before"] - 4000, freed
         assert c.nodes["n1"].memory.probe.trims >= 1  # and the C allocator was asked to give back
+
+
+async def test_warrens_client_gives_a_message_its_own_expiration(tmp_path, autojump_clock):
+    """The `expiration` property through warren's own client, as through AMQP: a message
+    expires after its own TTL (milliseconds, a string or an int), the others in the same batch
+    keep theirs, and a bad one closes the channel with RabbitMQ's text."""
+    async with sim_cluster(tmp_path) as c:
+        async with c.client("c1", ["n1"]) as conn:
+            ch = await conn.channel()
+            await ch.queue_declare("ttl.q")
+            await ch.confirm_delivery()
+            ch.publish_nowait("ttl.q", b"soon", {"expiration": "1000"})
+            ch.publish_nowait("ttl.q", b"kept", {"content_type": "text/plain"})
+            ch.publish_nowait("ttl.q", b"later", {"expiration": 30000})
+            ch.publish_nowait("ttl.q", b"plain")
+            assert await ch.wait_for_confirms(5)
+            await trio.sleep(5)
+            got = []
+            while (msg := await ch.basic_get("ttl.q", auto_ack=True)) is not None:
+                got.append(msg.body)
+            assert got == [b"kept", b"later", b"plain"]
+            await ch.basic_publish("", "ttl.q", b"bad", {"expiration": "soon"})
+            with pytest.raises(ChannelClosedByBroker) as ei:
+                await ch.basic_get("ttl.q")
+            assert ei.value.reply_code == 406
+            assert "invalid expiration 'soon': no_integer" in ei.value.reply_text

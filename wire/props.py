@@ -236,3 +236,16 @@ def priority_of(item) -> int:
         return raw[at]
     except IndexError:
         return 0
+
+
+def expiration_ms(value) -> int | str:
+    """A message's `expiration` property as milliseconds, or RabbitMQ's text for a bad one.
+    AMQP carries it as a string of digits; warren's client may give the string or an int."""
+    text = str(value)
+    try:
+        ms = int(text, 10)
+    except ValueError:
+        return f"invalid expiration '{text}': no_integer"
+    if ms < 0:
+        return f"invalid expiration '{text}': {{value_negative,{ms}}}"
+    return ms

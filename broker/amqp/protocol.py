@@ -462,7 +462,7 @@ class AmqpProtocol(ConnectionPart, OutputPart):
             user_id = props.user_id
             ttl = props.expiration
             if ttl is not None:
-                ttl = _expiration_ms(ttl)
+                ttl = propsmod.expiration_ms(ttl)
                 if type(ttl) is str:  # not cached: the channel fails
                     self._fail_channel(c, PRECONDITION_FAILED, ttl)
                     return False
@@ -565,14 +565,3 @@ def _table(value) -> dict:
 
 
 __all__ = ["AmqpProtocol", "State", "LoggedIn", "ChannelFailed", "ConnectionFailed", "Closed"]
-
-
-def _expiration_ms(text: str) -> int | str:
-    """The expiration property as milliseconds, or RabbitMQ's text for a bad one."""
-    try:
-        ms = int(text, 10)
-    except ValueError:
-        return f"invalid expiration '{text}': no_integer"
-    if ms < 0:
-        return f"invalid expiration '{text}': {{value_negative,{ms}}}"
-    return ms

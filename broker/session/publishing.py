@@ -174,11 +174,27 @@ class PublishingPart:
             return
         qname = self.key(msg.queue) if self._prefix else msg.queue
         if self.host.queue(qname) is not None:
-            self._publish(ch, [qname], msg.bodies, msg.props, "", msg.queue, False)
+            queues = [qname]
         elif msg.queue.startswith(REPLY_PREFIX):
             self._send_reply(ch, msg.queue, msg.bodies, msg.props, False)
+            return
         else:
-            self._publish(ch, [], msg.bodies, msg.props, "", msg.queue, False)
+            queues = []
+        props = msg.props
+        if props is None or not any(type(p) is dict and "expiration" in p for p in props):
+            self._publish(ch, queues, msg.bodies, props, "", msg.queue, False)
+            return
+        # messages with their own `expiration`: each run of equal ones is a batch with that TTL
+        # (as AMQP's publishes are), all read before any is published (a bad one fails them all)
+        ttls = [_expiration_of(p) for p in props]
+        bodies = msg.bodies
+        n = len(bodies)
+        start = 0
+        for i in range(1, n + 1):
+            if i == n or ttls[i] != ttls[start]:
+                self._publish(ch, queues, bodies[start:i], props[start:i], "", msg.queue, False,
+                              False, ttls[start])
+                start = i
 
     def on_publish_to(self, msg):
         acc = self._access
@@ -386,3 +402,15 @@ def _add_range(ranges: list, first: int, last: int) -> None:
         ranges[-1][1] = last
     else:
         ranges.append([first, last])
+
+
+def _expiration_of(item) -> int | None:
+    """The `expiration` (ms) of one of warren's client's props items; a bad one closes the
+    channel with RabbitMQ's text."""
+    if type(item) is not dict or item.get("expiration") is None:
+        return None
+    ms = propsmod.expiration_ms(item["expiration"])
+    if type(ms) is str:
+        raise ChannelError(PRECONDITION_FAILED, ms)
+    return ms
+
