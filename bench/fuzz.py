@@ -10,8 +10,9 @@ keep serving the well-behaved client. Reported: inputs sent per kind, node crash
 process gone), connections left hanging, lines logged as internal failures, the node's file
 descriptors and resident memory (/proc/PID) before the inputs, every SAMPLE_EVERY seconds during
 them, and after them (once the queues the inputs made are deleted and the node's connections
-have ended), the memory blocks its interpreter holds live before and after, and the
-well-behaved client's rounds, failures and slowest round.
+have ended), the memory blocks its interpreter holds before and after, and what is left of
+them and of the resident set after a full collection and a trim (`warrenctl force_gc`), and
+the well-behaved client's rounds, failures and slowest round.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class Fuzz:
         self.round_failures: list = []
         self.slowest_round = 0.0
         self.done = False
-        self.samples: list = []  # proc_usage every 30 s during the run
+        self.samples: list = []  # proc_usage every SAMPLE_EVERY seconds during the run
 
     async def sample(self, pid: int) -> None:
         """The node's fds and RSS every SAMPLE_EVERY seconds while the inputs go (growth or a

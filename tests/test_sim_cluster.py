@@ -711,6 +711,7 @@ async def test_force_gc_runs_a_full_collection_and_says_what_it_freed(tmp_path, 
     operator (and `make fuzz`) asks for a full pass to tell the node's state from garbage."""
     import gc
     from broker.control import ctl_call
+    from broker.simulation import PEER_PORT
     async with sim_cluster(tmp_path) as c:
         gc.disable()
         try:
@@ -718,7 +719,7 @@ async def test_force_gc_runs_a_full_collection_and_says_what_it_freed(tmp_path, 
                 cycle: list = []
                 cycle.append(cycle)
             del cycle
-            freed = await ctl_call(c.net.host("n1"), "n1", 25672, "t", b"s", "force_gc", {})
+            freed = await ctl_call(c.net.host("n1"), "n1", PEER_PORT, "test", b"s", "force_gc", {})
         finally:
             gc.enable()
         assert freed["collected_objects"] >= 5000, freed

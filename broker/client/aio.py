@@ -710,18 +710,16 @@ class Connection:
             if self.closing:
                 for rid in list(self._pending):
                     self._resolve(rid, "err", ConnectionLost("connection closed"))
-                self._forget_channels()
-                return
+                return  # (close() lets go of the channels)
             self._lost(error)
             if not self.reconnect:
                 self._forget_channels()
                 raise error if isinstance(error, AMQPConnectionError) else ConnectionLost(str(error))
 
     def _forget_channels(self) -> None:
-        """The connection is over: each channel refers back to it, so the connection lets go
-        of them, and both are freed as soon as the caller lets go (not at the interpreter's
-        rare full collection: the node's management API opens one per request), and each
-        channel of its consumers (which refer back to their channel) likewise."""
+        """The connection is over: it lets go of its channels, and they of their consumers.
+        Each refers back to its owner, so without this a closed connection waited for the
+        interpreter's rare full collection (the node's management API opens one per request)."""
         for ch in self.channels.values():
             ch.consumers.clear()
         self.channels.clear()

@@ -413,4 +413,3 @@ def _expiration_of(item) -> int | None:
     if type(ms) is str:
         raise ChannelError(PRECONDITION_FAILED, ms)
     return ms
-
