@@ -386,7 +386,7 @@ def _prefill(native_addr: str, queue: str, count: int) -> None:
             await ch.confirm_delivery()
             for i in range(count):
                 await ch.basic_publish("", queue, str(i).encode() + BODY_PAD)
-            assert await ch.wait_for_confirms(timeout=120)
+            assert await ch.wait_for_confirms(timeout=120), "the prefill was not all confirmed"
     trio.run(run)
 
 
