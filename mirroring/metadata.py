@@ -207,7 +207,7 @@ class Metadata:
 
     def require_vhost(self, name: str) -> None:
         if name not in self.vhosts:
-            raise MetaError(NOT_FOUND, f"vhost '{name}' not found")
+            raise MetaError(NOT_FOUND, f"vhost '{name}' does not exist")
 
     # --- members -------------------------------------------------------------------------------
     def _member_add(self, change: c.MemberAdd):

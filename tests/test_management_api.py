@@ -2,7 +2,8 @@
 RabbitMQ's paths, shapes and errors, any node answering for the whole cluster, the same policy
 validation as warrenctl, sync and cancel, a kill -9 of a queue's leader while the API is polled
 through a surviving node, and `/metrics` parsed by prometheus_client (a scrape of a node with
-1,000 queues in under 100 ms). Also the option's sources and the auth function on its own."""
+1,000 queues in under 100 ms). Also the option's sources, the auth function on its own, and one
+HTTP connection's objects freed as it ends (in-process, over real TCP)."""
 
 from __future__ import annotations
 
@@ -513,3 +514,70 @@ def test_the_api_answers_while_the_app_is_stopped(cluster):
         wait_until(lambda: {n["name"]: n["running"] for n in http.get("/api/nodes").json()}
                    == {"n1": False, "n2": True, "n3": True}, what="n3 running again")
         assert http.get("/api/health/checks/is-in-service").status_code == 200
+
+
+# --- one HTTP connection's objects, freed as it ends -----------------------------------------------
+
+async def test_an_ended_http_connection_is_freed_without_waiting_for_a_collection():
+    """hypercorn's server for one connection and its protocol refer to each other; the node's
+    handler (broker/management `connection_server`) empties the server as the connection ends,
+    so with the collector off nothing of hypercorn's is left for it after five requests over
+    real TCP (a flood of short connections would otherwise hold tens of MB until a full
+    collection)."""
+    import gc
+    from functools import partial
+
+    from hypercorn.config import Config as HypercornConfig
+    from hypercorn.utils import wrap_app
+
+    from broker.log import get as get_logger
+    from broker.management import connection_server
+
+    async def hello(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = HypercornConfig()
+    config.accesslog = config.errorlog = None
+    serve_one = connection_server(wrap_app(hello, config.wsgi_max_body_size, None), config, get_logger("test"))
+    ended = trio.Semaphore(0, max_value=100)
+
+    async def counted(stream):
+        try:
+            await serve_one(stream)
+        finally:
+            ended.release()
+
+    async def request(port: int) -> bytes:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := await stream.receive_some():
+                answer += chunk
+        return answer
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, counted, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        assert (await request(port)).endswith(b"ok")  # first-use imports and caches aside
+        await ended.acquire()
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(5):
+                assert (await request(port)).startswith(b"HTTP/1.1 200")
+            for _ in range(5):
+                await ended.acquire()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            left = sorted({type(o).__qualname__ for o in gc.garbage
+                           if (type(o).__module__ or "").startswith("hypercorn")})
+            gc.garbage.clear()
+        finally:
+            gc.set_debug(0)
+            gc.enable()
+        nursery.cancel_scope.cancel()
+    assert left == [], f"an ended HTTP connection left these in reference cycles: {left}"

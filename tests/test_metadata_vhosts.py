@@ -86,7 +86,7 @@ def test_declares_into_a_missing_vhost_are_refused():
                    c.PolicySet(make_policy("p", ".*", {"ha-mode": "all"}, vhost="nope"))):
         with pytest.raises(MetaError) as ei:
             md.apply(change)
-        assert (ei.value.code, ei.value.text) == (NOT_FOUND, "vhost 'nope' not found")
+        assert (ei.value.code, ei.value.text) == (NOT_FOUND, "vhost 'nope' does not exist")
 
 
 def test_errors_name_the_queues_vhost():
@@ -149,7 +149,7 @@ def test_deleting_a_vhost_drops_everything_it_holds_and_nothing_else():
     assert list(md.queues) == ["q"] and list(md.policies) == ["p"]
     assert list(md.operator_policies) == ["o"] and list(md.bindings) == ["x"]
     assert all(x.vhost == "/" for x in md.exchanges.values())
-    with pytest.raises(MetaError, match="vhost 'v' not found"):
+    with pytest.raises(MetaError, match="vhost 'v' does not exist"):
         md.apply(c.VHostDelete("v"))
 
 

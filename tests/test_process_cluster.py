@@ -319,7 +319,7 @@ def test_list_exchanges_and_bindings_as_rabbitmqctl_does(cluster):
                 "destination_kind": "queue", "routing_key": "eu.#", "arguments": {}} in full
 
         r = cluster.ctl("n1", "list_bindings", "-p", "other")
-        assert r.returncode == 1 and "vhost 'other' not found" in r.stderr
+        assert r.returncode == 1 and "vhost 'other' does not exist" in r.stderr
         r = cluster.ctl("n1", "list_exchanges", "name", "bogus")
         assert r.returncode == 2 and "unknown column 'bogus'" in r.stderr and "list_exchanges's columns" in r.stderr
     finally:

@@ -75,7 +75,7 @@ async def test_the_same_queue_name_in_two_vhosts_is_two_queues_with_their_own_po
         assert {x["name"] for x in await ctl("n1", "list_exchanges", vhost="v")} == {
             "", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"}
         assert [v["name"] for v in await ctl("n1", "list_vhosts")] == ["/", "v"]
-        with pytest.raises(ProtocolError, match="vhost 'nope' not found"):
+        with pytest.raises(ProtocolError, match="vhost 'nope' does not exist"):
             await ctl("n1", "list_queues", vhost="nope")
         with pytest.raises(ProtocolError, match="no queue 'r' in vhost 'v'"):
             await ctl("n1", "purge_queue", vhost="v", queue="r")
@@ -127,7 +127,7 @@ async def test_deleting_a_vhost_removes_it_everywhere_across_a_leader_change(
             assert "v" not in md.vhosts and VQ not in md.queues
             assert all(x.vhost == "/" for x in md.exchanges.values())
             assert all(p.vhost == "/" for p in md.policies.values())
-        with pytest.raises(ProtocolError, match="vhost 'v' not found"):
+        with pytest.raises(ProtocolError, match="vhost 'v' does not exist"):
             await ctl("n1", "delete_vhost", name="v")
         with pytest.raises(ProtocolError, match="vhost '/' cannot be deleted"):
             await ctl("n1", "delete_vhost", name="/")

@@ -58,6 +58,28 @@ class Management:
             self.timeline.sync_seen(name, st.get("sync"), st["node"])
 
 
+def connection_server(app, config: HypercornConfig, log):
+    """The handler of one accepted HTTP connection: hypercorn's server for that connection
+    alone. What escapes it (a request broken off at times makes hypercorn send its error answer
+    while another send is in flight: trio.BusyResourceError) ends this connection only, not the
+    listener and the node; it is logged to `log`."""
+    context = WorkerContext(None)
+
+    async def one_connection(stream) -> None:
+        server = TCPServer(app, config, context, ConnectionState({}), stream)
+        try:
+            await server
+        except Exception as exc:  # noqa: BLE001
+            log.warning("management connection ended by an error", error=clip(repr(exc), 255))
+        finally:
+            # the server and its protocol refer to each other (the protocol sends through a
+            # method of the server): left whole, every connection's objects and buffers would
+            # wait for the interpreter's rare full collection, tens of MB under a flood of them
+            vars(server).clear()
+
+    return one_connection
+
+
 async def serve(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Listen on the node's http_port (0: any free one) until cancelled; reports the port."""
     from .app import build_app
@@ -74,22 +96,7 @@ async def serve(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         config.verify_mode = (ssl.CERT_REQUIRED if cfg.tls_fail_if_no_peer_cert
                               else ssl.CERT_OPTIONAL if cfg.tls_verify_peer else ssl.CERT_NONE)
     app = wrap_app(build_app(management), config.wsgi_max_body_size, None)
-    context = WorkerContext(None)
-
-    async def one_connection(stream) -> None:
-        """hypercorn's server for one connection. What escapes it (a request broken off at
-        times makes hypercorn send its error answer while another send is in flight:
-        trio.BusyResourceError) ends this connection only, not the listener and the node."""
-        server = TCPServer(app, config, context, ConnectionState({}), stream)
-        try:
-            await server
-        except Exception as exc:  # noqa: BLE001
-            node.stranger_log.warning("management connection ended by an error", error=clip(repr(exc), 255))
-        finally:
-            # the server and its protocol refer to each other (the protocol sends through a
-            # method of the server): left whole, every connection's objects and buffers would
-            # wait for the interpreter's rare full collection, tens of MB under a flood of them
-            vars(server).clear()
+    one_connection = connection_server(app, config, node.stranger_log)
 
     listeners = await trio.open_tcp_listeners(cfg.http_port, host=cfg.host)
     port = listeners[0].socket.getsockname()[1]
