@@ -14,25 +14,65 @@ broker/session/'s business.
 from __future__ import annotations
 
 from wire import messages as m
-from wire.errors import (ACCESS_REFUSED, CONNECTION_FORCED, NOT_ALLOWED, UNEXPECTED_FRAME,
-                         VERSION_MISMATCH, ProtocolError)
+from wire.errors import (ACCESS_REFUSED, CONNECTION_FORCED, NOT_ALLOWED, PRECONDITION_FAILED,
+                         SYNTAX_ERROR, UNEXPECTED_FRAME, VERSION_MISMATCH, ProtocolError)
 from wire.frames import FrameDecoder
-from wire.props import native_list
+from wire.props import NO_PROPS, dict_to_raw, expiration_ms, native_list
 from wire.schema import decode_bytes
 
 from .connection import ClientConnection, check_login, is_loopback
 from .framed import frame_parts
-from .frontend import Closed, ConnectionFailed, LoggedIn, vhost_not_found
+from .frontend import ChannelFailed, Closed, ConnectionFailed, LoggedIn, vhost_not_found
+from .session.replyto import REPLY_TO
 
 CLIENT_KINDS = frozenset({
     "channel.open", "channel.close", "queue.declare", "queue.delete", "queue.purge", "basic.qos",
     "confirm.select", "publish", "basic.consume", "basic.cancel", "basic.get", "ack", "nack",
     "connection.close", "tx.select", "tx.commit", "tx.rollback",
+    # exchanges and bindings, and publishing to an exchange (PublishTo, read by `_routed`)
+    "exchange.declare", "exchange.delete", "queue.bind", "queue.unbind", "exchange.bind",
+    "exchange.unbind", "publish.to",
 })
 
 HANDSHAKE, OPEN, CLOSED = "waiting for client.auth", "open", "closed"  # NativeProtocol.state
 
 __all__ = ["CLIENT_KINDS", "NativeConnection", "NativeProtocol", "check_login", "is_loopback"]
+
+
+def _routed(msg: m.PublishTo) -> list:
+    """A client's publish to an exchange, as the session takes it from either front end: each
+    message's properties in AMQP's form with the exchange and routing key it was published
+    with (wire/props.py `[exchange, routing_key, raw]`: a consumer on either protocol reads them
+    back, an AMQP one every property as encoded), and its TTL (`expiration`) and direct
+    reply-to request read here, not taken from the client; runs of equal TTL and reply-to go
+    as one batch each. A bad `expiration` fails the channel with RabbitMQ's text; properties
+    that are not a map (or nil) are a protocol error, as a malformed AMQP header is."""
+    props = msg.props
+    n = len(msg.bodies)
+    if props is not None and len(props) != n:
+        return [msg]  # the session refuses it (props must be nil or parallel to bodies)
+    ex, key = msg.exchange, msg.routing_key
+    items, runs = [], []
+    for i in range(n):
+        d = props[i] if props is not None else None
+        if d is not None and type(d) is not dict:
+            raise ProtocolError(SYNTAX_ERROR, f"publish.to: the properties of a message must be a map "
+                                              f"or nil on channel {msg.ch}")
+        ttl = None
+        if d is not None and d.get("expiration") is not None:
+            ttl = expiration_ms(d["expiration"])
+            if type(ttl) is str:
+                return [ChannelFailed(msg.ch, PRECONDITION_FAILED, ttl)]
+        reply = d is not None and d.get("reply_to") == REPLY_TO
+        items.append([ex, key, dict_to_raw(d) if d else NO_PROPS])
+        if not runs or runs[-1][1:] != [ttl, reply]:
+            runs.append([i, ttl, reply])
+    out = []
+    for j, (start, ttl, reply) in enumerate(runs):
+        stop = runs[j + 1][0] if j + 1 < len(runs) else n
+        out.append(m.PublishTo(msg.ch, ex, key, msg.mandatory, msg.bodies[start:stop],
+                               items[start:stop], ttl, reply))
+    return out
 
 
 class NativeProtocol:
@@ -86,9 +126,14 @@ class NativeProtocol:
                 rest = msgs[1:]
             else:
                 rest = msgs
+            routed = False
             for msg in rest:  # a frame a client may not send spoils the whole read
                 if msg.KIND not in CLIENT_KINDS:
                     raise ProtocolError(UNEXPECTED_FRAME, f"message {msg.KIND!r} is not allowed here")
+                routed = routed or type(msg) is m.PublishTo
+            if routed:
+                msgs = [out for msg in msgs
+                        for out in (_routed(msg) if type(msg) is m.PublishTo else (msg,))]
             return msgs
         except ProtocolError as exc:
             return self._fail(exc)
@@ -138,14 +183,20 @@ class NativeProtocol:
             return
         t = type(msg)
         if t is m.Deliver:
-            if msg.props is not None:
-                msg.props = native_list(msg.props)
+            props = msg.props
+            if props is not None:
+                msg.props = native_list(props)
+                if msg.props is not props:  # some were published over AMQP or to an exchange
+                    msg.routes = [p[:2] if type(p) is list else None for p in props]
         elif t is m.Reply:
             v = msg.value
             if type(v) is list and len(v) == 5 and isinstance(v[3], (list, tuple)):
-                v[3] = native_list([v[3]])[0]  # a basic.get answer [tag, body, redelivered, props, n]
+                # a basic.get answer [tag, body, redelivered, props, n], and where it was sent
+                item = v[3]
+                v[3] = native_list([item])[0]
+                v.append(list(item[:2]))
         elif t is m.Returned:
-            return
+            msg.props = native_list(msg.props)
         self._items.append(msg)
 
     def send_blocked(self, blocked: bool, reason: str = "", source: str = "credit") -> None:

@@ -9,12 +9,13 @@ import trio
 
 from broker.client.errors import ConnectionClosedByBroker
 from broker.framed import encode_many
-from broker.frontend import Closed, ConnectionFailed, LoggedIn
+from broker.frontend import ChannelFailed, Closed, ConnectionFailed, LoggedIn
 from broker.native import NativeProtocol
 from broker.simulation import sim_cluster
 from wire import messages as m
 from wire.errors import ProtocolError
 from wire.frames import FrameDecoder
+from wire.props import NO_PROPS, dict_to_raw
 from wire.schema import decode_bytes
 
 MAX = 1 << 20
@@ -96,14 +97,51 @@ def test_outputs_as_warren_clients_read_them_and_holds_told_only_for_memory():
     p = protocol()
     p.receive_data(frames(auth()), 0.0)
     sent(p)
-    p.send_output(m.Returned(1, 312, "NO_ROUTE", "ex", "k", [b"x"], None))  # no msgpack form
+    amqp_item = ["logs", "error", dict_to_raw({"content_type": "text/plain"})]
+    p.send_output(m.Returned(1, 312, "NO_ROUTE", "ex", "k", [b"x"], [amqp_item]))
     p.send_blocked(True, "credit")  # credit flow holds the client untold
     p.send_blocked(True, "memory alarm", source="memory")
     p.send_output(m.Reply(5, None))
-    assert sent(p) == [m.Blocked("memory alarm"), m.Reply(5, None)]
+    p.send_output(m.Deliver(1, "ctag", 1, [b"a", b"b"], [], [None, amqp_item]))
+    p.send_output(m.Deliver(1, "ctag", 3, [b"c"], [], [{"type": "t"}]))  # warren's client's own
+    p.send_output(m.Reply(6, [7, b"d", False, amqp_item, 0]))  # a basic.get answer
+    plain = {"content_type": "text/plain"}
+    assert sent(p) == [m.Returned(1, 312, "NO_ROUTE", "ex", "k", [b"x"], [plain]),
+                       m.Blocked("memory alarm"), m.Reply(5, None),
+                       m.Deliver(1, "ctag", 1, [b"a", b"b"], [], [None, plain], [None, ["logs", "error"]]),
+                       m.Deliver(1, "ctag", 3, [b"c"], [], [{"type": "t"}]),
+                       m.Reply(6, [7, b"d", False, plain, 0, ["logs", "error"]])]
     p.client_closed(0.0)
     p.send_output(m.Reply(6, None))
     assert p.closed and sent(p) == []
+
+
+def test_a_publish_to_an_exchange_goes_to_the_session_as_an_amqp_publish_would():
+    """Each message's properties in AMQP's form with its exchange and routing key, its TTL and
+    direct reply-to request read here from the properties (not taken from the client), runs of
+    equal ones as one batch; a bad expiration fails the channel with RabbitMQ's text; properties
+    that are not a map close the connection."""
+    p = protocol()
+    p.receive_data(frames(auth()), 0.0)
+    sent(p)
+    props = [None, {"expiration": "500"}, {"expiration": 500, "type": "t"},
+             {"reply_to": "amq.rabbitmq.reply-to"}]
+    sneaky = m.PublishTo(1, "logs", "k", True, [b"a", b"b", b"c", b"d"], props, 7, True)
+    out = p.receive_data(frames(sneaky), 0.0)
+    raw = dict_to_raw
+    assert out == [
+        m.PublishTo(1, "logs", "k", True, [b"a"], [["logs", "k", NO_PROPS]], None, False),
+        m.PublishTo(1, "logs", "k", True, [b"b", b"c"],
+                    [["logs", "k", raw(props[1])], ["logs", "k", raw(props[2])]], 500, False),
+        m.PublishTo(1, "logs", "k", True, [b"d"], [["logs", "k", raw(props[3])]], None, True)]
+    assert p.receive_data(frames(m.PublishTo(2, "", "q", False, [b"x"], [{"expiration": "soon"}], None, False)),
+                          0.0) == [ChannelFailed(2, 406, "invalid expiration 'soon': no_integer")]
+    assert p.opened
+    bad = m.PublishTo(1, "logs", "k", False, [b"x"], [["logs", "k", b"\xff"]], None, False)
+    assert [type(e) for e in p.receive_data(frames(bad), 0.0)] == [ConnectionFailed, Closed]
+    (error,) = sent(p)
+    assert (error.code, error.text) == (502, "publish.to: the properties of a message must be a map "
+                                             "or nil on channel 1")
 
 
 def test_a_client_gone_in_the_middle_of_a_frame_is_told():

@@ -218,13 +218,16 @@ class Cancelled(Message, tag="cancelled"):
 class Deliver(Message, tag="deliver"):
     """Deliveries for one consumer: delivery tags first_tag, first_tag+1, ...
 
-    redelivered lists the indexes (into bodies) whose redelivered flag is set."""
+    redelivered lists the indexes (into bodies) whose redelivered flag is set. routes, set for
+    warren's client only: nil when every message went through the default exchange with the
+    queue's name, else parallel to bodies, each [exchange, routing_key] or nil for that."""
     ch: int
     consumer_tag: str
     first_tag: int
     bodies: list[bytes]
     redelivered: list[int]
     props: list | None
+    routes: list | None = None
 
 
 @register
@@ -252,15 +255,16 @@ class Nack(Message, tag="nack"):
     requeue: bool
 
 
-# --- commands the session core takes beyond warren's own client (AMQP 0-9-1 needs them; they
-# are registered kinds, so a msgpack client could send them too) ----------------------------
+# --- exchanges and bindings (AMQP 0-9-1's, which warren's client speaks too) -----------------
 
 
 @register
 class PublishTo(Message, tag="publish.to"):
     """A batch of messages to an exchange with one routing key: routed on the node that
     received it (mirroring/exchanges.py) to every queue bound to match. `mandatory`: an
-    unroutable message comes back as `Returned`. props is nil or parallel to bodies."""
+    unroutable message comes back as `Returned`. props is nil or parallel to bodies. From
+    warren's client the front end (broker/native.py) puts each item in AMQP's form and reads
+    `ttl` and `reply` from the properties itself."""
     ch: int
     exchange: str
     routing_key: str

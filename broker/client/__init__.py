@@ -7,13 +7,32 @@
   pika's are `pika.exceptions`.
 """
 
+from enum import Enum
+
 from . import errors as exceptions
 from .blocking import BasicProperties, BlockingChannel, BlockingConnection, ConnectionParameters
 from .errors import (AMQPConnectionError, AMQPError, ChannelClosed, ChannelClosedByBroker,
                      ConnectionClosedByBroker, ConnectionLost, NackError, UnroutableError)
 
+
+
+class DeliveryMode(Enum):
+    """pika's names for the delivery_mode property (warren keeps every message in memory)."""
+    Transient = 1
+    Persistent = 2
+
+
+class ExchangeType(Enum):
+    """pika's names for the exchange kinds."""
+    direct = "direct"
+    fanout = "fanout"
+    headers = "headers"
+    topic = "topic"
+
+
 __all__ = [
     "BlockingConnection", "BlockingChannel", "ConnectionParameters", "BasicProperties", "exceptions",
+    "DeliveryMode", "ExchangeType",
     "AMQPError", "AMQPConnectionError", "ChannelClosed", "ChannelClosedByBroker",
     "ConnectionClosedByBroker", "ConnectionLost", "NackError", "UnroutableError",
 ]

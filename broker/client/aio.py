@@ -12,9 +12,11 @@
 
 Batching: publishes and acks are queued and coalesced by one writer task, so a burst becomes one
 frame per queue. Reconnection: when the connection breaks the client tries the nodes in turn with
-back-off, re-opens its channels, re-declares the queues it declared, re-creates its consumers and
-calls `on_reconnect(node)`. Publishes not yet confirmed when the connection broke are reported as
-nacks with reason "connection lost", so the application can publish them again. Delivery tags keep
+back-off, re-opens its channels, re-declares the exchanges and queues it declared (a server-named
+queue gets a new name, which its bindings and consumers follow: see `events`), binds again what
+it bound, re-creates its consumers and calls `on_reconnect(node)`. Publishes not yet confirmed
+when the connection broke are reported as nacks with reason "connection lost", so the
+application can publish them again. Delivery tags keep
 increasing across reconnections; acks for tags of the old connection are dropped.
 
 TLS: `open_connection(..., ssl_context=ctx)` with a client-side `ssl.SSLContext` (for instance
@@ -47,6 +49,9 @@ from wire import messages as m
 from wire.errors import ProtocolError
 from wire.frames import DEFAULT_MAX_FRAME
 
+REFUSED = object()  # a recovery step the broker refused
+REPLY_TO = "amq.rabbitmq.reply-to"  # a reply_to asking for direct reply-to (sent as PublishTo)
+
 from .errors import (AMQPConnectionError, ChannelClosed, ChannelClosedByBroker,
                      ConnectionClosedByBroker, ConnectionLost)
 
@@ -75,6 +80,19 @@ class Message:
     properties: dict | None
     consumer_tag: str
     queue: str
+    exchange: str = ""  # where it was published: the default exchange ("") and the queue's name,
+    routing_key: str = ""  # unless it went through another exchange or with another key
+
+
+@dataclass(slots=True)
+class ReturnedMessage:
+    """A mandatory message no queue took, as the node sent it back (AMQP's basic.return)."""
+    reply_code: int
+    reply_text: str
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: dict | None
 
 
 @dataclass
@@ -286,6 +304,14 @@ class Channel:
         self.tag_offset = 0  # app delivery tag = server tag + tag_offset
         self.max_tag = 0
         self.declared: dict[str, dict] = {}
+        # exchanges declared and bindings made on this channel, made again after a reconnection
+        # (before the queues are: bindings after them, as an exclusive queue's went with it)
+        self.exchanges: dict[str, tuple] = {}
+        self.bindings: list[tuple] = []  # (kind, destination, source, routing_key, arguments)
+        # mandatory messages no queue took: given to on_return(channel, ReturnedMessage) if set,
+        # else kept in `returned` (oldest first) for the application to take
+        self.returned: list[ReturnedMessage] = []
+        self.on_return = None
         self._early: dict[str, list] = {}
         # while the connection is being re-established, publishes wait here (with their
         # sequence numbers) until the channel is open and in confirm mode again
@@ -309,15 +335,79 @@ class Channel:
                                                            exclusive, auto_delete, args))
         if not passive:
             self.declared[value[0] if not queue else queue] = dict(
-                durable=durable, exclusive=exclusive, auto_delete=auto_delete, arguments=args)
+                durable=durable, exclusive=exclusive, auto_delete=auto_delete, arguments=args,
+                server_named=not queue)
         return DeclareOk(*value)
 
     async def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False) -> int:
         self.declared.pop(queue, None)
+        self.bindings = [b for b in self.bindings if not (b[0] == "queue" and b[1] == queue)]
         return await self._rpc(lambda rid: m.QueueDelete(rid, self.ch, queue, if_unused, if_empty))
 
     async def queue_purge(self, queue: str) -> int:
         return await self._rpc(lambda rid: m.QueuePurge(rid, self.ch, queue))
+
+    # --- exchanges and bindings ------------------------------------------------------------
+    async def exchange_declare(self, exchange: str, exchange_type: str = "direct", passive: bool = False,
+                               durable: bool = False, auto_delete: bool = False, internal: bool = False,
+                               arguments: dict | None = None) -> None:
+        """Declare an exchange (direct, fanout, topic or headers), as AMQP's exchange.declare."""
+        args = dict(arguments or {})
+        await self._rpc(lambda rid: m.ExchangeDeclare(rid, self.ch, exchange, exchange_type, passive,
+                                                      durable, auto_delete, internal, args))
+        if not passive:
+            self.exchanges[exchange] = (exchange_type, durable, auto_delete, internal, args)
+
+    async def exchange_delete(self, exchange: str, if_unused: bool = False) -> None:
+        await self._rpc(lambda rid: m.ExchangeDelete(rid, self.ch, exchange, if_unused))
+        self.exchanges.pop(exchange, None)
+        self.bindings = [b for b in self.bindings
+                         if b[2] != exchange and not (b[0] == "exchange" and b[1] == exchange)]
+
+    async def queue_bind(self, queue: str, exchange: str, routing_key: str | None = None,
+                         arguments: dict | None = None) -> None:
+        """Bind `queue` to `exchange` (routing_key None: the queue's name, as pika does)."""
+        key = queue if routing_key is None else routing_key
+        args = dict(arguments or {})
+        await self._rpc(lambda rid: m.QueueBind(rid, self.ch, queue, exchange, key, args))
+        self._bound("queue", queue, exchange, key, args)
+
+    async def queue_unbind(self, queue: str, exchange: str, routing_key: str | None = None,
+                           arguments: dict | None = None) -> None:
+        key = queue if routing_key is None else routing_key
+        args = dict(arguments or {})
+        await self._rpc(lambda rid: m.QueueUnbind(rid, self.ch, queue, exchange, key, args))
+        self._unbound("queue", queue, exchange, key, args)
+
+    async def exchange_bind(self, destination: str, source: str, routing_key: str = "",
+                            arguments: dict | None = None) -> None:
+        """Messages `source` routes with a matching key go on to `destination` too."""
+        args = dict(arguments or {})
+        await self._rpc(lambda rid: m.ExchangeBind(rid, self.ch, destination, source, routing_key, args))
+        self._bound("exchange", destination, source, routing_key, args)
+
+    async def exchange_unbind(self, destination: str, source: str, routing_key: str = "",
+                              arguments: dict | None = None) -> None:
+        args = dict(arguments or {})
+        await self._rpc(lambda rid: m.ExchangeUnbind(rid, self.ch, destination, source, routing_key, args))
+        self._unbound("exchange", destination, source, routing_key, args)
+
+    def _renamed(self, old: str, new: str) -> None:
+        """A server-named queue got a new name at a reconnection."""
+        self.declared[new] = self.declared.pop(old)
+        self.bindings = [(b[0], new, *b[2:]) if b[0] == "queue" and b[1] == old else b
+                         for b in self.bindings]
+        for c in self.consumers.values():
+            if c.queue == old:
+                c.queue = new
+
+    def _bound(self, *binding) -> None:
+        if binding not in self.bindings:
+            self.bindings.append(binding)
+
+    def _unbound(self, *binding) -> None:
+        if binding in self.bindings:
+            self.bindings.remove(binding)
 
     async def basic_qos(self, prefetch_count: int = 0, global_qos: bool = False) -> None:
         await self._rpc(lambda rid: m.BasicQos(rid, self.ch, prefetch_count, global_qos))
@@ -341,20 +431,25 @@ class Channel:
         await self._rpc(lambda rid: m.TxRollback(rid, self.ch))
 
     def publish_nowait(self, routing_key: str, body: bytes, properties: dict | None = None,
-                       exchange: str = "") -> int | None:
-        """Queue one message for sending; returns its sequence number in confirm mode."""
+                       exchange: str = "", mandatory: bool = False) -> int | None:
+        """Queue one message for sending; returns its sequence number in confirm mode. To the
+        default exchange ("") it goes to the queue named `routing_key`; to another exchange
+        it is routed by that exchange's bindings. `mandatory`: if no queue takes it, it comes
+        back (`returned`, `on_return`) before its confirm."""
         self._check()
-        if exchange:
-            raise ValueError("warren routes through the default exchange only: use exchange=''")
         seq = None
         if self.confirming:
             seq = self.next_seq
             self.next_seq += 1
             self.outstanding[seq] = seq
-        if self._held is None and properties is None:
+        if exchange or mandatory or (properties and properties.get("reply_to") == REPLY_TO):
+            msg = m.PublishTo(self.ch, exchange, routing_key, mandatory, [bytes(body)],
+                              None if properties is None else [properties], None, False)
+        elif self._held is None and properties is None:
             self.conn._writer.put_body(self.ch, routing_key, bytes(body))
             return seq
-        msg = m.Publish(self.ch, routing_key, [bytes(body)], None if properties is None else [properties])
+        else:
+            msg = m.Publish(self.ch, routing_key, [bytes(body)], None if properties is None else [properties])
         if self._held is not None:
             self._held.append((seq, msg))
         else:
@@ -362,10 +457,20 @@ class Channel:
         return seq
 
     async def basic_publish(self, exchange: str, routing_key: str, body: bytes,
-                            properties: dict | None = None) -> int | None:
-        """Publish one message (waits only if the send buffer is full)."""
+                            properties: dict | None = None, mandatory: bool = False) -> int | None:
+        """Publish one message (waits only if the send buffer is full); see publish_nowait."""
         await self.conn._room()
-        return self.publish_nowait(routing_key, body, properties, exchange)
+        return self.publish_nowait(routing_key, body, properties, exchange, mandatory)
+
+    def _on_returned(self, msg: m.Returned) -> None:
+        props = msg.props
+        for i, body in enumerate(msg.bodies):
+            back = ReturnedMessage(msg.code, msg.text, msg.exchange, msg.routing_key, body,
+                                   props[i] if props is not None else None)
+            if self.on_return is not None:
+                self.on_return(self, back)
+            else:
+                self.returned.append(back)
 
     def _confirm(self, first: int, last: int, ok: bool, reason: str) -> None:
         out = self.outstanding
@@ -387,8 +492,9 @@ class Channel:
             self._confirm_waiters.clear()
 
     async def wait_for_confirms(self, timeout: float | None = None) -> bool:
-        """Wait until every publish so far is confirmed; True if none was nacked since last call."""
-        if self.outstanding:
+        """Wait until every publish so far is confirmed; True if none was nacked since last call.
+        Raises the channel's close reason if the broker closed it with publishes unconfirmed."""
+        if self.outstanding and self.is_open:
             ev = trio.Event()
             self._confirm_waiters.append(ev)
             if timeout is None:
@@ -396,6 +502,8 @@ class Channel:
             else:
                 with trio.fail_after(timeout):
                     await ev.wait()
+        if self.outstanding and not self.is_open and self.close_reason is not None:
+            raise self.close_reason
         ok = not self.nacked
         self.nacked = []
         return ok
@@ -423,9 +531,10 @@ class Channel:
         value = await self._rpc(lambda rid: m.BasicGet(rid, self.ch, queue, auto_ack))
         if value is None:
             return None
-        tag, body, redelivered, props, remaining = value
+        tag, body, redelivered, props, _remaining, *route = value
         self.max_tag = max(self.max_tag, tag)
-        return Message(tag + self.tag_offset, body, redelivered, props, "", queue)
+        exchange, key = route[0] if route else ("", queue)
+        return Message(tag + self.tag_offset, body, redelivered, props, "", queue, exchange, key)
 
     def _server_tags(self, tags, upto: int):
         off = self.tag_offset
@@ -463,8 +572,15 @@ class Channel:
         red = set(msg.redelivered) if msg.redelivered else ()
         props = msg.props
         tag, queue = c.tag, c.queue
-        c._deliver([Message(first + i + off, body, i in red, props[i] if props else None, tag, queue)
-                    for i, body in enumerate(msg.bodies)])
+        routes = msg.routes
+        if routes is None:
+            c._deliver([Message(first + i + off, body, i in red, props[i] if props else None, tag, queue,
+                                "", queue)
+                        for i, body in enumerate(msg.bodies)])
+        else:
+            c._deliver([Message(first + i + off, body, i in red, props[i] if props else None, tag, queue,
+                                *(routes[i] or ("", queue)))
+                        for i, body in enumerate(msg.bodies)])
 
     async def close(self) -> None:
         if self.is_open:
@@ -767,25 +883,40 @@ class Connection:
                 ch._seq_base = first - 1
             for _, msg in held:
                 self._put(msg)
-            for q, d in ch.declared.items():
-                await self._recover_step(ch, lambda rid: m.QueueDeclare(
-                    rid, ch.ch, q, False, d["durable"], d["exclusive"], d["auto_delete"], d["arguments"]))
+            for x, (kind, durable, auto_delete, internal, args) in ch.exchanges.items():
+                await self._recover_step(ch, lambda rid: m.ExchangeDeclare(
+                    rid, ch.ch, x, kind, False, durable, auto_delete, internal, args))
+            for q, d in list(ch.declared.items()):
+                # a server-named queue is named by the server again (an amq.gen- name may not
+                # be asked for): its bindings and consumers follow it to its new name
+                asked = "" if d["server_named"] else q
+                ok = await self._recover_step(ch, lambda rid: m.QueueDeclare(
+                    rid, ch.ch, asked, False, d["durable"], d["exclusive"], d["auto_delete"], d["arguments"]))
+                if ok is not REFUSED and ok[0] != q:
+                    ch._renamed(q, ok[0])
+                    self.events.append((trio.current_time(), "queue-renamed", f"{q} -> {ok[0]}"))
+            for kind, dest, source, key, args in ch.bindings:
+                bind = m.QueueBind if kind == "queue" else m.ExchangeBind
+                await self._recover_step(ch, lambda rid: bind(rid, ch.ch, dest, source, key, args))
             for tag, c in list(ch.consumers.items()):
-                if not await self._recover_step(ch, lambda rid: m.BasicConsume(
-                        rid, ch.ch, c.queue, tag, c.auto_ack, c.exclusive, c.arguments)):
+                if await self._recover_step(ch, lambda rid: m.BasicConsume(
+                        rid, ch.ch, c.queue, tag, c.auto_ack, c.exclusive, c.arguments)) is REFUSED:
                     ch.consumers.pop(tag, None)
                     c._cancelled("could not re-create the consumer after reconnecting")
         self.events.append((trio.current_time(), "reconnected", self.node))
         if self.on_reconnect is not None:
             self.on_reconnect(self.node)
 
-    async def _recover_step(self, ch: Channel, make) -> bool:
+    async def _recover_step(self, ch: Channel, make):
+        """One request of a channel's recovery: its answer, or REFUSED (the broker then closed
+        the channel, so the channel's later steps are not sent)."""
+        if not ch.is_open:
+            return REFUSED
         try:
-            await self._rpc(make, ch)
-            return True
+            return await self._rpc(make, ch)
         except ChannelClosedByBroker as exc:
             self.events.append((trio.current_time(), "recovery-failed", str(exc)))
-            return False
+            return REFUSED
 
     async def _write_loop(self, scope) -> None:
         w = self._writer
@@ -862,11 +993,18 @@ class Connection:
                     channels.pop(msg.ch, None)
                     for c in ch.consumers.values():
                         c._cancelled(f"channel closed: {msg.text}")
+                    for ev in ch._confirm_waiters:  # what they wait for will not come
+                        ev.set()
+                    ch._confirm_waiters.clear()
                     # requests sent on it before the news came are not answered (the node reads
                     # nothing on a channel it closed): they fail with it
                     for rid in [r for r, entry in self._pending.items() if entry[2] is ch]:
                         self._resolve(rid, "err", err)
                 self._resolve(msg.rid, "err", err)
+            elif t is m.Returned:
+                ch = channels.get(msg.ch)
+                if ch is not None:
+                    ch._on_returned(msg)
             elif t is m.Cancelled:
                 ch = channels.get(msg.ch)
                 if ch is not None:

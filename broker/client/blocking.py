@@ -8,18 +8,24 @@ A refusal (a channel or connection closed by the broker, a nack, a connection th
 made) is raised in the application's thread as the client's own exception (broker.client.errors),
 its traceback beginning at the application's call: the thread hop and trio's internals are not
 part of it.
+
+Deliveries and returned messages of every channel of a connection wait in one queue, run by
+`start_consuming()` (until the channel has no consumer left) or by the connection's
+`process_data_events(time_limit)`, as pika runs its callbacks.
 """
 
 from __future__ import annotations
 
 import queue as _queue
 import threading
+import time
+from enum import Enum
 from types import SimpleNamespace
 
 import trio
 
 from . import aio
-from .errors import AMQPConnectionError, AMQPError, NackError
+from .errors import AMQPConnectionError, AMQPError, NackError, UnroutableError
 
 
 class ConnectionParameters:
@@ -50,7 +56,9 @@ class BasicProperties(dict):
     """Message properties (content_type, headers, delivery_mode, message_id, ...): a dict."""
 
     def __init__(self, **kwargs):
-        super().__init__({k: v for k, v in kwargs.items() if v is not None})
+        # pika's enums (DeliveryMode.Persistent) stand for their values
+        super().__init__({k: v.value if isinstance(v, Enum) else v for k, v in kwargs.items()
+                          if v is not None})
 
     def __getattr__(self, name):
         return self.get(name)
@@ -64,6 +72,7 @@ class BlockingConnection:
         self._error: BaseException | None = None
         self._conn: aio.Connection | None = None
         self._token = None
+        self._events: _queue.Queue = _queue.Queue()  # (channel, kind, item) for callbacks to run
         self._thread = threading.Thread(target=self._thread_main, name="warren-client", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -120,6 +129,31 @@ class BlockingConnection:
     def channel(self) -> "BlockingChannel":
         return BlockingChannel(self, self._call(self._conn.channel))
 
+    def process_data_events(self, time_limit: float | None = 0) -> None:
+        """Run the callbacks of what has arrived (deliveries, returned messages): for up to
+        `time_limit` seconds (0: only what is already here; None: wait for at least one)."""
+        deadline = None if time_limit is None else time.monotonic() + time_limit
+        ran = False
+        while True:
+            if deadline is None:
+                timeout = None if not ran else 0
+            else:
+                timeout = max(0.0, deadline - time.monotonic())
+            try:
+                channel, kind, item = self._events.get(timeout=timeout) if timeout != 0 \
+                    else self._events.get_nowait()
+            except _queue.Empty:
+                return
+            if channel is None:  # the connection was closed
+                self._events.put((None, kind, item))  # for whoever else waits
+                return
+            channel._dispatch(kind, item)
+            ran = True
+
+    def sleep(self, duration: float) -> None:
+        """Wait `duration` seconds while running callbacks, as pika's."""
+        self.process_data_events(duration)
+
     def close(self) -> None:
         if not self.is_open:
             return
@@ -129,6 +163,7 @@ class BlockingConnection:
         except AMQPConnectionError:
             pass  # its thread has ended already
         self._thread.join(10)
+        self._events.put((None, "closed", None))  # start_consuming() in another thread returns
 
     def __enter__(self):
         return self
@@ -141,10 +176,13 @@ class BlockingChannel:
     def __init__(self, connection: BlockingConnection, channel: aio.Channel):
         self.connection = connection
         self._ch = channel
-        self._deliveries: _queue.Queue = _queue.Queue()
         self._callbacks: dict[str, object] = {}
+        self._return_callbacks: list = []
+        self._unroutable: list = []  # returned in confirm mode, for basic_publish to raise
         self._consuming = False
+        self._stop_asked = False
         self.channel_number = channel.ch
+        channel.on_return = self._on_return
 
     @property
     def is_open(self) -> bool:
@@ -161,6 +199,30 @@ class BlockingChannel:
 
     def queue_purge(self, queue: str):
         return self.connection._call(self._ch.queue_purge, queue)
+
+    def exchange_declare(self, exchange: str, exchange_type="direct", passive: bool = False,
+                         durable: bool = False, auto_delete: bool = False, internal: bool = False,
+                         arguments: dict | None = None):
+        kind = getattr(exchange_type, "value", exchange_type)  # pika's ExchangeType enum too
+        self.connection._call(self._ch.exchange_declare, exchange, kind, passive, durable,
+                              auto_delete, internal, arguments)
+
+    def exchange_delete(self, exchange: str, if_unused: bool = False):
+        self.connection._call(self._ch.exchange_delete, exchange, if_unused)
+
+    def exchange_bind(self, destination: str, source: str, routing_key: str = "", arguments: dict | None = None):
+        self.connection._call(self._ch.exchange_bind, destination, source, routing_key, arguments)
+
+    def exchange_unbind(self, destination: str, source: str, routing_key: str = "",
+                        arguments: dict | None = None):
+        self.connection._call(self._ch.exchange_unbind, destination, source, routing_key, arguments)
+
+    def queue_bind(self, queue: str, exchange: str, routing_key: str | None = None, arguments: dict | None = None):
+        self.connection._call(self._ch.queue_bind, queue, exchange, routing_key, arguments)
+
+    def queue_unbind(self, queue: str, exchange: str, routing_key: str | None = None,
+                     arguments: dict | None = None):
+        self.connection._call(self._ch.queue_unbind, queue, exchange, routing_key, arguments)
 
     def basic_qos(self, prefetch_size: int = 0, prefetch_count: int = 0, global_qos: bool = False):
         self.connection._call(self._ch.basic_qos, prefetch_count, global_qos)
@@ -179,24 +241,42 @@ class BlockingChannel:
         self.connection._call(self._ch.tx_rollback)
 
     def basic_publish(self, exchange: str, routing_key: str, body, properties=None, mandatory: bool = False):
-        """Publish; in confirm mode wait for the confirm and raise NackError if refused (as pika)."""
+        """Publish; in confirm mode wait for the confirm, and raise UnroutableError if the
+        (mandatory) message came back, NackError if it was refused (as pika)."""
         if isinstance(body, str):
             body = body.encode()
         props = dict(properties) if properties else None
-        self.connection._call(self._ch.basic_publish, exchange, routing_key, body, props)
+        self.connection._call(self._ch.basic_publish, exchange, routing_key, body, props, mandatory)
         if self._ch.confirming:
             ok = self.connection._call(self._ch.wait_for_confirms)
+            # a returned message arrives before its confirm: it is in the list by now
+            back, self._unroutable = self._unroutable, []
+            if back:
+                raise UnroutableError([_returned(r) for r in back])
             if not ok:
                 raise NackError(f"message to {routing_key!r} was not confirmed")
 
+    def add_on_return_callback(self, callback):
+        """`callback(channel, method, properties, body)` for each mandatory message that came
+        back (outside confirm mode: in confirm mode basic_publish raises UnroutableError)."""
+        self._return_callbacks.append(callback)
+
+    def _on_return(self, _channel, back) -> None:  # in the client's thread
+        if self._ch.confirming:
+            self._unroutable.append(back)
+        else:
+            self.connection._events.put((self, "return", back))
+
     def basic_consume(self, queue: str, on_message_callback, auto_ack: bool = False,
                       exclusive: bool = False, consumer_tag: str | None = None, arguments: dict | None = None):
+        events = self.connection._events
+
         def hand_over(ch, msg):
-            self._deliveries.put(("msg", msg))
+            events.put((self, "msg", msg))
 
         consumer = self.connection._call(self._ch.basic_consume, queue, hand_over, auto_ack, exclusive,
                                          consumer_tag, arguments)
-        consumer.on_cancel = lambda c, reason: self._deliveries.put(("cancel", c.tag))
+        consumer.on_cancel = lambda c, reason: events.put((self, "cancel", c.tag))
         self._callbacks[consumer.tag] = on_message_callback
         return consumer.tag
 
@@ -205,36 +285,51 @@ class BlockingChannel:
         self._callbacks.pop(consumer_tag, None)
 
     def start_consuming(self):
-        """Run message callbacks until stop_consuming() or until no consumer is left."""
+        """Run the connection's callbacks until stop_consuming(), until this channel has no
+        consumer left, or until the connection is closed."""
         self._consuming = True
-        while self._consuming and self._callbacks:
-            kind, item = self._deliveries.get()
-            if kind == "cancel":
-                self._callbacks.pop(item, None)
-                continue
-            if kind == "stop":
+        self._stop_asked = False
+        events = self.connection._events
+        while self._callbacks and not self._stop_asked:
+            channel, kind, item = events.get()
+            if channel is None:  # the connection was closed
+                events.put((None, kind, item))
                 break
-            cb = self._callbacks.get(item.consumer_tag)
-            if cb is None:
-                continue
-            method = SimpleNamespace(delivery_tag=item.delivery_tag, redelivered=item.redelivered,
-                                     consumer_tag=item.consumer_tag, routing_key=item.queue, exchange="")
-            cb(self, method, BasicProperties(**(item.properties or {})), item.body)
+            channel._dispatch(kind, item)
         self._consuming = False
+
+    def _dispatch(self, kind: str, item) -> None:
+        """Run one callback (in the application's thread)."""
+        if kind == "stop":
+            self._stop_asked = True
+        elif kind == "cancel":
+            self._callbacks.pop(item, None)
+        elif kind == "return":
+            method = SimpleNamespace(reply_code=item.reply_code, reply_text=item.reply_text,
+                                     exchange=item.exchange, routing_key=item.routing_key)
+            for cb in self._return_callbacks:
+                cb(self, method, BasicProperties(**(item.properties or {})), item.body)
+        else:
+            cb = self._callbacks.get(item.consumer_tag)
+            if cb is not None:
+                method = SimpleNamespace(delivery_tag=item.delivery_tag, redelivered=item.redelivered,
+                                         consumer_tag=item.consumer_tag, routing_key=item.routing_key,
+                                         exchange=item.exchange)
+                cb(self, method, BasicProperties(**(item.properties or {})), item.body)
 
     def stop_consuming(self, consumer_tag: str | None = None):
         for tag in [consumer_tag] if consumer_tag else list(self._callbacks):
             if tag in self._callbacks:
                 self.basic_cancel(tag)
-        self._consuming = False
-        self._deliveries.put(("stop", None))
+        if self._consuming:
+            self.connection._events.put((self, "stop", None))
 
     def basic_get(self, queue: str, auto_ack: bool = False):
         msg = self.connection._call(self._ch.basic_get, queue, auto_ack)
         if msg is None:
             return None, None, None
         method = SimpleNamespace(delivery_tag=msg.delivery_tag, redelivered=msg.redelivered,
-                                 routing_key=queue, exchange="")
+                                 routing_key=msg.routing_key, exchange=msg.exchange)
         return method, BasicProperties(**(msg.properties or {})), msg.body
 
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False):
@@ -248,3 +343,11 @@ class BlockingChannel:
 
     def close(self):
         self.connection._call(self._ch.close)
+
+
+def _returned(back) -> SimpleNamespace:
+    """A returned message as pika's UnroutableError lists it (method, properties, body)."""
+    method = SimpleNamespace(reply_code=back.reply_code, reply_text=back.reply_text,
+                             exchange=back.exchange, routing_key=back.routing_key)
+    return SimpleNamespace(method=method, properties=BasicProperties(**(back.properties or {})),
+                           body=back.body)

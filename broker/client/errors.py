@@ -36,4 +36,9 @@ class NackError(AMQPError):
 
 
 class UnroutableError(AMQPError):
-    pass
+    """Mandatory messages no queue took (in confirm mode); `messages` lists them, each with
+    `method` (reply_code, reply_text, exchange, routing_key), `properties` and `body`."""
+
+    def __init__(self, messages):
+        super().__init__(f"{len(messages)} unroutable message(s) returned")
+        self.messages = messages
