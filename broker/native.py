@@ -96,6 +96,7 @@ class NativeProtocol:
         self.max_frame = max_frame
         self.decoder = FrameDecoder(max_frame, decode_bytes)
         self.state = HANDSHAKE
+        self.user = ""  # once logged in
         self._items: list = [hello]  # messages to send, encoded at the next write
 
     # --- state ------------------------------------------------------------------------------------
@@ -126,17 +127,29 @@ class NativeProtocol:
                 rest = msgs[1:]
             else:
                 rest = msgs
-            routed = False
+            checked = False
             for msg in rest:  # a frame a client may not send spoils the whole read
                 if msg.KIND not in CLIENT_KINDS:
                     raise ProtocolError(UNEXPECTED_FRAME, f"message {msg.KIND!r} is not allowed here")
-                routed = routed or type(msg) is m.PublishTo
-            if routed:
-                msgs = [out for msg in msgs
-                        for out in (_routed(msg) if type(msg) is m.PublishTo else (msg,))]
+                t = type(msg)
+                checked = checked or t is m.PublishTo or (t is m.Publish and msg.props is not None)
+            if checked:  # publishes with properties: their user_id; those to an exchange: _routed
+                msgs = [out for msg in msgs for out in self._publish_checked(msg)]
             return msgs
         except ProtocolError as exc:
             return self._fail(exc)
+
+    def _publish_checked(self, msg):
+        """A command as the session takes it: a publish whose user_id property is not the
+        user's fails its channel (as RabbitMQ's), one to an exchange is `_routed`."""
+        t = type(msg)
+        if t is not m.Publish and t is not m.PublishTo:
+            return (msg,)
+        for d in msg.props or ():
+            if type(d) is dict and d.get("user_id", self.user) != self.user:
+                return (ChannelFailed(msg.ch, PRECONDITION_FAILED, f"user_id property set to "
+                                      f"'{d['user_id']}' but authenticated user was '{self.user}'"),)
+        return _routed(msg) if t is m.PublishTo else (msg,)
 
     def _login(self, msg) -> LoggedIn:
         if msg.KIND != "client.auth":
@@ -155,6 +168,7 @@ class NativeProtocol:
             raise ProtocolError(CONNECTION_FORCED, refusal)
         self._items.append(self.welcome())
         self.state = OPEN
+        self.user = msg.user
         return LoggedIn(msg.user, {"connection_name": msg.client_name}, msg.vhost)
 
     def receive_eof(self, now: float) -> list:

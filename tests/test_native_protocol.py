@@ -119,8 +119,8 @@ def test_outputs_as_warren_clients_read_them_and_holds_told_only_for_memory():
 def test_a_publish_to_an_exchange_goes_to_the_session_as_an_amqp_publish_would():
     """Each message's properties in AMQP's form with its exchange and routing key, its TTL and
     direct reply-to request read here from the properties (not taken from the client), runs of
-    equal ones as one batch; a bad expiration fails the channel with RabbitMQ's text; properties
-    that are not a map close the connection."""
+    equal ones as one batch; a bad expiration, or a user_id not the user's (on any publish), fails
+    the channel with RabbitMQ's text; properties that are not a map close the connection."""
     p = protocol()
     p.receive_data(frames(auth()), 0.0)
     sent(p)
@@ -137,6 +137,12 @@ def test_a_publish_to_an_exchange_goes_to_the_session_as_an_amqp_publish_would()
     assert p.receive_data(frames(m.PublishTo(2, "", "q", False, [b"x"], [{"expiration": "soon"}], None, False)),
                           0.0) == [ChannelFailed(2, 406, "invalid expiration 'soon': no_integer")]
     assert p.opened
+    for spoof in (m.PublishTo(3, "logs", "k", False, [b"x"], [{"user_id": "admin"}], None, False),
+                  m.Publish(3, "q", [b"x", b"y"], [None, {"user_id": "admin"}])):
+        assert p.receive_data(frames(spoof), 0.0) == [ChannelFailed(
+            3, 406, "user_id property set to 'admin' but authenticated user was 'guest'")]
+    mine = m.Publish(4, "q", [b"x"], [{"user_id": "guest"}])
+    assert p.receive_data(frames(mine), 0.0) == [mine]
     bad = m.PublishTo(1, "logs", "k", False, [b"x"], [["logs", "k", b"\xff"]], None, False)
     assert [type(e) for e in p.receive_data(frames(bad), 0.0)] == [ConnectionFailed, Closed]
     (error,) = sent(p)
