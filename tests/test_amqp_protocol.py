@@ -332,7 +332,7 @@ def test_replies_become_their_ok_methods_and_nowait_suppresses_them():
     (_, cok), = c.said()
     assert cok.consumer_tag == "ctag"
     # deliveries name the queue for messages published without exchange (warren's own client)
-    c.p.send_output(m.Deliver(1, "ctag", 1, [b"a", b"b"], [1], [None, ["x", "k", b"\x00\x00"]]))
+    c.p.send_output(m.Deliver(1, "ctag", 1, [b"a", b"b"], [1], [None, ["x", "k", b"\x00\x00"]], None))
     frames = [o for _, o in c.said()]
     assert [type(o) for o in frames] == [C.Basic.Deliver, header.ContentHeader, pbody.ContentBody] * 2
     assert (frames[0].routing_key, frames[0].exchange, frames[0].redelivered) == ("amq.gen-1", "", False)

@@ -118,7 +118,7 @@ async def test_a_consumers_acks_for_one_read_go_out_from_the_reader_in_one_frame
         # three deliveries arrive in one read: their three acks leave as one Ack frame, written
         # by the reader at the end of the read, not by the writer task
         await node.framed.stream.send_all(encode_many(
-            [m.Deliver(ch.ch, "ctag", 1, [b"a", b"b"], [], None), m.Deliver(ch.ch, "ctag", 3, [b"c"], [], None)],
+            [m.Deliver(ch.ch, "ctag", 1, [b"a", b"b"], [], None, None), m.Deliver(ch.ch, "ctag", 3, [b"c"], [], None, None)],
             DEFAULT_MAX_FRAME))
         acks = await node.wait_for(m.Ack, 3)
         assert seen == [1, 2, 3]
@@ -141,7 +141,7 @@ async def test_acks_of_several_reads_in_a_row_leave_together_when_the_reader_wai
         await trio.testing.wait_all_tasks_blocked()
         sends.clear()
         await node.framed.stream.send_all(encode_many(
-            [m.Deliver(ch.ch, "ctag", 1, [b"a" * 40], [], None), m.Deliver(ch.ch, "ctag", 2, [b"b" * 40], [], None)],
+            [m.Deliver(ch.ch, "ctag", 1, [b"a" * 40], [], None, None), m.Deliver(ch.ch, "ctag", 2, [b"b" * 40], [], None, None)],
             DEFAULT_MAX_FRAME))
         acks = await node.wait_for(m.Ack, 2)
         # two reads handled a delivery each; the acks left once, when the socket was empty

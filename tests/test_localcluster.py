@@ -381,9 +381,11 @@ def test_a_killed_node_started_alone_rejoins_and_its_mirrors_synchronise(tmp_pat
     import broker.client as pika
 
     home = tmp_path / "home"
-    client, peer, amqp = pick_free_ports(3, span=4)
+    # every port of its own: the HTTP ports too (by default 15672-15674, which another test's
+    # cluster may hold at the same time)
+    client, peer, amqp, http = pick_free_ports(4, span=4)
     r = _cli(home, "start", "--client-base", str(client), "--peer-base", str(peer),
-             "--amqp-base", str(amqp), "--net-ticktime", "5")
+             "--amqp-base", str(amqp), "--http-base", str(http), "--net-ticktime", "5")
     try:
         assert r.returncode == 0, r.stderr
         assert (home / "cluster.json").stat().st_mode & 0o077 == 0, "it holds the secret"

@@ -102,14 +102,14 @@ def test_outputs_as_warren_clients_read_them_and_holds_told_only_for_memory():
     p.send_blocked(True, "credit")  # credit flow holds the client untold
     p.send_blocked(True, "memory alarm", source="memory")
     p.send_output(m.Reply(5, None))
-    p.send_output(m.Deliver(1, "ctag", 1, [b"a", b"b"], [], [None, amqp_item]))
-    p.send_output(m.Deliver(1, "ctag", 3, [b"c"], [], [{"type": "t"}]))  # warren's client's own
+    p.send_output(m.Deliver(1, "ctag", 1, [b"a", b"b"], [], [None, amqp_item], None))
+    p.send_output(m.Deliver(1, "ctag", 3, [b"c"], [], [{"type": "t"}], None))  # warren's client's own
     p.send_output(m.Reply(6, [7, b"d", False, amqp_item, 0]))  # a basic.get answer
     plain = {"content_type": "text/plain"}
     assert sent(p) == [m.Returned(1, 312, "NO_ROUTE", "ex", "k", [b"x"], [plain]),
                        m.Blocked("memory alarm"), m.Reply(5, None),
                        m.Deliver(1, "ctag", 1, [b"a", b"b"], [], [None, plain], [None, ["logs", "error"]]),
-                       m.Deliver(1, "ctag", 3, [b"c"], [], [{"type": "t"}]),
+                       m.Deliver(1, "ctag", 3, [b"c"], [], [{"type": "t"}], None),
                        m.Reply(6, [7, b"d", False, plain, 0, ["logs", "error"]])]
     p.client_closed(0.0)
     p.send_output(m.Reply(6, None))

@@ -227,7 +227,7 @@ class Deliver(Message, tag="deliver"):
     bodies: list[bytes]
     redelivered: list[int]
     props: list | None
-    routes: list | None = None
+    routes: list | None
 
 
 @register

@@ -557,7 +557,7 @@ class Session(ChannelsPart, PublishingPart, ConsumersPart, ReplyToPart):
                 ch.next_tag = first + n
                 if not reg.no_ack:
                     ch.record_delivery(first, ev.queue, ev.ids)
-                self._deliver_out(ch, m.Deliver(ev.ch, ev.tag, first, ev.bodies, ev.redelivered, ev.props))
+                self._deliver_out(ch, m.Deliver(ev.ch, ev.tag, first, ev.bodies, ev.redelivered, ev.props, None))
             elif t is m.EvAccepted:
                 self._accepted(ev.queue, ev.pseq)
             elif t is m.EvReply:

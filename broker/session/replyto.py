@@ -157,5 +157,5 @@ class ReplyToPart:
             return False
         first = ch.next_tag
         ch.next_tag = first + len(ev.bodies)
-        self._deliver_out(ch, m.Deliver(ch.id, ch.reply_tag, first, ev.bodies, [], ev.props))
+        self._deliver_out(ch, m.Deliver(ch.id, ch.reply_tag, first, ev.bodies, [], ev.props, None))
         return True
