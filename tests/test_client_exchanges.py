@@ -1,7 +1,8 @@
 """warren's own client with exchanges, on the simulated cluster: declaring them, binding queues
 and exchanges, publishing through them from one node to queues on another, the exchange and
-routing key a consumer reads back, mandatory messages returned, and the bindings of an exclusive
-queue made again after the client's node is killed and it reconnects elsewhere."""
+routing key a consumer reads back, mandatory messages returned, the bindings of an exclusive
+queue made again after the client's node is killed and it reconnects elsewhere, and direct
+reply-to between two of its clients."""
 
 from __future__ import annotations
 
@@ -112,3 +113,28 @@ async def test_an_exclusive_queues_bindings_are_made_again_when_the_client_recon
             assert wch.returned == []
             got = await _take(consumer, 1)
             assert [(g.body, g.exchange, g.routing_key) for g in got] == [(b"after", "alerts", "page")]
+
+
+async def test_direct_reply_to_between_warren_clients_on_two_nodes(tmp_path, autojump_clock):
+    """RabbitMQ's direct reply-to with warren's client on both sides: the caller consumes
+    `amq.rabbitmq.reply-to` (no ack) and publishes with that reply_to; the server, on another
+    node, reads the per-channel address the node put in its place and answers to it; the answer
+    goes straight to the caller's channel, through no queue."""
+    async with sim_cluster(tmp_path) as c:
+        async with c.client("caller", ["n1"]) as caller, c.client("server", ["n2"]) as server:
+            sch = await server.channel()
+            await sch.queue_declare("rpc")
+            requests = await sch.basic_consume("rpc")
+            cch = await caller.channel()
+            answers = await cch.basic_consume("amq.rabbitmq.reply-to", auto_ack=True)
+            await cch.basic_publish("", "rpc", b"6", {"reply_to": "amq.rabbitmq.reply-to",
+                                                      "correlation_id": "c1"})
+            (request,) = await _take(requests, 1)
+            address = request.properties["reply_to"]
+            assert address.startswith("amq.rabbitmq.reply-to.")
+            await sch.basic_publish("", address, b"720", {"correlation_id": "c1"})
+            with trio.fail_after(5):
+                async for answer in answers:
+                    break
+            assert (answer.body, answer.properties["correlation_id"]) == (b"720", "c1")
+            assert (await sch.queue_declare("rpc", passive=True)).message_count == 0
