@@ -180,6 +180,14 @@ class DeadLetterSide:
             unacked[msg[0]] = (holder, None, msg)
         return msgs
 
+    def dead_over(self, limits, holder: tuple) -> list:
+        """x-overflow drop-head with a dead-letter target: the messages over the length limits
+        are taken from the head (as `drop_over` drops them) and held by `holder`."""
+        if self.prioritised:
+            return self.drop_ids(self.over_limits_ids(limits), holder)
+        upto = self.over_limits(limits)
+        return self.dead_head(upto, False, holder) if upto else []
+
     def apply_dead_head(self, eff: EDeadHead) -> None:
         """A mirror: the leader's `dead_head` (messages this replica lacks are held as stubs)."""
         holder = tuple(eff.holder)
@@ -255,15 +263,12 @@ class ReplicaDeadLetters:
         """x-overflow drop-head: the oldest ready messages over the length limits go (dead-lettered
         when the queue has a target)."""
         q = self.q
-        upto = q.over_limits(limits)
-        if not upto:
-            return
         if limits.dead_letter is None:
-            q.drop_upto(upto)
-        else:
-            msgs = q.dead_head(upto, False, self.holder)
-            if msgs:
-                self._dead_letter(MAXLEN, limits.dead_letter, msgs, True)
+            q.drop_over(limits)
+            return
+        msgs = q.dead_over(limits, self.holder)
+        if msgs:
+            self._dead_letter(MAXLEN, limits.dead_letter, msgs, True)
 
     def _reject(self, owner: tuple, ids) -> None:
         """A reject or nack without requeue: dropped, or dead-lettered."""

@@ -4,7 +4,7 @@ served first, FIFO within a priority. It takes the place of the plain deque a `Q
 queue uses, in delivery order (`popleft`, `extend`, `extendleft`, `[0]`, iteration, `len`,
 `clear`), plus what a plain deque does by id because its order is the id order: putting
 requeued and synced messages back in their places (`merge_in`), dropping by id (`drop_upto`,
-`oldest`) and reading by id (`by_id`, `between`).
+`oldest`, `take_ids`) and reading by id (`by_id`, `between`).
 
 A message's priority is its `priority` property, counted as the queue's maximum above it and 0
 when absent (RabbitMQ's rule); it is read from the properties whenever a message is placed, so a
@@ -145,6 +145,31 @@ class PriorityReady:
         self._n -= n
         self._fall()
         return n, size
+
+    def take_ids(self, ids) -> list:
+        """Remove and return the messages with these ids, in the order of `ids`: a drop-head's,
+        the heads of the highest priorities; any not at a head is looked for in its FIFO, and
+        an id not held is passed over."""
+        want = set(ids)
+        found = {}
+        levels = self.levels
+        for p in range(self.top, -1, -1):
+            lv = levels[p]
+            while lv and lv[0][0] in want:
+                msg = lv.popleft()
+                found[msg[0]] = msg
+        if len(found) < len(want):
+            for lv in levels[:self.top + 1]:
+                if any(msg[0] in want for msg in lv):
+                    keep = [msg for msg in lv if msg[0] not in want]
+                    for msg in lv:
+                        if msg[0] in want:
+                            found[msg[0]] = msg
+                    lv.clear()
+                    lv.extend(keep)
+        self._n -= len(found)
+        self._fall()
+        return [found[mid] for mid in ids if mid in found]
 
     def take_upto(self, upto: int) -> list:
         """Remove and return every message with an id up to `upto`, in id order."""

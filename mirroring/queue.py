@@ -16,7 +16,8 @@ part of `QueueState` a mirror uses to start from a snapshot, take a sync and app
   RabbitMQ's classic queues: an expired message is dropped from the head, never delivered
   (requeued ones too), or taken to be dead-lettered (mirroring/dead_letter.py, `DeadLetterSide`);
   `x-max-length` / `x-max-length-bytes` count ready messages and their body bytes: with
-  `x-overflow` drop-head the oldest ready messages go (after the round's deliveries), with
+  `x-overflow` drop-head ready messages go from the head (after the round's deliveries: the
+  oldest, or in a priority queue the highest priority's first, as RabbitMQ's), with
   reject-publish a message that would not fit is refused (`admit`). `x-expires` is the
   replica's business (mirroring/replica.py): an unused queue is deleted through the metadata.
   Expiries and drops are the leader's decisions: mirrors apply them as `EDrop` effects and
@@ -28,7 +29,7 @@ Replication (the leader side): when `effects` is a list, every public method tha
 state appends one *effect* describing what it did, so a mirror can apply the same change with
 `apply_effects`. Effects are the typed records of wire/messages.py (EEnqueue, EDeliver, EGet,
 ESettle, EConsume, ECancel, EOwnerGone, ESessionGone, ENodeGone, EPurge, EFailover, EDrop,
-EDeadHead, EDeadSettle): one per call, never one per message.
+EDeadHead, EDropIds, EDeadSettle): one per call, never one per message.
 
 Redelivery: a message is delivered with `redelivered` set when it was requeued, or when its id is
 below `redeliver_below` (set on a failover: the old leader may have delivered any message the new

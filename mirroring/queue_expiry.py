@@ -2,14 +2,15 @@
 the head: by TTL (the deadlines in `expiry`, in id order, only the head expiring as in
 RabbitMQ's classic queues) and by the length limits of x-overflow drop-head. A priority queue's
 ready messages are not in id order (mirroring/priority_store.py), so what is "up to an id" is
-asked of its store."""
+asked of its store; its drop-head takes from the head in delivery order, the highest priority
+first, as RabbitMQ's priority queues do (an `EDropIds` effect names the messages)."""
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from operator import itemgetter
 
-from wire.messages import EDrop
+from wire.messages import EDrop, EDropIds
 
 NEVER = float("inf")  # the deadline of messages that have none, queued behind some that have one
 _msg_id = itemgetter(0)
@@ -119,27 +120,59 @@ class ExpirySide:
         return None if at == NEVER else at
 
     def drop_over(self, limits) -> int:
-        """x-overflow drop-head: drop the oldest ready messages until the queue is within its
-        length limits (`limits`: mirroring/queue.py `Limits`)."""
+        """x-overflow drop-head: drop ready messages from the head until the queue is within
+        its length limits (`limits`: mirroring/queue.py `Limits`)."""
+        if self.prioritised:
+            return len(self.drop_ids(self.over_limits_ids(limits)))
         upto = self.over_limits(limits)
         return self.drop_upto(upto) if upto else 0
 
-    def over_limits(self, limits) -> int:
-        """The last id of the oldest ready messages that must go for the queue to be within its
-        length limits (0: none); in a priority queue too the oldest by publish order whatever
-        their priority, where RabbitMQ drops from the head of its highest priority."""
-        ready = self.ready
+    def _over(self, limits, msgs) -> list:
+        """The first of `msgs` (ready messages from the head) that must go for the queue to be
+        within its length limits."""
         max_len = limits.max_length if limits.max_length is not None else float("inf")
         max_bytes = limits.max_bytes if limits.max_bytes is not None else float("inf")
-        if len(ready) <= max_len and self.ready_bytes <= max_bytes:
-            return 0
-        n = len(ready)
+        n = len(self.ready)
         size = self.ready_bytes
-        upto = 0
-        for msg in (ready.by_id() if self.prioritised else ready):
+        out = []
+        if n <= max_len and size <= max_bytes:
+            return out
+        for msg in msgs:
             if n <= max_len and size <= max_bytes:
                 break
-            upto = msg[0]
+            out.append(msg)
             n -= 1
             size -= len(msg[1])
-        return upto
+        return out
+
+    def over_limits(self, limits) -> int:
+        """A queue without priorities: the last id of the oldest ready messages that must go
+        for it to be within its length limits (0: none)."""
+        over = self._over(limits, self.ready)
+        return over[-1][0] if over else 0
+
+    def over_limits_ids(self, limits) -> list[int]:
+        """A priority queue: the ids of the ready messages that must go for it to be within its
+        length limits, from the head in delivery order (its highest priority first)."""
+        return [msg[0] for msg in self._over(limits, self.ready)]
+
+    def drop_ids(self, ids: list[int], holder: tuple | None = None) -> list:
+        """A priority queue's drop-head of the ready messages `ids` (`over_limits_ids`): dropped,
+        or with `holder` taken to be dead-lettered (held as unacknowledged by `holder`, as
+        `dead_head` holds them). Returns the messages taken; a mirror applies the same."""
+        if not ids:
+            return []
+        if self.effects is not None:
+            self.effects.append(EDropIds(list(ids), holder))
+        msgs = self.ready.take_ids(ids)
+        self.ready_bytes -= sum(len(msg[1]) for msg in msgs)
+        if holder is not None:
+            have = {msg[0]: msg for msg in msgs}
+            unacked = self.unacked
+            for mid in ids:  # what this replica lacks is held as a stub, as in apply_dead_head
+                unacked[mid] = (holder, None, have.get(mid))
+        return msgs
+
+    def apply_drop_ids(self, eff: EDropIds) -> None:
+        """A mirror: the leader's `drop_ids`."""
+        self.drop_ids(eff.ids, tuple(eff.holder) if eff.holder is not None else None)

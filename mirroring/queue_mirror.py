@@ -11,8 +11,9 @@ from heapq import merge
 from itertools import islice, repeat, starmap
 from operator import itemgetter
 
-from wire.messages import (ECancel, EConsume, EDeadHead, EDeadSettle, EDeliver, EDrop, EEnqueue,
-                           EFailover, EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone, ESettle)
+from wire.messages import (ECancel, EConsume, EDeadHead, EDeadSettle, EDeliver, EDrop, EDropIds,
+                           EEnqueue, EFailover, EGet, ENodeGone, EOwnerGone, EPurge, ESessionGone,
+                           ESettle)
 
 from .consumer import Consumer
 
@@ -206,5 +207,6 @@ _APPLY = {
     EPurge: lambda q, e: q.purge(),
     EFailover: lambda q, e: q.failover(e.redeliver_below),
     EDeadHead: lambda q, e: q.apply_dead_head(e),
+    EDropIds: lambda q, e: q.apply_drop_ids(e),
     EDeadSettle: lambda q, e: q.dead_settle(tuple(e.owner), e.ids, tuple(e.holder)),
 }

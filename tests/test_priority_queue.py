@@ -70,6 +70,27 @@ def test_ready_messages_stay_in_priority_then_publish_order(ops):
             assert q.ready[0] == next(iter(q.ready))
 
 
+def test_drop_head_takes_the_highest_priority_first_and_a_mirror_follows():
+    """RabbitMQ's priority queues drop from their head, which is the highest priority's: with
+    a length limit of 2, the priority-3 message goes before older ones of lower priority. A
+    mirror applying the leader's effects takes the same messages; with a dead-letter holder
+    they are held as unacknowledged by it, on the mirror too."""
+    for holder in (None, ("n1", 0, 0)):
+        leader, mirror = QueueState("q", MAX), QueueState("q", MAX)
+        leader.effects = []
+        leader.publish([b"a", b"b", b"c", b"d"], [props(1), props(3), props(0), props(2)])
+        if holder is None:
+            assert leader.drop_over(Limits(max_length=2)) == 2
+        else:
+            assert [m[1] for m in leader.dead_over(Limits(max_length=2), holder)] == [b"b", b"d"]
+        assert [m[1] for m in leader.ready] == [b"a", b"c"]
+        assert leader.ready_bytes == 2
+        mirror.apply_effects(leader.effects)
+        assert [m[1] for m in mirror.ready] == [b"a", b"c"] and mirror.ready_bytes == 2
+        held = {mid: e[0] for mid, e in mirror.unacked.items()}
+        assert held == ({} if holder is None else {2: holder, 4: holder})
+
+
 def test_requeued_message_goes_back_to_its_priority_position():
     q = QueueState("q", 3)
     q.publish([b"a", b"b"], [props(3), props(1)])

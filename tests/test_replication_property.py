@@ -117,9 +117,7 @@ def run_op(leader: QueueState, o, pseqs: dict, now: float = 0.0, consumer_priori
         if upto:
             leader.dead_head(upto, True, HOLDER)
     elif kind == "dead_over":
-        upto = leader.over_limits(Limits(max_length=o[1]))
-        if upto:
-            leader.dead_head(upto, False, HOLDER)
+        leader.dead_over(Limits(max_length=o[1]), HOLDER)
     elif kind == "dead_reject":
         owners = sorted({ow for ow, _, _ in leader.unacked.values() if ow != HOLDER}) or OWNERS
         owner = owners[o[1] % len(owners)]

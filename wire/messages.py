@@ -612,6 +612,15 @@ class EDeadHead(Effect, tag="dlh"):
     holder: Owner
 
 
+class EDropIds(Effect, tag="dri"):
+    """A priority queue's x-overflow drop-head: the leader took the ready messages `ids` from
+    the head in delivery order (its highest priority first, as RabbitMQ's priority queues
+    drop), not up to an id; with a `holder` it dead-letters them, held as unacknowledged by
+    `holder` as EDeadHead's are, else they are dropped."""
+    ids: list[int]
+    holder: Owner | None
+
+
 class EDeadSettle(Effect, tag="dls"):
     """`owner` rejected `ids` without requeue and the queue dead-letters them: they pass to
     `holder` (see EDeadHead)."""
@@ -670,7 +679,7 @@ class EFailover(Effect, tag="fo"):
 
 
 AnyEffect = EEnqueue | EDeliver | EGet | ESettle | EConsume | ECancel | EOwnerGone | \
-    ESessionGone | ENodeGone | EPurge | EFailover | EDrop | EDeadHead | EDeadSettle
+    ESessionGone | ENodeGone | EPurge | EFailover | EDrop | EDeadHead | EDropIds | EDeadSettle
 
 
 @register

@@ -1,6 +1,7 @@
 """Queue priorities as RabbitMQ 3.10 has them: `x-max-priority` (argument only) and its bad
 values, higher priority delivered first, FIFO within a priority, priorities above the maximum
-counted as the maximum and no priority as 0."""
+counted as the maximum and no priority as 0, and a length limit's drop-head taking from the head
+in that order (the highest priority's first)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,16 @@ def test_priority_above_the_maximum_counts_as_the_maximum(broker, names):
         ch.queue_declare(q, arguments={"x-max-priority": 5})
         publish_priorities(ch, q, [None, 1, 5, 9, 1, 0, 5, None])
         assert bodies(ch, q) == [b"2:5", b"3:9", b"6:5", b"1:1", b"4:1", b"0:None", b"5:0", b"7:None"]
+
+
+def test_drop_head_takes_the_highest_priority_first(broker, names):
+    """x-overflow drop-head drops from the head, and a priority queue's head is its highest
+    priority: the newest, lower-priority messages stay."""
+    q = names + "q"
+    with channel(broker.url) as ch:
+        ch.queue_declare(q, arguments={"x-max-priority": 10, "x-max-length": 3})
+        publish_priorities(ch, q, [1, 9, 5, 1, 0, 9])
+        assert bodies(ch, q) == [b"0:1", b"3:1", b"4:0"]
 
 
 def test_priorities_ignored_without_max_priority(broker, names):
