@@ -1,12 +1,13 @@
 """warren's blocking client (`import broker.client as pika`) with exchanges, against a real
 node: RabbitMQ's Python tutorials 3 to 5 as they are written (publish/subscribe with a fanout
 exchange, routing with a direct one, topics), their subscribers on exclusive server-named
-queues; and mandatory messages no queue takes, raised as UnroutableError in confirm mode and
-handed to the return callbacks otherwise, as pika does."""
+queues, and 6 (RPC); mandatory messages no queue takes, raised as UnroutableError in confirm
+mode and handed to the return callbacks otherwise; and pika's `consume()` generator."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -169,3 +170,32 @@ def test_tutorial_six_rpc_with_a_callback_queue_and_correlation_ids(cluster):
     server_conn.close()  # the server's start_consuming() returns
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_the_consume_generator_yields_messages_and_none_when_quiet(cluster):
+    """pika's `channel.consume(queue, inactivity_timeout=...)`: messages as they come, (None,
+    None, None) when quiet; `cancel()` gives back what it had not yielded (requeued)."""
+    connection = connect(cluster)
+    channel = connection.channel()
+    channel.queue_declare("generated")
+    for i in range(5):
+        channel.basic_publish("", "generated", f"m{i}")
+    got = []
+    for method, properties, body in channel.consume("generated", inactivity_timeout=0.5):
+        if method is None:
+            break
+        got.append(body)
+        channel.basic_ack(method.delivery_tag)
+        if len(got) == 3:
+            channel.basic_publish("", "generated", b"late")
+    assert got == [b"m0", b"m1", b"m2", b"m3", b"m4", b"late"]
+    assert channel.cancel() == 0
+    for i in range(3):
+        channel.basic_publish("", "generated", f"again{i}")
+    first = next(channel.consume("generated", inactivity_timeout=2))
+    assert first[2] == b"again0"
+    channel.basic_ack(first[0].delivery_tag)
+    time.sleep(0.3)  # the other two arrive, unyielded
+    assert channel.cancel() == 2
+    assert channel.queue_declare("generated", passive=True).method.message_count == 2
+    connection.close()

@@ -179,6 +179,8 @@ class BlockingChannel:
         self._callbacks: dict[str, object] = {}
         self._return_callbacks: list = []
         self._unroutable: list = []  # returned in confirm mode, for basic_publish to raise
+        self._generator = None  # consume()'s (consumer tag, auto_ack) while it runs
+        self._generator_pending: list = []  # what it has not yielded yet
         self._consuming = False
         self._stop_asked = False
         self.channel_number = channel.ch
@@ -323,6 +325,50 @@ class BlockingChannel:
                 self.basic_cancel(tag)
         if self._consuming:
             self.connection._events.put((self, "stop", None))
+
+    def consume(self, queue: str, auto_ack: bool = False, exclusive: bool = False,
+                arguments: dict | None = None, inactivity_timeout: float | None = None,
+                consumer_tag: str | None = None):
+        """pika's consumer generator: yields (method, properties, body) as messages come, and
+        (None, None, None) after `inactivity_timeout` seconds without one; other callbacks of
+        the connection run meanwhile. `cancel()` ends it."""
+        if self._generator is None:
+            pending = self._generator_pending = []
+            tag = self.basic_consume(queue, lambda ch, method, props, body: pending.append(
+                (method, props, body)), auto_ack, exclusive, consumer_tag, arguments)
+            self._generator = (tag, auto_ack)
+        pending = self._generator_pending
+        while self._generator is not None:
+            if not pending:
+                deadline = None if inactivity_timeout is None else time.monotonic() + inactivity_timeout
+                while not pending and self._generator is not None and self._generator[0] in self._callbacks:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self.connection.process_data_events(left)
+                if not pending:
+                    if self._generator is None or self._generator[0] not in self._callbacks:
+                        return  # cancelled (by cancel(), or by the broker)
+                    yield None, None, None
+                    continue
+            yield pending.pop(0)
+
+    def cancel(self) -> int:
+        """End the `consume()` generator: its consumer is cancelled, and the messages it had not
+        yielded yet are given back (requeued, unless they were taken with auto_ack). Returns
+        how many."""
+        if self._generator is None:
+            return 0
+        (tag, auto_ack), self._generator = self._generator, None
+        if tag in self._callbacks:
+            self.connection._call(self._ch.basic_cancel, tag)
+            self.connection.process_data_events(0)  # what arrived before the cancel took effect
+            self._callbacks.pop(tag, None)
+        left, self._generator_pending = self._generator_pending, []
+        if left and not auto_ack:
+            for method, _, _ in left:
+                self.basic_nack(method.delivery_tag, requeue=True)
+        return len(left)
 
     def basic_get(self, queue: str, auto_ack: bool = False):
         msg = self.connection._call(self._ch.basic_get, queue, auto_ack)
