@@ -1,8 +1,9 @@
 """warren's own client with exchanges, on the simulated cluster: declaring them, binding queues
 and exchanges, publishing through them from one node to queues on another, the exchange and
 routing key a consumer reads back, mandatory messages returned, the bindings of an exclusive
-queue made again after the client's node is killed and it reconnects elsewhere, and direct
-reply-to between two of its clients."""
+queue made again after the client's node is killed and it reconnects elsewhere, a publisher
+whose node dies under it while it publishes through an exchange, and direct reply-to between
+two of its clients."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import trio
 
 from broker.client.errors import ChannelClosedByBroker
 from broker.simulation import sim_cluster
+from mirroring.changes import PolicySet
+from mirroring.records import Policy
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -138,3 +141,60 @@ async def test_direct_reply_to_between_warren_clients_on_two_nodes(tmp_path, aut
                     break
             assert (answer.body, answer.properties["correlation_id"]) == (b"720", "c1")
             assert (await sch.queue_declare("rpc", passive=True)).message_count == 0
+
+
+async def test_publishing_through_an_exchange_on_the_node_that_dies(tmp_path, autojump_clock):
+    """The fault where it hurts: the publisher is connected to n1, which routes its messages
+    through a topic exchange to a queue mirrored on every node and led by n1; n1 is killed in
+    the middle. The publisher reconnects to n2 and goes on; what was unconfirmed when the link
+    broke is nacked ("connection lost") and published again; every confirmed id is delivered
+    (from the promoted mirror) to a consumer on n3, none lost, and nobody is left waiting."""
+    async with sim_cluster(tmp_path) as c:
+        await c.nodes["n1"].cluster.propose(PolicySet(Policy("ha", "^orders", {"ha-mode": "all"}, 0,
+                                                             "queues")))
+        async with c.client("pub", ["n1", "n2"]) as pub, c.client("sub", ["n3"]) as sub:
+            pch = await pub.channel()
+            await pch.exchange_declare("events", "topic", durable=True)
+            await pch.queue_declare("orders", durable=True)
+            await pch.queue_bind("orders", "events", "order.#")
+            await pch.confirm_delivery()
+            confirmed, nacked = set(), set()
+            sent = {}
+
+            def on_confirm(first, last, ok, reason):
+                for seq in range(first, last + 1):
+                    (confirmed if ok else nacked).add(sent[seq])
+            pch.on_confirm = on_confirm
+
+            async def publish(i: int) -> None:
+                sent[pch.next_seq] = i
+                await pch.basic_publish("events", "order.created", str(i).encode())
+
+            for i in range(2000):
+                await publish(i)
+                if i == 1000:
+                    c.kill("n1")
+                if i % 50 == 0:
+                    await trio.sleep(0.01)
+            with trio.fail_after(30):
+                while len(confirmed) + len(nacked) < len(sent):
+                    await trio.sleep(0.1)
+            again = sorted(nacked - confirmed)
+            assert again, "the kill should have caught some publishes unconfirmed"
+            for i in again:
+                await publish(i)
+            with trio.fail_after(30):
+                await pch.wait_for_confirms()
+            assert confirmed == set(range(2000))
+
+            sch = await sub.channel()
+            consumer = await sch.basic_consume("orders")
+            seen = set()
+            with trio.fail_after(30):
+                async for msg in consumer:
+                    sch.basic_ack(msg.delivery_tag)
+                    assert (msg.exchange, msg.routing_key) == ("events", "order.created")
+                    seen.add(int(msg.body))
+                    if seen >= confirmed:
+                        break
+            assert seen == confirmed
