@@ -63,6 +63,8 @@ def _routed(msg: m.PublishTo) -> list:
             ttl = expiration_ms(d["expiration"])
             if type(ttl) is str:
                 return [ChannelFailed(msg.ch, PRECONDITION_FAILED, ttl)]
+            if type(d["expiration"]) is not str:  # AMQP carries it as text: an AMQP reader sees it
+                d = {**d, "expiration": str(ttl)}
         reply = d is not None and d.get("reply_to") == REPLY_TO
         items.append([ex, key, dict_to_raw(d) if d else NO_PROPS])
         if not runs or runs[-1][1:] != [ttl, reply]:
@@ -201,7 +203,7 @@ class NativeProtocol:
             if props is not None:
                 msg.props = native_list(props)
                 if msg.props is not props:  # some were published over AMQP or to an exchange
-                    msg.routes = [p[:2] if type(p) is list else None for p in props]
+                    msg.routes = [list(p[:2]) if isinstance(p, (list, tuple)) else None for p in props]
         elif t is m.Reply:
             v = msg.value
             if type(v) is list and len(v) == 5 and isinstance(v[3], (list, tuple)):

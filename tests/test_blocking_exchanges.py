@@ -122,10 +122,11 @@ def test_mandatory_messages_no_queue_takes_come_back(cluster):
     assert (back.method.reply_code, back.method.exchange, back.body) == (312, "nowhere", b"again")
     channel.queue_declare("somewhere")
     channel.queue_bind("somewhere", "nowhere", "k")
-    channel.basic_publish("nowhere", "k", b"taken", pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent),
-                          mandatory=True)
+    persistent = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent)
+    channel.basic_publish("nowhere", "k", b"taken", persistent, mandatory=True)
     method, properties, body = channel.basic_get("somewhere", auto_ack=True)
-    assert (method.exchange, method.routing_key, properties.delivery_mode, body) == ("nowhere", "k", 2, b"taken")
+    assert (method.exchange, method.routing_key, properties.delivery_mode, body) == (
+        "nowhere", "k", 2, b"taken")
     assert returned == [(312, "NO_ROUTE", "k", "t", b"lost")]
     connection.close()
 

@@ -212,14 +212,16 @@ class BlockingChannel:
     def exchange_delete(self, exchange: str, if_unused: bool = False):
         self.connection._call(self._ch.exchange_delete, exchange, if_unused)
 
-    def exchange_bind(self, destination: str, source: str, routing_key: str = "", arguments: dict | None = None):
+    def exchange_bind(self, destination: str, source: str, routing_key: str = "",
+                      arguments: dict | None = None):
         self.connection._call(self._ch.exchange_bind, destination, source, routing_key, arguments)
 
     def exchange_unbind(self, destination: str, source: str, routing_key: str = "",
                         arguments: dict | None = None):
         self.connection._call(self._ch.exchange_unbind, destination, source, routing_key, arguments)
 
-    def queue_bind(self, queue: str, exchange: str, routing_key: str | None = None, arguments: dict | None = None):
+    def queue_bind(self, queue: str, exchange: str, routing_key: str | None = None,
+                   arguments: dict | None = None):
         self.connection._call(self._ch.queue_bind, queue, exchange, routing_key, arguments)
 
     def queue_unbind(self, queue: str, exchange: str, routing_key: str | None = None,
