@@ -56,9 +56,11 @@ def busy_port():
         yield s.getsockname()[1]
 
 
-@pytest.mark.parametrize("which", ["--client-port", "--peer-port", "--http-port"])
+@pytest.mark.parametrize("which", ["--client-port", "--peer-port", "--http-port", "--amqp-port"])
 def test_server_port_in_use(env, busy_port, which):
-    ports = {"--client-port": str(free_port()), "--peer-port": str(free_port())}
+    # every other port a free one (the AMQP port's default, 5673, may be another test's)
+    ports = {"--client-port": str(free_port()), "--peer-port": str(free_port()),
+             "--amqp-port": str(free_port())}
     ports[which] = str(busy_port)
     r = _run([executable("warren-server"), "--name", "p", "--secret", "s",
               *[x for kv in ports.items() for x in kv]], env)

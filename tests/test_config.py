@@ -20,6 +20,7 @@ name = "toml-node"
 host = "127.0.0.1"
 client_port = {client}
 peer_port = {peer}
+amqp_port = {amqp}
 secret_file = "{secret_file}"
 net_ticktime = 7.5
 log_format = "json"
@@ -42,10 +43,10 @@ def write(path, text: str):
     return str(path)
 
 
-def full_file(tmp_path, client=6001, peer=26001) -> str:
+def full_file(tmp_path, client=6001, peer=26001, amqp=6002) -> str:
     secret_file = write(tmp_path / "secret", "from-the-secret-file\n")
     return write(tmp_path / "node.toml", FULL_TOML.format(
-        client=client, peer=peer, secret_file=secret_file, data_dir=tmp_path / "data"))
+        client=client, peer=peer, amqp=amqp, secret_file=secret_file, data_dir=tmp_path / "data"))
 
 
 def test_toml_file_sets_name_ports_secret_ticktime_and_log_format(tmp_path):
@@ -179,7 +180,7 @@ def test_server_refuses_a_bad_file_and_exits_non_zero(tmp_path, text, message):
 @pytest.mark.timeout(60)
 def test_server_runs_from_a_toml_file(tmp_path, home):
     client, peer = free_port(), free_port()
-    path = full_file(tmp_path, client, peer)
+    path = full_file(tmp_path, client, peer, free_port())  # no default port another test may hold
     log = open(tmp_path / "server.log", "wb")
     proc = subprocess.Popen([executable("warren-server"), "--config", path], env=dict(os.environ),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

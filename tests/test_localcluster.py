@@ -175,7 +175,8 @@ def test_cli_start_again_starts_nothing_and_stop_stops_the_nodes(tmp_path):
         # a node started by hand in the same home, as the README's "one node by hand" block does
         hand_env = _plain_env(WARREN_HOME=str(home), WARREN_SECRET=c.env["WARREN_SECRET"])
         hand = subprocess.Popen([executable("warren-server"), "--name", "n4", "--client-port",
-                                 str(c.client_port("n2")), "--peer-port", str(c.peer_port("n2"))],
+                                 str(c.client_port("n2")), "--peer-port", str(c.peer_port("n2")),
+                                 "--amqp-port", str(free_port())],  # not 5673, another test's
                                 env=hand_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
         up = subprocess.run([executable("warrenctl"), "-n", "n4", "-t", "20", "await_startup"],
@@ -199,7 +200,8 @@ def test_warrenctl_stop_stops_the_node_and_its_process(tmp_path):
     log = tmp_path / "node.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([executable("warren-server"), "--name", "solo", "--client-port",
-                                 str(free_port()), "--peer-port", str(free_port())],
+                                 str(free_port()), "--peer-port", str(free_port()),
+                                 "--amqp-port", str(free_port())],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         ctl = [executable("warrenctl"), "-n", "solo", "-t", "20"]
