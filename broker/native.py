@@ -17,13 +17,12 @@ from wire import messages as m
 from wire.errors import (ACCESS_REFUSED, CONNECTION_FORCED, NOT_ALLOWED, PRECONDITION_FAILED,
                          SYNTAX_ERROR, UNEXPECTED_FRAME, VERSION_MISMATCH, ProtocolError)
 from wire.frames import FrameDecoder
-from wire.props import NO_PROPS, dict_to_raw, expiration_ms, native_list
+from wire.props import NO_PROPS, REPLY_TO, dict_to_raw, expiration_ms, native_list
 from wire.schema import decode_bytes
 
 from .connection import ClientConnection, check_login, is_loopback
 from .framed import frame_parts
 from .frontend import ChannelFailed, Closed, ConnectionFailed, LoggedIn, vhost_not_found
-from .session.replyto import REPLY_TO
 
 CLIENT_KINDS = frozenset({
     "channel.open", "channel.close", "queue.declare", "queue.delete", "queue.purge", "basic.qos",
@@ -143,15 +142,25 @@ class NativeProtocol:
 
     def _publish_checked(self, msg):
         """A command as the session takes it: a publish whose user_id property is not the
-        user's fails its channel (as RabbitMQ's), one to an exchange is `_routed`."""
+        user's fails its channel (as RabbitMQ's); one to an exchange, or to a queue with
+        messages that carry their own `expiration`, is `_routed` (the default exchange routes
+        by the queue's name), so this is the one place a message's TTL is read from its
+        properties, as AMQP's front end reads it from its header."""
         t = type(msg)
         if t is not m.Publish and t is not m.PublishTo:
             return (msg,)
+        expiring = False
         for d in msg.props or ():
-            if type(d) is dict and d.get("user_id", self.user) != self.user:
-                return (ChannelFailed(msg.ch, PRECONDITION_FAILED, f"user_id property set to "
-                                      f"'{d['user_id']}' but authenticated user was '{self.user}'"),)
-        return _routed(msg) if t is m.PublishTo else (msg,)
+            if type(d) is dict:
+                if d.get("user_id", self.user) != self.user:
+                    return (ChannelFailed(msg.ch, PRECONDITION_FAILED, f"user_id property set to "
+                                          f"'{d['user_id']}' but authenticated user was '{self.user}'"),)
+                expiring = expiring or d.get("expiration") is not None
+        if t is m.Publish:
+            if not expiring:
+                return (msg,)
+            msg = m.PublishTo(msg.ch, "", msg.queue, False, msg.bodies, msg.props, None, False)
+        return _routed(msg)
 
     def _login(self, msg) -> LoggedIn:
         if msg.KIND != "client.auth":

@@ -148,8 +148,9 @@ class PriorityReady:
 
     def take_ids(self, ids) -> list:
         """Remove and return the messages with these ids, in the order of `ids`: a drop-head's,
-        the heads of the highest priorities; any not at a head is looked for in its FIFO, and
-        an id not held is passed over."""
+        a prefix of the delivery order, so the heads of the FIFOs from the highest priority
+        down. A replica that lacks some of them (a mirror not yet synchronised) holds the rest
+        at its heads all the same: an id not held is passed over."""
         want = set(ids)
         found = {}
         levels = self.levels
@@ -158,15 +159,6 @@ class PriorityReady:
             while lv and lv[0][0] in want:
                 msg = lv.popleft()
                 found[msg[0]] = msg
-        if len(found) < len(want):
-            for lv in levels[:self.top + 1]:
-                if any(msg[0] in want for msg in lv):
-                    keep = [msg for msg in lv if msg[0] not in want]
-                    for msg in lv:
-                        if msg[0] in want:
-                            found[msg[0]] = msg
-                    lv.clear()
-                    lv.extend(keep)
         self._n -= len(found)
         self._fall()
         return [found[mid] for mid in ids if mid in found]

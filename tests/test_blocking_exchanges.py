@@ -112,7 +112,8 @@ def test_mandatory_messages_no_queue_takes_come_back(cluster):
                                                               method.routing_key, properties.type, body)))
     channel.basic_publish("nowhere", "k", b"lost", pika.BasicProperties(type="t"), mandatory=True)
     channel.basic_publish("nowhere", "k", b"dropped quietly")  # not mandatory: no return
-    connection.process_data_events(time_limit=2)
+    connection.process_data_events(time_limit=2)  # returns once the return has been run
+    connection.sleep(0.3)  # time for a wrong second return to show
     assert returned == [(312, "NO_ROUTE", "k", "t", b"lost")]
 
     channel.confirm_delivery()

@@ -238,6 +238,10 @@ def priority_of(item) -> int:
         return 0
 
 
+# a reply_to asking for direct reply-to: the node puts the requesting channel's address in its place
+REPLY_TO = "amq.rabbitmq.reply-to"
+
+
 def expiration_ms(value) -> int | str:
     """A message's `expiration` property as milliseconds, or RabbitMQ's text for a bad one.
     AMQP carries it as a string of digits; warren's client may give the string or an int."""

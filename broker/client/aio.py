@@ -48,9 +48,9 @@ from broker.network import TcpNetwork
 from wire import messages as m
 from wire.errors import ProtocolError
 from wire.frames import DEFAULT_MAX_FRAME
+from wire.props import REPLY_TO
 
 REFUSED = object()  # a recovery step the broker refused
-REPLY_TO = "amq.rabbitmq.reply-to"  # a reply_to asking for direct reply-to (sent as PublishTo)
 
 from .errors import (AMQPConnectionError, ChannelClosed, ChannelClosedByBroker,
                      ConnectionClosedByBroker, ConnectionLost)

@@ -130,29 +130,26 @@ class BlockingConnection:
         return BlockingChannel(self, self._call(self._conn.channel))
 
     def process_data_events(self, time_limit: float | None = 0) -> None:
-        """Run the callbacks of what has arrived (deliveries, returned messages): for up to
-        `time_limit` seconds (0: only what is already here; None: wait for at least one)."""
-        deadline = None if time_limit is None else time.monotonic() + time_limit
-        ran = False
-        while True:
-            if deadline is None:
-                timeout = None if not ran else 0
-            else:
-                timeout = max(0.0, deadline - time.monotonic())
-            try:
-                channel, kind, item = self._events.get(timeout=timeout) if timeout != 0 \
-                    else self._events.get_nowait()
-            except _queue.Empty:
-                return
-            if channel is None:  # the connection was closed
-                self._events.put((None, kind, item))  # for whoever else waits
-                return
-            channel._dispatch(kind, item)
-            ran = True
+        """Run the callbacks of what has arrived (deliveries, returned messages), waiting up to
+        `time_limit` seconds for something to arrive (0: not at all; None: as long as it
+        takes), as pika's: it returns once what arrived has been run."""
+        try:
+            event = self._events.get(timeout=time_limit) if time_limit != 0 else self._events.get_nowait()
+            while True:
+                channel, kind, item = event
+                if channel is None:  # the connection was closed
+                    self._events.put(event)  # for whoever else waits
+                    return
+                channel._dispatch(kind, item)
+                event = self._events.get_nowait()
+        except _queue.Empty:
+            return
 
     def sleep(self, duration: float) -> None:
         """Wait `duration` seconds while running callbacks, as pika's."""
-        self.process_data_events(duration)
+        deadline = time.monotonic() + duration
+        while (left := deadline - time.monotonic()) > 0 and self.is_open:
+            self.process_data_events(left)
 
     def close(self) -> None:
         if not self.is_open:
@@ -339,21 +336,23 @@ class BlockingChannel:
             tag = self.basic_consume(queue, lambda ch, method, props, body: pending.append(
                 (method, props, body)), auto_ack, exclusive, consumer_tag, arguments)
             self._generator = (tag, auto_ack)
+        tag = self._generator[0]
         pending = self._generator_pending
-        while self._generator is not None:
-            if not pending:
-                deadline = None if inactivity_timeout is None else time.monotonic() + inactivity_timeout
-                while not pending and self._generator is not None and self._generator[0] in self._callbacks:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        break
-                    self.connection.process_data_events(left)
-                if not pending:
-                    if self._generator is None or self._generator[0] not in self._callbacks:
-                        return  # cancelled (by cancel(), or by the broker)
-                    yield None, None, None
-                    continue
-            yield pending.pop(0)
+        while True:
+            if pending:
+                yield pending.pop(0)
+                continue
+            if self._generator is None or tag not in self._callbacks or not self.connection.is_open:
+                return  # cancelled (by cancel(), or by the broker), or the connection closed
+            deadline = None if inactivity_timeout is None else time.monotonic() + inactivity_timeout
+            while not pending and tag in self._callbacks and self.connection.is_open:
+                # another channel's events may come first: wait on until ours or the deadline
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self.connection.process_data_events(left)
+            if not pending and tag in self._callbacks:
+                yield None, None, None
 
     def cancel(self) -> int:
         """End the `consume()` generator: its consumer is cancelled, and the messages it had not

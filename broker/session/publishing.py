@@ -165,7 +165,8 @@ class PublishingPart:
         return ch
 
     def on_publish(self, msg):
-        """warren's own publish: the default exchange, the routing key is the queue's name."""
+        """warren's own publish: the default exchange, the routing key is the queue's name
+        (messages with their own `expiration` come as PublishTo: broker/native.py reads it)."""
         acc = self._access  # write on the exchange: the compiled patterns' memo, while current
         if acc.version != self.host.access_version or not acc.allowed(WRITE, "exchange", ""):
             self.check_access(WRITE, "exchange", "")
@@ -174,27 +175,11 @@ class PublishingPart:
             return
         qname = self.key(msg.queue) if self._prefix else msg.queue
         if self.host.queue(qname) is not None:
-            queues = [qname]
+            self._publish(ch, [qname], msg.bodies, msg.props, "", msg.queue, False)
         elif msg.queue.startswith(REPLY_PREFIX):
             self._send_reply(ch, msg.queue, msg.bodies, msg.props, False)
-            return
         else:
-            queues = []
-        props = msg.props
-        if props is None or not any(type(p) is dict and "expiration" in p for p in props):
-            self._publish(ch, queues, msg.bodies, props, "", msg.queue, False)
-            return
-        # messages with their own `expiration`: each run of equal ones is a batch with that TTL
-        # (as AMQP's publishes are), all read before any is published (a bad one fails them all)
-        ttls = [_expiration_of(p) for p in props]
-        bodies = msg.bodies
-        n = len(bodies)
-        start = 0
-        for i in range(1, n + 1):
-            if i == n or ttls[i] != ttls[start]:
-                self._publish(ch, queues, bodies[start:i], props[start:i], "", msg.queue, False,
-                              False, ttls[start])
-                start = i
+            self._publish(ch, [], msg.bodies, msg.props, "", msg.queue, False)
 
     def on_publish_to(self, msg):
         acc = self._access
@@ -402,14 +387,3 @@ def _add_range(ranges: list, first: int, last: int) -> None:
         ranges[-1][1] = last
     else:
         ranges.append([first, last])
-
-
-def _expiration_of(item) -> int | None:
-    """The `expiration` (ms) of one of warren's client's props items; a bad one closes the
-    channel with RabbitMQ's text."""
-    if type(item) is not dict or item.get("expiration") is None:
-        return None
-    ms = propsmod.expiration_ms(item["expiration"])
-    if type(ms) is str:
-        raise ChannelError(PRECONDITION_FAILED, ms)
-    return ms

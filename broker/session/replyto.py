@@ -36,7 +36,7 @@ from wire.errors import NO_ROUTE, PRECONDITION_FAILED
 
 from .channels import Channel, ChannelError
 
-REPLY_TO = "amq.rabbitmq.reply-to"
+REPLY_TO = propsmod.REPLY_TO
 PREFIX = REPLY_TO + "."
 
 
